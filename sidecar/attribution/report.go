@@ -1,0 +1,51 @@
+// Package attribution is pure: it combines GPU processes (from nvml), the
+// process table (from procs) and the kernels (from discovery) into
+// per-notebook GPU memory. It does no I/O.
+package attribution
+
+// Report is what `gpumem ls --json` prints and GET /api/v1/notebooks serves.
+type Report struct {
+	GPUs      []GPU          `json:"gpus"`
+	Notebooks []Notebook     `json:"notebooks"`
+	Other     []OtherProcess `json:"other"`
+	// Warnings are non-fatal problems met while sampling (e.g. no driver).
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// GPU is one device (or MIG instance) with its memory totals.
+type GPU struct {
+	Index            int    `json:"index"`
+	UUID             string `json:"uuid"`
+	Name             string `json:"name"`
+	MemoryTotalBytes uint64 `json:"memory_total_bytes"`
+	MemoryUsedBytes  uint64 `json:"memory_used_bytes"`
+	Simulated        bool   `json:"simulated"`
+	// Derived: bytes attributed to notebooks, to other processes, and free.
+	NotebookBytes uint64 `json:"notebook_bytes"`
+	OtherBytes    uint64 `json:"other_bytes"`
+	FreeBytes     uint64 `json:"free_bytes"`
+}
+
+// GPUBytes is a byte count on one GPU.
+type GPUBytes struct {
+	Index int    `json:"index"`
+	Bytes uint64 `json:"bytes"`
+}
+
+// Notebook is one kernel and the GPU memory its processes hold.
+type Notebook struct {
+	KernelID       string     `json:"kernel_id"`
+	Notebook       string     `json:"notebook"` // absolute path; "" for a kernel without a server
+	PIDs           []int      `json:"pids"`     // kernel pid first, then the tree's processes holding GPU memory
+	User           string     `json:"user"`
+	GPUMemoryBytes uint64     `json:"gpu_memory_bytes"`
+	PerGPU         []GPUBytes `json:"per_gpu"`
+}
+
+// OtherProcess is a GPU process that belongs to no kernel.
+type OtherProcess struct {
+	PID     int        `json:"pid"`
+	User    string     `json:"user"`
+	Command string     `json:"command"`
+	PerGPU  []GPUBytes `json:"per_gpu"`
+}
