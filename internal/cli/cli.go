@@ -1,0 +1,147 @@
+// Package cli implements gpumem's subcommands. It is the one place that
+// wires real dependencies: /proc, NVML (or the simulated GPU), the Jupyter
+// runtime dirs and the kernels' ZeroMQ sockets.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+)
+
+// Env is what a command may touch of the outside world.
+type Env struct {
+	Stdout, Stderr io.Writer
+	Getenv         func(string) string
+	// ProcRoot is the /proc to read ("" = "/proc"); tests point it elsewhere.
+	ProcRoot string
+}
+
+func (e Env) getenv(k string) string {
+	if e.Getenv == nil {
+		return os.Getenv(k)
+	}
+	return e.Getenv(k)
+}
+
+func (e Env) procRoot() string {
+	if e.ProcRoot == "" {
+		return "/proc"
+	}
+	return e.ProcRoot
+}
+
+type command struct {
+	summary string
+	run     func(ctx context.Context, env Env, args []string) error
+}
+
+var commands map[string]command
+
+func init() {
+	commands = map[string]command{
+		"kernels": {"list running Jupyter kernels with their notebooks and processes", runKernels},
+	}
+}
+
+// errUsage marks a command-line mistake: exit status 2.
+var errUsage = errors.New("usage")
+
+// Run runs gpumem with args (without the program name) and returns the exit
+// status: 0 on success, 1 when the command failed, 2 on a usage error.
+func Run(ctx context.Context, args []string, env Env) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(env.Stdout)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	if args[0] == "version" || args[0] == "--version" {
+		fmt.Fprintln(env.Stdout, "gpumem", Version)
+		return 0
+	}
+	cmd, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(env.Stderr, "gpumem: unknown command %q; run 'gpumem help' for the list\n", args[0])
+		return 2
+	}
+	err := cmd.run(ctx, env, args[1:])
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		fmt.Fprintf(env.Stderr, "gpumem %s: %v\n", args[0], err)
+		return 2
+	default:
+		fmt.Fprintf(env.Stderr, "gpumem %s: %v\n", args[0], err)
+		return 1
+	}
+}
+
+// Version is set at build time with -ldflags "-X ...cli.Version=...".
+var Version = "dev"
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "gpumem: GPU memory by Jupyter notebook")
+	fmt.Fprintln(w, "\nUsage: gpumem COMMAND [flags]\n\nCommands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-9s %s\n", n, commands[n].summary)
+	}
+	fmt.Fprintln(w, "\nRun 'gpumem COMMAND -h' for a command's flags.")
+}
+
+// newFlagSet returns a flag set that reports errors instead of exiting.
+func newFlagSet(env Env, name, synopsis string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(env.Stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(env.Stderr, "Usage: gpumem %s %s\n", name, synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseFlags parses args, wrapping errors as usage errors. It allows flags
+// after positional arguments (gpumem free KERNEL --all).
+func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return positional, nil
+		}
+		if args[0] == "--" {
+			return append(positional, args[1:]...), nil
+		}
+		positional = append(positional, args[0])
+		args = args[1:]
+	}
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (s *stringList) String() string { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error {
+	*s = append(*s, v)
+	return nil
+}

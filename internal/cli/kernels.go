@@ -1,0 +1,148 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/gpumem/gpumem/protocol"
+	"github.com/gpumem/gpumem/sidecar/discovery"
+)
+
+// kernelRow is one line of `gpumem kernels`; its JSON keys are a contract.
+type kernelRow struct {
+	KernelID       string `json:"kernel_id"`
+	Notebook       string `json:"notebook"`
+	PID            int    `json:"pid"`
+	Language       string `json:"language"`
+	Alive          bool   `json:"alive"`
+	ConnectionFile string `json:"connection_file"`
+	ServerURL      string `json:"server_url"`
+}
+
+func runKernels(ctx context.Context, env Env, args []string) error {
+	fs := newFlagSet(env, "kernels", "[--json] [--runtime-dir DIR ...]")
+	asJSON := fs.Bool("json", false, "print a JSON array")
+	var dirs stringList
+	fs.Var(&dirs, "runtime-dir", "also scan this Jupyter runtime dir (repeatable)")
+	timeout := fs.Duration("timeout", time.Second, "how long to wait for each kernel's heartbeat")
+	if _, err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	res := discoverKernels(ctx, env, dirs)
+	for _, p := range res.Problems {
+		fmt.Fprintf(env.Stderr, "gpumem: %v\n", p)
+	}
+	rows := make([]kernelRow, len(res.Kernels))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for i, k := range res.Kernels {
+		rows[i] = kernelRow{KernelID: k.ID, Notebook: k.Notebook, PID: k.PID,
+			ConnectionFile: k.ConnectionFile, ServerURL: k.ServerURL}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pctx, cancel := context.WithTimeout(ctx, *timeout)
+			defer cancel()
+			err := protocol.Ping(pctx, k.Connection)
+			lang := kernelLanguage(env, k)
+			mu.Lock()
+			defer mu.Unlock()
+			rows[i].Alive = err == nil
+			rows[i].Language = lang
+			if err != nil {
+				fmt.Fprintf(env.Stderr, "gpumem: kernel %s (%s) does not answer its heartbeat: %v\n", k.ID, k.ConnectionFile, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if *asJSON {
+		return writeJSON(env.Stdout, rows)
+	}
+	return writeKernelTable(env.Stdout, rows)
+}
+
+func discoverKernels(ctx context.Context, env Env, extraDirs []string) discovery.Result {
+	return discovery.Discover(ctx, discovery.Options{
+		RuntimeDirs: discovery.RuntimeDirs(env.getenv, extraDirs),
+		Procs:       discovery.NewProcFinder(env.procRoot()),
+	})
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func writeKernelTable(w io.Writer, rows []kernelRow) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KERNEL\tNOTEBOOK\tPID\tLANGUAGE\tALIVE\tCONNECTION FILE\tSERVER")
+	for _, r := range rows {
+		pid := "-"
+		if r.PID > 0 {
+			pid = strconv.Itoa(r.PID)
+		}
+		alive := "no"
+		if r.Alive {
+			alive = "yes"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.KernelID, orDash(r.Notebook), pid,
+			orDash(r.Language), alive, r.ConnectionFile, orDash(r.ServerURL))
+	}
+	return tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// kernelLanguage reads the language from the kernel's kernelspec
+// (<jupyter path>/kernels/<name>/kernel.json), without talking to the kernel:
+// any request would count as activity for Jupyter's idle culler.
+func kernelLanguage(env Env, k discovery.Kernel) string {
+	if k.KernelName == "" {
+		return ""
+	}
+	for _, dir := range kernelspecDirs(env) {
+		data, err := os.ReadFile(filepath.Join(dir, k.KernelName, "kernel.json"))
+		if err != nil {
+			continue
+		}
+		var spec struct {
+			Language string `json:"language"`
+		}
+		if json.Unmarshal(data, &spec) == nil && spec.Language != "" {
+			return spec.Language
+		}
+	}
+	return ""
+}
+
+// kernelspecDirs lists Jupyter's kernelspec search path, as jupyter_core does.
+func kernelspecDirs(env Env) []string {
+	var dirs []string
+	for _, p := range filepath.SplitList(env.getenv("JUPYTER_PATH")) {
+		if p != "" {
+			dirs = append(dirs, filepath.Join(p, "kernels"))
+		}
+	}
+	if d := env.getenv("JUPYTER_DATA_DIR"); d != "" {
+		dirs = append(dirs, filepath.Join(d, "kernels"))
+	} else if d := env.getenv("XDG_DATA_HOME"); d != "" {
+		dirs = append(dirs, filepath.Join(d, "jupyter", "kernels"))
+	} else if h := env.getenv("HOME"); h != "" {
+		dirs = append(dirs, filepath.Join(h, ".local", "share", "jupyter", "kernels"))
+	}
+	return append(dirs, "/usr/local/share/jupyter/kernels", "/usr/share/jupyter/kernels")
+}

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# gpumem's run command. On a machine where no Jupyter runs, it installs Jupyter
+# if missing (Debian packages, as root), builds gpumem, starts a Notebook
+# server on 127.0.0.1 with a token and a kernel for examples/leaks.ipynb, and
+# runs gpumem against it.
+#
+#   bash scripts/run.sh        start everything (state in .demo/)
+#   bash scripts/run.sh stop   stop what it started
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+state=${GPUMEM_DEMO_DIR:-$repo/.demo}
+port=${GPUMEM_DEMO_PORT:-8888}
+py=/usr/bin/python3
+
+stop() {
+  for f in "$state"/*.pid; do
+    [ -e "$f" ] || continue
+    pid=$(cat "$f")
+    # Each was started in a session of its own: end the whole group (its kernels too).
+    kill -TERM -- "-$pid" 2>/dev/null && echo "stopped $(basename "$f" .pid) (pid $pid)"
+    rm -f "$f"
+  done
+}
+if [ "${1:-}" = stop ]; then stop; exit 0; fi
+
+packages=(python3-ipykernel python3-jupyter-client jupyter-notebook)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+mkdir -p "$state/runtime" bin
+go build -o bin/gpumem ./cmd/gpumem
+stop >/dev/null 2>&1 || true
+
+export JUPYTER_RUNTIME_DIR=$state/runtime
+token=$($py -c 'import secrets; print(secrets.token_hex(24))')
+echo "$token" > "$state/token"
+chmod 600 "$state/token"
+setsid $py -m notebook --no-browser --ip=127.0.0.1 --port="$port" --port-retries=0 --allow-root \
+  --NotebookApp.token="$token" --NotebookApp.notebook_dir="$repo/examples" \
+  >"$state/jupyter.log" 2>&1 < /dev/null &
+echo $! > "$state/jupyter.pid"
+
+# Wait (deadline 60 s) for the server, then open a kernel for the example notebook.
+$py - "$port" "$token" <<'PY'
+import json, sys, time, urllib.request
+port, token = sys.argv[1], sys.argv[2]
+base = f"http://127.0.0.1:{port}/"
+def call(method, path, body=None):
+    req = urllib.request.Request(base + path, method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": "token " + token, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.load(r)
+deadline = time.time() + 60
+while True:
+    try:
+        call("GET", "api/status"); break
+    except Exception as e:
+        if time.time() > deadline:
+            sys.exit(f"Jupyter did not start on {base}: {e} (see .demo/jupyter.log)")
+        time.sleep(0.2)
+s = call("POST", "api/sessions", {"path": "leaks.ipynb", "type": "notebook", "name": "leaks.ipynb",
+                                  "kernel": {"name": "python3"}})
+print(f"kernel {s['kernel']['id']} started for examples/leaks.ipynb")
+PY
+
+echo
+echo "Jupyter Notebook: http://127.0.0.1:$port/notebooks/leaks.ipynb?token=$token"
+echo "Stop everything:  bash scripts/run.sh stop"
+echo
+deadline=$((SECONDS + 30))
+until bin/gpumem kernels 2>/dev/null | grep -q leaks.ipynb || ((SECONDS > deadline)); do sleep 0.2; done
+bin/gpumem kernels

@@ -1,0 +1,235 @@
+package discovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gpumem/gpumem/protocol"
+)
+
+// Kernel is one kernel found from its connection file.
+type Kernel struct {
+	ID             string // from kernel-<id>.json
+	ConnectionFile string
+	Connection     protocol.ConnectionInfo
+	Notebook       string // absolute path; "" without a server session
+	ServerURL      string // "" without a server
+	KernelName     string // kernelspec name, when known
+	PID            int    // 0 when no process could be found
+	PIDStart       uint64 // start time (clock ticks since boot) of PID
+}
+
+// ProcessFinder resolves kernels' OS processes. The production
+// implementation reads /proc (see ProcFinder).
+type ProcessFinder interface {
+	// PortOwners maps each listening TCP port in ports to the pid and start
+	// time of the process that owns its socket; ports it cannot resolve are
+	// left out.
+	PortOwners(ports []int) (map[int]Owner, error)
+	// ArgvMentions maps each of names to the processes whose argv has an
+	// argument equal to it or ending in "/"+name.
+	ArgvMentions(names []string) (map[string][]Owner, error)
+}
+
+// Owner is a process identified by pid and start time.
+type Owner struct {
+	PID   int
+	Start uint64
+}
+
+// Options configures Discover.
+type Options struct {
+	RuntimeDirs []string
+	HTTPClient  *http.Client // default: 5 s timeout
+	Procs       ProcessFinder
+}
+
+// Result is everything Discover found. Problems name the file or server and
+// say what went wrong; they never stop discovery of the rest.
+type Result struct {
+	Kernels  []Kernel
+	Servers  []Server
+	Problems []error
+}
+
+// Discover scans the runtime dirs, asks every server for its sessions, and
+// resolves each kernel's process.
+func Discover(ctx context.Context, opts Options) Result {
+	var res Result
+	hc := opts.HTTPClient
+	if hc == nil {
+		hc = &http.Client{Timeout: 5 * time.Second}
+	}
+	seenFile := map[string]bool{}
+	for _, dir := range opts.RuntimeDirs {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			if !errors.Is(err, os.ErrNotExist) {
+				res.Problems = append(res.Problems, fmt.Errorf("runtime dir %s: %w", dir, err))
+			}
+			continue
+		}
+		for _, e := range entries {
+			name := e.Name()
+			if e.IsDir() || !strings.HasPrefix(name, "kernel-") || !strings.HasSuffix(name, ".json") {
+				continue
+			}
+			file := filepath.Join(dir, name)
+			if seenFile[file] {
+				continue
+			}
+			seenFile[file] = true
+			info, err := protocol.ReadConnectionFile(file)
+			if err != nil {
+				res.Problems = append(res.Problems, err)
+				continue
+			}
+			res.Kernels = append(res.Kernels, Kernel{
+				ID:             strings.TrimSuffix(strings.TrimPrefix(name, "kernel-"), ".json"),
+				ConnectionFile: file,
+				Connection:     info,
+				KernelName:     info.KernelName,
+			})
+		}
+		files, err := serverFiles(dir)
+		if err != nil {
+			res.Problems = append(res.Problems, fmt.Errorf("runtime dir %s: %w", dir, err))
+		}
+		for _, f := range files {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				res.Problems = append(res.Problems, fmt.Errorf("server file %s: %w", f, err))
+				continue
+			}
+			s, err := ParseServerFile(f, data)
+			if err != nil {
+				res.Problems = append(res.Problems, err)
+				continue
+			}
+			res.Servers = append(res.Servers, s)
+		}
+	}
+	res.Servers = dedupeServers(res.Servers)
+	res.Problems = append(res.Problems, attachSessions(ctx, hc, res.Servers, res.Kernels)...)
+	if opts.Procs != nil {
+		res.Problems = append(res.Problems, resolvePIDs(opts.Procs, res.Kernels)...)
+	}
+	sort.Slice(res.Kernels, func(i, j int) bool {
+		a, b := res.Kernels[i], res.Kernels[j]
+		if a.Notebook != b.Notebook {
+			return a.Notebook < b.Notebook
+		}
+		return a.ConnectionFile < b.ConnectionFile
+	})
+	return res
+}
+
+// dedupeServers drops servers listed twice (a runtime dir given twice through
+// a link, or a stale file next to a live one with the same URL).
+func dedupeServers(servers []Server) []Server {
+	seen := map[string]bool{}
+	out := servers[:0]
+	for _, s := range servers {
+		if seen[s.URL] {
+			continue
+		}
+		seen[s.URL] = true
+		out = append(out, s)
+	}
+	return out
+}
+
+// attachSessions asks every server (concurrently) for its sessions and fills
+// Notebook and ServerURL of the kernels they name.
+func attachSessions(ctx context.Context, hc *http.Client, servers []Server, kernels []Kernel) []error {
+	type answer struct {
+		server   Server
+		sessions []Session
+		err      error
+	}
+	answers := make([]answer, len(servers))
+	var wg sync.WaitGroup
+	for i, s := range servers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sessions, err := s.Sessions(ctx, hc)
+			answers[i] = answer{s, sessions, err}
+		}()
+	}
+	wg.Wait()
+	byID := map[string]*Kernel{}
+	for i := range kernels {
+		byID[kernels[i].ID] = &kernels[i]
+	}
+	var problems []error
+	for _, a := range answers {
+		if a.err != nil {
+			problems = append(problems, a.err)
+			continue
+		}
+		for _, sess := range a.sessions {
+			k := byID[sess.Kernel.ID]
+			if k == nil {
+				continue
+			}
+			k.ServerURL = a.server.URL
+			if sess.Kernel.Name != "" {
+				k.KernelName = sess.Kernel.Name
+			}
+			k.Notebook = a.server.NotebookPath(sess.Path)
+		}
+	}
+	return problems
+}
+
+// resolvePIDs finds each kernel's process: the owner of its listening shell
+// port (authoritative: wrappers and odd argv still resolve), else the one
+// process whose argv names the connection file.
+func resolvePIDs(pf ProcessFinder, kernels []Kernel) []error {
+	var problems []error
+	var ports []int
+	var names []string
+	for _, k := range kernels {
+		if k.Connection.Transport == "tcp" && k.Connection.ShellPort > 0 {
+			ports = append(ports, k.Connection.ShellPort)
+		}
+		names = append(names, filepath.Base(k.ConnectionFile))
+	}
+	owners, err := pf.PortOwners(ports)
+	if err != nil {
+		problems = append(problems, fmt.Errorf("reading listening sockets: %w", err))
+	}
+	mentions, err := pf.ArgvMentions(names)
+	if err != nil {
+		problems = append(problems, fmt.Errorf("reading process arguments: %w", err))
+	}
+	for i := range kernels {
+		k := &kernels[i]
+		if o, ok := owners[k.Connection.ShellPort]; ok && k.Connection.Transport == "tcp" {
+			k.PID, k.PIDStart = o.PID, o.Start
+			continue
+		}
+		cands := mentions[filepath.Base(k.ConnectionFile)]
+		// A launcher (jupyter kernel, a wrapper script) names the file too; the
+		// kernel is the deepest of them, which is the last started.
+		if len(cands) > 0 {
+			best := cands[0]
+			for _, c := range cands[1:] {
+				if c.Start > best.Start || (c.Start == best.Start && c.PID > best.PID) {
+					best = c
+				}
+			}
+			k.PID, k.PIDStart = best.PID, best.Start
+		}
+	}
+	return problems
+}

@@ -1,0 +1,130 @@
+package discovery
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+)
+
+// Server is a running Jupyter server, from its jpserver-/nbserver- file.
+type Server struct {
+	File    string `json:"-"`        // the info file it was read from
+	Kind    string `json:"-"`        // "jupyter_server" or "notebook"
+	URL     string `json:"url"`      // base URL, with trailing slash
+	Token   string `json:"token"`    // never logged
+	RootDir string `json:"root_dir"` // notebook_dir on Notebook 6
+	PID     int    `json:"pid"`
+	Version string `json:"version"`
+}
+
+// ParseServerFile parses a jpserver-<pid>.json or nbserver-<pid>.json file.
+func ParseServerFile(name string, data []byte) (Server, error) {
+	var raw struct {
+		URL         string `json:"url"`
+		Token       string `json:"token"`
+		RootDir     string `json:"root_dir"`
+		NotebookDir string `json:"notebook_dir"`
+		PID         int    `json:"pid"`
+		Version     string `json:"version"`
+		BaseURL     string `json:"base_url"`
+	}
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return Server{}, fmt.Errorf("server file %s: not valid JSON (%v): delete it if its server is gone", name, err)
+	}
+	if raw.URL == "" {
+		return Server{}, fmt.Errorf("server file %s: no \"url\": delete it if its server is gone", name)
+	}
+	s := Server{File: name, URL: raw.URL, Token: raw.Token, RootDir: raw.RootDir, PID: raw.PID, Version: raw.Version}
+	s.Kind = "jupyter_server"
+	if strings.HasPrefix(filepath.Base(name), "nbserver-") {
+		s.Kind = "notebook"
+	}
+	if s.RootDir == "" {
+		s.RootDir = raw.NotebookDir
+	}
+	if !strings.HasSuffix(s.URL, "/") {
+		s.URL += "/"
+	}
+	return s, nil
+}
+
+// serverFiles lists the server info files in dir.
+func serverFiles(dir string) ([]string, error) {
+	var out []string
+	for _, pattern := range []string{"jpserver-*.json", "nbserver-*.json"} {
+		m, err := filepath.Glob(filepath.Join(dir, pattern))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m...)
+	}
+	return out, nil
+}
+
+// Session is one entry of a server's GET /api/sessions.
+type Session struct {
+	ID     string `json:"id"`
+	Path   string `json:"path"`
+	Name   string `json:"name"`
+	Type   string `json:"type"`
+	Kernel struct {
+		ID             string `json:"id"`
+		Name           string `json:"name"`
+		LastActivity   string `json:"last_activity"`
+		ExecutionState string `json:"execution_state"`
+		Connections    int    `json:"connections"`
+	} `json:"kernel"`
+}
+
+// Sessions fetches GET /api/sessions from s with its token.
+func (s Server) Sessions(ctx context.Context, hc *http.Client) ([]Session, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL+"api/sessions", nil)
+	if err != nil {
+		return nil, fmt.Errorf("server %s (%s): %w", s.URL, s.File, err)
+	}
+	if s.Token != "" {
+		req.Header.Set("Authorization", "token "+s.Token)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("server %s (%s) does not answer: %w; if it is gone, delete its file", s.URL, s.File, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return nil, fmt.Errorf("server %s (%s): reading /api/sessions: %w", s.URL, s.File, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("server %s (%s): GET /api/sessions: %s (is the token in its file current?)", s.URL, s.File, resp.Status)
+	}
+	var sessions []Session
+	if err := json.Unmarshal(body, &sessions); err != nil {
+		return nil, fmt.Errorf("server %s (%s): /api/sessions is not a session list: %w", s.URL, s.File, err)
+	}
+	return sessions, nil
+}
+
+// NotebookPath makes a session path (relative to the server's root, always
+// with forward slashes) absolute.
+func (s Server) NotebookPath(sessionPath string) string {
+	if sessionPath == "" {
+		return ""
+	}
+	clean := path.Clean("/" + sessionPath)[1:]
+	root := s.RootDir
+	if strings.HasPrefix(root, "~") {
+		if h, err := os.UserHomeDir(); err == nil {
+			root = filepath.Join(h, root[1:])
+		}
+	}
+	if root == "" {
+		return filepath.FromSlash(clean)
+	}
+	return filepath.Join(root, filepath.FromSlash(clean))
+}
