@@ -1,0 +1,183 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"syscall"
+	"time"
+
+	"github.com/gpumem/gpumem/sidecar/attribution"
+)
+
+// ErrNoDaemon is matched (errors.Is) by a Client's error when no daemon
+// serves the socket: the file does not exist, or nobody listens on it. The
+// CLI then works standalone.
+var ErrNoDaemon = errors.New("no gpumem daemon")
+
+type noDaemonError struct {
+	path string
+	err  error
+}
+
+func (e *noDaemonError) Error() string {
+	return fmt.Sprintf("no gpumem daemon serves %s: %v", e.path, e.err)
+}
+func (e *noDaemonError) Unwrap() error        { return e.err }
+func (e *noDaemonError) Is(target error) bool { return target == ErrNoDaemon }
+
+// StatusError is a reply of the daemon other than 200: Message is its
+// {"error": ...}.
+type StatusError struct {
+	StatusCode int
+	Message    string
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("gpumem daemon: %d %s: %s", e.StatusCode, http.StatusText(e.StatusCode), e.Message)
+}
+
+// DefaultTimeout bounds a Client call whose ctx has no deadline.
+const DefaultTimeout = 30 * time.Second
+
+const maxReplyBytes = 64 << 20
+
+// Client talks to the daemon over its unix socket. It is safe for
+// concurrent use; Close releases its idle connections.
+type Client struct {
+	path string
+	hc   *http.Client
+}
+
+// NewClient returns a client of the daemon serving socketPath. It connects
+// on each call's demand; nothing happens here.
+func NewClient(socketPath string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socketPath)
+		},
+		Proxy:                  nil, // never a proxy, whatever the environment says
+		MaxIdleConns:           2,
+		IdleConnTimeout:        30 * time.Second,
+		DisableCompression:     true,
+		MaxResponseHeaderBytes: 64 << 10,
+	}
+	return &Client{
+		path: socketPath,
+		hc: &http.Client{
+			Transport: tr,
+			CheckRedirect: func(*http.Request, []*http.Request) error {
+				return http.ErrUseLastResponse
+			},
+		},
+	}
+}
+
+// Close closes idle connections.
+func (c *Client) Close() { c.hc.CloseIdleConnections() }
+
+// Healthz checks that the daemon answers.
+func (c *Client) Healthz(ctx context.Context) error {
+	var v struct {
+		Status string `json:"status"`
+	}
+	if err := c.do(ctx, http.MethodGet, "/healthz", nil, &v); err != nil {
+		return err
+	}
+	if v.Status != "ok" {
+		return fmt.Errorf("gpumem daemon at %s: health status %q", c.path, v.Status)
+	}
+	return nil
+}
+
+// Notebooks is the daemon's whole report: what `gpumem ls --json` prints.
+func (c *Client) Notebooks(ctx context.Context) (attribution.Report, error) {
+	var rep attribution.Report
+	err := c.do(ctx, http.MethodGet, "/api/v1/notebooks", nil, &rep)
+	return rep, err
+}
+
+// GPUs lists the GPUs with their memory totals.
+func (c *Client) GPUs(ctx context.Context) ([]attribution.GPU, error) {
+	var v GPUsResponse
+	err := c.do(ctx, http.MethodGet, "/api/v1/gpus", nil, &v)
+	return v.GPUs, err
+}
+
+// Users is GPU memory per user.
+func (c *Client) Users(ctx context.Context) ([]UserUsage, error) {
+	var v UsersResponse
+	err := c.do(ctx, http.MethodGet, "/api/v1/users", nil, &v)
+	return v.Users, err
+}
+
+// Kernel is one kernel's entry.
+func (c *Client) Kernel(ctx context.Context, kernelID string) (attribution.Notebook, error) {
+	var nb attribution.Notebook
+	err := c.do(ctx, http.MethodGet, "/api/v1/kernels/"+url.PathEscape(kernelID), nil, &nb)
+	return nb, err
+}
+
+// Free frees GPU memory in a kernel; the zero FreeRequest frees caches only.
+// It returns the daemon's JSON reply as is.
+func (c *Client) Free(ctx context.Context, kernelID string, req FreeRequest) (json.RawMessage, error) {
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("encode free request: %w", err)
+	}
+	var reply json.RawMessage
+	err = c.do(ctx, http.MethodPost, "/api/v1/kernels/"+url.PathEscape(kernelID)+"/free", body, &reply)
+	return reply, err
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body []byte, out any) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+	}
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+SocketHost+path, rd)
+	if err != nil {
+		return fmt.Errorf("gpumem daemon request %s %s: %w", method, path, err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+			return &noDaemonError{path: c.path, err: err}
+		}
+		return fmt.Errorf("gpumem daemon at %s: %w", c.path, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes))
+	if err != nil {
+		return fmt.Errorf("gpumem daemon at %s: read reply to %s %s: %w", c.path, method, path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		var eb errorBody
+		if json.Unmarshal(data, &eb) != nil || eb.Error == "" {
+			eb.Error = string(bytes.TrimSpace(data))
+		}
+		return &StatusError{StatusCode: resp.StatusCode, Message: eb.Error}
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("gpumem daemon at %s: decode reply to %s %s: %w", c.path, method, path, err)
+	}
+	return nil
+}

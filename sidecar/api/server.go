@@ -1,0 +1,356 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"mime"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/gpumem/gpumem/sidecar/attribution"
+)
+
+// Backend is what the API needs from the daemon. Its methods are called
+// concurrently, one call per request.
+type Backend interface {
+	// Report is the current snapshot. The server does not modify it.
+	Report(ctx context.Context) (attribution.Report, error)
+	// KernelOfPID says which kernel's process tree pid belongs to, and the
+	// uid owning that kernel. It is called for shared-mode callers that are
+	// neither root nor the daemon's user.
+	KernelOfPID(ctx context.Context, pid int) (kernelID string, ownerUID uint32, ok bool)
+	// Free frees GPU memory in a kernel; req has been validated. It returns
+	// the JSON reply to send, or an error wrapping ErrKernelNotFound for an
+	// unknown kernel. The error's text is sent to the caller: it must not
+	// hold a kernel key or a server token.
+	Free(ctx context.Context, kernelID string, req FreeRequest) (json.RawMessage, error)
+}
+
+// ErrKernelNotFound is wrapped by Backend.Free's error for a kernel the
+// daemon does not know; the API answers 404.
+var ErrKernelNotFound = errors.New("kernel not found")
+
+// Options configure a Server.
+type Options struct {
+	// Logger gets one line per refused or failed request and per free.
+	// Headers and bodies are never logged.
+	Logger zerolog.Logger
+}
+
+const (
+	maxFreeBody     = 64 << 10
+	shutdownTimeout = 5 * time.Second
+	readTimeout     = 10 * time.Second
+)
+
+// Server serves the API on a Listener.
+type Server struct {
+	backend   Backend
+	log       zerolog.Logger
+	daemonUID uint32
+}
+
+// NewServer returns a Server over backend. Admin rights go to root and to
+// the process's effective uid.
+func NewServer(backend Backend, opts Options) *Server {
+	return &Server{backend: backend, log: opts.Logger, daemonUID: uint32(os.Geteuid())}
+}
+
+// Serve serves the API on ln until ctx is done, then shuts down (in-flight
+// requests see ctx cancelled and get shutdownTimeout to finish), closes ln
+// (removing the socket file) and returns after every connection's goroutine
+// has ended. It returns nil after a shutdown caused by ctx.
+func (s *Server) Serve(ctx context.Context, ln *Listener) error {
+	var conns sync.WaitGroup
+	hs := &http.Server{
+		Handler:           s.handler(ln.Mode()),
+		ConnContext:       withPeer,
+		BaseContext:       func(_ net.Listener) context.Context { return ctx },
+		ReadHeaderTimeout: readTimeout,
+		ReadTimeout:       readTimeout,
+		IdleTimeout:       time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          log.New(s.log.With().Str("component", "api_http").Logger(), "", 0),
+		// A WaitGroup over connections: Shutdown does not wait for the
+		// goroutines of the connections it closes, this does.
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			switch st {
+			case http.StateNew:
+				conns.Add(1)
+			case http.StateClosed, http.StateHijacked:
+				conns.Done()
+			}
+		},
+	}
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(ln) }()
+
+	var err error
+	select {
+	case err = <-served:
+		// Serve failed on its own (the listener broke).
+		_ = hs.Close()
+		err = fmt.Errorf("serve %s: %w", ln.Path(), err)
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+		if serr := hs.Shutdown(sctx); serr != nil {
+			_ = hs.Close()
+		}
+		cancel()
+		<-served // returns ErrServerClosed at once after Shutdown/Close
+	}
+	_ = ln.Close()
+	if !waitTimeout(&conns, shutdownTimeout) {
+		s.log.Error().Str("socket", ln.Path()).Msg("api connections still running after shutdown")
+	}
+	return err
+}
+
+func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// handler is the whole API: browser checks, peer check, routes.
+func (s *Server) handler(mode Mode) http.Handler {
+	mux := http.NewServeMux()
+	route := func(pattern string, a access, h func(http.ResponseWriter, *http.Request, caller)) {
+		mux.Handle(pattern, s.authorized(mode, a, h))
+	}
+	route("GET /healthz", accessAnyone, s.serveHealthz)
+	route("GET /api/v1/gpus", accessKernel, s.serveGPUs)
+	route("GET /api/v1/users", accessKernel, s.serveUsers)
+	route("GET /api/v1/notebooks", accessAdmin, s.serveNotebooks)
+	route("GET /api/v1/kernels/{id}", accessOwnKernel, s.serveKernel)
+	route("POST /api/v1/kernels/{id}/free", accessOwnKernel, s.serveFree)
+
+	// The same paths without a method: any other method gets 405.
+	for path, allow := range map[string]string{
+		"/healthz":                  "GET, HEAD",
+		"/api/v1/gpus":              "GET, HEAD",
+		"/api/v1/users":             "GET, HEAD",
+		"/api/v1/notebooks":         "GET, HEAD",
+		"/api/v1/kernels/{id}":      "GET, HEAD",
+		"/api/v1/kernels/{id}/free": "POST",
+	} {
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allow)
+			s.writeError(w, r, http.StatusMethodNotAllowed, fmt.Sprintf("method %s is not allowed on %s: use %s", r.Method, r.URL.Path, allow))
+		})
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.writeError(w, r, http.StatusNotFound, fmt.Sprintf("no such endpoint: %s", r.URL.Path))
+	})
+
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := checkNotBrowser(r); err != nil {
+			s.writeError(w, r, http.StatusForbidden, err.Error())
+			return
+		}
+		if pr, ok := r.Context().Value(peerKey{}).(peerResult); !ok || pr.err != nil {
+			msg := "cannot identify the caller"
+			if ok {
+				msg = fmt.Sprintf("cannot identify the caller: %v", pr.err)
+			}
+			s.writeError(w, r, http.StatusForbidden, msg)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// authorized identifies the caller and applies the access rule before h.
+func (s *Server) authorized(mode Mode, a access, h func(http.ResponseWriter, *http.Request, caller)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		pr, _ := r.Context().Value(peerKey{}).(peerResult) // checked by handler
+		c := identify(r.Context(), mode, s.daemonUID, pr.peer, s.backend.KernelOfPID)
+		if err := authorize(mode, c, a, r.PathValue("id")); err != nil {
+			s.writeError(w, r, http.StatusForbidden, err.Error())
+			return
+		}
+		h(w, r, c)
+	})
+}
+
+func (s *Server) serveHealthz(w http.ResponseWriter, r *http.Request, _ caller) {
+	s.writeJSON(w, r, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// report fetches the snapshot, answering 503 when there is none.
+func (s *Server) report(w http.ResponseWriter, r *http.Request) (attribution.Report, bool) {
+	rep, err := s.backend.Report(r.Context())
+	if err != nil {
+		s.writeError(w, r, http.StatusServiceUnavailable, fmt.Sprintf("no GPU memory snapshot: %v", err))
+		return attribution.Report{}, false
+	}
+	return rep, true
+}
+
+func (s *Server) serveGPUs(w http.ResponseWriter, r *http.Request, _ caller) {
+	rep, ok := s.report(w, r)
+	if !ok {
+		return
+	}
+	gpus := rep.GPUs
+	if gpus == nil {
+		gpus = []attribution.GPU{}
+	}
+	s.writeJSON(w, r, http.StatusOK, GPUsResponse{GPUs: gpus})
+}
+
+func (s *Server) serveUsers(w http.ResponseWriter, r *http.Request, _ caller) {
+	rep, ok := s.report(w, r)
+	if !ok {
+		return
+	}
+	s.writeJSON(w, r, http.StatusOK, UsersResponse{Users: SummarizeUsers(rep)})
+}
+
+func (s *Server) serveNotebooks(w http.ResponseWriter, r *http.Request, _ caller) {
+	rep, ok := s.report(w, r)
+	if !ok {
+		return
+	}
+	s.writeJSON(w, r, http.StatusOK, rep)
+}
+
+func (s *Server) serveKernel(w http.ResponseWriter, r *http.Request, _ caller) {
+	id := r.PathValue("id")
+	rep, ok := s.report(w, r)
+	if !ok {
+		return
+	}
+	for _, nb := range rep.Notebooks {
+		if nb.KernelID == id {
+			s.writeJSON(w, r, http.StatusOK, nb)
+			return
+		}
+	}
+	s.writeError(w, r, http.StatusNotFound, fmt.Sprintf("kernel %s is not known to the daemon: list kernels with GET /api/v1/notebooks", id))
+}
+
+func (s *Server) serveFree(w http.ResponseWriter, r *http.Request, c caller) {
+	id := r.PathValue("id")
+	req, status, err := decodeFree(w, r)
+	if err != nil {
+		s.writeError(w, r, status, err.Error())
+		return
+	}
+	log := s.log.With().Str("kernel_id", id).Int("pid", c.peer.PID).Uint32("uid", c.peer.UID).Logger()
+	reply, err := s.backend.Free(r.Context(), id, req)
+	switch {
+	case errors.Is(err, ErrKernelNotFound):
+		s.writeError(w, r, http.StatusNotFound, err.Error())
+		return
+	case errors.Is(err, context.DeadlineExceeded):
+		log.Warn().Err(err).Msg("free timed out")
+		s.writeError(w, r, http.StatusGatewayTimeout, err.Error())
+		return
+	case err != nil:
+		log.Error().Err(err).Msg("free failed")
+		s.writeError(w, r, http.StatusInternalServerError, err.Error())
+		return
+	}
+	if !json.Valid(reply) {
+		log.Error().Msg("free: backend returned invalid JSON")
+		s.writeError(w, r, http.StatusInternalServerError, "free: the daemon produced an invalid reply")
+		return
+	}
+	log.Info().Int("vars", len(req.Vars)).Bool("all", req.All).Msg("freed GPU memory on request")
+	w.Header().Set("Content-Type", "application/json")
+	setNoCache(w)
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(reply)
+}
+
+// decodeFree reads the optional FreeRequest body: no body means cache-only.
+func decodeFree(w http.ResponseWriter, r *http.Request) (FreeRequest, int, error) {
+	var req FreeRequest
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxFreeBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return req, http.StatusRequestEntityTooLarge, fmt.Errorf("free request body is over %d bytes", maxFreeBody)
+		}
+		return req, http.StatusBadRequest, fmt.Errorf("read free request body: %w", err)
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return req, 0, nil
+	}
+	// A JSON content type is required with a body: browsers cannot send it
+	// without a CORS preflight, which this API never answers.
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		return req, http.StatusUnsupportedMediaType, errors.New("free request body must have Content-Type application/json")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return req, http.StatusBadRequest, fmt.Errorf("free request body: %w", err)
+	}
+	if dec.More() {
+		return req, http.StatusBadRequest, errors.New("free request body: trailing data after the JSON object")
+	}
+	if err := req.Validate(); err != nil {
+		return req, http.StatusBadRequest, err
+	}
+	return req, 0, nil
+}
+
+func setNoCache(w http.ResponseWriter) {
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+}
+
+func (s *Server) writeJSON(w http.ResponseWriter, r *http.Request, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		s.writeError(w, r, http.StatusInternalServerError, fmt.Sprintf("encode reply: %v", err))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	setNoCache(w)
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// errorBody is every error reply.
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	ev := s.log.Debug()
+	if status == http.StatusForbidden {
+		ev = s.log.Warn()
+	} else if status >= 500 {
+		ev = s.log.Error()
+	}
+	ev = ev.Str("method", r.Method).Str("path", r.URL.Path).Int("status", status)
+	if pr, ok := r.Context().Value(peerKey{}).(peerResult); ok && pr.err == nil {
+		ev = ev.Int("pid", pr.peer.PID).Uint32("uid", pr.peer.UID)
+	}
+	ev.Msg(msg)
+	body, _ := json.Marshal(errorBody{Error: msg}) // a struct of one string always encodes
+	w.Header().Set("Content-Type", "application/json")
+	setNoCache(w)
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}

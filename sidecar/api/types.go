@@ -1,0 +1,170 @@
+package api
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"unicode"
+
+	"github.com/gpumem/gpumem/sidecar/attribution"
+)
+
+// SocketHost is the Host the Client sends: a name that resolves nowhere, so
+// a request carrying it can only have come through the socket.
+const SocketHost = "local-gpumem.sock"
+
+// DefaultSocketName is the socket's file name in the Jupyter runtime dir.
+const DefaultSocketName = "gpumem.sock"
+
+// Mode is who may connect to the socket and what they may do; see the
+// package documentation.
+type Mode string
+
+const (
+	// ModePrivate: socket 0600, the daemon's user and root only.
+	ModePrivate Mode = "private"
+	// ModeShared: socket 0666; kernel processes may read and free their own kernel.
+	ModeShared Mode = "shared"
+)
+
+// ParseMode parses the value of --socket-mode.
+func ParseMode(s string) (Mode, error) {
+	switch Mode(s) {
+	case ModePrivate, ModeShared:
+		return Mode(s), nil
+	}
+	return "", fmt.Errorf("unknown socket mode %q: use %q or %q", s, ModePrivate, ModeShared)
+}
+
+func (m Mode) perm() (uint32, error) {
+	switch m {
+	case ModePrivate:
+		return 0o600, nil
+	case ModeShared:
+		return 0o666, nil
+	}
+	return 0, fmt.Errorf("unknown socket mode %q: use %q or %q", string(m), ModePrivate, ModeShared)
+}
+
+// FreeRequest is the optional body of POST /api/v1/kernels/{id}/free. The
+// zero value (or no body) frees caches only: allocator caches are released
+// and no variable is deleted.
+type FreeRequest struct {
+	// Vars are names of variables in the kernel's namespace to delete.
+	Vars []string `json:"vars,omitempty"`
+	// All deletes every variable that holds GPU memory.
+	All bool `json:"all,omitempty"`
+}
+
+const (
+	maxFreeVars    = 1024
+	maxVarNameSize = 256
+)
+
+// Validate rejects requests the backend must never render into code: names
+// that are not Python identifiers, and Vars together with All.
+func (r FreeRequest) Validate() error {
+	if r.All && len(r.Vars) > 0 {
+		return fmt.Errorf("free request sets both vars and all: set one")
+	}
+	if len(r.Vars) > maxFreeVars {
+		return fmt.Errorf("free request names %d variables, at most %d are allowed", len(r.Vars), maxFreeVars)
+	}
+	for _, v := range r.Vars {
+		if !isIdentifier(v) {
+			return fmt.Errorf("free request: %q is not a Python identifier", v)
+		}
+	}
+	return nil
+}
+
+// isIdentifier reports whether s is a Python identifier (letters, digits and
+// underscores, not starting with a digit). It is stricter than Python on
+// some Unicode categories, never looser.
+func isIdentifier(s string) bool {
+	if s == "" || len(s) > maxVarNameSize {
+		return false
+	}
+	for i, r := range s {
+		switch {
+		case r == '_' || unicode.IsLetter(r):
+		case i > 0 && unicode.IsDigit(r):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// GPUsResponse is the reply of GET /api/v1/gpus.
+type GPUsResponse struct {
+	GPUs []attribution.GPU `json:"gpus"`
+}
+
+// UsersResponse is the reply of GET /api/v1/users.
+type UsersResponse struct {
+	Users []UserUsage `json:"users"`
+}
+
+// UserUsage is one user's GPU memory: what a kernel caller in shared mode may
+// learn about other users.
+type UserUsage struct {
+	User           string `json:"user"`
+	Notebooks      int    `json:"notebooks"`
+	OtherProcesses int    `json:"other_processes"`
+	NotebookBytes  uint64 `json:"notebook_bytes"`
+	OtherBytes     uint64 `json:"other_bytes"`
+	// GPUMemoryBytes = NotebookBytes + OtherBytes.
+	GPUMemoryBytes uint64 `json:"gpu_memory_bytes"`
+	// PerGPU sums notebooks and other processes, by GPU index, ascending.
+	PerGPU []attribution.GPUBytes `json:"per_gpu"`
+}
+
+// SummarizeUsers totals a report per user, biggest user first (ties by
+// name). Notebooks without GPU memory count in Notebooks.
+func SummarizeUsers(r attribution.Report) []UserUsage {
+	byUser := map[string]*UserUsage{}
+	perGPU := map[string]map[int]uint64{}
+	get := func(user string) *UserUsage {
+		u, ok := byUser[user]
+		if !ok {
+			u = &UserUsage{User: user}
+			byUser[user] = u
+			perGPU[user] = map[int]uint64{}
+		}
+		return u
+	}
+	for _, nb := range r.Notebooks {
+		u := get(nb.User)
+		u.Notebooks++
+		u.NotebookBytes += nb.GPUMemoryBytes
+		for _, g := range nb.PerGPU {
+			perGPU[nb.User][g.Index] += g.Bytes
+		}
+	}
+	for _, p := range r.Other {
+		u := get(p.User)
+		u.OtherProcesses++
+		for _, g := range p.PerGPU {
+			u.OtherBytes += g.Bytes
+			perGPU[p.User][g.Index] += g.Bytes
+		}
+	}
+	users := make([]UserUsage, 0, len(byUser))
+	for name, u := range byUser {
+		u.GPUMemoryBytes = u.NotebookBytes + u.OtherBytes
+		u.PerGPU = []attribution.GPUBytes{}
+		for idx, b := range perGPU[name] {
+			u.PerGPU = append(u.PerGPU, attribution.GPUBytes{Index: idx, Bytes: b})
+		}
+		slices.SortFunc(u.PerGPU, func(a, b attribution.GPUBytes) int { return cmp.Compare(a.Index, b.Index) })
+		users = append(users, *u)
+	}
+	slices.SortFunc(users, func(a, b UserUsage) int {
+		if c := cmp.Compare(b.GPUMemoryBytes, a.GPUMemoryBytes); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.User, b.User)
+	})
+	return users
+}
