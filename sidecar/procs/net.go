@@ -1,0 +1,88 @@
+package procs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+)
+
+// ListeningTCPPorts returns port → socket inode for the TCP sockets in
+// LISTEN state in <root>/net/tcp and tcp6: those of the network namespace of
+// the process reading them (/proc/net is /proc/self/net). Where several
+// sockets listen on one port, tcp's first entry wins over tcp6's. A missing
+// tcp6 (IPv6 disabled) is not an error.
+func (fs *FS) ListeningTCPPorts() (map[int]uint64, error) {
+	ports := make(map[int]uint64)
+	var errs []error
+	read := 0
+	for _, name := range []string{"tcp", "tcp6"} {
+		path := filepath.Join(fs.root(), "net", name)
+		data, err := os.ReadFile(path)
+		if err != nil {
+			if !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		read++
+		if err := parseNetTCP(data, ports); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", path, err))
+		}
+	}
+	if read == 0 && len(errs) == 0 {
+		errs = append(errs, fmt.Errorf("listening ports: neither %s nor tcp6 exists", filepath.Join(fs.root(), "net", "tcp")))
+	}
+	if len(errs) > 0 {
+		return ports, errors.Join(errs...)
+	}
+	return ports, nil
+}
+
+// SocketOwners returns inode → pid for the given socket inodes, by reading
+// the /proc/<pid>/fd links ("socket:[N]"). Processes whose fds cannot be
+// read (another user's, without root: EACCES) or that vanish are skipped, so
+// an inode may be missing from the result. Where several processes share a
+// socket (inherited fds), the lowest pid wins. Only an unreadable root is an
+// error.
+func (fs *FS) SocketOwners(inodes []uint64) (map[uint64]int, error) {
+	want := make(map[uint64]bool, len(inodes))
+	for _, ino := range inodes {
+		want[ino] = true
+	}
+	owners := make(map[uint64]int, len(inodes))
+	if len(want) == 0 {
+		return owners, nil
+	}
+	pids, err := fs.pids()
+	if err != nil {
+		return nil, err
+	}
+	for _, pid := range pids {
+		fdDir := filepath.Join(fs.root(), strconv.Itoa(pid), "fd")
+		dir, err := os.Open(fdDir)
+		if err != nil {
+			continue
+		}
+		names, err := dir.Readdirnames(-1)
+		dir.Close()
+		if err != nil {
+			continue
+		}
+		for _, name := range names {
+			link, err := os.Readlink(filepath.Join(fdDir, name))
+			if err != nil {
+				continue
+			}
+			ino, ok := parseSocketLink(link)
+			if !ok || !want[ino] {
+				continue
+			}
+			if old, seen := owners[ino]; !seen || pid < old {
+				owners[ino] = pid
+			}
+		}
+	}
+	return owners, nil
+}

@@ -1,0 +1,230 @@
+package procs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+)
+
+// FS reads processes from a /proc tree. The zero value reads /proc. An FS
+// caches user names across scans; use it by pointer.
+type FS struct {
+	// Root is the proc mount to read ("" means /proc); tests point it at
+	// fixture trees under testdata/.
+	Root string
+
+	mu    sync.Mutex
+	users map[uint32]string
+
+	// Test hooks.
+	lookupUser func(uid uint32) (string, error) // nil: os/user
+	beforeRead func(pid int)                    // called before a process's files are read
+}
+
+func (fs *FS) root() string {
+	if fs.Root == "" {
+		return "/proc"
+	}
+	return fs.Root
+}
+
+// Scan reads every process. Processes that vanish or cannot be read while
+// scanning are skipped; only an unreadable root is an error.
+func (fs *FS) Scan() (*Table, error) {
+	pids, err := fs.pids()
+	if err != nil {
+		return nil, err
+	}
+	procs := make([]Proc, len(pids))
+	ok := make([]bool, len(pids))
+
+	// Reading /proc is syscall-bound: a few workers overlap the syscalls.
+	workers := min(runtime.GOMAXPROCS(0), 8, max(1, len(pids)/64))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			buf := make([]byte, 4096)
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(pids) {
+					return
+				}
+				procs[i], ok[i], buf = fs.readProc(pids[i], buf)
+			}
+		})
+	}
+	wg.Wait()
+
+	kept := procs[:0]
+	for i := range procs {
+		if ok[i] {
+			kept = append(kept, procs[i])
+		}
+	}
+	fs.resolveUsers(kept)
+	return NewTable(kept), nil
+}
+
+// pids lists the numeric entries of the root.
+func (fs *FS) pids() ([]int, error) {
+	dir, err := os.Open(fs.root())
+	if err != nil {
+		return nil, fmt.Errorf("read processes: %w", err)
+	}
+	defer dir.Close()
+	names, err := dir.Readdirnames(-1)
+	if err != nil {
+		return nil, fmt.Errorf("read processes: %w", err)
+	}
+	pids := make([]int, 0, len(names))
+	for _, name := range names {
+		if name[0] < '1' || name[0] > '9' {
+			continue
+		}
+		if pid, err := strconv.Atoi(name); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}
+
+// readProc reads one process through a descriptor of its /proc directory:
+// once the process exits that descriptor answers ESRCH/ENOENT, even if the
+// pid is reused meanwhile, so the files read all describe one process.
+func (fs *FS) readProc(pid int, buf []byte) (Proc, bool, []byte) {
+	if fs.beforeRead != nil {
+		fs.beforeRead(pid)
+	}
+	dirfd, err := syscall.Open(filepath.Join(fs.root(), strconv.Itoa(pid)), syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return Proc{}, false, buf
+	}
+	defer syscall.Close(dirfd)
+
+	buf, err = readAt(dirfd, "stat", buf)
+	if err != nil {
+		return Proc{}, false, buf
+	}
+	st, err := parseStat(buf)
+	if err != nil || st.PID != pid {
+		return Proc{}, false, buf
+	}
+	p := Proc{PID: pid, PPID: st.PPID, PGID: st.PGID, SID: st.SID, StartTime: st.StartTime, Comm: st.Comm}
+
+	// Once stat was read, ENOENT or ESRCH from the process's other files
+	// means it exited meanwhile: skip it rather than keep half a process.
+	// Other errors (EACCES on environ, for one) only lose that file.
+	buf, err = readAt(dirfd, "status", buf)
+	if vanished(err) {
+		return Proc{}, false, buf
+	}
+	if err == nil {
+		if status, perr := parseStatus(buf); perr == nil {
+			p.UID, p.NSpid = status.UID, status.NSpid
+		} else {
+			err = perr
+		}
+	}
+	if err != nil {
+		// The directory's owner is the effective uid for dumpable processes.
+		var sys syscall.Stat_t
+		if syscall.Fstat(dirfd, &sys) != nil {
+			return Proc{}, false, buf
+		}
+		p.UID = sys.Uid
+	}
+	buf, err = readAt(dirfd, "cmdline", buf)
+	if vanished(err) {
+		return Proc{}, false, buf
+	}
+	if err == nil {
+		p.Argv = parseCmdline(buf)
+	}
+	// environ is readable by the same user or root only: EACCES is normal.
+	buf, err = readAt(dirfd, "environ", buf)
+	if vanished(err) {
+		return Proc{}, false, buf
+	}
+	if err == nil {
+		p.SessionName, _ = environValue(buf, "JPY_SESSION_NAME")
+	}
+	return p, true, buf
+}
+
+func vanished(err error) bool {
+	return errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ESRCH)
+}
+
+// readAt reads the whole file name under dirfd into buf (grown as needed)
+// and returns the filled part. /proc files report size 0, so it reads until
+// EOF instead of trusting fstat.
+func readAt(dirfd int, name string, buf []byte) ([]byte, error) {
+	fd, err := syscall.Openat(dirfd, name, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return buf[:0], err
+	}
+	defer syscall.Close(fd)
+	buf = buf[:cap(buf)]
+	n := 0
+	for {
+		if n == len(buf) {
+			buf = append(buf, make([]byte, len(buf))...)
+		}
+		m, err := syscall.Read(fd, buf[n:])
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if err != nil {
+			return buf[:0], err
+		}
+		if m == 0 {
+			return buf[:n], nil
+		}
+		n += m
+	}
+}
+
+// resolveUsers fills User from UID through os/user, cached in fs; a uid
+// without a name shows as the number.
+func (fs *FS) resolveUsers(procs []Proc) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if fs.users == nil {
+		fs.users = make(map[uint32]string)
+	}
+	for i := range procs {
+		uid := procs[i].UID
+		name, ok := fs.users[uid]
+		if !ok {
+			name = fs.userName(uid)
+			fs.users[uid] = name
+		}
+		procs[i].User = name
+	}
+}
+
+func (fs *FS) userName(uid uint32) string {
+	id := strconv.FormatUint(uint64(uid), 10)
+	lookup := fs.lookupUser
+	if lookup == nil {
+		lookup = func(uint32) (string, error) {
+			u, err := user.LookupId(id)
+			if err != nil {
+				return "", err
+			}
+			return u.Username, nil
+		}
+	}
+	if name, err := lookup(uid); err == nil && name != "" {
+		return name
+	}
+	return id
+}
