@@ -347,7 +347,13 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, status int, 
 	if pr, ok := r.Context().Value(peerKey{}).(peerResult); ok && pr.err == nil {
 		ev = ev.Int("pid", pr.peer.PID).Uint32("uid", pr.peer.UID)
 	}
-	ev.Msg(msg)
+	// Messages of other client errors may quote the request body: they go
+	// to the caller only.
+	if status == http.StatusForbidden || status >= 500 {
+		ev.Msg(msg)
+	} else {
+		ev.Msg(http.StatusText(status))
+	}
 	body, _ := json.Marshal(errorBody{Error: msg}) // a struct of one string always encodes
 	w.Header().Set("Content-Type", "application/json")
 	setNoCache(w)
