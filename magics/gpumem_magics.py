@@ -656,63 +656,78 @@ def _flat(fws):
 # The sidecar (gpumem serve): the driver's (NVML) figure for this kernel.
 
 
-def _sidecar_target():
-    sock = _config.get("sidecar_socket") or os.environ.get("GPUMEM_SOCKET")
-    url = _config.get("sidecar_url") or os.environ.get("GPUMEM_URL")
-    return sock, url
-
-
 def driver_usage(timeout=0.5):
-    """Asks gpumem serve for this kernel's processes' GPU memory.
+    """Asks gpumem serve (its unix socket API) for this kernel's processes'
+    GPU memory: GET /api/v1/kernels/<id> when the Go side passed the kernel
+    id (the only request a kernel may make in shared mode), else GET
+    /api/v1/notebooks matched by pid.
 
     Returns None when no sidecar is configured, else a dict with bytes,
     per_gpu and pids, or with error."""
-    sock, url = _sidecar_target()
-    if not sock and not url:
+    sock = _config.get("sidecar_socket") or os.environ.get("GPUMEM_SOCKET")
+    if not sock:
         return None
     import http.client
     import json
     import socket
 
-    try:
-        if sock:
+    kid = _config.get("kernel_id")
+    pid = os.getpid()
 
-            class _UnixConn(http.client.HTTPConnection):
-                def connect(self):
-                    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                    s.settimeout(timeout)
-                    s.connect(sock)
-                    self.sock = s
+    class _UnixConn(http.client.HTTPConnection):
+        def connect(self):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(timeout)
+            try:
+                s.connect(sock)
+            except BaseException:
+                s.close()
+                raise
+            self.sock = s
 
-            conn = _UnixConn("localhost", timeout=timeout)
-        else:
-            from urllib.parse import urlsplit
-
-            u = urlsplit(url)
-            if u.hostname not in ("127.0.0.1", "localhost", "::1"):
-                return {"error": "refusing a non-loopback sidecar URL %s" % url}
-            conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
+    def get(path):
+        conn = _UnixConn("local-gpumem.sock", timeout=timeout)
         try:
-            conn.request("GET", "/api/v1/notebooks", headers={"Accept": "application/json"})
+            conn.request("GET", path, headers={"Accept": "application/json"})
             resp = conn.getresponse()
-            body = resp.read()
+            return resp.status, resp.read()
         finally:
             conn.close()
-        if resp.status != 200:
-            return {"error": "gpumem serve answered %d" % resp.status}
-        report = json.loads(body.decode("utf-8"))
+
+    try:
+        if kid:
+            from urllib.parse import quote
+
+            status, body = get("/api/v1/kernels/" + quote(kid, safe=""))
+            if status == 404:
+                return {"error": "gpumem serve does not know this kernel (%s) yet" % kid}
+            if status != 200:
+                return {"error": "gpumem serve answered %d: %s" % (status, _api_error(body))}
+            nbs = [json.loads(body.decode("utf-8"))]
+        else:
+            status, body = get("/api/v1/notebooks")
+            if status != 200:
+                return {"error": "gpumem serve answered %d: %s" % (status, _api_error(body))}
+            nbs = json.loads(body.decode("utf-8")).get("notebooks") or []
     except Exception as e:
-        return {"error": "gpumem serve did not answer (%s)" % _short_exc(e)}
-    pid = os.getpid()
-    kid = _config.get("kernel_id")
-    for nb in report.get("notebooks") or []:
+        return {"error": "gpumem serve did not answer on %s (%s)" % (sock, _short_exc(e))}
+    for nb in nbs:
         if (kid and nb.get("kernel_id") == kid) or pid in (nb.get("pids") or []):
             return {
                 "bytes": int(nb.get("gpu_memory_bytes") or 0),
                 "per_gpu": [{"index": g.get("index"), "bytes": int(g.get("bytes") or 0)} for g in nb.get("per_gpu") or []],
-                "pids": list(nb.get("pids") or []),
+                "pids": [int(p) for p in nb.get("pids") or []],
             }
     return {"bytes": 0, "per_gpu": [], "pids": [pid]}
+
+
+def _api_error(body):
+    try:
+        import json
+
+        return str(json.loads(body.decode("utf-8")).get("error"))[:200]
+    except Exception:
+        return body[:200].decode("utf-8", "replace")
 
 
 _DRIVER_HINT = (

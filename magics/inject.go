@@ -1,0 +1,321 @@
+package magics
+
+import (
+	"bytes"
+	"compress/zlib"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/gpumem/gpumem/protocol"
+)
+
+//go:embed gpumem_magics.py
+var magicsSource string
+
+//go:embed bootstrap.py
+var bootstrapSource string
+
+// Source returns the Python source of the magics, as injected.
+func Source() string { return magicsSource }
+
+// Version identifies the embedded source: the first 12 hex digits of its
+// SHA-256. The kernel's module reports it; FreeCache reuses an injected
+// module only when its version matches.
+func Version() string { return sourceVersion }
+
+var sourceVersion = func() string {
+	sum := sha256.Sum256([]byte(magicsSource))
+	return hex.EncodeToString(sum[:6])
+}()
+
+// compressedSource is the source as zlib+base64, which is what travels: a
+// third of the size, and ipykernel hashes every cell's text in pure Python.
+var compressedSource = func() string {
+	var b bytes.Buffer
+	w, err := zlib.NewWriterLevel(&b, zlib.BestCompression)
+	if err != nil {
+		panic(err)
+	}
+	if _, err := w.Write([]byte(magicsSource)); err != nil {
+		panic(err)
+	}
+	if err := w.Close(); err != nil {
+		panic(err)
+	}
+	return base64.StdEncoding.EncodeToString(b.Bytes())
+}()
+
+// Executor is what magics needs of a kernel connection; *protocol.Client
+// satisfies it. Execute must send an execute_request on the shell channel
+// and return its reply with the user_expressions decoded.
+type Executor interface {
+	Execute(ctx context.Context, code string, opts protocol.ExecuteOptions) (protocol.ExecuteReply, error)
+	KernelInfo(ctx context.Context) (protocol.KernelInfo, error)
+}
+
+// ErrUnsupportedKernel is wrapped by the errors Inject and FreeCache return
+// for a kernel they cannot serve (not Python 3, not IPython). Nothing was
+// run in such a kernel beyond kernel_info (and, for a Python kernel without
+// IPython, the bootstrap's check).
+var ErrUnsupportedKernel = errors.New("unsupported kernel")
+
+// InjectOptions configures the injected magics.
+type InjectOptions struct {
+	// SidecarSocket is the unix socket of `gpumem serve`'s API; with it
+	// %gpumem shows the driver's (NVML) figure for the kernel. "" = none
+	// (the magic then also honours $GPUMEM_SOCKET in the kernel).
+	SidecarSocket string
+	// KernelID is the kernel's id as gpumem serve knows it; the magic asks
+	// the API for that kernel only (all that shared mode allows a kernel).
+	KernelID string
+}
+
+// InjectResult says what Inject did.
+type InjectResult struct {
+	Injected bool   // the magics are registered in the kernel now
+	Replaced bool   // an earlier injection was there and was replaced
+	Version  string // the injected source's Version()
+	// From kernel_info.
+	Implementation  string // e.g. "ipython"
+	Language        string // e.g. "python"
+	LanguageVersion string // e.g. "3.11.2"
+	IPythonVersion  string // reported by the bootstrap
+	// FrameworksLoaded lists the GPU frameworks already imported in the
+	// kernel (torch, cupy, jax, tensorflow): what %gpumem can report on.
+	FrameworksLoaded []string
+	// Reason says why nothing was injected (Injected false).
+	Reason string
+}
+
+// String is one line for `gpumem attach`.
+func (r InjectResult) String() string {
+	if !r.Injected {
+		return "nothing was injected: " + r.Reason
+	}
+	verb := "injected"
+	if r.Replaced {
+		verb = "replaced the earlier"
+	}
+	fw := "no GPU framework loaded yet"
+	if len(r.FrameworksLoaded) > 0 {
+		fw = "frameworks loaded: " + strings.Join(r.FrameworksLoaded, ", ")
+	}
+	return fmt.Sprintf("%s %%gpumem magics (version %s) into %s %s, IPython %s; %s. Type %%gpumem help in the notebook.",
+		verb, r.Version, r.Language, r.LanguageVersion, r.IPythonVersion, fw)
+}
+
+// bootReport is what bootstrap.py returns through the user expression.
+type bootReport struct {
+	Kind             string          `json:"kind"`
+	Nonce            string          `json:"nonce"`
+	OK               bool            `json:"ok"`
+	Error            string          `json:"error"`
+	Replaced         bool            `json:"replaced"`
+	Version          string          `json:"version"`
+	Python           string          `json:"python"`
+	IPython          string          `json:"ipython"`
+	LoadedBefore     bool            `json:"loaded_before"`
+	FrameworksLoaded []string        `json:"frameworks_loaded"`
+	Result           json.RawMessage `json:"result"`
+}
+
+// Inject registers the %gpumem magics in the kernel behind ex, replacing an
+// earlier injection. It checks kernel_info first: a kernel that is not
+// Python 3 gets nothing and the error wraps ErrUnsupportedKernel (the result
+// then says why). The execute is silent and stores no history; it queues
+// behind the kernel's current cell.
+func Inject(ctx context.Context, ex Executor, opts InjectOptions) (InjectResult, error) {
+	res := InjectResult{Version: Version()}
+	if err := checkKernel(ctx, ex, &res); err != nil {
+		return res, err
+	}
+	cfg := map[string]any{"version": Version()}
+	if opts.SidecarSocket != "" {
+		cfg["sidecar_socket"] = opts.SidecarSocket
+	}
+	if opts.KernelID != "" {
+		cfg["kernel_id"] = opts.KernelID
+	}
+	rep, err := runBoot(ctx, ex, "inject", cfg, nil)
+	if err != nil {
+		return res, err
+	}
+	res.IPythonVersion = rep.IPython
+	res.FrameworksLoaded = rep.FrameworksLoaded
+	if !rep.OK {
+		res.Reason = rep.Error
+		if strings.Contains(rep.Error, "no IPython shell") {
+			return res, fmt.Errorf("inject: %s: %w", rep.Error, ErrUnsupportedKernel)
+		}
+		return res, fmt.Errorf("inject: the kernel's bootstrap failed: %s", rep.Error)
+	}
+	res.Injected = true
+	res.Replaced = rep.Replaced
+	return res, nil
+}
+
+// Status says whether the magics are injected in the kernel, and which
+// version, without changing anything.
+type Status struct {
+	Injected         bool
+	Version          string // "" when not injected
+	PID              int
+	Python           string
+	IPythonVersion   string
+	FrameworksLoaded []string
+}
+
+// GetStatus asks the kernel whether the magics are injected.
+func GetStatus(ctx context.Context, ex Executor) (Status, error) {
+	var ir InjectResult
+	if err := checkKernel(ctx, ex, &ir); err != nil {
+		return Status{}, err
+	}
+	rep, err := runBoot(ctx, ex, "status", map[string]any{"version": Version()}, nil)
+	if err != nil {
+		return Status{}, err
+	}
+	st := Status{Python: rep.Python, IPythonVersion: rep.IPython, FrameworksLoaded: rep.FrameworksLoaded}
+	if !rep.OK {
+		return st, fmt.Errorf("status: %s", rep.Error)
+	}
+	if len(rep.Result) > 0 && string(rep.Result) != "null" {
+		var r struct {
+			Version string `json:"version"`
+			PID     int    `json:"pid"`
+		}
+		if err := json.Unmarshal(rep.Result, &r); err != nil {
+			return st, fmt.Errorf("status: decode the kernel's answer: %w", err)
+		}
+		st.Injected, st.Version, st.PID = true, r.Version, r.PID
+	}
+	return st, nil
+}
+
+// checkKernel fills res from kernel_info and refuses non-Python-3 kernels.
+func checkKernel(ctx context.Context, ex Executor, res *InjectResult) error {
+	ki, err := ex.KernelInfo(ctx)
+	if err != nil {
+		return fmt.Errorf("kernel_info: %w", err)
+	}
+	res.Implementation, res.Language, res.LanguageVersion = ki.Implementation, ki.Language, ki.LanguageVersion
+	if !strings.EqualFold(ki.Language, "python") {
+		res.Reason = fmt.Sprintf("the kernel's language is %q (implementation %q): the %%gpumem magics need an IPython kernel", ki.Language, ki.Implementation)
+		return fmt.Errorf("%s: %w", res.Reason, ErrUnsupportedKernel)
+	}
+	if major, minor, ok := pyVersion(ki.LanguageVersion); ok && (major < 3 || major == 3 && minor < 7) {
+		res.Reason = fmt.Sprintf("the kernel runs Python %s: the %%gpumem magics need Python 3.7 or later", ki.LanguageVersion)
+		return fmt.Errorf("%s: %w", res.Reason, ErrUnsupportedKernel)
+	}
+	return nil
+}
+
+func pyVersion(v string) (major, minor int, ok bool) {
+	parts := strings.SplitN(v, ".", 3)
+	if len(parts) < 2 {
+		return 0, 0, false
+	}
+	ma, err1 := strconv.Atoi(parts[0])
+	mi, err2 := strconv.Atoi(strings.TrimRightFunc(parts[1], func(r rune) bool { return r < '0' || r > '9' }))
+	if err1 != nil || err2 != nil {
+		return 0, 0, false
+	}
+	return ma, mi, true
+}
+
+// runBoot sends the bootstrap with one action and decodes its report.
+func runBoot(ctx context.Context, ex Executor, action string, cfg map[string]any, free any) (bootReport, error) {
+	code, expr, nonce, err := bootCode(action, cfg, free)
+	if err != nil {
+		return bootReport{}, err
+	}
+	reply, err := ex.Execute(ctx, code, protocol.ExecuteOptions{UserExpressions: map[string]string{"gpumem": expr}})
+	if err != nil {
+		return bootReport{}, fmt.Errorf("%s: execute: %w", action, err)
+	}
+	if reply.Status != "ok" {
+		return bootReport{}, fmt.Errorf("%s: the kernel answered %s: %s: %s", action, reply.Status, reply.EName, reply.EValue)
+	}
+	ur, ok := reply.UserExpressions["gpumem"]
+	if !ok {
+		return bootReport{}, fmt.Errorf("%s: the kernel's reply has no user_expressions result", action)
+	}
+	if ur.Status != "ok" {
+		return bootReport{}, fmt.Errorf("%s: reading the result failed in the kernel: %s: %s", action, ur.EName, ur.EValue)
+	}
+	raw, ok := ur.Data["application/json"]
+	if !ok {
+		plain := string(ur.Data["text/plain"])
+		return bootReport{}, fmt.Errorf("%s: the kernel gave no report (got %s): is it an IPython kernel?", action, plain)
+	}
+	var rep bootReport
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		return bootReport{}, fmt.Errorf("%s: decode the kernel's report: %w", action, err)
+	}
+	if rep.Nonce != nonce {
+		return bootReport{}, fmt.Errorf("%s: the kernel's report is for another request (nonce %q, want %q)", action, rep.Nonce, nonce)
+	}
+	return rep, nil
+}
+
+// bootCode builds the silent cell that execs bootstrap.py in a private
+// globals dict, and the user expression that fetches (and removes) its
+// report. The first line is a marker the bootstrap uses to find this cell
+// in linecache and remove it.
+func bootCode(action string, cfg map[string]any, free any) (code, expr, nonce string, err error) {
+	var nb [16]byte
+	if _, err := rand.Read(nb[:]); err != nil {
+		return "", "", "", fmt.Errorf("nonce: %w", err)
+	}
+	nonce = hex.EncodeToString(nb[:])
+	cfgJSON, err := json.Marshal(cfg)
+	if err != nil {
+		return "", "", "", fmt.Errorf("config: %w", err)
+	}
+	if free == nil {
+		free = map[string]any{}
+	}
+	freeJSON, err := json.Marshal(free)
+	if err != nil {
+		return "", "", "", fmt.Errorf("free options: %w", err)
+	}
+	var b strings.Builder
+	b.WriteString("# gpumem-inject ")
+	b.WriteString(nonce)
+	b.WriteString("\n__import__(\"builtins\").exec(")
+	b.WriteString(pyStr(bootstrapSource))
+	b.WriteString(", {\"__builtins__\": __import__(\"builtins\"), \"__name__\": \"_gpumem_bootstrap\", \"_ARGS\": {\"nonce\": ")
+	b.WriteString(pyStr(nonce))
+	b.WriteString(", \"action\": ")
+	b.WriteString(pyStr(action))
+	b.WriteString(", \"source\": __import__(\"zlib\").decompress(__import__(\"base64\").b64decode(")
+	b.WriteString(pyStr(compressedSource))
+	b.WriteString(")).decode(\"utf-8\"), \"config\": ")
+	b.WriteString(pyStr(string(cfgJSON)))
+	b.WriteString(", \"free\": ")
+	b.WriteString(pyStr(string(freeJSON)))
+	b.WriteString("}})")
+	expr = fmt.Sprintf("__import__(\"sys\").modules.pop(\"_gpumem_report_%s\", None)", nonce)
+	return b.String(), expr, nonce, nil
+}
+
+// pyStr returns s as a Python string literal: a JSON string is one (every
+// JSON escape is a Python escape), and it never contains a raw newline.
+func pyStr(s string) string {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(s); err != nil {
+		panic(err) // a string always encodes
+	}
+	return strings.TrimSuffix(b.String(), "\n")
+}
