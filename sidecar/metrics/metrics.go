@@ -1,0 +1,232 @@
+// Package metrics owns gpumem's Prometheus metrics: a collector over the
+// daemon's current snapshot (so the series of a vanished kernel or GPU
+// disappear with it), the counters of reclaimed memory, the /metrics handler
+// and a loopback-only HTTP server for it. It must not sample anything itself:
+// the daemon hands it snapshots through Source.
+package metrics
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+
+	"github.com/gpumem/gpumem/sidecar/attribution"
+)
+
+// Snapshot is what the daemon knows after its last sample.
+type Snapshot struct {
+	Report attribution.Report
+	// AttachedKernels is the number of kernels the daemon is attached to.
+	AttachedKernels int
+	// SampleDuration is how long the last sample took.
+	SampleDuration time.Duration
+	// SampleSuccess is whether the last sample succeeded.
+	SampleSuccess bool
+	// SampledAt is when the last successful sample was taken; zero before the first.
+	SampledAt time.Time
+	// AlertThreshold is the alert level as a fraction of a GPU's memory
+	// (0.8 = 80%); 0 or less disables alerts.
+	AlertThreshold float64
+}
+
+// Source gives the current snapshot. It is called on every scrape, from the
+// HTTP server's goroutines: it must be cheap and safe for concurrent use, and
+// the Report it returns must not be modified afterwards.
+type Source interface {
+	Snapshot() Snapshot
+}
+
+// OverThreshold reports whether g's used memory is at or above threshold (a
+// fraction of its total). The daemon's log and notebook alerts use it too, so
+// that all three agree.
+func OverThreshold(g attribution.GPU, threshold float64) bool {
+	if threshold <= 0 || g.MemoryTotalBytes == 0 {
+		return false
+	}
+	return float64(g.MemoryUsedBytes) >= threshold*float64(g.MemoryTotalBytes)
+}
+
+var (
+	gpuLabels      = []string{"gpu", "uuid", "name"}
+	notebookLabels = []string{"kernel_id", "notebook", "gpu", "user"}
+
+	descGPUTotal = prometheus.NewDesc("gpumem_gpu_memory_total_bytes",
+		"Total memory of the GPU in bytes.", gpuLabels, nil)
+	descGPUUsed = prometheus.NewDesc("gpumem_gpu_memory_used_bytes",
+		"Memory in use on the GPU in bytes, as the driver reports it (driver-reserved memory included).", gpuLabels, nil)
+	descNotebook = prometheus.NewDesc("gpumem_notebook_gpu_memory_bytes",
+		"GPU memory held by the processes of a notebook's kernel, in bytes.", notebookLabels, nil)
+	descOther = prometheus.NewDesc("gpumem_other_gpu_memory_bytes",
+		"GPU memory held by processes that belong to no kernel, in bytes.", []string{"gpu"}, nil)
+	descAlert = prometheus.NewDesc("gpumem_gpu_memory_alert",
+		"1 when the GPU's used memory is at or above the alert threshold, else 0.", []string{"gpu"}, nil)
+	descThreshold = prometheus.NewDesc("gpumem_gpu_memory_alert_threshold_ratio",
+		"Alert threshold as a fraction of a GPU's memory; 0 when alerts are off.", nil, nil)
+	descAttached = prometheus.NewDesc("gpumem_attached_kernels",
+		"Number of Jupyter kernels the daemon is attached to.", nil, nil)
+	descSampleDuration = prometheus.NewDesc("gpumem_sample_duration_seconds",
+		"Duration of the last sample of GPU memory, in seconds.", nil, nil)
+	descSampleSuccess = prometheus.NewDesc("gpumem_sample_success",
+		"1 when the last sample of GPU memory succeeded, else 0.", nil, nil)
+	descSampleTime = prometheus.NewDesc("gpumem_last_sample_timestamp_seconds",
+		"Unix time of the last successful sample of GPU memory.", nil, nil)
+	descSimulated = prometheus.NewDesc("gpumem_simulated",
+		"1 when the GPU figures come from a simulated-GPU file, not from the driver.", nil, nil)
+)
+
+// snapshotCollector turns each scrape's snapshot into const metrics: no
+// state survives between scrapes, so nothing goes stale.
+type snapshotCollector struct {
+	src Source
+}
+
+func (c snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descGPUTotal, descGPUUsed, descNotebook, descOther, descAlert,
+		descThreshold, descAttached, descSampleDuration, descSampleSuccess, descSampleTime, descSimulated} {
+		ch <- d
+	}
+}
+
+func (c snapshotCollector) Collect(ch chan<- prometheus.Metric) {
+	snap := c.src.Snapshot()
+	rep := snap.Report
+
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+
+	simulated := false
+	seenGPU := map[int]bool{}
+	for _, g := range rep.GPUs {
+		// Two entries with one index would make the whole scrape fail.
+		if seenGPU[g.Index] {
+			continue
+		}
+		seenGPU[g.Index] = true
+		idx := strconv.Itoa(g.Index)
+		gauge(descGPUTotal, float64(g.MemoryTotalBytes), idx, g.UUID, g.Name)
+		gauge(descGPUUsed, float64(g.MemoryUsedBytes), idx, g.UUID, g.Name)
+		gauge(descOther, float64(g.OtherBytes), idx)
+		gauge(descAlert, boolFloat(OverThreshold(g, snap.AlertThreshold)), idx)
+		simulated = simulated || g.Simulated
+	}
+
+	// One series per (kernel, GPU); duplicate entries are summed.
+	type nbKey struct {
+		kernelID, notebook, user string
+		gpu                      int
+	}
+	var order []nbKey
+	bytes := map[nbKey]uint64{}
+	for _, nb := range rep.Notebooks {
+		for _, g := range nb.PerGPU {
+			k := nbKey{nb.KernelID, nb.Notebook, nb.User, g.Index}
+			if _, ok := bytes[k]; !ok {
+				order = append(order, k)
+			}
+			bytes[k] += g.Bytes
+		}
+	}
+	for _, k := range order {
+		gauge(descNotebook, float64(bytes[k]), k.kernelID, k.notebook, strconv.Itoa(k.gpu), k.user)
+	}
+
+	threshold := snap.AlertThreshold
+	if threshold < 0 {
+		threshold = 0
+	}
+	gauge(descThreshold, threshold)
+	gauge(descAttached, float64(snap.AttachedKernels))
+	gauge(descSampleDuration, snap.SampleDuration.Seconds())
+	gauge(descSampleSuccess, boolFloat(snap.SampleSuccess))
+	if !snap.SampledAt.IsZero() {
+		gauge(descSampleTime, float64(snap.SampledAt.UnixNano())/1e9)
+	}
+	gauge(descSimulated, boolFloat(simulated))
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Metrics is the daemon's registry: the snapshot collector, the reclaim
+// counters, and the Go and process collectors.
+type Metrics struct {
+	reg            *prometheus.Registry
+	log            zerolog.Logger
+	reclaimedBytes prometheus.Counter
+	reclaimedProcs prometheus.Counter
+}
+
+// New registers a collector over src, the reclaim counters and the Go and
+// process collectors in a new registry.
+func New(src Source, log zerolog.Logger) *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		log: log,
+		reclaimedBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gpumem_reclaimed_bytes_total",
+			Help: "GPU memory held by orphaned processes of restarted or shut-down kernels when the daemon ended them, in bytes.",
+		}),
+		reclaimedProcs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gpumem_reclaimed_processes_total",
+			Help: "Orphaned processes of restarted or shut-down kernels that the daemon ended.",
+		}),
+	}
+	m.reg.MustRegister(
+		snapshotCollector{src: src},
+		m.reclaimedBytes,
+		m.reclaimedProcs,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+// AddReclaimed counts processes ended by the daemon and the GPU memory they held.
+func (m *Metrics) AddReclaimed(processes int, bytes uint64) {
+	if processes > 0 {
+		m.reclaimedProcs.Add(float64(processes))
+	}
+	m.reclaimedBytes.Add(float64(bytes))
+}
+
+// Registry is where the daemon may register collectors of its own.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves GET /metrics (and HEAD); other methods get 405, other
+// paths 404. It does not check Host: Listen's server does.
+func (m *Metrics) Handler() http.Handler {
+	prom := promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
+		ErrorLog: promLogger{m.log},
+		// A broken family must not hide the others.
+		ErrorHandling:       promhttp.ContinueOnError,
+		MaxRequestsInFlight: 4,
+	})
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", prom)
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", "GET, HEAD")
+		http.Error(w, fmt.Sprintf("method %s not allowed: use GET", r.Method), http.StatusMethodNotAllowed)
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "not found: metrics are at /metrics", http.StatusNotFound)
+	})
+	return mux
+}
+
+// promLogger is promhttp's error log over zerolog.
+type promLogger struct{ log zerolog.Logger }
+
+func (l promLogger) Println(v ...any) {
+	l.log.Error().Msg(fmt.Sprint(v...))
+}
