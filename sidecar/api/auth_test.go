@@ -69,9 +69,7 @@ func TestAuthorizeTable(t *testing.T) {
 
 // Root (the test process) may do everything in shared mode.
 func TestSharedModeRoot(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("the test process is admin either way; this checks uid 0 explicitly")
-	}
+	requireRoot(t)
 	b := &fakeBackend{report: testReport()}
 	ts := startServer(t, "", ModeShared, b)
 	c := newTestClient(t, ts.path)
