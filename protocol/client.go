@@ -1,0 +1,744 @@
+package protocol
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/google/uuid"
+)
+
+// Options configures Dial. Zero values get sensible defaults.
+type Options struct {
+	HeartbeatInterval time.Duration // default 1s
+	HeartbeatTimeout  time.Duration // per beat; default 1s. A missed beat → reconnect
+	MaxFrameBytes     int64         // default 64 MiB; larger frames drop the connection
+	// The client's own session id; default a fresh uuid.
+	Session  string
+	Username string // default "gpumem"
+	// ConnectTimeout bounds one attach attempt (dial every socket, then
+	// kernel_info) and each socket's dial and handshake. Default 5s.
+	ConnectTimeout time.Duration
+	// MaxBackoff caps the wait between reconnect attempts. Default 2s.
+	MaxBackoff time.Duration
+}
+
+func (o Options) withDefaults() Options {
+	if o.HeartbeatInterval <= 0 {
+		o.HeartbeatInterval = time.Second
+	}
+	if o.HeartbeatTimeout <= 0 {
+		o.HeartbeatTimeout = time.Second
+	}
+	if o.MaxFrameBytes <= 0 {
+		o.MaxFrameBytes = DefaultMaxFrameBytes
+	}
+	if o.Session == "" {
+		o.Session = uuid.NewString()
+	}
+	if o.Username == "" {
+		o.Username = "gpumem"
+	}
+	if o.ConnectTimeout <= 0 {
+		o.ConnectTimeout = 5 * time.Second
+	}
+	if o.MaxBackoff <= 0 {
+		o.MaxBackoff = 2 * time.Second
+	}
+	return o
+}
+
+var (
+	// ErrNoReply: the request's deadline passed without a reply. A kernel
+	// drops a badly signed message silently, so a wrong key looks the same
+	// as a kernel that does not answer.
+	ErrNoReply = errors.New("no reply: signature rejected or kernel unresponsive")
+	// ErrNotConnected: the deadline passed while the client was reconnecting.
+	ErrNotConnected = errors.New("not connected to the kernel (reconnecting)")
+	// ErrConnectionLost: the sockets a request went out on were closed (EOF
+	// or missed heartbeat) before its reply came; the request may have run.
+	ErrConnectionLost = errors.New("connection to the kernel lost before the reply")
+	// ErrHeartbeatMissed: the heartbeat went unanswered for HeartbeatTimeout.
+	ErrHeartbeatMissed = errors.New("heartbeat missed")
+	// ErrConnectionFileDeleted: the connection file is gone (the kernel was
+	// shut down); the client has stopped.
+	ErrConnectionFileDeleted = errors.New("connection file deleted: the kernel was shut down")
+	// ErrClosed: the client was closed or has stopped.
+	ErrClosed = errors.New("client closed")
+)
+
+// Client is one attachment to one kernel, beside the user's own frontend.
+// Its methods are safe for concurrent use.
+//
+// It keeps the connection by itself: on EOF from any socket or a missed
+// heartbeat it closes every socket and rebuilds them all with backoff,
+// re-reading the connection file (Dial only), until it reconnects, the file
+// is deleted, or Close is called; Events reports each step.
+type Client struct {
+	opts   Options
+	path   string // connection file; "" for DialInfo (never re-read)
+	limits Limits
+	guard  *guardConfig
+
+	ctx     context.Context // ends at Close
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup // the supervisor
+	stopped chan struct{}  // closed when the supervisor has returned
+	events  chan Event
+	once    sync.Once
+
+	alive        atomic.Bool
+	execState    atomic.Pointer[string]
+	decodeErrors atomic.Uint64 // messages dropped: bad signature or malformed
+
+	mu      sync.Mutex
+	info    ConnectionInfo
+	gen     *generation   // nil while reconnecting
+	ready   chan struct{} // closed while gen != nil
+	pending map[string]chan *Message
+	kernel  KernelInfo // from the latest (re)attach
+	stopErr error
+}
+
+// generation is one set of sockets and the goroutines that serve them.
+type generation struct {
+	info   ConnectionInfo
+	key    []byte
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	shell, control, iopub, hb zmq4.Socket
+
+	hbSent    chan struct{}
+	hbReplies chan error
+
+	failOnce sync.Once
+	failed   chan struct{}
+	err      error // set before failed is closed
+}
+
+func (g *generation) fail(err error) {
+	g.failOnce.Do(func() {
+		g.err = err
+		close(g.failed)
+	})
+}
+
+// close closes every socket (which unblocks their readers) and waits for
+// the generation's goroutines.
+func (g *generation) close() {
+	g.cancel()
+	for _, s := range []zmq4.Socket{g.shell, g.control, g.iopub, g.hb} {
+		if s != nil {
+			_ = s.Close() // errors from closing dead connections tell us nothing
+		}
+	}
+	g.wg.Wait()
+}
+
+var discardLogger = log.New(io.Discard, "", 0)
+
+// Dial reads a kernel connection file and attaches to the kernel: it
+// connects every socket and waits for a kernel_info reply on control, within
+// ctx and Options.ConnectTimeout. ctx bounds only the attach; the client
+// lives until Close. On reconnect the file is read again.
+func Dial(ctx context.Context, connectionFile string, opts Options) (*Client, error) {
+	info, err := ReadConnectionFile(connectionFile)
+	if err != nil {
+		return nil, err
+	}
+	return dial(ctx, connectionFile, info, opts)
+}
+
+// DialInfo is Dial with connection info given directly. It never reads a
+// file: reconnects retry the same endpoints and key.
+func DialInfo(ctx context.Context, info ConnectionInfo, opts Options) (*Client, error) {
+	if err := info.validate(); err != nil {
+		return nil, &ConnectionFileError{Path: info.Path, Err: err}
+	}
+	return dial(ctx, "", info, opts)
+}
+
+func (ci ConnectionInfo) validate() error {
+	if ci.Transport != "tcp" && ci.Transport != "ipc" {
+		return fmt.Errorf("transport %q is not supported: want \"tcp\" or \"ipc\"", ci.Transport)
+	}
+	if ci.SignatureScheme != "" && ci.SignatureScheme != "hmac-sha256" {
+		return fmt.Errorf("signature_scheme %q is not supported: want hmac-sha256", ci.SignatureScheme)
+	}
+	if ci.Transport == "ipc" && ci.IP == "" {
+		return errors.New("ipc transport needs a socket path prefix in IP")
+	}
+	for _, p := range []int{ci.ShellPort, ci.IOPubPort, ci.ControlPort, ci.HBPort} {
+		if p <= 0 || (ci.Transport == "tcp" && p > 65535) {
+			return fmt.Errorf("port %d out of range", p)
+		}
+	}
+	return nil
+}
+
+func dial(ctx context.Context, path string, info ConnectionInfo, opts Options) (*Client, error) {
+	if err := registerTransports(); err != nil {
+		return nil, err
+	}
+	opts = opts.withDefaults()
+	limits := Limits{MaxFrameBytes: opts.MaxFrameBytes}.withDefaults()
+	cctx, cancel := context.WithCancel(context.Background())
+	c := &Client{
+		opts:    opts,
+		path:    path,
+		limits:  limits,
+		guard:   newGuardConfig(limits, opts.ConnectTimeout),
+		ctx:     cctx,
+		cancel:  cancel,
+		stopped: make(chan struct{}),
+		events:  make(chan Event, 32),
+		info:    info,
+		ready:   make(chan struct{}),
+		pending: make(map[string]chan *Message),
+	}
+	actx, acancel := context.WithTimeout(ctx, opts.ConnectTimeout)
+	defer acancel()
+	g, ki, err := c.connect(actx, info)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("attach to kernel %s: %w", describe(path, info), err)
+	}
+	c.publish(g, ki)
+	c.emit(Event{Kind: EventConnected, Session: ki.Session})
+	c.wg.Add(1)
+	go c.supervise(g)
+	return c, nil
+}
+
+func describe(path string, info ConnectionInfo) string {
+	if path != "" {
+		return "(connection file " + path + ")"
+	}
+	if info.Transport == "ipc" {
+		return "(ipc " + info.IP + ")"
+	}
+	return fmt.Sprintf("(%s shell port %d)", connectHost(info.IP), info.ShellPort)
+}
+
+// connect builds one generation of sockets and attaches with kernel_info.
+func (c *Client) connect(ctx context.Context, info ConnectionInfo) (*generation, KernelInfo, error) {
+	gctx, gcancel := context.WithCancel(c.ctx)
+	g := &generation{
+		info:      info,
+		key:       []byte(info.Key),
+		ctx:       gctx,
+		cancel:    gcancel,
+		hbSent:    make(chan struct{}),
+		hbReplies: make(chan error),
+		failed:    make(chan struct{}),
+	}
+	// zmq4's Dial ignores contexts other than the socket's own: tie the
+	// sockets to ctx while dialing.
+	stop := context.AfterFunc(ctx, gcancel)
+	err := c.dialSockets(g)
+	if !stop() {
+		g.close()
+		return nil, KernelInfo{}, fmt.Errorf("dial: %w", ctx.Err())
+	}
+	if err != nil {
+		g.close()
+		return nil, KernelInfo{}, err
+	}
+	g.wg.Add(5)
+	go c.readReplies(g, g.shell, "shell")
+	go c.readReplies(g, g.control, "control")
+	go c.readIOPub(g)
+	go c.heartbeat(g)
+	go c.heartbeatReceiver(g)
+
+	msg, err := c.roundTripOn(ctx, g, true, "kernel_info_request", nil)
+	if err != nil {
+		g.close()
+		return nil, KernelInfo{}, err
+	}
+	ki, err := parseKernelInfo(msg)
+	if err != nil {
+		g.close()
+		return nil, KernelInfo{}, err
+	}
+	return g, ki, nil
+}
+
+func (c *Client) dialSockets(g *generation) error {
+	sctx := context.WithValue(g.ctx, guardKey{}, c.guard)
+	opts := []zmq4.Option{
+		zmq4.WithDialerMaxRetries(0), // we retry ourselves, re-reading the file
+		zmq4.WithDialerTimeout(c.opts.ConnectTimeout),
+		zmq4.WithTimeout(c.opts.ConnectTimeout),
+		zmq4.WithLogger(discardLogger),
+	}
+	// Heartbeat first: the cheapest way to learn that nothing listens.
+	g.hb = zmq4.NewReq(sctx, opts...)
+	if err := g.hb.Dial(g.info.endpoint(g.info.HBPort)); err != nil {
+		return fmt.Errorf("dial heartbeat: %w", err)
+	}
+	g.control = zmq4.NewDealer(sctx, opts...)
+	if err := g.control.Dial(g.info.endpoint(g.info.ControlPort)); err != nil {
+		return fmt.Errorf("dial control: %w", err)
+	}
+	g.shell = zmq4.NewDealer(sctx, opts...)
+	if err := g.shell.Dial(g.info.endpoint(g.info.ShellPort)); err != nil {
+		return fmt.Errorf("dial shell: %w", err)
+	}
+	g.iopub = zmq4.NewSub(sctx, opts...)
+	// Until the kernel's ident is known (from its first status message),
+	// subscribe to "kernel."; readIOPub then narrows to kernel.<ident>.status
+	// and drops every other topic unread.
+	if err := g.iopub.SetOption(zmq4.OptionSubscribe, "kernel."); err != nil {
+		return fmt.Errorf("subscribe iopub: %w", err)
+	}
+	if err := g.iopub.Dial(g.info.endpoint(g.info.IOPubPort)); err != nil {
+		return fmt.Errorf("dial iopub: %w", err)
+	}
+	return nil
+}
+
+// isRefused reports whether err says that nothing listens at the endpoint.
+func isRefused(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT)
+}
+
+// publish makes g the live generation.
+func (c *Client) publish(g *generation, ki KernelInfo) {
+	c.mu.Lock()
+	c.gen = g
+	c.kernel = ki
+	close(c.ready)
+	c.mu.Unlock()
+	c.alive.Store(true)
+}
+
+// retire unpublishes g and closes it.
+func (c *Client) retire(g *generation) {
+	c.alive.Store(false)
+	c.mu.Lock()
+	if c.gen == g {
+		c.gen = nil
+		c.ready = make(chan struct{})
+	}
+	c.mu.Unlock()
+	c.execState.Store(nil)
+	g.close()
+	c.alive.Store(false)
+}
+
+// supervise owns the live generation: it waits for it to fail, then
+// rebuilds the connection, until Close or the connection file is deleted.
+func (c *Client) supervise(g *generation) {
+	defer c.wg.Done()
+	defer close(c.stopped)
+	for {
+		select {
+		case <-c.ctx.Done():
+			c.retire(g)
+			c.setStopErr(ErrClosed)
+			c.emit(Event{Kind: EventClosed})
+			return
+		case <-g.failed:
+		}
+		c.alive.Store(false)
+		c.emit(Event{Kind: EventDisconnected, Err: g.err})
+		c.retire(g)
+		var err error
+		if g, err = c.reconnect(); g == nil {
+			c.setStopErr(err)
+			ev := Event{Kind: EventClosed}
+			if !errors.Is(err, ErrClosed) {
+				ev.Err = err
+			}
+			c.emit(ev)
+			return
+		}
+	}
+}
+
+func (c *Client) setStopErr(err error) {
+	c.mu.Lock()
+	c.stopErr = err
+	c.mu.Unlock()
+}
+
+const minBackoff = 50 * time.Millisecond
+
+// reconnect retries connect with exponential backoff. It returns nil and
+// the reason when the client must stop.
+func (c *Client) reconnect() (*generation, error) {
+	backoff := minBackoff
+	missing := 0
+	deadSent := false
+	for {
+		c.mu.Lock()
+		info, prevSession := c.info, c.kernel.Session
+		c.mu.Unlock()
+		try := true
+		if c.path != "" {
+			fresh, err := ReadConnectionFile(c.path)
+			switch {
+			case errors.Is(err, fs.ErrNotExist):
+				// Twice in a row, so that a file being replaced is not
+				// taken for a shutdown.
+				if missing++; missing >= 2 {
+					return nil, fmt.Errorf("%w: %s", ErrConnectionFileDeleted, c.path)
+				}
+				try = false
+			case err != nil:
+				// Being rewritten, or damaged: retry with what we had.
+			default:
+				missing = 0
+				info = fresh
+			}
+		}
+		if try {
+			ctx, cancel := context.WithTimeout(c.ctx, c.opts.ConnectTimeout)
+			g, ki, err := c.connect(ctx, info)
+			cancel()
+			if err == nil {
+				c.mu.Lock()
+				c.info = info
+				c.mu.Unlock()
+				c.publish(g, ki)
+				if ki.Session != prevSession {
+					c.emit(Event{Kind: EventRestarted, Session: ki.Session})
+				} else {
+					c.emit(Event{Kind: EventReconnected, Session: ki.Session})
+				}
+				return g, nil
+			}
+			if c.ctx.Err() != nil {
+				return nil, ErrClosed
+			}
+			if !deadSent && isRefused(err) {
+				deadSent = true
+				c.emit(Event{Kind: EventDead, Err: err})
+			}
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-c.ctx.Done():
+			t.Stop()
+			return nil, ErrClosed
+		case <-t.C:
+		}
+		backoff = min(2*backoff, c.opts.MaxBackoff)
+	}
+}
+
+// emit delivers ev without ever blocking: when the buffer is full the
+// oldest event is dropped. Only the supervisor (and dial, before it starts)
+// emits, so events are never sent after Close closes the channel.
+func (c *Client) emit(ev Event) {
+	ev.Time = time.Now()
+	for {
+		select {
+		case c.events <- ev:
+			return
+		default:
+		}
+		select {
+		case <-c.events:
+		default:
+		}
+	}
+}
+
+// drainAfterClose empties zmq4's internal queue after the socket's context
+// ended, so that none of its goroutines stays blocked on a full queue.
+// Recv does not block once the context is done.
+func drainAfterClose(s zmq4.Socket) {
+	for range 64 {
+		_, _ = s.Recv() // only emptying; the socket is closed
+	}
+}
+
+func (c *Client) readReplies(g *generation, s zmq4.Socket, channel string) {
+	defer g.wg.Done()
+	for {
+		zm, err := s.Recv()
+		if err != nil {
+			g.fail(fmt.Errorf("%s channel: %w", channel, err))
+			if g.ctx.Err() != nil {
+				drainAfterClose(s)
+			}
+			return
+		}
+		msg, err := Decode(zm.Frames, g.key, c.limits)
+		if err != nil {
+			c.decodeErrors.Add(1)
+			continue
+		}
+		c.mu.Lock()
+		reply := c.pending[msg.Parent.MsgID]
+		c.mu.Unlock()
+		if reply != nil {
+			select {
+			case reply <- msg:
+			default: // a second reply to one request: keep the first
+			}
+		}
+	}
+}
+
+// maxTopicBytes bounds the iopub topics we look at: kernel.<uuid>.status.
+const maxTopicBytes = 256
+
+func (c *Client) readIOPub(g *generation) {
+	defer g.wg.Done()
+	narrowed := false
+	for {
+		zm, err := g.iopub.Recv()
+		if err != nil {
+			g.fail(fmt.Errorf("iopub channel: %w", err))
+			if g.ctx.Err() != nil {
+				drainAfterClose(g.iopub)
+			}
+			return
+		}
+		if len(zm.Frames) == 0 || !isStatusTopic(zm.Frames[0]) {
+			continue // user output: dropped unread
+		}
+		msg, err := Decode(zm.Frames, g.key, c.limits)
+		if err != nil || msg.Header.MsgType != "status" {
+			c.decodeErrors.Add(1)
+			continue
+		}
+		if state, ok := executionState(msg.Content); ok {
+			c.execState.Store(&state)
+		}
+		if !narrowed {
+			narrowed = true
+			topic := string(zm.Frames[0])
+			if err := g.iopub.SetOption(zmq4.OptionSubscribe, topic); err != nil {
+				g.fail(fmt.Errorf("iopub subscribe %s: %w", topic, err))
+				continue
+			}
+			if err := g.iopub.SetOption(zmq4.OptionUnsubscribe, "kernel."); err != nil {
+				g.fail(fmt.Errorf("iopub unsubscribe: %w", err))
+			}
+		}
+	}
+}
+
+func isStatusTopic(t []byte) bool {
+	const prefix, suffix = "kernel.", ".status"
+	return len(t) <= maxTopicBytes && len(t) > len(prefix)+len(suffix) &&
+		string(t[:len(prefix)]) == prefix && string(t[len(t)-len(suffix):]) == suffix
+}
+
+// heartbeat pings every HeartbeatInterval; an answer later than
+// HeartbeatTimeout fails the generation.
+func (c *Client) heartbeat(g *generation) {
+	defer g.wg.Done()
+	for {
+		if err := g.hb.Send(zmq4.NewMsgString("ping")); err != nil {
+			g.fail(fmt.Errorf("heartbeat: %w", err))
+			return
+		}
+		select {
+		case g.hbSent <- struct{}{}:
+		case <-g.ctx.Done():
+			return
+		}
+		timeout := time.NewTimer(c.opts.HeartbeatTimeout)
+		select {
+		case err := <-g.hbReplies:
+			timeout.Stop()
+			if err != nil {
+				g.fail(fmt.Errorf("heartbeat: %w", err))
+				return
+			}
+			select {
+			case <-g.failed:
+			default:
+				c.alive.Store(true)
+			}
+		case <-timeout.C:
+			g.fail(fmt.Errorf("%w: no answer within %v", ErrHeartbeatMissed, c.opts.HeartbeatTimeout))
+			return
+		case <-g.ctx.Done():
+			timeout.Stop()
+			return
+		}
+		wait := time.NewTimer(c.opts.HeartbeatInterval)
+		select {
+		case <-wait.C:
+		case <-g.ctx.Done():
+			wait.Stop()
+			return
+		}
+	}
+}
+
+// heartbeatReceiver waits for each ping's answer. zmq4's REQ Recv blocks
+// until an answer or Close; it must not be called before a Send.
+func (c *Client) heartbeatReceiver(g *generation) {
+	defer g.wg.Done()
+	for {
+		select {
+		case <-g.hbSent:
+		case <-g.ctx.Done():
+			return
+		}
+		_, err := g.hb.Recv()
+		select {
+		case g.hbReplies <- err:
+		case <-g.ctx.Done():
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// roundTrip sends a request on the live generation (waiting for one while
+// reconnecting) and waits for the reply whose parent is the request.
+func (c *Client) roundTrip(ctx context.Context, control bool, msgType string, content any) (*Message, error) {
+	for {
+		if c.ctx.Err() != nil {
+			return nil, fmt.Errorf("%s: %w", msgType, ErrClosed)
+		}
+		c.mu.Lock()
+		g, ready, stopErr := c.gen, c.ready, c.stopErr
+		c.mu.Unlock()
+		if g != nil {
+			return c.roundTripOn(ctx, g, control, msgType, content)
+		}
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%s: %w (%w)", msgType, ErrNotConnected, ctx.Err())
+		case <-c.stopped:
+			c.mu.Lock()
+			stopErr = c.stopErr
+			c.mu.Unlock()
+			return nil, fmt.Errorf("%s: %w: %w", msgType, ErrClosed, stopErr)
+		case <-c.ctx.Done():
+			return nil, fmt.Errorf("%s: %w", msgType, ErrClosed)
+		}
+	}
+}
+
+func (c *Client) roundTripOn(ctx context.Context, g *generation, control bool, msgType string, content any) (*Message, error) {
+	var body []byte
+	if content != nil {
+		var err error
+		if body, err = jsonMarshal(content); err != nil {
+			return nil, fmt.Errorf("%s: encode content: %w", msgType, err)
+		}
+	}
+	msg := &Message{Header: NewHeader(msgType, c.opts.Session, c.opts.Username), Content: body}
+	frames, err := Encode(msg, g.key)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", msgType, err)
+	}
+	reply := make(chan *Message, 1)
+	id := msg.Header.MsgID
+	c.mu.Lock()
+	c.pending[id] = reply
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.pending, id)
+		c.mu.Unlock()
+	}()
+	s := g.shell
+	if control {
+		s = g.control
+	}
+	// Send succeeds silently when the peer is gone: the deadline below is
+	// what catches that.
+	if err := s.SendMulti(zmq4.NewMsgFrom(frames...)); err != nil {
+		return nil, fmt.Errorf("%s: send: %w", msgType, err)
+	}
+	select {
+	case m := <-reply:
+		return m, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%s: %w (%w)", msgType, ErrNoReply, ctx.Err())
+	case <-g.failed:
+		return nil, fmt.Errorf("%s: %w: %w", msgType, ErrConnectionLost, g.err)
+	case <-c.ctx.Done():
+		return nil, fmt.Errorf("%s: %w", msgType, ErrClosed)
+	}
+}
+
+// Alive reports whether the kernel answered recently: true after an attach
+// and each answered heartbeat, false from the moment a socket hits EOF or a
+// heartbeat is missed until the next successful attach.
+func (c *Client) Alive() bool { return c.alive.Load() }
+
+// Session returns the kernel's current session id (header.session of its
+// kernel_info reply at the latest attach). It changes when the kernel
+// restarts.
+func (c *Client) Session() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.kernel.Session
+}
+
+// LastKernelInfo returns the kernel_info reply of the latest attach, with
+// no round trip (on jupyter_server even kernel_info counts as activity).
+func (c *Client) LastKernelInfo() KernelInfo {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.kernel
+}
+
+// Info returns the connection info in use (as re-read at the latest attach).
+func (c *Client) Info() ConnectionInfo {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.info
+}
+
+// ExecutionState returns the kernel's last published execution_state
+// ("busy", "idle", "starting"), or "" when none was seen since the latest
+// attach (a status published before our subscription took effect is lost).
+func (c *Client) ExecutionState() string {
+	if s := c.execState.Load(); s != nil {
+		return *s
+	}
+	return ""
+}
+
+// Events returns the client's events. The channel is buffered and never
+// blocks the client (when full, the oldest event is dropped); Close closes
+// it after the final EventClosed.
+func (c *Client) Events() <-chan Event { return c.events }
+
+// Close stops the client: it closes every socket and waits for all of the
+// client's goroutines to return. It is safe to call more than once.
+func (c *Client) Close() error {
+	c.once.Do(func() {
+		c.cancel()
+		c.wg.Wait()
+		close(c.events)
+	})
+	return nil
+}
+
+func executionState(content json.RawMessage) (string, bool) {
+	var st struct {
+		ExecutionState string `json:"execution_state"`
+	}
+	if err := json.Unmarshal(content, &st); err != nil || st.ExecutionState == "" {
+		return "", false
+	}
+	return st.ExecutionState, true
+}
