@@ -139,6 +139,14 @@ func (r FreeReport) WriteText(w io.Writer) error {
 		ew.printf("dry run: nothing was freed\n")
 	case r.CacheOnly:
 		ew.printf("emptied the caches; no variable was touched\n")
+	case r.Error == "":
+		n := 0
+		for _, d := range r.Deleted {
+			if !d.Alive {
+				n++
+			}
+		}
+		ew.printf("deleted %d variable(s), %d of them freed\n", len(r.Deleted), n)
 	}
 	if r.Error != "" {
 		ew.printf("error: %s\n", r.Error)

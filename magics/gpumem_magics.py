@@ -95,8 +95,9 @@ def _text_bar(used, held, scale, width=20):
     h = (held * width + scale // 2) // scale
     if used > 0 and u == 0:
         u = 1
-    if held > used and h <= u:
-        h = u + 1 if u < width else u
+    h = max(h, u)
+    if held > used and h == u and u < width:
+        h = u + 1
     return "[" + "█" * u + "▒" * (h - u) + " " * (width - h) + "]"
 
 
@@ -619,7 +620,7 @@ def _tf_probe():
             fw["devices"].append(
                 {"device": "cuda:%s" % idx, "used": int(info.get("current", 0)), "held": None, "peak": int(info.get("peak", 0))}
             )
-        fw["message"] = "TensorFlow keeps its GPU memory until the process exits: only a kernel restart returns it"
+        fw["message"] = "keeps its GPU memory until the process exits: only a kernel restart returns it"
     except Exception as e:
         fw["state"] = "error"
         fw["message"] = "could not read: %s" % _short_exc(e)
@@ -995,6 +996,8 @@ def _hidden_holders(shell):
     if isinstance(oh, dict):
         for n in sorted(oh, key=lambda x: (str(type(x)), x)):
             add("Out[%s]" % n, oh[n], "output cache")
+            if ns.get("_%s" % n, _MISSING) is oh[n]:
+                add("_%s" % n, oh[n], "output cache")
     dh = getattr(shell, "displayhook", None)
     for u in ("_", "__", "___"):
         v = ns.get(u, _MISSING)
@@ -1395,10 +1398,7 @@ def _drop_hidden(shell, ref, obj, ids):
         # ref is a traceback label; find its frame again and clear it.
         for fr, label in _traceback_frames(shell):
             if label == ref:
-                try:
-                    fr.clear()
-                except RuntimeError:
-                    pass
+                _clear_frame(fr)
         return
     hidden_ns = getattr(shell, "user_ns_hidden", {})
     dh = getattr(shell, "displayhook", None)
@@ -1418,6 +1418,24 @@ def _drop_hidden(shell, ref, obj, ids):
     ler = getattr(shell, "last_execution_result", None)
     if ler is not None and getattr(ler, "result", None) is obj:
         ler.result = None
+
+
+def _clear_frame(fr):
+    """Drops a finished frame's locals. frame.clear() empties the fast
+    locals but (CPython 3.11/3.12) not the f_locals dict that reading
+    f_locals made: that snapshot would keep every local alive. Reading
+    f_locals again re-syncs it (cleared names are removed); clear what is
+    left."""
+    try:
+        fr.clear()
+    except RuntimeError:  # still executing
+        return
+    try:
+        loc = fr.f_locals
+        if isinstance(loc, dict):
+            loc.clear()
+    except Exception:
+        pass
 
 
 def _holders_of(objs, shell):

@@ -18,14 +18,23 @@ from jupyter_client import BlockingKernelClient
 
 
 def main():
-    kc = BlockingKernelClient(connection_file=sys.argv[1])
-    kc.load_connection_file()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=60)
-    except Exception as e:  # noqa: BLE001
-        print(json.dumps({"ok": False, "error": "kernel not ready: %s" % e}), flush=True)
-        return
+    # A kernel just started may not answer its heartbeat yet, and
+    # wait_for_ready then says "Kernel died": retry with a fresh client
+    # until the deadline.
+    deadline = time.monotonic() + 60
+    while True:
+        kc = BlockingKernelClient(connection_file=sys.argv[1])
+        kc.load_connection_file()
+        kc.start_channels()
+        try:
+            kc.wait_for_ready(timeout=max(1.0, deadline - time.monotonic()))
+            break
+        except Exception as e:  # noqa: BLE001
+            kc.stop_channels()
+            if time.monotonic() > deadline:
+                print(json.dumps({"ok": False, "error": "kernel not ready: %s" % e}), flush=True)
+                return
+            time.sleep(0.1)
     print(json.dumps({"ok": True, "ready": True}), flush=True)
     for line in sys.stdin:
         line = line.strip()
