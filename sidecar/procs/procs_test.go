@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gpumem/gpumem/sidecar/procs/procstest"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/proc-kernels from kernelsFixture")
@@ -27,35 +29,35 @@ var update = flag.Bool("update", false, "rewrite testdata/proc-kernels from kern
 //	        ├─ 1500 stale member of session 2000 older than kernel B (start 10)
 //	        └─ 5000 container init (NSpid 5000 1) ─ 5001 kernel in container (NSpid 5001 7)
 //	2 kthreadd ─ 3 kworker (no cmdline)
-var kernelsFixture = []fproc{
-	{pid: 1, ppid: 0, pgid: 1, sid: 1, start: 1, comm: "systemd", argv: []string{"/sbin/init"}},
-	{pid: 2, ppid: 0, pgid: 0, sid: 0, start: 1, comm: "kthreadd"},
-	{pid: 3, ppid: 2, pgid: 0, sid: 0, start: 2, comm: "kworker/0:0-events"},
-	{pid: 500, ppid: 1, pgid: 500, sid: 500, uid: 1000, start: 100, comm: "jupyter-noteboo",
-		argv: []string{"/usr/bin/python3", "/usr/bin/jupyter-notebook", "--no-browser"}},
-	{pid: 1000, ppid: 500, pgid: 1000, sid: 1000, uid: 1000, start: 2000, comm: "python3",
-		argv:    []string{"/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "/run/user/1000/jupyter/kernel-aaaa.json"},
-		env:     []string{"JPY_PARENT_PID=500", "JPY_SESSION_NAME=/home/alice/train (1).ipynb"},
-		sockets: []uint64{31001, 31002}},
-	{pid: 1001, ppid: 1000, pgid: 1000, sid: 1000, uid: 1000, start: 2100, comm: "pt_data_worker", argv: []string{"/usr/bin/python3", "-c", "worker"},
-		env: []string{"JPY_SESSION_NAME=/home/alice/train (1).ipynb"}, sockets: []uint64{31001}},
-	{pid: 1002, ppid: 1001, pgid: 1000, sid: 1000, uid: 1000, start: 2101, comm: "sh", argv: []string{"sh", "-c", "deep"}},
-	{pid: 1003, ppid: 1002, pgid: 1003, sid: 1000, uid: 1000, start: 2102, comm: "bash", argv: []string{"bash"}},
-	{pid: 1004, ppid: 1003, pgid: 1004, sid: 1000, uid: 1000, start: 2103, comm: "make", argv: []string{"make", "-j"}},
-	{pid: 1005, ppid: 1004, pgid: 1004, sid: 1000, uid: 1000, start: 2104, comm: "cc1 (x) )", argv: []string{"cc1", "weird comm"}},
-	{pid: 1006, ppid: 1005, pgid: 1004, sid: 1000, uid: 1000, start: 2105, comm: "as", argv: []string{"as"}},
-	{pid: 1010, ppid: 1000, pgid: 1010, sid: 1010, uid: 1000, start: 2200, comm: "ray", argv: []string{"ray::worker"}},
-	{pid: 2001, ppid: 1, pgid: 2000, sid: 2000, uid: 1000, start: 3100, comm: "python3", argv: []string{"python3", "pool.py"}},
-	{pid: 2002, ppid: 2001, pgid: 2002, sid: 2002, uid: 1000, start: 3101, comm: "python3", argv: []string{"python3", "grandchild"}},
-	{pid: 600, ppid: 1, pgid: 600, sid: 600, uid: 1000, start: 150, comm: "systemd", argv: []string{"/lib/systemd/systemd", "--user"}},
-	{pid: 2003, ppid: 600, pgid: 2000, sid: 2000, uid: 1000, start: 3102, comm: "python3", argv: []string{"python3", "-c", "cuda"}},
-	{pid: 1500, ppid: 1, pgid: 2000, sid: 2000, uid: 1000, start: 10, comm: "stale", argv: []string{"stale"}},
-	{pid: 3000, ppid: 500, pgid: 500, sid: 500, uid: 1000, start: 9000, comm: "sleep", argv: []string{"sleep", "100"}},
-	{pid: 3001, ppid: 3000, pgid: 500, sid: 500, uid: 1000, start: 9001, comm: "sleep", argv: []string{"sleep", "1"}},
-	{pid: 4000, ppid: 1, pgid: 4000, sid: 4000, uid: 1001, start: 4000, comm: "python3", argv: []string{"python3", "train.py", "--epochs", "10"}},
-	{pid: 5000, ppid: 1, pgid: 5000, sid: 5000, uid: 0, start: 5000, comm: "tini", argv: []string{"tini", "--"}, nspid: []int{5000, 1}},
-	{pid: 5001, ppid: 5000, pgid: 5001, sid: 5001, uid: 1000, start: 5001, comm: "python3",
-		argv: []string{"python3", "-m", "ipykernel_launcher"}, nspid: []int{5001, 7}},
+var kernelsFixture = []procstest.Proc{
+	{PID: 1, PPID: 0, PGID: 1, SID: 1, Start: 1, Comm: "systemd", Argv: []string{"/sbin/init"}},
+	{PID: 2, PPID: 0, PGID: 0, SID: 0, Start: 1, Comm: "kthreadd"},
+	{PID: 3, PPID: 2, PGID: 0, SID: 0, Start: 2, Comm: "kworker/0:0-events"},
+	{PID: 500, PPID: 1, PGID: 500, SID: 500, UID: 1000, Start: 100, Comm: "jupyter-noteboo",
+		Argv: []string{"/usr/bin/python3", "/usr/bin/jupyter-notebook", "--no-browser"}},
+	{PID: 1000, PPID: 500, PGID: 1000, SID: 1000, UID: 1000, Start: 2000, Comm: "python3",
+		Argv:    []string{"/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "/run/user/1000/jupyter/kernel-aaaa.json"},
+		Env:     []string{"JPY_PARENT_PID=500", "JPY_SESSION_NAME=/home/alice/train (1).ipynb"},
+		Sockets: []uint64{31001, 31002}},
+	{PID: 1001, PPID: 1000, PGID: 1000, SID: 1000, UID: 1000, Start: 2100, Comm: "pt_data_worker", Argv: []string{"/usr/bin/python3", "-c", "worker"},
+		Env: []string{"JPY_SESSION_NAME=/home/alice/train (1).ipynb"}, Sockets: []uint64{31001}},
+	{PID: 1002, PPID: 1001, PGID: 1000, SID: 1000, UID: 1000, Start: 2101, Comm: "sh", Argv: []string{"sh", "-c", "deep"}},
+	{PID: 1003, PPID: 1002, PGID: 1003, SID: 1000, UID: 1000, Start: 2102, Comm: "bash", Argv: []string{"bash"}},
+	{PID: 1004, PPID: 1003, PGID: 1004, SID: 1000, UID: 1000, Start: 2103, Comm: "make", Argv: []string{"make", "-j"}},
+	{PID: 1005, PPID: 1004, PGID: 1004, SID: 1000, UID: 1000, Start: 2104, Comm: "cc1 (x) )", Argv: []string{"cc1", "weird comm"}},
+	{PID: 1006, PPID: 1005, PGID: 1004, SID: 1000, UID: 1000, Start: 2105, Comm: "as", Argv: []string{"as"}},
+	{PID: 1010, PPID: 1000, PGID: 1010, SID: 1010, UID: 1000, Start: 2200, Comm: "ray", Argv: []string{"ray::worker"}},
+	{PID: 2001, PPID: 1, PGID: 2000, SID: 2000, UID: 1000, Start: 3100, Comm: "python3", Argv: []string{"python3", "pool.py"}},
+	{PID: 2002, PPID: 2001, PGID: 2002, SID: 2002, UID: 1000, Start: 3101, Comm: "python3", Argv: []string{"python3", "grandchild"}},
+	{PID: 600, PPID: 1, PGID: 600, SID: 600, UID: 1000, Start: 150, Comm: "systemd", Argv: []string{"/lib/systemd/systemd", "--user"}},
+	{PID: 2003, PPID: 600, PGID: 2000, SID: 2000, UID: 1000, Start: 3102, Comm: "python3", Argv: []string{"python3", "-c", "cuda"}},
+	{PID: 1500, PPID: 1, PGID: 2000, SID: 2000, UID: 1000, Start: 10, Comm: "stale", Argv: []string{"stale"}},
+	{PID: 3000, PPID: 500, PGID: 500, SID: 500, UID: 1000, Start: 9000, Comm: "sleep", Argv: []string{"sleep", "100"}},
+	{PID: 3001, PPID: 3000, PGID: 500, SID: 500, UID: 1000, Start: 9001, Comm: "sleep", Argv: []string{"sleep", "1"}},
+	{PID: 4000, PPID: 1, PGID: 4000, SID: 4000, UID: 1001, Start: 4000, Comm: "python3", Argv: []string{"python3", "train.py", "--epochs", "10"}},
+	{PID: 5000, PPID: 1, PGID: 5000, SID: 5000, UID: 0, Start: 5000, Comm: "tini", Argv: []string{"tini", "--"}, NSpid: []int{5000, 1}},
+	{PID: 5001, PPID: 5000, PGID: 5001, SID: 5001, UID: 1000, Start: 5001, Comm: "python3",
+		Argv: []string{"python3", "-m", "ipykernel_launcher"}, NSpid: []int{5001, 7}},
 }
 
 var kernelsListening = map[int]uint64{52001: 31001, 52002: 31002, 8888: 30000}
@@ -79,28 +81,13 @@ func kernelsRoot(t *testing.T) string {
 		if err := os.RemoveAll(root); err != nil {
 			t.Fatal(err)
 		}
-		writeFixture(t, root, kernelsFixture)
-		writeNet(t, root, kernelsListening, map[int]uint64{52003: 31003})
+		procstest.WriteTree(t, root, kernelsFixture)
+		procstest.WriteNet(t, root, kernelsListening, map[int]uint64{52003: 31003})
 	}
 	if _, err := os.Stat(root); err != nil {
 		t.Fatalf("%v: run go test ./sidecar/procs -run %s -update", err, t.Name())
 	}
 	return root
-}
-
-func writeNet(t testing.TB, root string, v4, v6 map[int]uint64) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Join(root, "net"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(root, "net", "tcp"), []byte(netTCP(false, v4)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if v6 != nil {
-		if err := os.WriteFile(filepath.Join(root, "net", "tcp6"), []byte(netTCP(true, v6)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 }
 
 func scanFixture(t *testing.T, root string) *Table {
@@ -130,7 +117,7 @@ func TestScanKernelsFixture(t *testing.T) {
 	if !ok {
 		t.Fatal("kernel 1000 missing")
 	}
-	want := Proc{PID: 1000, PPID: 500, PGID: 1000, SID: 1000, UID: 1000, User: "alice", StartTime: 2000, Comm: "python3",
+	want := Proc{PID: 1000, PPID: 500, PGID: 1000, SID: 1000, UID: 1000, User: "alice", StartTime: 2000, Comm: "python3", Detailed: true,
 		Argv:        []string{"/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "/run/user/1000/jupyter/kernel-aaaa.json"},
 		SessionName: "/home/alice/train (1).ipynb", NSpid: []int{1000}}
 	if !reflect.DeepEqual(got, want) {
@@ -146,7 +133,7 @@ func TestScanKernelsFixture(t *testing.T) {
 		t.Errorf("unrelated process: %+v", p)
 	}
 	if pids := pidsOf(table.All()); !slices.IsSorted(pids) {
-		t.Errorf("All() not sorted by pid: %v", pids)
+		t.Errorf("All() not sorted by PID: %v", pids)
 	}
 	if got := pidsOf(table.Children(1000)); !reflect.DeepEqual(got, []int{1001, 1010}) {
 		t.Errorf("Children(1000) = %v", got)
@@ -154,7 +141,12 @@ func TestScanKernelsFixture(t *testing.T) {
 }
 
 func TestKernelProcesses(t *testing.T) {
-	table := scanFixture(t, kernelsRoot(t))
+	// The tree needs stat alone: ScanTree must give the same answers.
+	full := scanFixture(t, kernelsRoot(t))
+	tree, err := (&FS{Root: kernelsRoot(t)}).ScanTree(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name  string
 		pid   int
@@ -163,7 +155,7 @@ func TestKernelProcesses(t *testing.T) {
 	}{
 		{"live kernel: deep tree and setsid child", 1000, 2000, []int{1000, 1001, 1002, 1003, 1004, 1005, 1006, 1010}},
 		{"start unknown", 1000, 0, []int{1000, 1001, 1002, 1003, 1004, 1005, 1006, 1010}},
-		{"wrong start: a reused pid is not the kernel", 1000, 1999, nil},
+		{"wrong Start: a reused pid is not the kernel", 1000, 1999, nil},
 		{"killed kernel: orphans reparented to init and to a subreaper, with their children", 2000, 3000, []int{2001, 2002, 2003}},
 		{"killed kernel, start unknown: older session members too", 2000, 0, []int{1500, 2001, 2002, 2003}},
 		{"pid reused by an unrelated process", 3000, 5000, nil},
@@ -173,12 +165,14 @@ func TestKernelProcesses(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := pidsOf(table.KernelProcesses(tt.pid, tt.start))
-			if len(got) == 0 && len(tt.want) == 0 {
-				return
-			}
-			if !reflect.DeepEqual(got, tt.want) {
-				t.Errorf("KernelProcesses(%d, %d) = %v, want %v", tt.pid, tt.start, got, tt.want)
+			for name, table := range map[string]*Table{"Scan": full, "ScanTree": tree} {
+				got := pidsOf(table.KernelProcesses(tt.pid, tt.start))
+				if len(got) == 0 && len(tt.want) == 0 {
+					continue
+				}
+				if !reflect.DeepEqual(got, tt.want) {
+					t.Errorf("%s: KernelProcesses(%d, %d) = %v, want %v", name, tt.pid, tt.start, got, tt.want)
+				}
 			}
 		})
 	}
@@ -221,7 +215,7 @@ func TestNamespaces(t *testing.T) {
 	if _, ok := table.Resolve(12345); ok {
 		t.Error("Resolve(12345) ok")
 	}
-	// Two containers with the same inner pid: ambiguous, so not mapped.
+	// Two containers with the same inner PID: ambiguous, so not mapped.
 	amb := NewTable([]Proc{{PID: 10, NSpid: []int{10, 3}}, {PID: 11, NSpid: []int{11, 3}}})
 	if _, ok := amb.LocalToHost(3); ok {
 		t.Error("LocalToHost(3) mapped an ambiguous inner pid")
@@ -257,7 +251,7 @@ func TestListeningTCPPortsErrors(t *testing.T) {
 	if _, err := (&FS{Root: root}).ListeningTCPPorts(); err == nil {
 		t.Error("no net/tcp: want an error")
 	}
-	writeNet(t, root, map[int]uint64{1234: 1}, nil) // no tcp6: IPv6 disabled
+	procstest.WriteNet(t, root, map[int]uint64{1234: 1}, nil) // no tcp6: IPv6 disabled
 	ports, err := (&FS{Root: root}).ListeningTCPPorts()
 	if err != nil || !reflect.DeepEqual(ports, map[int]uint64{1234: 1}) {
 		t.Errorf("tcp only: %v, %v", ports, err)
@@ -274,20 +268,20 @@ func TestListeningTCPPortsErrors(t *testing.T) {
 // (or lose only the unreadable part); the scan itself does not fail.
 func TestScanToleratesBrokenEntries(t *testing.T) {
 	root := t.TempDir()
-	writeFixture(t, root, []fproc{
-		{pid: 1, ppid: 0, pgid: 1, sid: 1, start: 1, comm: "init", argv: []string{"init"}},
-		{pid: 10, ppid: 1, pgid: 10, sid: 10, uid: 1000, start: 50, comm: "ok", argv: []string{"ok"}, env: []string{"JPY_SESSION_NAME=a.ipynb"}},
-		{pid: 11, ppid: 1, pgid: 11, sid: 11, start: 51, comm: "nostat", omit: []string{"stat"}},
-		{pid: 12, ppid: 1, pgid: 12, sid: 12, start: 52, comm: "statdir", asDir: []string{"stat"}},
-		{pid: 13, ppid: 1, pgid: 13, sid: 13, uid: 1000, start: 53, comm: "noenv", argv: []string{"x"}, asDir: []string{"environ"}},
-		{pid: 14, ppid: 1, pgid: 14, sid: 14, uid: 1000, start: 54, comm: "nostatus", argv: []string{"y"}, asDir: []string{"status"}},
-		{pid: 15, ppid: 1, pgid: 15, sid: 15, start: 55, comm: "gone-after-stat", omit: []string{"cmdline"}},
-		{pid: 16, ppid: 1, pgid: 16, sid: 16, start: 56, comm: "vanishes"},
-		{pid: 17, ppid: 1, pgid: 17, sid: 17, start: 57, comm: "half-vanishes"},
+	procstest.WriteTree(t, root, []procstest.Proc{
+		{PID: 1, PPID: 0, PGID: 1, SID: 1, Start: 1, Comm: "init", Argv: []string{"init"}},
+		{PID: 10, PPID: 1, PGID: 10, SID: 10, UID: 1000, Start: 50, Comm: "ok", Argv: []string{"ok"}, Env: []string{"JPY_SESSION_NAME=a.ipynb"}},
+		{PID: 11, PPID: 1, PGID: 11, SID: 11, Start: 51, Comm: "nostat", Omit: []string{"stat"}},
+		{PID: 12, PPID: 1, PGID: 12, SID: 12, Start: 52, Comm: "statdir", AsDir: []string{"stat"}},
+		{PID: 13, PPID: 1, PGID: 13, SID: 13, UID: 1000, Start: 53, Comm: "noenv", Argv: []string{"x"}, AsDir: []string{"environ"}},
+		{PID: 14, PPID: 1, PGID: 14, SID: 14, UID: 1000, Start: 54, Comm: "nostatus", Argv: []string{"y"}, AsDir: []string{"status"}},
+		{PID: 15, PPID: 1, PGID: 15, SID: 15, Start: 55, Comm: "gone-after-stat", Omit: []string{"cmdline"}},
+		{PID: 16, PPID: 1, PGID: 16, SID: 16, Start: 56, Comm: "vanishes"},
+		{PID: 17, PPID: 1, PGID: 17, SID: 17, Start: 57, Comm: "half-vanishes"},
 	})
 	for name, content := range map[string]string{
-		"18/stat":  "18 (garbage",                                // truncated stat
-		"19/stat":  fproc{pid: 20, ppid: 1, start: 5}.statLine(), // another pid's stat
+		"18/stat":  "18 (garbage",                                         // truncated stat
+		"19/stat":  procstest.Proc{PID: 20, PPID: 1, Start: 5}.StatLine(), // another pid's stat
 		"21":       "a file, not a directory",
 		"self":     "not a pid",
 		"0badname": "not a pid",
@@ -338,14 +332,14 @@ func TestUserNames(t *testing.T) {
 		calls[uid]++
 		return testUsers(uid)
 	}}
-	procs := []Proc{{UID: 1000}, {UID: 1000}, {UID: 4242}, {UID: 0}}
+	procs := []Proc{{UID: 1000, Detailed: true}, {UID: 1000, Detailed: true}, {UID: 4242, Detailed: true}, {UID: 0, Detailed: true}, {UID: 1001}}
 	fs.resolveUsers(procs)
 	fs.resolveUsers(procs)
 	var got []string
 	for _, p := range procs {
 		got = append(got, p.User)
 	}
-	if !reflect.DeepEqual(got, []string{"alice", "alice", "4242", "root"}) {
+	if !reflect.DeepEqual(got, []string{"alice", "alice", "4242", "root", ""}) {
 		t.Errorf("users = %q", got)
 	}
 	if calls[1000] != 1 || calls[4242] != 1 {
@@ -375,15 +369,101 @@ func TestFixtureMatchesGenerator(t *testing.T) {
 	// The committed tree must be what kernelsFixture generates.
 	root := kernelsRoot(t)
 	fresh := t.TempDir()
-	writeFixture(t, fresh, kernelsFixture)
+	procstest.WriteTree(t, fresh, kernelsFixture)
 	for _, p := range kernelsFixture {
 		for _, name := range []string{"stat", "status", "cmdline", "environ"} {
-			rel := filepath.Join(strconv.Itoa(p.pid), name)
+			rel := filepath.Join(strconv.Itoa(p.PID), name)
 			a, errA := os.ReadFile(filepath.Join(root, rel))
 			b, errB := os.ReadFile(filepath.Join(fresh, rel))
 			if errA != nil || errB != nil || string(a) != string(b) {
 				t.Errorf("%s differs from the generator (run with -update): %v %v", rel, errA, errB)
 			}
 		}
+	}
+}
+
+func TestScanTree(t *testing.T) {
+	root := kernelsRoot(t)
+	fs := &FS{Root: root, lookupUser: testUsers}
+	table, err := fs.ScanTree([]int{1000, 4000, 424242})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if table.Len() != len(kernelsFixture) {
+		t.Fatalf("Len = %d, want %d", table.Len(), len(kernelsFixture))
+	}
+	for _, p := range table.All() {
+		wantDetailed := p.PID == 1000 || p.PID == 4000
+		if p.Detailed != wantDetailed {
+			t.Errorf("pid %d: Detailed = %v, want %v", p.PID, p.Detailed, wantDetailed)
+		}
+		if !p.Detailed && (p.Argv != nil || p.User != "" || p.SessionName != "") {
+			t.Errorf("pid %d: details without Detailed: %+v", p.PID, p)
+		}
+	}
+	full := scanFixture(t, root)
+	for _, pid := range []int{1000, 4000} {
+		a, _ := table.Get(pid)
+		b, _ := full.Get(pid)
+		if !reflect.DeepEqual(a, b) {
+			t.Errorf("pid %d: ScanTree %+v, Scan %+v", pid, a, b)
+		}
+	}
+	if p, _ := table.Get(1005); p.Comm != "cc1 (x) )" || p.PPID != 1004 || p.PGID != 1004 || p.SID != 1000 || p.StartTime != 2104 {
+		t.Errorf("stat fields: %+v", p)
+	}
+}
+
+// A pid that is not a pid of this /proc is looked up as an inner pid
+// through NSpid; the process found is read in full.
+func TestScanTreeNamespaceFallback(t *testing.T) {
+	fs := &FS{Root: kernelsRoot(t), lookupUser: testUsers}
+	table, err := fs.ScanTree([]int{7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, ok := table.Resolve(7)
+	if !ok || p.PID != 5001 || !p.Detailed || !reflect.DeepEqual(p.NSpid, []int{5001, 7}) || p.User != "alice" {
+		t.Fatalf("Resolve(7) = %+v, %v", p, ok)
+	}
+	if host, ok := table.LocalToHost(1); !ok || host != 5000 {
+		t.Errorf("LocalToHost(1) = %d, %v: NSpid of every process should have been read", host, ok)
+	}
+	if p, _ := table.Get(5000); p.Detailed {
+		t.Errorf("pid 5000 was not asked for, but is Detailed")
+	}
+}
+
+// The pid is reused between the stat pass and the detail pass: the details
+// belong to another process and must not be mixed in.
+func TestScanTreePidReusedBetweenPasses(t *testing.T) {
+	root := t.TempDir()
+	procstest.WriteTree(t, root, []procstest.Proc{
+		{PID: 1, PGID: 1, SID: 1, Start: 1, Comm: "init", Argv: []string{"init"}},
+		{PID: 40, PPID: 1, PGID: 40, SID: 40, Start: 400, Comm: "old", Argv: []string{"old"}},
+	})
+	calls := 0
+	fs := &FS{Root: root, lookupUser: testUsers}
+	fs.beforeRead = func(pid int) {
+		if pid != 40 {
+			return
+		}
+		if calls++; calls == 2 { // the detail pass: pid 40 is now a new process
+			reused := procstest.Proc{PID: 40, PPID: 1, PGID: 40, SID: 40, Start: 900, Comm: "new"}
+			if err := os.WriteFile(filepath.Join(root, "40", "stat"), []byte(reused.StatLine()), 0o644); err != nil {
+				t.Error(err)
+			}
+			if err := os.WriteFile(filepath.Join(root, "40", "cmdline"), []byte("new\x00"), 0o644); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	table, err := fs.ScanTree([]int{40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := table.Get(40)
+	if p.Detailed || p.StartTime != 400 || p.Comm != "old" || p.Argv != nil {
+		t.Errorf("pid 40 = %+v: details of the new process mixed into the old", p)
 	}
 }

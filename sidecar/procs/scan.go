@@ -35,18 +35,115 @@ func (fs *FS) root() string {
 	return fs.Root
 }
 
-// Scan reads every process. Processes that vanish or cannot be read while
-// scanning are skipped; only an unreadable root is an error.
+// Scan reads every process in full (Detailed): stat, status, cmdline and
+// environ. Processes that vanish or cannot be read while scanning are
+// skipped; only an unreadable root is an error. On a box with thousands of
+// processes prefer ScanTree, which reads one file per process.
 func (fs *FS) Scan() (*Table, error) {
+	return fs.scan(true, nil)
+}
+
+// ScanTree reads every process's stat — enough for the tree, sessions,
+// process groups and start times — and reads in full (Detailed) only the
+// processes listed in details (typically the GPU processes and the kernels).
+// A listed pid that is not a pid of this /proc may be one from a nested pid
+// namespace: then the NSpid of every process is read (status) to find the
+// one process whose innermost pid it is, and that one is read in full.
+func (fs *FS) ScanTree(details []int) (*Table, error) {
+	return fs.scan(false, details)
+}
+
+func (fs *FS) scan(full bool, details []int) (*Table, error) {
 	pids, err := fs.pids()
 	if err != nil {
 		return nil, err
 	}
+	rootfd, err := syscall.Open(fs.root(), syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("read processes: %w", err)
+	}
+	defer syscall.Close(rootfd)
+
 	procs := make([]Proc, len(pids))
 	ok := make([]bool, len(pids))
+	parallel(len(pids), func(i int, buf []byte) []byte {
+		if full {
+			procs[i], ok[i], buf = fs.readProc(pids[i], buf)
+		} else {
+			procs[i], ok[i], buf = fs.readStat(rootfd, pids[i], buf)
+		}
+		return buf
+	})
+	kept := procs[:0]
+	for i := range procs {
+		if ok[i] {
+			kept = append(kept, procs[i])
+		}
+	}
+	if !full && len(details) > 0 {
+		fs.readDetails(rootfd, kept, details)
+	}
+	fs.resolveUsers(kept)
+	return NewTable(kept), nil
+}
 
-	// Reading /proc is syscall-bound: a few workers overlap the syscalls.
-	workers := min(runtime.GOMAXPROCS(0), 8, max(1, len(pids)/64))
+// readDetails reads in full the processes of procs that details names,
+// directly or through NSpid (see ScanTree).
+func (fs *FS) readDetails(rootfd int, procs []Proc, details []int) {
+	index := make(map[int]int, len(procs))
+	for i, p := range procs {
+		index[p.PID] = i
+	}
+	var targets []int
+	var missing []int
+	for _, pid := range details {
+		if i, ok := index[pid]; ok {
+			targets = append(targets, i)
+		} else {
+			missing = append(missing, pid)
+		}
+	}
+	if len(missing) > 0 {
+		inner := make(map[int][]int) // innermost pid → indexes
+		var mu sync.Mutex
+		parallel(len(procs), func(i int, buf []byte) []byte {
+			buf, err := readAt(rootfd, strconv.Itoa(procs[i].PID)+"/status", buf)
+			if err != nil {
+				return buf
+			}
+			st, err := parseStatus(buf)
+			if err != nil || len(st.NSpid) < 2 {
+				return buf
+			}
+			procs[i].NSpid = st.NSpid
+			mu.Lock()
+			inner[st.NSpid[len(st.NSpid)-1]] = append(inner[st.NSpid[len(st.NSpid)-1]], i)
+			mu.Unlock()
+			return buf
+		})
+		for _, pid := range missing {
+			if idx := inner[pid]; len(idx) == 1 {
+				targets = append(targets, idx[0])
+			}
+		}
+	}
+	buf := make([]byte, 4096)
+	for _, i := range targets {
+		var full Proc
+		var ok bool
+		full, ok, buf = fs.readProc(procs[i].PID, buf)
+		// Another start time: the pid was reused since the stat pass; keep
+		// the tree's entry rather than mix two processes.
+		if ok && full.StartTime == procs[i].StartTime {
+			procs[i] = full
+		}
+	}
+}
+
+// parallel runs fn(0..n-1) on a few workers, each with its own buffer.
+// Reading /proc is syscall-bound: workers overlap the syscalls.
+func parallel(n int, fn func(i int, buf []byte) []byte) {
+	workers := min(runtime.GOMAXPROCS(0), 8, max(1, n/64))
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range workers {
@@ -54,23 +151,30 @@ func (fs *FS) Scan() (*Table, error) {
 			buf := make([]byte, 4096)
 			for {
 				i := int(next.Add(1) - 1)
-				if i >= len(pids) {
+				if i >= n {
 					return
 				}
-				procs[i], ok[i], buf = fs.readProc(pids[i], buf)
+				buf = fn(i, buf)
 			}
 		})
 	}
 	wg.Wait()
+}
 
-	kept := procs[:0]
-	for i := range procs {
-		if ok[i] {
-			kept = append(kept, procs[i])
-		}
+// readStat reads only <pid>/stat: one open, one read, one close.
+func (fs *FS) readStat(rootfd, pid int, buf []byte) (Proc, bool, []byte) {
+	if fs.beforeRead != nil {
+		fs.beforeRead(pid)
 	}
-	fs.resolveUsers(kept)
-	return NewTable(kept), nil
+	buf, err := readAt(rootfd, strconv.Itoa(pid)+"/stat", buf)
+	if err != nil {
+		return Proc{}, false, buf
+	}
+	st, err := parseStat(buf)
+	if err != nil || st.PID != pid {
+		return Proc{}, false, buf
+	}
+	return Proc{PID: pid, PPID: st.PPID, PGID: st.PGID, SID: st.SID, StartTime: st.StartTime, Comm: st.Comm}, true, buf
 }
 
 // pids lists the numeric entries of the root.
@@ -117,7 +221,7 @@ func (fs *FS) readProc(pid int, buf []byte) (Proc, bool, []byte) {
 	if err != nil || st.PID != pid {
 		return Proc{}, false, buf
 	}
-	p := Proc{PID: pid, PPID: st.PPID, PGID: st.PGID, SID: st.SID, StartTime: st.StartTime, Comm: st.Comm}
+	p := Proc{PID: pid, PPID: st.PPID, PGID: st.PGID, SID: st.SID, StartTime: st.StartTime, Comm: st.Comm, Detailed: true}
 
 	// Once stat was read, ENOENT or ESRCH from the process's other files
 	// means it exited meanwhile: skip it rather than keep half a process.
@@ -163,9 +267,9 @@ func vanished(err error) bool {
 	return errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ESRCH)
 }
 
-// readAt reads the whole file name under dirfd into buf (grown as needed)
-// and returns the filled part. /proc files report size 0, so it reads until
-// EOF instead of trusting fstat.
+// readAt reads the whole file name (relative to dirfd) into buf, grown as
+// needed, and returns the filled part. /proc files report size 0, so it
+// reads until a short read instead of trusting fstat.
 func readAt(dirfd int, name string, buf []byte) ([]byte, error) {
 	fd, err := syscall.Openat(dirfd, name, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 	if err != nil {
@@ -189,6 +293,12 @@ func readAt(dirfd int, name string, buf []byte) ([]byte, error) {
 			return buf[:n], nil
 		}
 		n += m
+		if n < len(buf) {
+			// A short read is the end for /proc files and regular files
+			// alike; skipping the read that would return 0 saves a syscall
+			// per file (syscalls are most of a scan's cost).
+			return buf[:n], nil
+		}
 	}
 }
 
@@ -201,6 +311,9 @@ func (fs *FS) resolveUsers(procs []Proc) {
 		fs.users = make(map[uint32]string)
 	}
 	for i := range procs {
+		if !procs[i].Detailed {
+			continue
+		}
 		uid := procs[i].UID
 		name, ok := fs.users[uid]
 		if !ok {

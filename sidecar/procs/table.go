@@ -14,16 +14,21 @@ import (
 	"slices"
 )
 
-// Proc is one process as read from /proc.
+// Proc is one process as read from /proc. PID to Comm come from
+// /proc/<pid>/stat and are always set; the fields after Detailed are set
+// only when Detailed (FS.ScanTree reads them for the processes asked for).
 type Proc struct {
 	PID, PPID, PGID, SID int
-	UID                  uint32 // effective uid
-	User                 string // user name, or the uid in decimal when it has none
 	// StartTime is field 22 of /proc/<pid>/stat: clock ticks since boot.
 	// With PID it identifies the process.
 	StartTime uint64
-	Comm      string   // the kernel's short name (stat field 2)
-	Argv      []string // empty for kernel threads, zombies, and unreadable cmdlines
+	Comm      string // the kernel's short name (stat field 2)
+
+	// Detailed is true when status, cmdline and environ were read.
+	Detailed bool
+	UID      uint32   // effective uid
+	User     string   // user name, or the uid in decimal when it has none
+	Argv     []string // empty for kernel threads, zombies, and unreadable cmdlines
 	// SessionName is JPY_SESSION_NAME from the environment (jupyter_server
 	// ≥ 2 sets it to the notebook path), when environ is readable (same user
 	// or root).
