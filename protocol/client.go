@@ -99,6 +99,7 @@ type Client struct {
 	alive        atomic.Bool
 	execState    atomic.Pointer[string]
 	decodeErrors atomic.Uint64 // messages dropped: bad signature or malformed
+	iopubOther   atomic.Uint64 // iopub messages on other topics, dropped unread
 
 	mu      sync.Mutex
 	info    ConnectionInfo
@@ -510,7 +511,9 @@ func (c *Client) readIOPub(g *generation) {
 			return
 		}
 		if len(zm.Frames) == 0 || !isStatusTopic(zm.Frames[0]) {
-			continue // user output: dropped unread
+			// Only possible before the subscription is narrowed.
+			c.iopubOther.Add(1)
+			continue
 		}
 		msg, err := Decode(zm.Frames, g.key, c.limits)
 		if err != nil || msg.Header.MsgType != "status" {

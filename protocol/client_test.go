@@ -1,0 +1,553 @@
+package protocol
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpumem/gpumem/internal/testenv"
+)
+
+// leakMarkers identify goroutines that belong to this package or to zmq4.
+var leakMarkers = []string{"go-zeromq/zmq4", "created by github.com/gpumem/gpumem/protocol"}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if code == 0 {
+		if left := testenv.WaitGoroutinesGone(10*time.Second, leakMarkers...); len(left) > 0 {
+			fmt.Fprintf(os.Stderr, "%d goroutines leaked by the tests:\n\n%s\n", len(left), strings.Join(left, "\n\n"))
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func ctxFor(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// attach dials a kernel that may still be starting, and closes the client
+// at the end of the test.
+func attach(t testing.TB, connectionFile string, opts Options) *Client {
+	t.Helper()
+	var c *Client
+	var last error
+	deadline := time.Now().Add(60 * time.Second)
+	for c == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c, last = Dial(ctx, connectionFile, opts)
+		cancel()
+		if c == nil {
+			if time.Now().After(deadline) {
+				t.Fatalf("attach: %v", last)
+			}
+			time.Sleep(20 * time.Millisecond) // kernel still starting: poll
+		}
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func waitEvent(t testing.TB, c *Client, kind EventKind, timeout time.Duration) Event {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	var seen []string
+	for {
+		select {
+		case ev, ok := <-c.Events():
+			if !ok {
+				t.Fatalf("events closed while waiting for %v; saw %v", kind, seen)
+			}
+			seen = append(seen, ev.String())
+			if ev.Kind == kind {
+				t.Logf("events: %v", seen)
+				return ev
+			}
+		case <-deadline.C:
+			t.Fatalf("no %v event within %v; saw %v", kind, timeout, seen)
+		}
+	}
+}
+
+func mustExecute(t testing.TB, c *Client, code string, opts ExecuteOptions) ExecuteReply {
+	t.Helper()
+	r, err := c.Execute(ctxFor(t, 20*time.Second), code, opts)
+	if err != nil {
+		t.Fatalf("execute %q: %v", code, err)
+	}
+	return r
+}
+
+func exprJSON(t testing.TB, r ExecuteReply, name string, v any) {
+	t.Helper()
+	raw, err := r.UserExpressions[name].JSON()
+	if err != nil {
+		t.Fatalf("expression %s: %v (reply %+v)", name, err, r)
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		t.Fatalf("expression %s: %v", name, err)
+	}
+}
+
+func TestKernel(t *testing.T) {
+	k := testenv.StartKernel(t, t.TempDir())
+	c := attach(t, k.ConnectionFile, Options{})
+	if ev := waitEvent(t, c, EventConnected, time.Second); ev.Session == "" || ev.Session != c.Session() {
+		t.Fatalf("connected event %v, session %q", ev, c.Session())
+	}
+
+	t.Run("KernelInfo", func(t *testing.T) {
+		ki, err := c.KernelInfo(ctxFor(t, 5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ki.Implementation != "ipython" || ki.Language != "python" || !strings.HasPrefix(ki.ProtocolVersion, "5.") ||
+			ki.Session == "" || ki.Session != c.Session() || ki != c.LastKernelInfo() {
+			t.Fatalf("kernel info %+v, session %q", ki, c.Session())
+		}
+		if !c.Alive() {
+			t.Fatal("not alive")
+		}
+		if info := c.Info(); info.Path != k.ConnectionFile || info.Key != k.Key {
+			t.Fatalf("info %+v", info)
+		}
+	})
+
+	t.Run("Usage", func(t *testing.T) {
+		pid, err := c.Usage(ctxFor(t, 5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pid != k.Cmd.Process.Pid {
+			t.Fatalf("usage pid %d, kernel pid %d", pid, k.Cmd.Process.Pid)
+		}
+	})
+
+	t.Run("ExecuteExpressions", func(t *testing.T) {
+		exprs := map[string]string{
+			"json":  `type("J", (), {"_repr_json_": lambda self: {"answer": answer, "nested": [1, "two", None]}})()`,
+			"plain": `answer + 1`,
+			"fails": `undefined_name`,
+		}
+		for _, raw := range []bool{false, true} {
+			r := mustExecute(t, c, "answer = 42", ExecuteOptions{UserExpressions: exprs, Raw: raw})
+			if r.Err() != nil || r.Status != "ok" {
+				t.Fatalf("raw=%v: %+v", raw, r)
+			}
+			var got struct {
+				Answer int   `json:"answer"`
+				Nested []any `json:"nested"`
+			}
+			exprJSON(t, r, "json", &got)
+			if got.Answer != 42 || len(got.Nested) != 3 {
+				t.Fatalf("raw=%v: json expression %+v", raw, got)
+			}
+			if _, err := r.UserExpressions["plain"].JSON(); !errors.Is(err, ErrNoJSON) || !strings.Contains(err.Error(), "43") {
+				t.Fatalf("raw=%v: plain expression: %v", raw, err)
+			}
+			if e := r.UserExpressions["fails"]; e.Status != "error" || e.EName != "NameError" {
+				t.Fatalf("raw=%v: failing expression %+v", raw, e)
+			} else if _, err := e.JSON(); err == nil || !strings.Contains(err.Error(), "NameError") {
+				t.Fatalf("raw=%v: failing expression JSON(): %v", raw, err)
+			}
+		}
+	})
+
+	t.Run("ExecuteError", func(t *testing.T) {
+		r := mustExecute(t, c, "def f():\n    raise ValueError('boom')\nf()", ExecuteOptions{})
+		if r.Status != "error" || r.EName != "ValueError" || r.EValue != "boom" || r.Err() == nil {
+			t.Fatalf("reply %+v", r)
+		}
+		tb := strings.Join(r.Traceback, "")
+		if !strings.Contains(tb, "<gpumem>") || strings.Contains(tb, "gpumem-isolate") {
+			t.Fatalf("traceback should show the injected code only:\n%s", tb)
+		}
+		r = mustExecute(t, c, "def (", ExecuteOptions{})
+		if r.EName != "SyntaxError" {
+			t.Fatalf("reply %+v", r)
+		}
+	})
+
+	t.Run("InjectedLeavesNoTrace", func(t *testing.T) { testNoTrace(t, c) })
+
+	t.Run("IOPubFilter", func(t *testing.T) {
+		// Once the status topic is learned, user output never reaches us.
+		testenv.Poll(t, 10*time.Second, "an iopub status", func() bool {
+			if c.ExecutionState() == "" {
+				_, _ = c.KernelInfo(ctxFor(t, time.Second))
+				return false
+			}
+			return true
+		})
+		if _, err := c.KernelInfo(ctxFor(t, 5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		before := c.iopubOther.Load()
+		r := mustExecute(t, c, "print('x' * 1000)\nfor i in range(50): print(i)\n1234", ExecuteOptions{NotSilent: true, Raw: true})
+		if r.Status != "ok" {
+			t.Fatalf("%+v", r)
+		}
+		testenv.Poll(t, 5*time.Second, "kernel idle", func() bool { return c.ExecutionState() == "idle" })
+		if after := c.iopubOther.Load(); after != before {
+			t.Fatalf("%d non-status iopub messages reached the client", after-before)
+		}
+	})
+
+	t.Run("Busy", func(t *testing.T) { testBusy(t, c) })
+
+	t.Run("WrongKey", func(t *testing.T) {
+		info, err := ReadConnectionFile(k.ConnectionFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info.Key = "not-" + info.Key
+		start := time.Now()
+		bad, err := DialInfo(ctxFor(t, 1500*time.Millisecond), info, Options{})
+		elapsed := time.Since(start)
+		if err == nil {
+			bad.Close()
+			t.Fatal("attach with a wrong key succeeded")
+		}
+		if !strings.Contains(err.Error(), "no reply: signature rejected or kernel unresponsive") ||
+			!errors.Is(err, ErrNoReply) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("error: %v", err)
+		}
+		if elapsed > 2*time.Second {
+			t.Fatalf("took %v for a 1.5s deadline", elapsed)
+		}
+		t.Logf("%v after %v", err, elapsed.Round(time.Millisecond))
+		// The kernel is unharmed.
+		if _, err := c.KernelInfo(ctxFor(t, 5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("NoEventsOnHealthyKernel", func(t *testing.T) {
+		select {
+		case ev := <-c.Events():
+			t.Fatalf("unexpected event %v", ev)
+		default:
+		}
+		if c.decodeErrors.Load() != 0 {
+			t.Fatalf("%d messages failed to decode", c.decodeErrors.Load())
+		}
+	})
+}
+
+// kernelState is what an injected execute must not change.
+type kernelState struct {
+	Count         int      `json:"count"`
+	In            int      `json:"In"`
+	HistoryRaw    int      `json:"history_raw"`
+	History       []string `json:"history"`
+	LastType      string   `json:"last_type"`
+	LastValue     string   `json:"last_value"`
+	LastValueID   int64    `json:"last_value_id"`
+	LastTraceback int64    `json:"last_traceback_id"`
+}
+
+const stateProbe = `type("Probe", (), {"_repr_json_": lambda self: (lambda sys, ip: {
+    "count": ip.execution_count,
+    "In": len(ip.user_ns["In"]),
+    "history_raw": len(ip.history_manager.input_hist_raw),
+    "history": [s for _, _, s in ip.history_manager.get_range(0, 1, None)],
+    "last_type": repr(getattr(sys, "last_type", None)),
+    "last_value": repr(getattr(sys, "last_value", None)),
+    "last_value_id": id(getattr(sys, "last_value", None)),
+    "last_traceback_id": id(getattr(sys, "last_traceback", None)),
+})(__import__("sys"), get_ipython())})()`
+
+func probe(t testing.TB, c *Client) kernelState {
+	t.Helper()
+	r := mustExecute(t, c, "", ExecuteOptions{UserExpressions: map[string]string{"state": stateProbe}})
+	var s kernelState
+	exprJSON(t, r, "state", &s)
+	return s
+}
+
+func testNoTrace(t *testing.T, c *Client) {
+	visible := ExecuteOptions{NotSilent: true, StoreHistory: true, Raw: true}
+	first := mustExecute(t, c, "user_var = 1", visible)
+	if first.ExecutionCount == 0 {
+		t.Fatalf("visible execute has no execution_count: %+v", first)
+	}
+	if r := mustExecute(t, c, "1/0", visible); r.EName != "ZeroDivisionError" {
+		t.Fatalf("%+v", r)
+	}
+	base := probe(t, c)
+	// IPython's execution_count is the number the next cell will get.
+	if !strings.Contains(base.LastValue, "ZeroDivisionError") || base.Count != first.ExecutionCount+2 {
+		t.Fatalf("baseline %+v", base)
+	}
+
+	injections := []struct {
+		name string
+		code string
+		opts ExecuteOptions
+		want string // EName of the reply, or of expression "e"
+	}{
+		{"ok", "injected = 2", ExecuteOptions{}, ""},
+		{"raises", "raise RuntimeError('injected')", ExecuteOptions{}, "RuntimeError"},
+		{"syntax error", "def (", ExecuteOptions{}, "SyntaxError"},
+		{"keyboard interrupt", "raise KeyboardInterrupt", ExecuteOptions{}, "KeyboardInterrupt"},
+		{"system exit", "raise SystemExit(3)", ExecuteOptions{}, "SystemExit"},
+		{"expression raises", "pass", ExecuteOptions{UserExpressions: map[string]string{"e": "1/0"}}, "ZeroDivisionError"},
+		{"repr_json raises", "pass", ExecuteOptions{UserExpressions: map[string]string{
+			"e": `type("Bad", (), {"_repr_json_": lambda self: 1/0})()`}}, ""},
+	}
+	for _, inj := range injections {
+		r := mustExecute(t, c, inj.code, inj.opts)
+		got := r.EName
+		if e, ok := r.UserExpressions["e"]; ok && got == "" {
+			got = e.EName
+		}
+		if got != inj.want {
+			t.Errorf("%s: got exception %q, want %q (reply %+v)", inj.name, got, inj.want, r)
+		}
+		// ipykernel replies with the count of the last visible cell.
+		if r.ExecutionCount != base.Count-1 {
+			t.Errorf("%s: reply execution_count %d", inj.name, r.ExecutionCount)
+		}
+		if after := probe(t, c); !reflect.DeepEqual(after, base) {
+			t.Errorf("%s changed the kernel's state:\nbefore %+v\nafter  %+v", inj.name, base, after)
+		}
+	}
+
+	// The user's next cell gets the next execution_count: nothing was used up.
+	if r := mustExecute(t, c, "user_var2 = 3", visible); r.ExecutionCount != base.Count {
+		t.Errorf("next visible execute has execution_count %d, want %d", r.ExecutionCount, base.Count)
+	}
+
+	// The probe can see a change: a raw silent raise does overwrite
+	// sys.last_value (why Execute isolates by default).
+	before := probe(t, c)
+	if r := mustExecute(t, c, "raise ValueError('raw')", ExecuteOptions{Raw: true}); r.EName != "ValueError" {
+		t.Fatalf("%+v", r)
+	}
+	if after := probe(t, c); !strings.Contains(after.LastValue, "raw") || after.Count != before.Count {
+		t.Errorf("raw silent raise: before %+v after %+v", before, after)
+	}
+}
+
+func touchCode(marker, then string) string {
+	return fmt.Sprintf("import pathlib, time\npathlib.Path(%q).touch()\n%s", marker, then)
+}
+
+func exists(path string) func() bool {
+	return func() bool { _, err := os.Stat(path); return err == nil }
+}
+
+func testBusy(t *testing.T, c *Client) {
+	dir := t.TempDir()
+	type result struct {
+		r   ExecuteReply
+		err error
+		at  time.Time
+	}
+	run := func(code string, opts ExecuteOptions, timeout time.Duration) chan result {
+		ch := make(chan result, 1)
+		ctx := ctxFor(t, timeout)
+		go func() {
+			r, err := c.Execute(ctx, code, opts)
+			ch <- result{r, err, time.Now()}
+		}()
+		return ch
+	}
+	visible := ExecuteOptions{NotSilent: true, Raw: true}
+
+	// A long cell: control still answers within a second; Interrupt ends it.
+	marker := filepath.Join(dir, "busy30")
+	long := run(touchCode(marker, "time.sleep(30)"), visible, 40*time.Second)
+	testenv.Poll(t, 20*time.Second, "the cell to start", exists(marker))
+	for _, name := range []string{"KernelInfo", "Usage"} {
+		start := time.Now()
+		var err error
+		if name == "KernelInfo" {
+			_, err = c.KernelInfo(ctxFor(t, time.Second))
+		} else {
+			_, err = c.Usage(ctxFor(t, time.Second))
+		}
+		if d := time.Since(start); err != nil || d >= time.Second {
+			t.Fatalf("%s while busy: %v after %v", name, err, d)
+		} else {
+			t.Logf("%s while busy: %v", name, d)
+		}
+	}
+	if c.ExecutionState() != "busy" {
+		t.Errorf("execution state %q while busy", c.ExecutionState())
+	}
+	if err := c.Interrupt(ctxFor(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case res := <-long:
+		if res.err != nil || res.r.EName != "KeyboardInterrupt" {
+			t.Fatalf("interrupted cell: %+v, %v", res.r, res.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("interrupt did not end the cell")
+	}
+
+	// A shorter cell: a silent Execute waits its turn. One with too short a
+	// deadline gives up with ErrNoReply; its late reply is dropped.
+	marker = filepath.Join(dir, "busy3")
+	short := run(touchCode(marker, "time.sleep(3)"), visible, 20*time.Second)
+	testenv.Poll(t, 20*time.Second, "the cell to start", exists(marker))
+	_, err := c.Execute(ctxFor(t, 300*time.Millisecond), "pass", ExecuteOptions{})
+	if !errors.Is(err, ErrNoReply) {
+		t.Fatalf("execute behind a busy cell with a short deadline: %v", err)
+	}
+	start := time.Now()
+	r, err := c.Execute(ctxFor(t, 15*time.Second), "waited = True", ExecuteOptions{
+		UserExpressions: map[string]string{"v": `type("V", (), {"_repr_json_": lambda self: {"waited": waited}})()`}})
+	if err != nil || r.Status != "ok" {
+		t.Fatalf("execute behind a busy cell: %+v, %v", r, err)
+	}
+	waited := time.Since(start)
+	var v struct{ Waited bool }
+	exprJSON(t, r, "v", &v)
+	if !v.Waited || waited < time.Second {
+		t.Fatalf("execute answered after %v, before the busy cell could have ended", waited)
+	}
+	select {
+	case res := <-short:
+		if res.err != nil || res.r.Status != "ok" {
+			t.Fatalf("busy cell: %+v, %v", res.r, res.err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the busy cell has no reply although ours came")
+	}
+	t.Logf("silent execute waited %v behind the busy cell", waited.Round(time.Millisecond))
+}
+
+// TestKill9: a kernel killed with SIGKILL is reported dead within 3 s;
+// Close while the client keeps trying leaves no goroutine behind.
+func TestKill9(t *testing.T) {
+	k := testenv.StartKernel(t, t.TempDir())
+	c := attach(t, k.ConnectionFile, Options{})
+	waitEvent(t, c, EventConnected, time.Second)
+	if !c.Alive() {
+		t.Fatal("not alive after attach")
+	}
+	start := time.Now()
+	if err := syscall.Kill(-k.Cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Poll(t, 3*time.Second, "Alive() false", func() bool { return !c.Alive() })
+	ev := waitEvent(t, c, EventDisconnected, 3*time.Second-time.Since(start))
+	t.Logf("disconnected after %v: %v", ev.Time.Sub(start).Round(time.Millisecond), ev.Err)
+	ev = waitEvent(t, c, EventDead, 3*time.Second-time.Since(start))
+	if d := ev.Time.Sub(start); d > 3*time.Second {
+		t.Fatalf("dead reported after %v", d)
+	} else {
+		t.Logf("dead after %v: %v", d.Round(time.Millisecond), ev.Err)
+	}
+
+	// Requests fail within their deadline while the client retries.
+	t0 := time.Now()
+	if _, err := c.KernelInfo(ctxFor(t, 300*time.Millisecond)); !errors.Is(err, ErrNotConnected) {
+		t.Fatalf("request while disconnected: %v", err)
+	}
+	if d := time.Since(t0); d > time.Second {
+		t.Fatalf("request took %v", d)
+	}
+
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ev = waitEvent(t, c, EventClosed, time.Second)
+	if ev.Err != nil {
+		t.Fatalf("closed event after Close carries %v", ev.Err)
+	}
+	if _, ok := <-c.Events(); ok {
+		t.Fatal("events channel still open after Close")
+	}
+	if _, err := c.KernelInfo(ctxFor(t, time.Second)); !errors.Is(err, ErrClosed) {
+		t.Fatalf("request after Close: %v", err)
+	}
+	testenv.WaitNoGoroutines(t, 5*time.Second, leakMarkers...)
+}
+
+// TestRestartThroughServer: a restart through the REST API is followed by
+// the client alone; shutdown (connection file deleted) stops it.
+func TestRestartThroughServer(t *testing.T) {
+	s := testenv.StartServer(t, testenv.JupyterServer)
+	sess := s.CreateSession(t, "a/b.ipynb")
+	c := attach(t, s.ConnectionFile(sess.Kernel.ID), Options{})
+	waitEvent(t, c, EventConnected, time.Second)
+	oldPID, err := c.Usage(ctxFor(t, 5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldSession := c.Session()
+
+	s.JSON(t, http.MethodPost, "api/kernels/"+sess.Kernel.ID+"/restart", nil, nil)
+	ev := waitEvent(t, c, EventRestarted, 30*time.Second)
+	if ev.Session == "" || ev.Session == oldSession || ev.Session != c.Session() {
+		t.Fatalf("restarted event %v; old session %s, now %s", ev, oldSession, c.Session())
+	}
+	if !c.Alive() {
+		t.Fatal("not alive after restart")
+	}
+	newPID, err := c.Usage(ctxFor(t, 5*time.Second))
+	if err != nil || newPID == oldPID {
+		t.Fatalf("usage after restart: pid %d (was %d), %v", newPID, oldPID, err)
+	}
+	r := mustExecute(t, c, "", ExecuteOptions{UserExpressions: map[string]string{
+		"pid": `type("P", (), {"_repr_json_": lambda self: {"pid": __import__("os").getpid()}})()`}})
+	var got struct{ PID int }
+	exprJSON(t, r, "pid", &got)
+	if got.PID != newPID {
+		t.Fatalf("execute after restart ran in pid %d, want %d", got.PID, newPID)
+	}
+	t.Logf("restart: pid %d → %d, session %s → %s", oldPID, newPID, oldSession, ev.Session)
+
+	// Shutting the kernel down deletes its connection file: the client stops.
+	req, err := s.Do(http.MethodDelete, "api/sessions/"+sess.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Body.Close()
+	ev = waitEvent(t, c, EventClosed, 30*time.Second)
+	if !errors.Is(ev.Err, ErrConnectionFileDeleted) {
+		t.Fatalf("closed event %v: want ErrConnectionFileDeleted", ev)
+	}
+	if _, err := c.KernelInfo(ctxFor(t, time.Second)); !errors.Is(err, ErrClosed) || !errors.Is(err, ErrConnectionFileDeleted) {
+		t.Fatalf("request after shutdown: %v", err)
+	}
+	if c.Alive() {
+		t.Fatal("alive after shutdown")
+	}
+}
+
+// TestUnsignedKernel: an empty key means unsigned messages both ways.
+func TestUnsignedKernel(t *testing.T) {
+	testenv.Require(t, "ipykernel")
+	dir := t.TempDir()
+	cf := filepath.Join(dir, "runtime", "kernel-unsigned.json")
+	testenv.ConnectionJSON(t, cf, "")
+	testenv.Start(t, testenv.Env(dir), dir, testenv.Python(), "-m", "ipykernel_launcher", "-f", cf)
+	c := attach(t, cf, Options{})
+	if c.Info().Key != "" {
+		t.Fatalf("key %q", c.Info().Key)
+	}
+	r := mustExecute(t, c, "", ExecuteOptions{UserExpressions: map[string]string{
+		"v": `type("V", (), {"_repr_json_": lambda self: {"ok": True}})()`}})
+	var v struct{ OK bool }
+	exprJSON(t, r, "v", &v)
+	if !v.OK {
+		t.Fatalf("%+v", r)
+	}
+}
