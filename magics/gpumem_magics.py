@@ -932,8 +932,11 @@ def _user_vars(shell):
 
 
 def _rows_from(holders, all_devices):
-    """holders: [(name, obj, extra)]. Returns rows with shared storage counted
-    once: the largest holder claims a storage; later ones name it."""
+    """holders: [(name, obj, extra)]. Returns rows, largest first, with
+    shared storage counted once. A storage is claimed by its most direct
+    holder: tensors, arrays and modules first, then optimizers, then
+    containers and objects, then IPython's hidden references (largest first
+    within each); the others name the claimer in shared_with."""
     prelim = []
     for name, obj, extra in holders:
         sts, tname, nleaves = _holdings(obj)
@@ -956,11 +959,12 @@ def _rows_from(holders, all_devices):
             for k, v in extra.items():
                 if k != "container":
                     row[k] = v
-        prelim.append((row, seen))
-    prelim.sort(key=lambda rs: (bool(rs[0].get("hidden")), -rs[0]["bytes"], rs[0]["name"]))
+        kind = _kind(type(obj))
+        prio = 3 if row.get("hidden") else {"optim": 1, "seq": 2, "map": 2, "obj": 2}.get(kind, 0)
+        prelim.append((row, seen, prio))
     owner = {}
     total = 0
-    for row, seen in prelim:
+    for row, seen, _p in sorted(prelim, key=lambda r: (r[2], -r[0]["bytes"], r[0]["name"])):
         shared = []
         for key, (n, _) in seen.items():
             o = owner.get(key)
@@ -971,7 +975,8 @@ def _rows_from(holders, all_devices):
                 shared.append(o)
         if shared:
             row["shared_with"] = sorted(shared)
-    return [r for r, _ in prelim], total
+    prelim.sort(key=lambda r: (bool(r[0].get("hidden")), -r[0]["bytes"], r[0]["name"]))
+    return [r[0] for r in prelim], total
 
 
 def _hidden_holders(shell):

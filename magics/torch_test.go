@@ -56,18 +56,20 @@ n = 3`, true)
 	// model: Linear 200+20 and BatchNorm 20+20 float32 parameters (1040 B),
 	// their grads (1040 B), buffers running_mean/var (160 B) and
 	// num_batches_tracked (8 B). opt: the same parameters and grads, and
-	// SGD's momentum buffers (1040 B). The optimizer is the larger holder,
-	// so it claims the parameters; the model adds only its buffers.
+	// SGD's momentum buffers (1040 B). The model claims the parameters (a
+	// module is a more direct holder than an optimizer), c its storage
+	// (before the tuple holding it), a before its view b.
 	want := []varRow{
 		{Name: "a", Type: "Tensor", Device: "cpu", Bytes: 4000},
 		{Name: "b", Type: "Tensor", Device: "cpu", Bytes: 4000, SharedWith: []string{"a"}},
-		{Name: "opt", Type: "SGD", Device: "cpu", Bytes: 3120},
-		{Name: "model", Type: "Sequential", Device: "cpu", Bytes: 2248, SharedWith: []string{"opt"}},
-		{Name: "pair", Type: "tuple", Device: "cpu", Bytes: 2088},
-		{Name: "c", Type: "Tensor", Device: "cpu", Bytes: 2048, SharedWith: []string{"pair"}},
+		{Name: "opt", Type: "SGD", Device: "cpu", Bytes: 3120, SharedWith: []string{"model"}},
+		{Name: "model", Type: "Sequential", Device: "cpu", Bytes: 2248},
+		{Name: "pair", Type: "tuple", Device: "cpu", Bytes: 2088, SharedWith: []string{"c"}},
+		{Name: "c", Type: "Tensor", Device: "cpu", Bytes: 2048},
 	}
-	if !reflect.DeepEqual(got.Rows, want) || got.TotalBytes != 4000+3120+168+2088 {
-		t.Errorf("vars --all-devices:\n got %+v total %d\nwant %+v total %d\n%s", got.Rows, got.TotalBytes, want, 4000+3120+168+2088, text)
+	const total = 4000 + 2248 + 1040 + 2048 + 40
+	if !reflect.DeepEqual(got.Rows, want) || got.TotalBytes != total {
+		t.Errorf("vars --all-devices:\n got %+v total %d\nwant %+v total %d\n%s", got.Rows, got.TotalBytes, want, total, text)
 	}
 	// Without --all-devices, CPU tensors are not GPU memory.
 	raw, _ = s.magic("%gpumem vars")
