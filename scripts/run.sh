@@ -79,5 +79,5 @@ echo "Jupyter Notebook: http://127.0.0.1:$port/notebooks/leaks.ipynb?token=$toke
 echo "Stop everything:  bash scripts/run.sh stop"
 echo
 deadline=$((SECONDS + 30))
-until bin/gpumem kernels 2>/dev/null | grep -q leaks.ipynb || ((SECONDS > deadline)); do sleep 0.2; done
+until bin/gpumem kernels --json 2>/dev/null | grep -q '"alive": true' || ((SECONDS > deadline)); do sleep 0.2; done
 bin/gpumem kernels

@@ -46,6 +46,8 @@ var commands map[string]command
 func init() {
 	commands = map[string]command{
 		"kernels": {"list running Jupyter kernels with their notebooks and processes", runKernels},
+		"ls":      {"show GPU memory by notebook (like nvidia-smi, by notebook)", runLs},
+		"serve":   {"run the sidecar daemon: attach to every kernel, reclaim orphans, serve the API and metrics", runServe},
 	}
 }
 

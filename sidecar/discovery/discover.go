@@ -197,30 +197,42 @@ func attachSessions(ctx context.Context, hc *http.Client, servers []Server, kern
 func resolvePIDs(pf ProcessFinder, kernels []Kernel) []error {
 	var problems []error
 	var ports []int
-	var names []string
 	for _, k := range kernels {
 		if k.Connection.Transport == "tcp" && k.Connection.ShellPort > 0 {
 			ports = append(ports, k.Connection.ShellPort)
 		}
-		names = append(names, filepath.Base(k.ConnectionFile))
 	}
 	owners, err := pf.PortOwners(ports)
 	if err != nil {
 		problems = append(problems, fmt.Errorf("reading listening sockets: %w", err))
 	}
-	mentions, err := pf.ArgvMentions(names)
-	if err != nil {
-		problems = append(problems, fmt.Errorf("reading process arguments: %w", err))
-	}
+	var unresolved []string
 	for i := range kernels {
 		k := &kernels[i]
 		if o, ok := owners[k.Connection.ShellPort]; ok && k.Connection.Transport == "tcp" {
 			k.PID, k.PIDStart = o.PID, o.Start
 			continue
 		}
+		unresolved = append(unresolved, filepath.Base(k.ConnectionFile))
+	}
+	if len(unresolved) == 0 {
+		return problems
+	}
+	// Without the port (ipc transport, another user's sockets we may not read,
+	// a kernel not yet listening) fall back to argv, which reads every
+	// process's command line: slower, so only when needed.
+	mentions, err := pf.ArgvMentions(unresolved)
+	if err != nil {
+		problems = append(problems, fmt.Errorf("reading process arguments: %w", err))
+	}
+	for i := range kernels {
+		k := &kernels[i]
+		if k.PID != 0 {
+			continue
+		}
 		cands := mentions[filepath.Base(k.ConnectionFile)]
 		// A launcher (jupyter kernel, a wrapper script) names the file too; the
-		// kernel is the deepest of them, which is the last started.
+		// kernel is the last of them started.
 		if len(cands) > 0 {
 			best := cands[0]
 			for _, c := range cands[1:] {

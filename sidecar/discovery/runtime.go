@@ -33,7 +33,9 @@ func RuntimeDirs(getenv func(string) string, extra []string) []string {
 		if d == "" {
 			continue
 		}
-		d = filepath.Clean(d)
+		if abs, err := filepath.Abs(d); err == nil {
+			d = abs
+		}
 		if !seen[d] {
 			seen[d] = true
 			dirs = append(dirs, d)

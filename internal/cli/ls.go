@@ -1,0 +1,279 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/gpumem/gpumem/nvml"
+	"github.com/gpumem/gpumem/sidecar/attribution"
+	"github.com/gpumem/gpumem/sidecar/procs"
+)
+
+// watchFlag is --watch or --watch=INTERVAL.
+type watchFlag struct {
+	on       bool
+	interval time.Duration
+}
+
+func (w *watchFlag) IsBoolFlag() bool { return true }
+func (w *watchFlag) String() string {
+	if w == nil || !w.on {
+		return ""
+	}
+	return w.interval.String()
+}
+func (w *watchFlag) Set(v string) error {
+	switch v {
+	case "true":
+		w.on, w.interval = true, 2*time.Second
+		return nil
+	case "false":
+		w.on = false
+		return nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return fmt.Errorf("--watch=%s: not a duration (try --watch=2s)", v)
+	}
+	if d < 100*time.Millisecond {
+		return fmt.Errorf("--watch=%s: shorter than 100ms", v)
+	}
+	w.on, w.interval = true, d
+	return nil
+}
+
+func runLs(ctx context.Context, env Env, args []string) error {
+	fs := newFlagSet(env, "ls", "[--json] [--watch[=INTERVAL]] [--runtime-dir DIR ...]")
+	asJSON := fs.Bool("json", false, "print JSON")
+	var watch watchFlag
+	fs.Var(&watch, "watch", "redraw every INTERVAL (default 2s) until Ctrl-C")
+	var dirs stringList
+	fs.Var(&dirs, "runtime-dir", "also scan this Jupyter runtime dir (repeatable)")
+	if _, err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	sampler, err := newLsSampler(env, dirs)
+	if err != nil {
+		return err
+	}
+	defer sampler.Close()
+	if !watch.on {
+		rep, err := sampler.Report(ctx)
+		if err != nil {
+			return err
+		}
+		for _, w := range rep.Warnings {
+			fmt.Fprintf(env.Stderr, "gpumem: %s\n", w)
+		}
+		if *asJSON {
+			return writeJSON(env.Stdout, rep)
+		}
+		return writeLs(env.Stdout, rep)
+	}
+	ticker := time.NewTicker(watch.interval)
+	defer ticker.Stop()
+	for {
+		rep, err := sampler.Report(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		var b strings.Builder
+		if *asJSON {
+			if err == nil {
+				_ = writeJSON(&b, rep)
+			}
+		} else {
+			// Home the cursor and clear, as watch(1) does, in one write.
+			b.WriteString("\x1b[H\x1b[2J")
+			fmt.Fprintf(&b, "Every %v: gpumem ls    %s\n\n", watch.interval, time.Now().Format("2006-01-02 15:04:05"))
+			if err == nil {
+				_ = writeLs(&b, rep)
+			}
+		}
+		if err != nil {
+			fmt.Fprintf(&b, "gpumem: %v\n", err)
+		}
+		if _, werr := io.WriteString(env.Stdout, b.String()); werr != nil {
+			return werr
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		}
+	}
+}
+
+// lsSampler builds a Report standalone: discovery, NVML (or the simulated
+// GPU) and /proc.
+type lsSampler struct {
+	env  Env
+	dirs []string
+	gpus *nvml.Source
+	fs   *procs.FS
+}
+
+func newLsSampler(env Env, dirs []string) (*lsSampler, error) {
+	gpus, err := nvml.Open(nvml.Options{FakeGPUFile: env.getenv("GPUMEM_FAKE_GPU")})
+	if err != nil {
+		return nil, err
+	}
+	return &lsSampler{env: env, dirs: dirs, gpus: gpus, fs: &procs.FS{Root: env.procRoot()}}, nil
+}
+
+func (s *lsSampler) Close() { _ = s.gpus.Close() }
+
+func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
+	res := discoverKernels(ctx, s.env, s.dirs)
+	snap, err := s.gpus.Sample(ctx)
+	if err != nil {
+		return attribution.Report{}, err
+	}
+	var details []int
+	for _, d := range snap.Devices {
+		for _, p := range d.Processes {
+			details = append(details, p.PID)
+		}
+	}
+	kernels := make([]attribution.Kernel, 0, len(res.Kernels))
+	for _, k := range res.Kernels {
+		kernels = append(kernels, attribution.Kernel{ID: k.ID, Notebook: k.Notebook, PID: k.PID, StartTime: k.PIDStart})
+		if k.PID > 0 {
+			details = append(details, k.PID)
+		}
+	}
+	table, err := s.fs.ScanTree(details)
+	if err != nil {
+		return attribution.Report{}, fmt.Errorf("reading processes: %w", err)
+	}
+	rep := attribution.Attribute(snap, table, kernels)
+	for _, p := range res.Problems {
+		rep.Warnings = append(rep.Warnings, p.Error())
+	}
+	return rep, nil
+}
+
+// writeLs renders a Report like nvidia-smi, but by notebook.
+func writeLs(w io.Writer, rep attribution.Report) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if len(rep.GPUs) == 0 {
+		fmt.Fprintln(tw, "No GPUs.")
+	}
+	for _, g := range rep.GPUs {
+		sim := ""
+		if g.Simulated {
+			sim = " (simulated)"
+		}
+		pct := 0.0
+		if g.MemoryTotalBytes > 0 {
+			pct = 100 * float64(g.MemoryUsedBytes) / float64(g.MemoryTotalBytes)
+		}
+		fmt.Fprintf(tw, "GPU %d  %s%s  %s / %s used (%.0f%%)\n", g.Index, g.Name, sim,
+			HumanBytes(g.MemoryUsedBytes), HumanBytes(g.MemoryTotalBytes), pct)
+		type row struct {
+			cols  string
+			bytes uint64
+		}
+		var rows []row
+		for _, nb := range rep.Notebooks {
+			b, ok := onGPU(nb.PerGPU, g.Index)
+			if !ok {
+				continue
+			}
+			rows = append(rows, row{fmt.Sprintf("  %s\t%s\t%s\t%s\t%s", orDash(nb.Notebook), shortID(nb.KernelID),
+				joinPIDs(nb.PIDs), orDash(nb.User), HumanBytes(b)), b})
+		}
+		sort.SliceStable(rows, func(i, j int) bool { return rows[i].bytes > rows[j].bytes })
+		if len(rows) > 0 {
+			fmt.Fprintln(tw, "  NOTEBOOK\tKERNEL\tPIDS\tUSER\tMEMORY")
+			for _, r := range rows {
+				fmt.Fprintln(tw, r.cols)
+			}
+		}
+		var others []row
+		for _, o := range rep.Other {
+			b, ok := onGPU(o.PerGPU, g.Index)
+			if !ok {
+				continue
+			}
+			others = append(others, row{fmt.Sprintf("  %d\t%s\t%s\t%s", o.PID, orDash(o.User), truncate(o.Command, 60), HumanBytes(b)), b})
+		}
+		sort.SliceStable(others, func(i, j int) bool { return others[i].bytes > others[j].bytes })
+		if len(others) > 0 {
+			fmt.Fprintln(tw, "  OTHER PID\tUSER\tCOMMAND\tMEMORY")
+			for _, r := range others {
+				fmt.Fprintln(tw, r.cols)
+			}
+		}
+		fmt.Fprintf(tw, "  notebooks %s, other %s, free %s\n\n", HumanBytes(g.NotebookBytes), HumanBytes(g.OtherBytes), HumanBytes(g.FreeBytes))
+	}
+	var idle []string
+	for _, nb := range rep.Notebooks {
+		if nb.GPUMemoryBytes == 0 {
+			name := nb.Notebook
+			if name == "" {
+				name = "kernel " + shortID(nb.KernelID)
+			}
+			idle = append(idle, name)
+		}
+	}
+	if len(idle) > 0 {
+		fmt.Fprintf(tw, "Kernels without GPU memory: %s\n", strings.Join(idle, ", "))
+	}
+	return tw.Flush()
+}
+
+func onGPU(per []attribution.GPUBytes, index int) (uint64, bool) {
+	for _, p := range per {
+		if p.Index == index {
+			return p.Bytes, true
+		}
+	}
+	return 0, false
+}
+
+func shortID(id string) string {
+	if len(id) > 8 {
+		return id[:8]
+	}
+	return id
+}
+
+func joinPIDs(pids []int) string {
+	s := make([]string, len(pids))
+	for i, p := range pids {
+		s[i] = strconv.Itoa(p)
+	}
+	if len(s) == 0 {
+		return "-"
+	}
+	return strings.Join(s, ",")
+}
+
+func truncate(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
+}
+
+// HumanBytes renders bytes in binary units: 512 B, 1.5 KiB, 10.2 GiB.
+func HumanBytes(b uint64) string {
+	const unit = 1024
+	if b < unit {
+		return fmt.Sprintf("%d B", b)
+	}
+	div, exp := uint64(unit), 0
+	for n := b / unit; n >= unit && exp < 4; n /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTP"[exp])
+}

@@ -1,0 +1,97 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/mattn/go-isatty"
+	"github.com/rs/zerolog"
+
+	"github.com/gpumem/gpumem/sidecar/api"
+	"github.com/gpumem/gpumem/sidecar/daemon"
+	"github.com/gpumem/gpumem/sidecar/discovery"
+)
+
+func runServe(ctx context.Context, env Env, args []string) error {
+	fs := newFlagSet(env, "serve", "[flags]")
+	var dirs stringList
+	fs.Var(&dirs, "runtime-dir", "also watch this Jupyter runtime dir (repeatable)")
+	interval := fs.Duration("interval", time.Second, "how often to sample GPU memory")
+	reclaim := fs.Bool("reclaim", true, "end orphans of a restarted or shut-down kernel that still hold GPU memory (false: only report them)")
+	grace := fs.Duration("reclaim-grace", 5*time.Second, "time between SIGTERM and SIGKILL when reclaiming")
+	allUsers := fs.Bool("reclaim-all-users", false, "as root, also reclaim other users' orphans")
+	socket := fs.String("socket", "", "the local API's unix socket (default gpumem.sock in the runtime dir)")
+	socketMode := fs.String("socket-mode", "private", "private (0600, this user only) or shared (0666, callers identified by SO_PEERCRED)")
+	listen := fs.String("listen", "", "serve Prometheus /metrics on this address (e.g. 127.0.0.1:9464)")
+	allowRemote := fs.Bool("listen-allow-remote", false, "allow --listen on an address that is not loopback")
+	threshold := fs.Float64("alert-threshold", 0.8, "warn when a GPU's used memory passes this fraction of its total (0 disables)")
+	noNotebookAlerts := fs.Bool("no-notebook-alerts", false, "don't print alerts in notebooks")
+	noInject := fs.Bool("no-inject", false, "don't inject the %gpumem magics into kernels")
+	logFormat := fs.String("log-format", "auto", "auto (readable on a terminal, JSON otherwise), json or console")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if _, err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	mode, err := api.ParseMode(*socketMode)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if *threshold < 0 || *threshold > 1 {
+		return fmt.Errorf("%w: --alert-threshold=%v: want a fraction between 0 and 1", errUsage, *threshold)
+	}
+	log, err := newLogger(env.Stderr, *logFormat, *logLevel)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	runtimeDirs := discovery.RuntimeDirs(env.getenv, dirs)
+	sock := *socket
+	if sock == "" {
+		sock = filepath.Join(runtimeDirs[0], api.DefaultSocketName)
+		if err := os.MkdirAll(runtimeDirs[0], 0o700); err != nil {
+			return fmt.Errorf("runtime dir %s: %w", runtimeDirs[0], err)
+		}
+	}
+	d, err := daemon.New(daemon.Config{
+		RuntimeDirs:        runtimeDirs,
+		Interval:           *interval,
+		Reclaim:            *reclaim,
+		ReclaimGrace:       *grace,
+		ReclaimAllUsers:    *allUsers,
+		SocketPath:         sock,
+		SocketMode:         mode,
+		MetricsAddr:        *listen,
+		MetricsAllowRemote: *allowRemote,
+		AlertThreshold:     *threshold,
+		NotebookAlerts:     !*noNotebookAlerts,
+		InjectMagics:       !*noInject,
+		FakeGPUFile:        env.getenv("GPUMEM_FAKE_GPU"),
+		ProcRoot:           env.ProcRoot,
+	}, log)
+	if err != nil {
+		return err
+	}
+	return d.Run(ctx)
+}
+
+func newLogger(w io.Writer, format, level string) (zerolog.Logger, error) {
+	lvl, err := zerolog.ParseLevel(level)
+	if err != nil || level == "" {
+		return zerolog.Logger{}, fmt.Errorf("--log-level=%q: want debug, info, warn or error", level)
+	}
+	switch format {
+	case "auto":
+		if f, ok := w.(*os.File); ok && isatty.IsTerminal(f.Fd()) {
+			w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
+		}
+	case "console":
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly, NoColor: true}
+	case "json":
+	default:
+		return zerolog.Logger{}, fmt.Errorf("--log-format=%q: want auto, json or console", format)
+	}
+	return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), nil
+}

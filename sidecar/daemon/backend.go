@@ -1,0 +1,117 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/gpumem/gpumem/magics"
+	"github.com/gpumem/gpumem/protocol"
+	"github.com/gpumem/gpumem/sidecar/api"
+	"github.com/gpumem/gpumem/sidecar/attribution"
+	"github.com/gpumem/gpumem/sidecar/metrics"
+)
+
+// Snapshot implements metrics.Source.
+func (d *Daemon) Snapshot() metrics.Snapshot {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.last
+}
+
+// Report implements api.Backend: the last sample's report.
+func (d *Daemon) Report(ctx context.Context) (attribution.Report, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.last.SampledAt.IsZero() {
+		return attribution.Report{}, fmt.Errorf("no sample yet: the daemon started less than --interval ago")
+	}
+	return d.last.Report, nil
+}
+
+// KernelOfPID implements api.Backend: the kernel whose live process tree
+// holds pid.
+func (d *Daemon) KernelOfPID(ctx context.Context, pid int) (string, uint32, bool) {
+	table, err := d.fs.ScanTree([]int{pid})
+	if err != nil {
+		return "", 0, false
+	}
+	caller, ok := table.Get(pid)
+	if !ok {
+		return "", 0, false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, ks := range d.kernels {
+		if ks.cur.isZero() {
+			continue
+		}
+		for _, p := range table.KernelProcesses(ks.cur.PID, ks.cur.Start) {
+			if p.PID == caller.PID && p.StartTime == caller.StartTime {
+				return ks.id, ks.uid, true
+			}
+		}
+	}
+	return "", 0, false
+}
+
+// Free implements api.Backend: a free run in the kernel after its current
+// cell; cache-only unless req names variables or All. The report carries the
+// driver's figure for the kernel before and after.
+func (d *Daemon) Free(ctx context.Context, kernelID string, req api.FreeRequest) (json.RawMessage, error) {
+	d.mu.Lock()
+	var ks *kernelStateRef
+	for _, k := range d.kernels {
+		if k.id == kernelID {
+			ks = &kernelStateRef{k.client, k.cur}
+			break
+		}
+	}
+	d.mu.Unlock()
+	if ks == nil {
+		return nil, fmt.Errorf("kernel %s: %w", kernelID, api.ErrKernelNotFound)
+	}
+	if ks.client == nil {
+		return nil, fmt.Errorf("kernel %s is not attached yet (starting, or not answering); try again", kernelID)
+	}
+	before := d.kernelDriverBytes(ctx, ks.cur)
+	rep, err := magics.FreeCache(ctx, ks.client, magics.FreeOptions{Vars: req.Vars, All: req.All})
+	if err != nil {
+		return nil, err
+	}
+	after := d.kernelDriverBytes(ctx, ks.cur)
+	if before != nil && after != nil {
+		rep.Driver = &magics.DriverDelta{Before: *before, After: *after}
+	}
+	return json.Marshal(rep)
+}
+
+type kernelStateRef struct {
+	client *protocol.Client
+	cur    procID
+}
+
+// kernelDriverBytes is NVML's figure for the kernel's process tree now.
+func (d *Daemon) kernelDriverBytes(ctx context.Context, cur procID) *uint64 {
+	if cur.isZero() {
+		return nil
+	}
+	snap, err := d.gpus.Sample(ctx)
+	if err != nil || len(snap.Devices) == 0 {
+		return nil
+	}
+	held := gpuBytesByPID(snap)
+	details := make([]int, 0, len(held))
+	for pid := range held {
+		details = append(details, pid)
+	}
+	table, err := d.fs.ScanTree(details)
+	if err != nil {
+		return nil
+	}
+	var total uint64
+	for _, p := range table.KernelProcesses(cur.PID, cur.Start) {
+		total += held[p.PID]
+	}
+	return &total
+}

@@ -1,0 +1,259 @@
+// Package daemon is `gpumem serve`: it watches the Jupyter runtime dirs,
+// attaches to every kernel as a second client, injects the %gpumem magics
+// once per kernel process, samples GPU memory per process every interval,
+// remembers every process seen in each kernel's tree, and when a kernel
+// process restarts or shuts down ends the processes of its old tree that
+// still hold GPU memory. It serves the local API (sidecar/api) and
+// Prometheus metrics (sidecar/metrics).
+//
+// It talks to a kernel only on attach and on demand (each request shows the
+// kernel busy and resets Jupyter's idle-cull clock); liveness comes from the
+// heartbeat and /proc.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/gpumem/gpumem/nvml"
+	"github.com/gpumem/gpumem/sidecar/api"
+	"github.com/gpumem/gpumem/sidecar/discovery"
+	"github.com/gpumem/gpumem/sidecar/metrics"
+	"github.com/gpumem/gpumem/sidecar/procs"
+)
+
+// Config is `gpumem serve`'s flags.
+type Config struct {
+	RuntimeDirs []string // the first holds the socket by default
+	Interval    time.Duration
+	Rescan      time.Duration // safety-net rescan of the runtime dirs
+
+	Reclaim         bool
+	ReclaimGrace    time.Duration
+	ReclaimAllUsers bool
+
+	SocketPath string
+	SocketMode api.Mode
+
+	MetricsAddr        string // "" = no metrics listener
+	MetricsAllowRemote bool
+
+	AlertThreshold float64 // fraction of a GPU's memory; <= 0 disables
+	NotebookAlerts bool
+
+	InjectMagics bool
+
+	FakeGPUFile string // GPUMEM_FAKE_GPU
+	ProcRoot    string // "" = /proc
+	NVMLLibrary nvml.Options
+}
+
+func (c *Config) defaults() {
+	if c.Interval <= 0 {
+		c.Interval = time.Second
+	}
+	if c.Rescan <= 0 {
+		c.Rescan = 5 * time.Second
+	}
+	if c.ReclaimGrace <= 0 {
+		c.ReclaimGrace = 5 * time.Second
+	}
+	if c.ProcRoot == "" {
+		c.ProcRoot = "/proc"
+	}
+}
+
+// Daemon is one `gpumem serve`.
+type Daemon struct {
+	cfg     Config
+	log     zerolog.Logger
+	selfUID uint32
+	gpus    *nvml.Source
+	fs      *procs.FS
+	finder  *discovery.ProcFinder
+	metrics *metrics.Metrics
+	socket  string
+
+	mu       sync.Mutex
+	kernels  map[string]*kernelState // by connection file
+	last     metrics.Snapshot
+	lastSnap nvml.Snapshot
+	alerted  map[int]bool // GPU index → alert raised
+
+	wg sync.WaitGroup // kernel and reclaim goroutines
+}
+
+// New checks cfg and prepares a Daemon; Run starts it.
+func New(cfg Config, log zerolog.Logger) (*Daemon, error) {
+	cfg.defaults()
+	if len(cfg.RuntimeDirs) == 0 {
+		return nil, errors.New("no runtime dir to watch")
+	}
+	if cfg.ReclaimAllUsers && os.Geteuid() != 0 {
+		return nil, errors.New("--reclaim-all-users needs root: only root may end other users' processes")
+	}
+	d := &Daemon{
+		cfg:     cfg,
+		log:     log,
+		selfUID: uint32(os.Geteuid()),
+		fs:      &procs.FS{Root: cfg.ProcRoot},
+		finder:  discovery.NewProcFinder(cfg.ProcRoot),
+		kernels: map[string]*kernelState{},
+		alerted: map[int]bool{},
+		socket:  cfg.SocketPath,
+	}
+	d.metrics = metrics.New(d, log)
+	return d, nil
+}
+
+// Run serves until ctx ends, then detaches from every kernel (leaving them
+// untouched) and returns after all its goroutines have.
+func (d *Daemon) Run(ctx context.Context) error {
+	// The socket first: a second daemon for this runtime dir stops here,
+	// before it touches any kernel.
+	ln, err := api.Listen(ctx, d.socket, d.cfg.SocketMode)
+	if err != nil {
+		return err
+	}
+	gpus, err := nvml.Open(nvml.Options{FakeGPUFile: d.cfg.FakeGPUFile, Library: d.cfg.NVMLLibrary.Library})
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	d.gpus = gpus
+	defer gpus.Close()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var parts sync.WaitGroup
+	errc := make(chan error, 3)
+	srv := api.NewServer(d, api.Options{Logger: d.log})
+	parts.Add(1)
+	go func() {
+		defer parts.Done()
+		if err := srv.Serve(ctx, ln); err != nil {
+			errc <- fmt.Errorf("local API: %w", err)
+		}
+	}()
+	if d.cfg.MetricsAddr != "" {
+		ms, err := metrics.Listen(ctx, d.cfg.MetricsAddr, d.cfg.MetricsAllowRemote, d.metrics.Handler(), d.log)
+		if err != nil {
+			cancel()
+			parts.Wait()
+			return err
+		}
+		d.log.Info().Str("addr", ms.Addr().String()).Msg("serving metrics")
+		parts.Add(1)
+		go func() {
+			defer parts.Done()
+			if err := ms.Serve(ctx); err != nil {
+				errc <- fmt.Errorf("metrics: %w", err)
+			}
+		}()
+	}
+	w := newDirWatcher(d.cfg.RuntimeDirs, d.cfg.Rescan)
+	parts.Add(1)
+	go func() { defer parts.Done(); _ = w.Run(ctx) }()
+
+	d.log.Info().Strs("runtime_dirs", d.cfg.RuntimeDirs).Str("socket", d.socket).
+		Dur("interval", d.cfg.Interval).Bool("reclaim", d.cfg.Reclaim).Msg("gpumem serve started")
+
+	ticker := time.NewTicker(d.cfg.Interval)
+	defer ticker.Stop()
+	var runErr error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case err := <-errc:
+			runErr = err
+			break loop
+		case <-w.C():
+			d.scan(ctx)
+		case <-ticker.C:
+			d.sample(ctx)
+		}
+	}
+	cancel()
+	d.wg.Wait() // kernel goroutines close their clients: detached, kernels untouched
+	parts.Wait()
+	d.log.Info().Msg("gpumem serve stopped; kernels left untouched")
+	return runErr
+}
+
+// scan reconciles the kernels we know with the runtime dirs.
+func (d *Daemon) scan(ctx context.Context) {
+	res := discovery.Discover(ctx, discovery.Options{RuntimeDirs: d.cfg.RuntimeDirs, Procs: d.finder})
+	for _, p := range res.Problems {
+		d.log.Debug().Err(p).Msg("discovery")
+	}
+	present := map[string]discovery.Kernel{}
+	for _, k := range res.Kernels {
+		present[k.ConnectionFile] = k
+	}
+	d.mu.Lock()
+	var gone []*kernelState
+	for file, ks := range d.kernels {
+		if _, ok := present[file]; !ok {
+			gone = append(gone, ks)
+			delete(d.kernels, file)
+		}
+	}
+	for file, k := range present {
+		ks, ok := d.kernels[file]
+		if !ok {
+			ks = newKernelState(k)
+			d.kernels[file] = ks
+			kctx, kcancel := context.WithCancel(ctx)
+			ks.cancel = kcancel
+			d.wg.Add(1)
+			go func() { defer d.wg.Done(); d.runKernel(kctx, ks) }()
+		}
+		ks.notebook, ks.serverURL = k.Notebook, k.ServerURL
+		if k.PID > 0 {
+			d.setKernelProcessLocked(ks, procID{k.PID, k.PIDStart})
+		}
+	}
+	d.mu.Unlock()
+	for _, ks := range gone {
+		d.kernelGone(ctx, ks)
+	}
+	if len(gone) > 0 {
+		d.sample(ctx)
+	}
+}
+
+// kernelGone handles a deleted connection file: the kernel was shut down.
+func (d *Daemon) kernelGone(ctx context.Context, ks *kernelState) {
+	ks.cancel()
+	d.mu.Lock()
+	recorded := ks.takeRecordedLocked()
+	notebook := ks.notebook
+	d.mu.Unlock()
+	d.log.Info().Str("kernel_id", ks.id).Str("notebook", notebook).Msg("kernel shut down (connection file removed)")
+	// If the kernel process outlived its file, its tree is still its own:
+	// the policy keeps every live kernel's tree, this one's included.
+	d.startReclaim(ctx, ks, recorded, "shutdown")
+}
+
+// setKernelProcessLocked records that ks is now served by process id. A new
+// identity while the old process still lives is ignored until /proc says the
+// old one is gone (sample handles the transition).
+func (d *Daemon) setKernelProcessLocked(ks *kernelState, id procID) {
+	if ks.cur == id {
+		return
+	}
+	if !ks.cur.isZero() {
+		return // sample() retires the old process first, reclaiming its tree
+	}
+	ks.cur = id
+	ks.recorded = map[procID]recordedProc{}
+	d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Int("pid", id.PID).Msg("kernel process")
+}

@@ -1,0 +1,79 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+)
+
+// startReclaim ends, in the background, the processes recorded in a dead
+// kernel process's tree that are still alive and hold GPU memory (see
+// reclaimPolicy). why is "restart" or "shutdown", for the log.
+func (d *Daemon) startReclaim(ctx context.Context, ks *kernelState, recorded map[procID]recordedProc, why string) {
+	if len(recorded) == 0 {
+		return
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.reclaim(ctx, ks, recorded, why)
+	}()
+}
+
+func (d *Daemon) reclaim(ctx context.Context, ks *kernelState, recorded map[procID]recordedProc, why string) {
+	// Fresh figures: act only on what holds GPU memory now.
+	snap, err := d.gpus.Sample(ctx)
+	if err != nil {
+		d.log.Warn().Err(err).Str("kernel_id", ks.id).Msg("reclaim: sampling GPUs failed; nothing done")
+		return
+	}
+	held := gpuBytesByPID(snap)
+	details := make([]int, 0, len(recorded))
+	for id := range recorded {
+		details = append(details, id.PID)
+	}
+	table, err := d.fs.ScanTree(details)
+	if err != nil {
+		d.log.Warn().Err(err).Str("kernel_id", ks.id).Msg("reclaim: reading /proc failed; nothing done")
+		return
+	}
+	d.mu.Lock()
+	keep := d.liveKernelTreesLocked(table)
+	notebook := ks.notebook
+	d.mu.Unlock()
+	policy := reclaimPolicy{
+		selfUID:  d.selfUID,
+		allUsers: d.cfg.ReclaimAllUsers && d.selfUID == 0,
+		keep:     keep,
+		gpuHolder: func(pid int) (uint64, bool) {
+			b, ok := held[pid]
+			return b, ok
+		},
+	}
+	for _, dec := range policy.decide(recorded, table) {
+		log := d.log.With().Str("kernel_id", ks.id).Str("notebook", notebook).Int("pid", dec.ID.PID).
+			Str("argv", dec.Argv).Uint64("bytes", dec.Bytes).Str("after", why).Logger()
+		if !dec.Kill {
+			log.Info().Str("reason", dec.Reason).Msg("orphan holds GPU memory; left alone")
+			continue
+		}
+		if !d.cfg.Reclaim {
+			log.Warn().Msg("orphan holds GPU memory; would end it (--reclaim=false)")
+			continue
+		}
+		log.Warn().Dur("grace", d.cfg.ReclaimGrace).Msg("ending orphan that holds GPU memory (SIGTERM)")
+		killed, err := terminate(ctx, d.cfg.ProcRoot, dec.ID, d.cfg.ReclaimGrace)
+		switch {
+		case errors.Is(err, errStale):
+			log.Info().Msg("pid was reused by another process; left alone")
+		case err != nil:
+			log.Warn().Err(err).Msg("could not end orphan")
+		default:
+			d.metrics.AddReclaimed(1, dec.Bytes)
+			if killed {
+				log.Warn().Msg("orphan ignored SIGTERM; killed (SIGKILL)")
+			} else {
+				log.Info().Msg("orphan ended")
+			}
+		}
+	}
+}

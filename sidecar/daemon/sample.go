@@ -1,0 +1,228 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/gpumem/gpumem/nvml"
+	"github.com/gpumem/gpumem/sidecar/attribution"
+	"github.com/gpumem/gpumem/sidecar/metrics"
+	"github.com/gpumem/gpumem/sidecar/procs"
+)
+
+// gpuBytesByPID sums each process's memory over all GPUs of snap. A process
+// listed with unknown memory holds some: it counts, with 0 bytes.
+func gpuBytesByPID(snap nvml.Snapshot) map[int]uint64 {
+	out := map[int]uint64{}
+	for _, dev := range snap.Devices {
+		for _, p := range dev.Processes {
+			b := out[p.PID]
+			if p.UsedKnown {
+				b += p.UsedBytes
+			}
+			out[p.PID] = b
+		}
+	}
+	return out
+}
+
+// sample reads NVML and /proc once: it records each live kernel's tree,
+// retires kernel processes that have exited (reclaiming their trees),
+// rebuilds the report, and raises alerts.
+func (d *Daemon) sample(ctx context.Context) {
+	start := time.Now()
+	snap, err := d.gpus.Sample(ctx)
+	if err != nil {
+		d.log.Warn().Err(err).Msg("sampling GPUs failed")
+		d.mu.Lock()
+		d.last.SampleSuccess = false
+		d.mu.Unlock()
+		return
+	}
+	details := []int{}
+	for pid := range gpuBytesByPID(snap) {
+		details = append(details, pid)
+	}
+	d.mu.Lock()
+	for _, ks := range d.kernels {
+		if !ks.cur.isZero() {
+			details = append(details, ks.cur.PID)
+		}
+	}
+	d.mu.Unlock()
+	table, err := d.fs.ScanTree(details)
+	if err != nil {
+		d.log.Warn().Err(err).Msg("reading /proc failed")
+		return
+	}
+
+	type job struct {
+		ks       *kernelState
+		recorded map[procID]recordedProc
+	}
+	var jobs []job
+	var unknown []*kernelState
+	d.mu.Lock()
+	kernels := make([]attribution.Kernel, 0, len(d.kernels))
+	for _, ks := range d.kernels {
+		if !ks.cur.isZero() {
+			kp, alive := table.Lookup(ks.cur.PID, ks.cur.Start)
+			if !alive {
+				d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Int("pid", ks.cur.PID).
+					Msg("kernel process exited")
+				jobs = append(jobs, job{ks, ks.takeRecordedLocked()})
+				ks.cur = procID{}
+				ks.injected = ""
+			} else {
+				if kp.Detailed {
+					ks.uid = kp.UID
+				}
+				for _, p := range table.KernelProcesses(ks.cur.PID, ks.cur.Start) {
+					id := procID{p.PID, p.StartTime}
+					if id == ks.cur {
+						continue
+					}
+					rec := ks.recorded[id]
+					if p.Detailed {
+						rec = recordedProc{UID: p.UID, Argv: shortArgv(p.Argv)}
+					}
+					ks.recorded[id] = rec
+				}
+			}
+		}
+		if ks.cur.isZero() {
+			unknown = append(unknown, ks)
+		}
+		kernels = append(kernels, attribution.Kernel{ID: ks.id, Notebook: ks.notebook, PID: ks.cur.PID, StartTime: ks.cur.Start})
+	}
+	d.mu.Unlock()
+
+	for _, j := range jobs {
+		d.startReclaim(ctx, j.ks, j.recorded, "restart")
+	}
+	if len(unknown) > 0 {
+		d.resolveKernelProcesses(unknown)
+	}
+
+	rep := attribution.Attribute(snap, table, kernels)
+	rep.Warnings = append(rep.Warnings, snap.Warnings...)
+	elapsed := time.Since(start)
+	d.mu.Lock()
+	attached := 0
+	for _, ks := range d.kernels {
+		if ks.client != nil {
+			attached++
+		}
+	}
+	d.last = metrics.Snapshot{Report: rep, AttachedKernels: attached, SampleDuration: elapsed,
+		SampleSuccess: true, SampledAt: time.Now(), AlertThreshold: d.cfg.AlertThreshold}
+	d.lastSnap = snap
+	d.mu.Unlock()
+	d.checkAlerts(rep)
+}
+
+// resolveKernelProcesses finds the process of kernels whose process is not
+// known (new, or restarted): the owner of the shell port.
+func (d *Daemon) resolveKernelProcesses(kss []*kernelState) {
+	var ports []int
+	d.mu.Lock()
+	portOf := map[*kernelState]int{}
+	for _, ks := range kss {
+		if ks.client != nil {
+			info := ks.client.Info()
+			if info.Transport == "tcp" {
+				ports = append(ports, info.ShellPort)
+				portOf[ks] = info.ShellPort
+			}
+		}
+	}
+	d.mu.Unlock()
+	if len(ports) == 0 {
+		return
+	}
+	owners, err := d.finder.PortOwners(ports)
+	if err != nil {
+		d.log.Debug().Err(err).Msg("resolving kernel processes")
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for ks, port := range portOf {
+		if o, ok := owners[port]; ok {
+			d.setKernelProcessLocked(ks, procID{o.PID, o.Start})
+		}
+	}
+}
+
+// checkAlerts logs once when a GPU crosses the alert threshold, and again
+// when it falls back below it.
+func (d *Daemon) checkAlerts(rep attribution.Report) {
+	if d.cfg.AlertThreshold <= 0 {
+		return
+	}
+	for _, g := range rep.GPUs {
+		over := metrics.OverThreshold(g, d.cfg.AlertThreshold)
+		d.mu.Lock()
+		was := d.alerted[g.Index]
+		d.alerted[g.Index] = over
+		d.mu.Unlock()
+		if over && !was {
+			d.log.Warn().Int("gpu", g.Index).Uint64("used_bytes", g.MemoryUsedBytes).
+				Uint64("total_bytes", g.MemoryTotalBytes).Str("biggest", biggestHolders(rep, g.Index, 3)).
+				Msg("GPU memory over the alert threshold")
+		} else if !over && was {
+			d.log.Info().Int("gpu", g.Index).Msg("GPU memory back under the alert threshold")
+		}
+	}
+}
+
+// biggestHolders names the n notebooks or processes holding the most on gpu.
+func biggestHolders(rep attribution.Report, gpu, n int) string {
+	type holder struct {
+		name  string
+		bytes uint64
+	}
+	var hs []holder
+	for _, nb := range rep.Notebooks {
+		for _, pg := range nb.PerGPU {
+			if pg.Index == gpu && pg.Bytes > 0 {
+				name := nb.Notebook
+				if name == "" {
+					name = "kernel " + nb.KernelID
+				}
+				hs = append(hs, holder{name, pg.Bytes})
+			}
+		}
+	}
+	for _, o := range rep.Other {
+		for _, pg := range o.PerGPU {
+			if pg.Index == gpu && pg.Bytes > 0 {
+				hs = append(hs, holder{fmt.Sprintf("pid %d (%s)", o.PID, o.User), pg.Bytes})
+			}
+		}
+	}
+	sort.Slice(hs, func(i, j int) bool { return hs[i].bytes > hs[j].bytes })
+	var parts []string
+	for i := 0; i < len(hs) && i < n; i++ {
+		parts = append(parts, fmt.Sprintf("%s %.1f GiB", hs[i].name, float64(hs[i].bytes)/(1<<30)))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// liveKernelTrees is every process in the tree of a live kernel process we
+// know: never reclaimed.
+func (d *Daemon) liveKernelTreesLocked(table *procs.Table) map[procID]bool {
+	keep := map[procID]bool{}
+	for _, ks := range d.kernels {
+		if ks.cur.isZero() {
+			continue
+		}
+		for _, p := range table.KernelProcesses(ks.cur.PID, ks.cur.Start) {
+			keep[procID{p.PID, p.StartTime}] = true
+		}
+	}
+	return keep
+}
