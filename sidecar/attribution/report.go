@@ -30,6 +30,9 @@ type GPU struct {
 type GPUBytes struct {
 	Index int    `json:"index"`
 	Bytes uint64 `json:"bytes"`
+	// BytesUnknown: NVML could not say how much at least one of the
+	// processes holds (it reports max uint64); Bytes counts those as 0.
+	BytesUnknown bool `json:"bytes_unknown,omitempty"`
 }
 
 // Notebook is one kernel and the GPU memory its processes hold.

@@ -136,12 +136,12 @@ func (t *Table) KernelProcesses(kernelPID int, kernelStart uint64) []Proc {
 	if alive && kernelStart != 0 && t.procs[kernel].StartTime != kernelStart {
 		return nil
 	}
-	in := make(map[int]bool)
-	var queue []int
+	in := make([]bool, len(t.procs))
+	var found []int // indexes, in visiting order
 	add := func(i int) {
 		if !in[i] {
 			in[i] = true
-			queue = append(queue, i)
+			found = append(found, i)
 		}
 	}
 	if alive {
@@ -156,17 +156,12 @@ func (t *Table) KernelProcesses(kernelPID int, kernelStart uint64) []Proc {
 			}
 		}
 	}
-	for len(queue) > 0 {
-		i := queue[0]
-		queue = queue[1:]
-		for _, c := range t.children[t.procs[i].PID] {
+	for next := 0; next < len(found); next++ { // breadth-first over children
+		for _, c := range t.children[t.procs[found[next]].PID] {
 			add(c)
 		}
 	}
-	idx := make([]int, 0, len(in))
-	for i := range in {
-		idx = append(idx, i)
-	}
+	idx := found
 	slices.Sort(idx) // procs is sorted by PID, so indexes sort the same way
 	return t.collect(idx)
 }
