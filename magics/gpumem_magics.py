@@ -302,13 +302,16 @@ def _render_vars(data):
         text += _pad(trows, header)
         body = _html_table(header, hrows, numeric=(3,))
     foot = []
+    more = data.get("more")
+    if more:
+        foot.append("... and %d more variables holding %s (not shown; total below counts them)"
+                    % (more["rows"], fmt_bytes(more["bytes"])))
     total = data.get("total_bytes", 0)
-    nvars = sum(1 for r in rows if not r.get("hidden"))
-    foot.append(
-        "total: %s in %d variable%s%s (shared storage counted once)"
-        % (fmt_bytes(total), nvars, "" if nvars == 1 else "s",
-           ", plus IPython's hidden references" if any(r.get("hidden") for r in rows) else "")
-    )
+    nvars = data.get("variables", sum(1 for r in rows if not r.get("hidden")))
+    holders = "%d variable%s" % (nvars, "" if nvars == 1 else "s")
+    if any(r.get("hidden") for r in rows):
+        holders = (holders + " and " if nvars else "") + "IPython's hidden references"
+    foot.append("total: %s held by %s (shared storage counted once)" % (fmt_bytes(total), holders))
     foot += data.get("notes", [])
     text += [""] + foot
     body += _html_lines(foot, "dim")
@@ -818,7 +821,7 @@ def _tensor_storages(t, out):
             key = ("id", id(t))
         if n:
             out.append((key, n, devs))
-        if t.is_leaf and t.requires_grad:
+        if t.requires_grad and t.is_leaf:
             g = t.grad
             if g is not None:
                 _tensor_storages(g, out)
@@ -1169,9 +1172,18 @@ def _advice(data):
     return None
 
 
+_VARS_ROWS = 100  # rows shown; a notebook with thousands of tensors gets a summary line
+
+
 def vars_data(all_devices=False):
     rows, total = scan_vars(all_devices)
-    data = {"kind": "vars", "schema": SCHEMA, "all_devices": bool(all_devices), "rows": rows, "total_bytes": total}
+    user = [r for r in rows if not r.get("hidden")]
+    hidden = [r for r in rows if r.get("hidden")]
+    data = {"kind": "vars", "schema": SCHEMA, "all_devices": bool(all_devices), "rows": user[:_VARS_ROWS] + hidden,
+            "total_bytes": total, "variables": len(user)}
+    if len(user) > _VARS_ROWS:
+        cut = user[_VARS_ROWS:]
+        data["more"] = {"rows": len(cut), "bytes": sum(r["bytes"] for r in cut)}
     if not any(_mod(m) for m in ("torch", "cupy", "jax")):
         data["notes"] = ["No PyTorch, CuPy or JAX is loaded in this kernel."]
     return data

@@ -180,3 +180,5 @@ print(json.dumps(out))`
 	}
 	return protocol.ExecuteReply{Status: "ok", UserExpressions: ue}, nil
 }
+
+func jsonUnmarshal(b []byte, out any) error { return json.Unmarshal(b, out) }
