@@ -520,7 +520,7 @@ func (c *Client) readIOPub(g *generation) {
 			c.decodeErrors.Add(1)
 			continue
 		}
-		if state, ok := executionState(msg.Content); ok {
+		if state, ok := executionState(msg.Content); ok && c.shellStatus(msg.Parent) {
 			c.execState.Store(&state)
 		}
 		if !narrowed {
@@ -535,6 +535,19 @@ func (c *Client) readIOPub(g *generation) {
 			}
 		}
 	}
+}
+
+// shellStatus reports whether a status message with this parent tells
+// whether the kernel runs a cell. ipykernel publishes busy/idle around
+// control requests too, answered while a cell runs: those are ignored.
+func (c *Client) shellStatus(parent Header) bool {
+	switch parent.MsgType {
+	case "usage_request", "interrupt_request", "shutdown_request", "debug_request":
+		return false
+	case "kernel_info_request":
+		return parent.Session != c.opts.Session // ours go on control
+	}
+	return true
 }
 
 func isStatusTopic(t []byte) bool {
@@ -710,9 +723,11 @@ func (c *Client) Info() ConnectionInfo {
 	return c.info
 }
 
-// ExecutionState returns the kernel's last published execution_state
-// ("busy", "idle", "starting"), or "" when none was seen since the latest
-// attach (a status published before our subscription took effect is lost).
+// ExecutionState returns the kernel's last published execution_state for
+// its shell ("busy" while a cell runs, "idle", "starting"), or "" when none
+// was seen since the latest attach (a status published before our
+// subscription took effect is lost). Statuses around control requests, which
+// are answered while a cell runs, are ignored.
 func (c *Client) ExecutionState() string {
 	if s := c.execState.Load(); s != nil {
 		return *s

@@ -186,7 +186,7 @@ func TestKernel(t *testing.T) {
 		// Once the status topic is learned, user output never reaches us.
 		testenv.Poll(t, 10*time.Second, "an iopub status", func() bool {
 			if c.ExecutionState() == "" {
-				_, _ = c.KernelInfo(ctxFor(t, time.Second))
+				mustExecute(t, c, "pass", ExecuteOptions{})
 				return false
 			}
 			return true
