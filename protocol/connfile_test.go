@@ -36,7 +36,9 @@ func TestParseConnectionInfo(t *testing.T) {
 		check func(ConnectionInfo) bool
 	}{
 		{"empty key is unsigned", `{"ip":"127.0.0.1","key":"","shell_port":1,"iopub_port":2,"control_port":3,"hb_port":4}`,
-			func(ci ConnectionInfo) bool { return ci.Key == "" && ci.Transport == "tcp" && ci.SignatureScheme == "hmac-sha256" }},
+			func(ci ConnectionInfo) bool {
+				return ci.Key == "" && ci.Transport == "tcp" && ci.SignatureScheme == "hmac-sha256"
+			}},
 		{"no stdin port", `{"ip":"127.0.0.1","shell_port":1,"iopub_port":2,"control_port":3,"hb_port":4}`,
 			func(ci ConnectionInfo) bool { return ci.StdinPort == 0 }},
 		{"wildcard ip connects to loopback", `{"ip":"0.0.0.0","shell_port":1,"iopub_port":2,"control_port":3,"hb_port":4}`,

@@ -249,9 +249,9 @@ func TestHostileKernelGarbageReplies(t *testing.T) {
 		return [][][]byte{
 			{[]byte("garbage")},
 			{[]byte(Delimiter)},
-			{[]byte(Delimiter), []byte(sig), []byte(hdr), parent, []byte("{}")},                       // truncated
+			{[]byte(Delimiter), []byte(sig), []byte(hdr), parent, []byte("{}")},                                   // truncated
 			{[]byte(Delimiter), []byte(strings.Repeat("0", 64)), []byte(hdr), parent, []byte("{}"), []byte("{}")}, // bad signature
-			{[]byte(Delimiter), nil, []byte(hdr), parent, []byte("{}"), []byte("{}")},                 // unsigned
+			{[]byte(Delimiter), nil, []byte(hdr), parent, []byte("{}"), []byte("{}")},                             // unsigned
 			{[]byte(Delimiter), []byte(Sign(key, []byte("[]"), parent, []byte("{}"), []byte("{}"))), []byte("[]"), parent, []byte("{}"), []byte("{}")},
 		}
 	}
