@@ -159,11 +159,11 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 	return rep, nil
 }
 
-// writeLs renders a Report like nvidia-smi, but by notebook.
+// writeLs renders a Report like nvidia-smi, but by notebook: per GPU a
+// header, then its notebooks and other processes, biggest first.
 func writeLs(w io.Writer, rep attribution.Report) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	if len(rep.GPUs) == 0 {
-		fmt.Fprintln(tw, "No GPUs.")
+		fmt.Fprintln(w, "No GPUs.")
 	}
 	for _, g := range rep.GPUs {
 		sim := ""
@@ -174,44 +174,45 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 		if g.MemoryTotalBytes > 0 {
 			pct = 100 * float64(g.MemoryUsedBytes) / float64(g.MemoryTotalBytes)
 		}
-		fmt.Fprintf(tw, "GPU %d  %s%s  %s / %s used (%.0f%%)\n", g.Index, g.Name, sim,
+		fmt.Fprintf(w, "GPU %d  %s%s  %s / %s used (%.0f%%)\n", g.Index, g.Name, sim,
 			HumanBytes(g.MemoryUsedBytes), HumanBytes(g.MemoryTotalBytes), pct)
 		type row struct {
 			cols  string
 			bytes uint64
 		}
-		var rows []row
+		var rows, others []row
 		for _, nb := range rep.Notebooks {
-			b, ok := onGPU(nb.PerGPU, g.Index)
-			if !ok {
-				continue
-			}
-			rows = append(rows, row{fmt.Sprintf("  %s\t%s\t%s\t%s\t%s", orDash(nb.Notebook), shortID(nb.KernelID),
-				joinPIDs(nb.PIDs), orDash(nb.User), HumanBytes(b)), b})
-		}
-		sort.SliceStable(rows, func(i, j int) bool { return rows[i].bytes > rows[j].bytes })
-		if len(rows) > 0 {
-			fmt.Fprintln(tw, "  NOTEBOOK\tKERNEL\tPIDS\tUSER\tMEMORY")
-			for _, r := range rows {
-				fmt.Fprintln(tw, r.cols)
+			if b, ok := onGPU(nb.PerGPU, g.Index); ok {
+				name := nb.Notebook
+				if name == "" {
+					name = "(no notebook)"
+				}
+				rows = append(rows, row{fmt.Sprintf("  %s\t%s\t%s\t%s\t%s", name, shortID(nb.KernelID),
+					joinPIDs(nb.PIDs), orDash(nb.User), HumanBytes(b)), b})
 			}
 		}
-		var others []row
 		for _, o := range rep.Other {
-			b, ok := onGPU(o.PerGPU, g.Index)
-			if !ok {
-				continue
+			if b, ok := onGPU(o.PerGPU, g.Index); ok {
+				others = append(others, row{fmt.Sprintf("  other: %s\t-\t%d\t%s\t%s", truncate(o.Command, 60), o.PID,
+					orDash(o.User), HumanBytes(b)), b})
 			}
-			others = append(others, row{fmt.Sprintf("  %d\t%s\t%s\t%s", o.PID, orDash(o.User), truncate(o.Command, 60), HumanBytes(b)), b})
 		}
-		sort.SliceStable(others, func(i, j int) bool { return others[i].bytes > others[j].bytes })
-		if len(others) > 0 {
-			fmt.Fprintln(tw, "  OTHER PID\tUSER\tCOMMAND\tMEMORY")
-			for _, r := range others {
+		bySize := func(r []row) {
+			sort.SliceStable(r, func(i, j int) bool { return r[i].bytes > r[j].bytes })
+		}
+		bySize(rows)
+		bySize(others)
+		if len(rows)+len(others) > 0 {
+			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "  NOTEBOOK\tKERNEL\tPIDS\tUSER\tMEMORY")
+			for _, r := range append(rows, others...) {
 				fmt.Fprintln(tw, r.cols)
 			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
 		}
-		fmt.Fprintf(tw, "  notebooks %s, other %s, free %s\n\n", HumanBytes(g.NotebookBytes), HumanBytes(g.OtherBytes), HumanBytes(g.FreeBytes))
+		fmt.Fprintf(w, "  notebooks %s, other %s, free %s\n\n", HumanBytes(g.NotebookBytes), HumanBytes(g.OtherBytes), HumanBytes(g.FreeBytes))
 	}
 	var idle []string
 	for _, nb := range rep.Notebooks {
@@ -224,9 +225,9 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 		}
 	}
 	if len(idle) > 0 {
-		fmt.Fprintf(tw, "Kernels without GPU memory: %s\n", strings.Join(idle, ", "))
+		fmt.Fprintf(w, "Kernels without GPU memory: %s\n", strings.Join(idle, ", "))
 	}
-	return tw.Flush()
+	return nil
 }
 
 func onGPU(per []attribution.GPUBytes, index int) (uint64, bool) {

@@ -217,7 +217,9 @@ func (d *Daemon) scan(ctx context.Context) {
 			go func() { defer d.wg.Done(); d.runKernel(kctx, ks) }()
 		}
 		ks.notebook, ks.serverURL = k.Notebook, k.ServerURL
-		if k.PID > 0 {
+		// Only the owner of the shell port is trusted to be the kernel: argv
+		// also names frontends attached to it.
+		if k.PID > 0 && k.PIDFromPort {
 			d.setKernelProcessLocked(ks, procID{k.PID, k.PIDStart})
 		}
 	}

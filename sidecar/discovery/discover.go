@@ -25,6 +25,9 @@ type Kernel struct {
 	KernelName     string // kernelspec name, when known
 	PID            int    // 0 when no process could be found
 	PIDStart       uint64 // start time (clock ticks since boot) of PID
+	// PIDFromPort is true when PID owns the kernel's listening shell port
+	// (authoritative), false when it was inferred from argv.
+	PIDFromPort bool
 }
 
 // ProcessFinder resolves kernels' OS processes. The production
@@ -34,8 +37,10 @@ type ProcessFinder interface {
 	// time of the process that owns its socket; ports it cannot resolve are
 	// left out.
 	PortOwners(ports []int) (map[int]Owner, error)
-	// ArgvMentions maps each of names to the processes whose argv has an
-	// argument equal to it or ending in "/"+name.
+	// ArgvMentions maps each of names to the processes whose argv passes
+	// it as a kernel's connection file: "-f FILE", "--f=FILE" (what
+	// ipykernel_launcher and most kernelspecs use), or FILE alone (as
+	// IRkernel's); FILE equal to the name or ending in "/"+name.
 	ArgvMentions(names []string) (map[string][]Owner, error)
 }
 
@@ -43,6 +48,10 @@ type ProcessFinder interface {
 type Owner struct {
 	PID   int
 	Start uint64
+	// Flagged is true when the file came after -f (or as --f=FILE): a
+	// kernel's launch line, not a frontend naming the file (jupyter
+	// console --existing, a script).
+	Flagged bool
 }
 
 // Options configures Discover.
@@ -210,7 +219,7 @@ func resolvePIDs(pf ProcessFinder, kernels []Kernel) []error {
 	for i := range kernels {
 		k := &kernels[i]
 		if o, ok := owners[k.Connection.ShellPort]; ok && k.Connection.Transport == "tcp" {
-			k.PID, k.PIDStart = o.PID, o.Start
+			k.PID, k.PIDStart, k.PIDFromPort = o.PID, o.Start, true
 			continue
 		}
 		unresolved = append(unresolved, filepath.Base(k.ConnectionFile))
@@ -230,18 +239,36 @@ func resolvePIDs(pf ProcessFinder, kernels []Kernel) []error {
 		if k.PID != 0 {
 			continue
 		}
-		cands := mentions[filepath.Base(k.ConnectionFile)]
-		// A launcher (jupyter kernel, a wrapper script) names the file too; the
-		// kernel is the last of them started.
-		if len(cands) > 0 {
-			best := cands[0]
-			for _, c := range cands[1:] {
-				if c.Start > best.Start || (c.Start == best.Start && c.PID > best.PID) {
-					best = c
-				}
-			}
-			k.PID, k.PIDStart = best.PID, best.Start
+		if o, ok := pickKernel(mentions[filepath.Base(k.ConnectionFile)]); ok {
+			k.PID, k.PIDStart = o.PID, o.Start
 		}
 	}
 	return problems
+}
+
+// pickKernel chooses the kernel among processes naming its connection file.
+// Processes passing it with -f are kernels (or launchers of one: the kernel
+// is the last started); a file named bare is a kernel's only when no other
+// process names it, since frontends (jupyter console --existing, scripts)
+// name it bare too.
+func pickKernel(cands []Owner) (Owner, bool) {
+	var flagged []Owner
+	for _, c := range cands {
+		if c.Flagged {
+			flagged = append(flagged, c)
+		}
+	}
+	if len(flagged) == 0 {
+		if len(cands) == 1 {
+			return cands[0], true
+		}
+		return Owner{}, false
+	}
+	best := flagged[0]
+	for _, c := range flagged[1:] {
+		if c.Start > best.Start || (c.Start == best.Start && c.PID > best.PID) {
+			best = c
+		}
+	}
+	return best, true
 }

@@ -75,13 +75,16 @@ func (f *ProcFinder) ArgvMentions(names []string) (map[string][]Owner, error) {
 		return out, err
 	}
 	for _, p := range table.All() {
-		for _, arg := range p.Argv {
-			// "-f", "/x/kernel-1.json" or "--f=/x/kernel-1.json" or "kernel-1.json"
-			if i := strings.IndexByte(arg, '='); i >= 0 && strings.HasPrefix(arg, "-") {
-				arg = arg[i+1:]
+		for i, arg := range p.Argv {
+			flagged := i > 0 && (p.Argv[i-1] == "-f" || p.Argv[i-1] == "--f")
+			// --f=FILE, -f=FILE, --connection-file=FILE
+			if j := strings.IndexByte(arg, '='); j >= 0 && strings.HasPrefix(arg, "-") {
+				flag := arg[:j]
+				flagged = flag == "-f" || flag == "--f" || flag == "--connection-file"
+				arg = arg[j+1:]
 			}
 			if base := filepath.Base(arg); want[base] {
-				out[base] = append(out[base], Owner{PID: p.PID, Start: p.StartTime})
+				out[base] = append(out[base], Owner{PID: p.PID, Start: p.StartTime, Flagged: flagged})
 				break
 			}
 		}

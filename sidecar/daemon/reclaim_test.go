@@ -1,0 +1,167 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpumem/gpumem/sidecar/procs"
+)
+
+func TestReclaimPolicy(t *testing.T) {
+	table := procs.NewTable([]procs.Proc{
+		{PID: 100, PPID: 1, StartTime: 500, Detailed: true, UID: 1000, Argv: []string{"python", "worker.py"}},
+		{PID: 101, PPID: 1, StartTime: 900, Detailed: true, UID: 1000}, // pid 101 reused: recorded start 600
+		{PID: 102, PPID: 1, StartTime: 700, Detailed: true, UID: 1001}, // another user
+		{PID: 103, PPID: 1, StartTime: 710, Detailed: true, UID: 1000}, // holds no GPU memory
+		{PID: 104, PPID: 1, StartTime: 720, Detailed: true, UID: 1000}, // in a live kernel's tree
+	})
+	recorded := map[procID]recordedProc{
+		{100, 500}: {UID: 1000, Argv: "python worker.py"},
+		{101, 600}: {UID: 1000},
+		{102, 700}: {UID: 1001},
+		{103, 710}: {UID: 1000},
+		{104, 720}: {UID: 1000},
+		{105, 730}: {UID: 1000}, // exited
+	}
+	gpu := map[int]uint64{100: 1 << 30, 101: 1 << 30, 102: 2 << 30, 104: 3 << 30, 105: 1}
+	holder := func(pid int) (uint64, bool) { b, ok := gpu[pid]; return b, ok }
+
+	for _, tc := range []struct {
+		name     string
+		policy   reclaimPolicy
+		wantKill map[int]bool // pid → kill? (absent: not decided on at all)
+	}{
+		{
+			name:     "own user only",
+			policy:   reclaimPolicy{selfUID: 1000, keep: map[procID]bool{{104, 720}: true}, gpuHolder: holder},
+			wantKill: map[int]bool{100: true, 102: false, 104: false},
+		},
+		{
+			name:     "root with --reclaim-all-users",
+			policy:   reclaimPolicy{selfUID: 0, allUsers: true, keep: map[procID]bool{{104, 720}: true}, gpuHolder: holder},
+			wantKill: map[int]bool{100: true, 102: true, 104: false},
+		},
+		{
+			name:     "root without --reclaim-all-users touches no user's process",
+			policy:   reclaimPolicy{selfUID: 0, keep: map[procID]bool{}, gpuHolder: holder},
+			wantKill: map[int]bool{100: false, 102: false, 104: false},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := map[int]bool{}
+			for _, d := range tc.policy.decide(recorded, table) {
+				got[d.ID.PID] = d.Kill
+				if !d.Kill && d.Reason == "" {
+					t.Errorf("pid %d left alone without a reason", d.ID.PID)
+				}
+			}
+			if len(got) != len(tc.wantKill) {
+				t.Errorf("decided on %v, want %v", got, tc.wantKill)
+			}
+			for pid, want := range tc.wantKill {
+				if k, ok := got[pid]; !ok || k != want {
+					t.Errorf("pid %d: kill=%v (decided %v), want kill=%v", pid, k, ok, want)
+				}
+			}
+		})
+	}
+}
+
+// startSleeper starts a real process in a new session, as an orphan-prone
+// worker would be, and reaps it in the background.
+func startSleeper(t *testing.T, ignoreTERM bool) (*exec.Cmd, procID, <-chan struct{}) {
+	t.Helper()
+	script := "exec sleep 600"
+	if ignoreTERM {
+		script = "trap '' TERM; echo ready; while :; do sleep 1; done"
+	}
+	cmd := exec.Command("/bin/sh", "-c", script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if ignoreTERM {
+		buf := make([]byte, 6)
+		if _, err := out.Read(buf); err != nil { // the trap is set once it says so
+			t.Fatal(err)
+		}
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	})
+	table, err := (&procs.FS{}).ScanTree(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, ok := table.Get(cmd.Process.Pid)
+	if !ok {
+		t.Fatalf("started pid %d not in /proc", cmd.Process.Pid)
+	}
+	return cmd, procID{p.PID, p.StartTime}, done
+}
+
+func TestTerminate(t *testing.T) {
+	t.Run("SIGTERM ends it", func(t *testing.T) {
+		_, id, done := startSleeper(t, false)
+		killed, err := terminate(context.Background(), "/proc", id, 5*time.Second)
+		if err != nil || killed {
+			t.Fatalf("terminate = killed %v, %v; want ended by SIGTERM", killed, err)
+		}
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatal("process still running")
+		}
+	})
+	t.Run("SIGKILL after grace", func(t *testing.T) {
+		_, id, done := startSleeper(t, true)
+		start := time.Now()
+		killed, err := terminate(context.Background(), "/proc", id, 300*time.Millisecond)
+		if err != nil || !killed {
+			t.Fatalf("terminate = killed %v, %v; want SIGKILL", killed, err)
+		}
+		if el := time.Since(start); el < 300*time.Millisecond {
+			t.Errorf("SIGKILL after %v, before the grace", el)
+		}
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatal("process still running")
+		}
+	})
+	t.Run("reused pid is never signalled", func(t *testing.T) {
+		_, id, done := startSleeper(t, false)
+		stale := procID{id.PID, id.Start - 1} // what we recorded was an older process with this pid
+		_, err := terminate(context.Background(), "/proc", stale, time.Second)
+		if !errors.Is(err, errStale) {
+			t.Fatalf("terminate = %v, want errStale", err)
+		}
+		select {
+		case <-done:
+			t.Fatal("the process now holding the pid was ended")
+		default:
+		}
+		if err := syscall.Kill(id.PID, 0); err != nil {
+			t.Fatalf("process gone: %v", err)
+		}
+	})
+	t.Run("gone already", func(t *testing.T) {
+		cmd, id, done := startSleeper(t, false)
+		_ = cmd.Process.Kill()
+		<-done
+		if _, err := terminate(context.Background(), "/proc", id, time.Second); err != nil {
+			t.Fatalf("terminate of an exited process = %v", err)
+		}
+	})
+}
