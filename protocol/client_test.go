@@ -483,7 +483,16 @@ func TestKill9(t *testing.T) {
 // TestRestartThroughServer: a restart through the REST API is followed by
 // the client alone; shutdown (connection file deleted) stops it.
 func TestRestartThroughServer(t *testing.T) {
-	s := testenv.StartServer(t, testenv.JupyterServer)
+	for _, kind := range []testenv.ServerKind{testenv.JupyterServer, testenv.Notebook6} {
+		t.Run(string(kind), func(t *testing.T) {
+			t.Parallel()
+			testRestartThroughServer(t, kind)
+		})
+	}
+}
+
+func testRestartThroughServer(t *testing.T, kind testenv.ServerKind) {
+	s := testenv.StartServer(t, kind)
 	sess := s.CreateSession(t, "a/b.ipynb")
 	c := attach(t, s.ConnectionFile(sess.Kernel.ID), Options{})
 	waitEvent(t, c, EventConnected, time.Second)
@@ -515,11 +524,11 @@ func TestRestartThroughServer(t *testing.T) {
 	t.Logf("restart: pid %d → %d, session %s → %s", oldPID, newPID, oldSession, ev.Session)
 
 	// Shutting the kernel down deletes its connection file: the client stops.
-	req, err := s.Do(http.MethodDelete, "api/sessions/"+sess.ID, nil)
+	resp, err := s.Do(http.MethodDelete, "api/sessions/"+sess.ID, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Body.Close()
+	resp.Body.Close()
 	ev = waitEvent(t, c, EventClosed, 30*time.Second)
 	if !errors.Is(ev.Err, ErrConnectionFileDeleted) {
 		t.Fatalf("closed event %v: want ErrConnectionFileDeleted", ev)
@@ -529,6 +538,67 @@ func TestRestartThroughServer(t *testing.T) {
 	}
 	if c.Alive() {
 		t.Fatal("alive after shutdown")
+	}
+}
+
+// TestReconnectNewPorts: after a kernel dies, a new one is started from a
+// rewritten connection file with other ports; the client re-reads the file
+// and follows it.
+func TestReconnectNewPorts(t *testing.T) {
+	k := testenv.StartKernel(t, t.TempDir())
+	c := attach(t, k.ConnectionFile, Options{})
+	waitEvent(t, c, EventConnected, time.Second)
+	oldSession, oldShell := c.Session(), c.Info().ShellPort
+	if err := syscall.Kill(-k.Cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, c, EventDead, 3*time.Second)
+	testenv.ConnectionJSON(t, k.ConnectionFile, k.Key)
+	p := testenv.Start(t, testenv.Env(k.Dir), k.Dir, testenv.Python(), "-m", "ipykernel_launcher", "-f", k.ConnectionFile)
+	ev := waitEvent(t, c, EventRestarted, 30*time.Second)
+	if ev.Session == oldSession || c.Info().ShellPort == oldShell {
+		t.Fatalf("restarted %v: session %s → %s, shell port %d → %d", ev, oldSession, ev.Session, oldShell, c.Info().ShellPort)
+	}
+	if pid, err := c.Usage(ctxFor(t, 5*time.Second)); err != nil || pid != p.Cmd.Process.Pid {
+		t.Fatalf("usage: %d, %v; new kernel pid %d", pid, err, p.Cmd.Process.Pid)
+	}
+}
+
+// TestHeartbeatMissed: a stopped kernel (SIGSTOP) keeps its connections
+// open but answers nothing: the heartbeat notices, the client rebuilds its
+// sockets, and when the kernel continues it reports the same session.
+func TestHeartbeatMissed(t *testing.T) {
+	k := testenv.StartKernel(t, t.TempDir())
+	opts := Options{HeartbeatInterval: 100 * time.Millisecond, HeartbeatTimeout: 300 * time.Millisecond,
+		ConnectTimeout: time.Second, MaxBackoff: 200 * time.Millisecond}
+	c := attach(t, k.ConnectionFile, opts)
+	waitEvent(t, c, EventConnected, time.Second)
+	session := c.Session()
+	pgid := -k.Cmd.Process.Pid
+	if err := syscall.Kill(pgid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pgid, syscall.SIGCONT) })
+	start := time.Now()
+	ev := waitEvent(t, c, EventDisconnected, 3*time.Second)
+	if !errors.Is(ev.Err, ErrHeartbeatMissed) || c.Alive() {
+		t.Fatalf("disconnected %v, alive %v", ev, c.Alive())
+	}
+	t.Logf("heartbeat miss reported after %v", time.Since(start).Round(time.Millisecond))
+	// Attempts time out in the handshake (the stopped kernel accepts TCP
+	// but never greets); requests fail at their deadline meanwhile.
+	if _, err := c.KernelInfo(ctxFor(t, 500*time.Millisecond)); err == nil {
+		t.Fatal("request answered by a stopped kernel")
+	}
+	if err := syscall.Kill(pgid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	ev = waitEvent(t, c, EventReconnected, 15*time.Second)
+	if ev.Session != session || !c.Alive() {
+		t.Fatalf("reconnected %v (session was %s), alive %v", ev, session, c.Alive())
+	}
+	if _, err := c.KernelInfo(ctxFor(t, 5*time.Second)); err != nil {
+		t.Fatal(err)
 	}
 }
 
