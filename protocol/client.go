@@ -213,6 +213,9 @@ func dial(ctx context.Context, path string, info ConnectionInfo, opts Options) (
 	g, ki, err := c.connect(actx, info)
 	if err != nil {
 		cancel()
+		if isRefused(err) {
+			return nil, fmt.Errorf("attach to kernel %s: %w: nothing listens on the kernel's ports (is the kernel running?)", describe(path, info), err)
+		}
 		return nil, fmt.Errorf("attach to kernel %s: %w", describe(path, info), err)
 	}
 	c.publish(g, ki)
@@ -223,6 +226,9 @@ func dial(ctx context.Context, path string, info ConnectionInfo, opts Options) (
 }
 
 func describe(path string, info ConnectionInfo) string {
+	if path == "" {
+		path = info.Path
+	}
 	if path != "" {
 		return "(connection file " + path + ")"
 	}
@@ -328,6 +334,7 @@ func (c *Client) publish(g *generation, ki KernelInfo) {
 // retire unpublishes g and closes it.
 func (c *Client) retire(g *generation) {
 	c.alive.Store(false)
+	defer c.alive.Store(false) // again: g's heartbeat may have set it meanwhile
 	c.mu.Lock()
 	if c.gen == g {
 		c.gen = nil
@@ -336,7 +343,6 @@ func (c *Client) retire(g *generation) {
 	c.mu.Unlock()
 	c.execState.Store(nil)
 	g.close()
-	c.alive.Store(false)
 }
 
 // supervise owns the live generation: it waits for it to fail, then

@@ -621,3 +621,23 @@ func TestUnsignedKernel(t *testing.T) {
 		t.Fatalf("%+v", r)
 	}
 }
+
+// TestIPCKernel: transport ipc (unix sockets named <ip>-<port>).
+func TestIPCKernel(t *testing.T) {
+	testenv.Require(t, "ipykernel")
+	dir := t.TempDir()
+	cf := filepath.Join(dir, "runtime", "kernel-ipc.json")
+	if err := os.MkdirAll(filepath.Dir(cf), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	conn := fmt.Sprintf(`{"transport": "ipc", "ip": %q, "shell_port": 1, "iopub_port": 2, "stdin_port": 3,
+		"control_port": 4, "hb_port": 5, "key": "k", "signature_scheme": "hmac-sha256"}`, filepath.Join(dir, "runtime", "kernel-ipc"))
+	if err := os.WriteFile(cf, []byte(conn), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := testenv.Start(t, testenv.Env(dir), dir, testenv.Python(), "-m", "ipykernel_launcher", "-f", cf)
+	c := attach(t, cf, Options{})
+	if pid, err := c.Usage(ctxFor(t, 5*time.Second)); err != nil || pid != p.Cmd.Process.Pid {
+		t.Fatalf("usage over ipc: %d, %v", pid, err)
+	}
+}

@@ -6,6 +6,27 @@
 // user's frontend: shell and control DEALER sockets, an iopub SUB socket
 // filtered to the kernel's own status topic, and a heartbeat REQ socket.
 //
+// The parts, one file each:
+//   - connfile.go: ReadConnectionFile / ParseConnectionInfo, pure and strict.
+//   - message.go: Encode / Decode / Sign, pure; hostile input is an error.
+//   - transport.go: the transports zmq4 dials through, which bound frame
+//     sizes, handshakes and writes (zmq4 trusts its peer).
+//   - client.go: Client, its goroutines, heartbeat and reconnection.
+//   - requests.go: KernelInfo, Execute, Interrupt, Usage.
+//   - isolate.py: the wrapper that keeps a silent Execute from touching the
+//     user's sys.last_value and friends.
+//
+// Life of a Client: Dial connects every socket and waits for kernel_info
+// (EventConnected). One reader goroutine per socket drains it until it is
+// closed; a heartbeat goroutine pings. EOF on any socket or a missed beat
+// fails the generation of sockets: Alive turns false, EventDisconnected is
+// sent, every socket is closed and the supervisor rebuilds them all with
+// backoff, re-reading the connection file. When nothing listens, EventDead
+// is sent once. A successful attach reports EventRestarted when the kernel's
+// session id changed and EventReconnected when not. The client stops
+// (EventClosed) when the connection file is deleted or Close is called;
+// Close waits for every goroutine.
+//
 // It imports zmq4, uuid and the standard library only. It returns errors and
 // never logs.
 package protocol
