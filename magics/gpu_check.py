@@ -24,6 +24,11 @@ Scenarios (--scenarios, comma-separated; default all that can run):
   jax           JAX with XLA_PYTHON_CLIENT_PREALLOCATE=false: in-use 0; JAX
                 keeps its pool (reported, not a failure)
   jax-platform  JAX with XLA_PYTHON_CLIENT_ALLOCATOR=platform: NVML down
+  cell          %%gpumem: a cell's change in memory and its peak
+  jax-prealloc  JAX preallocating (its default): %gpumem's advice says so
+
+--notebook examples/leaks.ipynb --notebook-out X.ipynb also runs the
+example notebook after injecting and writes it with its outputs.
 
 --device cpu runs the torch scenario on CPU tensors (free --all
 --all-devices) as a local smoke test of this script; GPU-only checks SKIP.
@@ -193,6 +198,17 @@ def child_main():
         outputs.append({"type": "display_data", "content": {"data": data, "metadata": metadata or {}}})
 
     shell.display_pub.publish = publish
+
+    def write_format_data(format_dict, md_dict=None):
+        outputs.append({"type": "execute_result", "content": {"data": format_dict, "metadata": md_dict or {},
+                                                             "execution_count": shell.execution_count}})
+
+    def showtraceback(etype, evalue, stb):
+        outputs.append({"type": "error", "content": {"ename": etype.__name__, "evalue": str(evalue), "traceback": stb}})
+
+    shell.displayhook.write_output_prompt = lambda: None
+    shell.displayhook.write_format_data = write_format_data
+    shell._showtraceback = showtraceback
     for line in sys.stdin:
         req = json.loads(line)
         if req["op"] == "ping":
@@ -211,7 +227,8 @@ def child_main():
         outs = list(outputs)
         if buf.getvalue():
             outs.insert(0, {"type": "stream", "content": {"name": "stdout", "text": buf.getvalue()}})
-        reply = {"status": "ok" if res.success else "error", "user_expressions": ue}
+        reply = {"status": "ok" if res.success else "error", "user_expressions": ue,
+                 "execution_count": res.execution_count}
         if not res.success:
             err = res.error_in_exec or res.error_before_exec
             reply.update(ename=type(err).__name__, evalue=str(err))
@@ -466,6 +483,79 @@ def scenario_noimport(args):
         drv.close()
 
 
+def scenario_cell(args):
+    """%%gpumem on the GPU: the cell's delta and peak."""
+    print("\n==== scenario cell (%s)" % args.mode, flush=True)
+    drv = make_driver(args, {})
+    try:
+        if not inject(drv, args):
+            return
+        cell(drv, "import torch\nkeep = torch.ones(%d, device='cuda')" % (GIB // 4))
+        r = cell(drv, "%%%%gpumem\ntmp = torch.ones(%d, device='cuda')\ny = torch.ones(%d, device='cuda')\ndel tmp\ny.sum().item()"
+                 % (GIB // 2, GIB // 4))
+        print_outputs("%%gpumem", r)
+        d = gpumem_data(r) or {}
+        rows = [x for x in d.get("frameworks", []) if x.get("name") == "torch"]
+        ok = bool(rows) and rows[0]["after"]["used"] - rows[0]["before"]["used"] == GIB and rows[0]["peak"] >= 4 * GIB
+        check(ok, "cell: %%gpumem reports +1 GiB in use and a peak of at least 4 GiB", json.dumps(rows))
+        check(any(o["type"] == "execute_result" for o in r["outputs"]), "cell: %%gpumem returns the cell's value")
+    finally:
+        drv.close()
+
+
+def scenario_jax_prealloc(args):
+    """JAX with its default preallocation: %gpumem says so."""
+    print("\n==== scenario jax-prealloc (%s)" % args.mode, flush=True)
+    drv = make_driver(args, {"XLA_PYTHON_CLIENT_PREALLOCATE": "true"})
+    try:
+        if not inject(drv, args):
+            return
+        cell(drv, "import jax.numpy as jnp\nz = jnp.ones((1024,))")
+        r = cell(drv, "%gpumem")
+        print_outputs("%gpumem", r)
+        d = gpumem_data(r) or {}
+        check("preallocated" in (d.get("advice") or ""), "jax-prealloc: %gpumem advises about preallocation", str(d.get("advice")))
+    finally:
+        drv.close()
+
+
+def run_notebook(args, path, out):
+    """Runs a notebook's code cells after injecting, writes it with outputs."""
+    print("\n==== notebook %s -> %s (%s)" % (path, out, args.mode), flush=True)
+    nb = json.load(open(path))
+    drv = make_driver(args, {})
+    try:
+        if not inject(drv, args):
+            return
+        for c in nb["cells"]:
+            if c["cell_type"] != "code":
+                continue
+            src = c["source"] if isinstance(c["source"], str) else "".join(c["source"])
+            r = drv.execute(src, timeout=600)
+            raises = "raises-exception" in c.get("metadata", {}).get("tags", [])
+            check((r["reply"].get("status") == "error") == raises, "notebook cell %r ran as expected" % src.splitlines()[0][:50])
+            outs = []
+            for o in r["outputs"]:
+                oc = o["content"]
+                if o["type"] == "stream":
+                    outs.append({"output_type": "stream", "name": oc.get("name", "stdout"), "text": oc.get("text", "")})
+                elif o["type"] == "display_data":
+                    outs.append({"output_type": "display_data", "data": oc.get("data", {}), "metadata": oc.get("metadata") or {}})
+                elif o["type"] == "execute_result":
+                    outs.append({"output_type": "execute_result", "data": oc.get("data", {}), "metadata": oc.get("metadata") or {},
+                                 "execution_count": oc.get("execution_count")})
+                elif o["type"] == "error":
+                    outs.append({"output_type": "error", "ename": oc["ename"], "evalue": oc["evalue"], "traceback": oc["traceback"]})
+            c["outputs"] = outs
+            c["execution_count"] = r["reply"].get("execution_count")
+            print_outputs(src.splitlines()[0][:60], r)
+        with open(out, "w") as f:
+            json.dump(nb, f, indent=1, ensure_ascii=False)
+            f.write("\n")
+    finally:
+        drv.close()
+
+
 def make_driver(args, env):
     return (InprocDriver if args.mode == "inprocess" else KernelDriver)(env)
 
@@ -485,9 +575,11 @@ def main():
     ap.add_argument("--bootstrap", help="path of bootstrap.py (default: beside the magics)")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu for a local smoke run")
     ap.add_argument("--mode", default="kernel", choices=("kernel", "inprocess"))
-    ap.add_argument("--scenarios", default="noinit,noimport,torch,cupy,jax,jax-platform")
+    ap.add_argument("--scenarios", default="noinit,noimport,torch,cupy,jax,jax-platform,cell,jax-prealloc")
     ap.add_argument("--gib", type=float, default=2.0, help="size of each leaked array (default 2)")
     ap.add_argument("--context-gib", type=float, default=0.6, help="NVML limit after free (default 0.6)")
+    ap.add_argument("--notebook", help="also run this notebook's cells (e.g. examples/leaks.ipynb) ...")
+    ap.add_argument("--notebook-out", help="... and write it with its outputs here")
     args = ap.parse_args()
     args.source = open(args.magics).read()
     args.bootstrap = open(args.bootstrap or os.path.join(os.path.dirname(os.path.abspath(args.magics)), "bootstrap.py")).read()
@@ -511,6 +603,16 @@ def main():
                     scenario_noinit(args)
             elif sc == "noimport":
                 scenario_noimport(args)
+            elif sc == "cell":
+                if args.device == "cpu" or not importable("torch"):
+                    result("SKIP", "cell: needs torch and a GPU")
+                else:
+                    scenario_cell(args)
+            elif sc == "jax-prealloc":
+                if args.device == "cpu" or not importable("jax"):
+                    result("SKIP", "jax-prealloc: needs jax and a GPU")
+                else:
+                    scenario_jax_prealloc(args)
             elif sc == "torch":
                 scenario_leaks(args, "torch", {}) if importable("torch") else result("SKIP", "torch: not installed")
             elif sc in ("cupy", "jax", "jax-platform"):
@@ -528,6 +630,11 @@ def main():
                 result("FAIL", "unknown scenario %s" % sc)
         except Exception as e:
             result("FAIL", "%s: %s: %s" % (sc, type(e).__name__, e))
+    if args.notebook:
+        try:
+            run_notebook(args, args.notebook, args.notebook_out or args.notebook + ".out.ipynb")
+        except Exception as e:
+            result("FAIL", "notebook: %s: %s" % (type(e).__name__, e))
     fails = [n for s, n in RESULTS if s == "FAIL"]
     print("\n%d passed, %d failed" % (sum(1 for s, _ in RESULTS if s == "PASS"), len(fails)))
     return 1 if fails else 0

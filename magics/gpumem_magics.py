@@ -392,12 +392,14 @@ def _render_free(data):
                 ]
             )
         header = ["framework", "device", "before (in use / held)", "after (in use / held)", "returned to GPU"]
-        text.append("")
+        if text[-1]:
+            text.append("")
         text += _pad(rows, header)
         body.append(_html_table(header, rows, numeric=(2, 3, 4)))
     else:
         msg = "No framework held GPU memory before or after."
-        text.append("")
+        if text[-1]:
+            text.append("")
         text.append(msg)
         body.append(_html_lines([msg], "dim"))
     drv = data.get("driver")
