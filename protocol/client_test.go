@@ -234,6 +234,35 @@ func TestKernel(t *testing.T) {
 		}
 	})
 
+	t.Run("Concurrent", func(t *testing.T) {
+		errs := make(chan error, 40)
+		for i := range 20 {
+			go func() {
+				if _, err := c.KernelInfo(ctxFor(t, 20*time.Second)); err != nil {
+					errs <- err
+					return
+				}
+				r, err := c.Execute(ctxFor(t, 20*time.Second), fmt.Sprintf("v%d = %d", i, i), ExecuteOptions{
+					UserExpressions: map[string]string{"v": fmt.Sprintf(`type("V", (), {"_repr_json_": lambda self: {"v": v%d}})()`, i)}})
+				if err == nil {
+					var got struct{ V int }
+					raw, jerr := r.UserExpressions["v"].JSON()
+					if err = jerr; err == nil {
+						if err = json.Unmarshal(raw, &got); err == nil && got.V != i {
+							err = fmt.Errorf("request %d got the reply of %d", i, got.V)
+						}
+					}
+				}
+				errs <- err
+			}()
+		}
+		for range 20 {
+			if err := <-errs; err != nil {
+				t.Error(err)
+			}
+		}
+	})
+
 	t.Run("NoEventsOnHealthyKernel", func(t *testing.T) {
 		select {
 		case ev := <-c.Events():
