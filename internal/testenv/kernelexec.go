@@ -11,14 +11,25 @@ import (
 // jupyter_client, store_history on) and prints {"status", "stdout", "ename",
 // "evalue"} as JSON.
 const frontendPy = `
-import json, sys
+import json, sys, time
 from jupyter_client import BlockingKernelClient
 cf, code, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
-kc = BlockingKernelClient(connection_file=cf)
-kc.load_connection_file()
-kc.start_channels()
+# A kernel just started may not answer its heartbeat yet, and wait_for_ready
+# then says "Kernel died": retry with a fresh client until the deadline.
+deadline = time.monotonic() + timeout
+while True:
+    kc = BlockingKernelClient(connection_file=cf)
+    kc.load_connection_file()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=max(1.0, deadline - time.monotonic()))
+        break
+    except RuntimeError:
+        kc.stop_channels()
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(0.1)
 try:
-    kc.wait_for_ready(timeout=timeout)
     out = []
     reply = kc.execute_interactive(code, timeout=timeout, store_history=True,
         output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None)

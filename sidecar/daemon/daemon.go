@@ -131,6 +131,17 @@ func (d *Daemon) Run(ctx context.Context) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var ms *metrics.Server
+	if d.cfg.MetricsAddr != "" {
+		if ms, err = metrics.Listen(ctx, d.cfg.MetricsAddr, d.cfg.MetricsAllowRemote, d.metrics.Handler(), d.log); err != nil {
+			ln.Close()
+			return err
+		}
+		d.log.Info().Str("addr", ms.Addr().String()).Msg("serving metrics")
+	}
+	// A first view before the API answers, so that no caller sees "no sample".
+	d.scan(ctx)
+	d.sample(ctx)
 	var parts sync.WaitGroup
 	errc := make(chan error, 3)
 	srv := api.NewServer(d, api.Options{Logger: d.log})
@@ -141,14 +152,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			errc <- fmt.Errorf("local API: %w", err)
 		}
 	}()
-	if d.cfg.MetricsAddr != "" {
-		ms, err := metrics.Listen(ctx, d.cfg.MetricsAddr, d.cfg.MetricsAllowRemote, d.metrics.Handler(), d.log)
-		if err != nil {
-			cancel()
-			parts.Wait()
-			return err
-		}
-		d.log.Info().Str("addr", ms.Addr().String()).Msg("serving metrics")
+	if ms != nil {
 		parts.Add(1)
 		go func() {
 			defer parts.Done()

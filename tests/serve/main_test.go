@@ -115,6 +115,11 @@ func startDaemon(t *testing.T, srv *testenv.Server, gpu *fakeGPU, args ...string
 func tryStartDaemon(t *testing.T, srv *testenv.Server, gpu *fakeGPU, args ...string) *daemon {
 	t.Helper()
 	sock := filepath.Join(srv.RuntimeDir(), "gpumem.sock")
+	for _, a := range args {
+		if strings.HasPrefix(a, "--socket=") {
+			sock = strings.TrimPrefix(a, "--socket=")
+		}
+	}
 	cmd := exec.Command(gpumemBin, append([]string{"serve", "--log-format=json", "--log-level=debug"}, args...)...)
 	cmd.Env = testenv.Env(srv.Dir, "GPUMEM_FAKE_GPU="+gpu.path)
 	stderr, err := cmd.StderrPipe()
