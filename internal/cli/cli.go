@@ -45,6 +45,8 @@ var commands map[string]command
 
 func init() {
 	commands = map[string]command{
+		"attach":  {"inject the %gpumem magics into a running kernel", runAttach},
+		"free":    {"free GPU memory in a kernel (caches only unless --vars or --all)", runFree},
 		"kernels": {"list running Jupyter kernels with their notebooks and processes", runKernels},
 		"ls":      {"show GPU memory by notebook (like nvidia-smi, by notebook)", runLs},
 		"serve":   {"run the sidecar daemon: attach to every kernel, reclaim orphans, serve the API and metrics", runServe},

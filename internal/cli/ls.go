@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpumem/gpumem/nvml"
+	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/procs"
 )
@@ -58,9 +59,16 @@ func runLs(ctx context.Context, env Env, args []string) error {
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	sampler, err := newLsSampler(env, dirs)
-	if err != nil {
-		return err
+	var sampler reporter
+	if sock := daemonSocket(env, dirs); sock != "" {
+		sampler = daemonReporter{api.NewClient(sock)}
+	}
+	if sampler == nil || !sampler.(daemonReporter).available(ctx) {
+		standalone, err := newLsSampler(env, dirs)
+		if err != nil {
+			return err
+		}
+		sampler = standalone
 	}
 	defer sampler.Close()
 	if !watch.on {
@@ -108,6 +116,33 @@ func runLs(ctx context.Context, env Env, args []string) error {
 		case <-ticker.C:
 		}
 	}
+}
+
+// reporter is where ls gets its figures: the daemon, or standalone.
+type reporter interface {
+	Report(ctx context.Context) (attribution.Report, error)
+	Close()
+}
+
+// daemonReporter asks a running gpumem serve.
+type daemonReporter struct{ c *api.Client }
+
+func (r daemonReporter) Report(ctx context.Context) (attribution.Report, error) {
+	return r.c.Notebooks(ctx)
+}
+func (r daemonReporter) Close() { r.c.Close() }
+
+// available reports whether the daemon answers; a caller it refuses (shared
+// mode, not an admin) or an absent daemon means standalone.
+func (r daemonReporter) available(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err := r.c.Notebooks(ctx)
+	if err != nil {
+		r.c.Close()
+		return false
+	}
+	return true
 }
 
 // lsSampler builds a Report standalone: discovery, NVML (or the simulated

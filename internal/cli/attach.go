@@ -1,0 +1,151 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/gpumem/gpumem/magics"
+	"github.com/gpumem/gpumem/protocol"
+	"github.com/gpumem/gpumem/sidecar/api"
+	"github.com/gpumem/gpumem/sidecar/discovery"
+)
+
+func runAttach(ctx context.Context, env Env, args []string) error {
+	fs := newFlagSet(env, "attach", "KERNEL [--runtime-dir DIR ...]\n\nKERNEL is a kernel id (or a unique prefix), a notebook path, or a connection file.")
+	var dirs stringList
+	fs.Var(&dirs, "runtime-dir", "also look in this Jupyter runtime dir (repeatable)")
+	timeout := fs.Duration("timeout", 10*time.Minute, "how long to wait, e.g. for a busy kernel's current cell to finish")
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return fmt.Errorf("%w: want exactly one KERNEL, got %d", errUsage, len(pos))
+	}
+	k, err := resolveKernel(ctx, env, pos[0], dirs)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	c, err := dialKernel(ctx, env, k)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	opts := magics.InjectOptions{KernelID: k.ID}
+	if sock := daemonSocket(env, dirs); sock != "" {
+		opts.SidecarSocket = sock
+	}
+	res, err := magics.Inject(ctx, c, opts)
+	if err != nil {
+		return fmt.Errorf("kernel %s (%s): %w", k.ID, orDash(k.Notebook), err)
+	}
+	fmt.Fprintf(env.Stdout, "kernel %s (%s): %s\n", k.ID, orDash(k.Notebook), res.String())
+	return nil
+}
+
+func runFree(ctx context.Context, env Env, args []string) error {
+	fs := newFlagSet(env, "free", "KERNEL [--vars a,b] [--all] [--runtime-dir DIR ...]\n\n"+
+		"By default only caches are freed (gc, then the frameworks' caches): no user variable is touched.")
+	var dirs stringList
+	fs.Var(&dirs, "runtime-dir", "also look in this Jupyter runtime dir (repeatable)")
+	vars := fs.String("vars", "", "also delete these variables (comma-separated) and IPython's hidden references to them")
+	all := fs.Bool("all", false, "delete every variable holding GPU memory")
+	asJSON := fs.Bool("json", false, "print the kernel's report as JSON")
+	timeout := fs.Duration("timeout", 10*time.Minute, "how long to wait for the kernel's current cell to finish")
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return fmt.Errorf("%w: want exactly one KERNEL, got %d", errUsage, len(pos))
+	}
+	req := api.FreeRequest{All: *all}
+	for _, v := range strings.Split(*vars, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			req.Vars = append(req.Vars, v)
+		}
+	}
+	if err := req.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	k, err := resolveKernel(ctx, env, pos[0], dirs)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+
+	var rep magics.FreeReport
+	// Through the daemon when it runs (it adds the driver's figure);
+	// standalone otherwise.
+	raw, err := freeViaDaemon(ctx, env, dirs, k.ID, req)
+	switch {
+	case err == nil:
+		if err := json.Unmarshal(raw, &rep); err != nil {
+			return fmt.Errorf("daemon's free reply: %w", err)
+		}
+	case errors.Is(err, api.ErrNoDaemon):
+		c, err := dialKernel(ctx, env, k)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if c.ExecutionState() == "busy" {
+			fmt.Fprintf(env.Stderr, "gpumem: kernel %s is running a cell; the free runs after it (up to %v)\n", k.ID, *timeout)
+		}
+		rep, err = magics.FreeCache(ctx, c, magics.FreeOptions{Vars: req.Vars, All: req.All})
+		if err != nil {
+			return fmt.Errorf("kernel %s (%s): %w", k.ID, orDash(k.Notebook), err)
+		}
+	default:
+		return fmt.Errorf("kernel %s (%s): %w", k.ID, orDash(k.Notebook), err)
+	}
+	if *asJSON {
+		return writeJSON(env.Stdout, rep)
+	}
+	fmt.Fprintf(env.Stdout, "kernel %s (%s)\n", k.ID, orDash(k.Notebook))
+	return rep.WriteText(env.Stdout)
+}
+
+func freeViaDaemon(ctx context.Context, env Env, dirs []string, kernelID string, req api.FreeRequest) (json.RawMessage, error) {
+	sock := daemonSocket(env, dirs)
+	if sock == "" {
+		return nil, api.ErrNoDaemon
+	}
+	c := api.NewClient(sock)
+	defer c.Close()
+	return c.Free(ctx, kernelID, req)
+}
+
+// daemonSocket is the socket of a gpumem serve for these runtime dirs, or "".
+func daemonSocket(env Env, dirs []string) string {
+	if s := env.getenv("GPUMEM_SOCKET"); s != "" {
+		return s
+	}
+	for _, d := range discovery.RuntimeDirs(env.getenv, dirs) {
+		p := filepath.Join(d, api.DefaultSocketName)
+		if fi, err := os.Stat(p); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			return p
+		}
+	}
+	return ""
+}
+
+// dialKernel attaches to k, naming it in errors.
+func dialKernel(ctx context.Context, env Env, k discovery.Kernel) (*protocol.Client, error) {
+	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	c, err := protocol.Dial(dctx, k.ConnectionFile, protocol.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("kernel %s (%s, %s): %w", k.ID, orDash(k.Notebook), k.ConnectionFile, err)
+	}
+	return c, nil
+}

@@ -1,0 +1,85 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/gpumem/gpumem/sidecar/discovery"
+)
+
+// resolveKernel finds the one kernel that arg names: a connection file, a
+// kernel id or a unique prefix of one, or a notebook path (absolute, relative
+// to the working directory, or a unique suffix such as "train.ipynb").
+func resolveKernel(ctx context.Context, env Env, arg string, dirs []string) (discovery.Kernel, error) {
+	res := discoverKernels(ctx, env, dirs)
+	if arg == "" {
+		return discovery.Kernel{}, fmt.Errorf("%w: name a kernel: its id (or a unique prefix), its notebook, or its connection file", errUsage)
+	}
+	// A connection file given directly, even outside the runtime dirs.
+	if strings.HasSuffix(arg, ".json") {
+		if abs, err := filepath.Abs(arg); err == nil {
+			for _, k := range res.Kernels {
+				if k.ConnectionFile == abs {
+					return k, nil
+				}
+			}
+			if _, err := os.Stat(abs); err == nil {
+				extra := discovery.Discover(ctx, discovery.Options{RuntimeDirs: []string{filepath.Dir(abs)}, Procs: discovery.NewProcFinder(env.procRoot())})
+				for _, k := range extra.Kernels {
+					if k.ConnectionFile == abs {
+						return k, nil
+					}
+				}
+				for _, p := range extra.Problems {
+					if strings.Contains(p.Error(), abs) {
+						return discovery.Kernel{}, p
+					}
+				}
+			}
+		}
+	}
+	var matches []discovery.Kernel
+	for _, k := range res.Kernels {
+		if k.ID == arg {
+			return k, nil
+		}
+		if strings.HasPrefix(k.ID, arg) {
+			matches = append(matches, k)
+		}
+	}
+	if len(matches) == 0 {
+		abs, _ := filepath.Abs(arg)
+		for _, k := range res.Kernels {
+			if k.Notebook == "" {
+				continue
+			}
+			if k.Notebook == arg || k.Notebook == abs || strings.HasSuffix(k.Notebook, string(filepath.Separator)+arg) {
+				matches = append(matches, k)
+			}
+		}
+	}
+	switch len(matches) {
+	case 1:
+		return matches[0], nil
+	case 0:
+		return discovery.Kernel{}, fmt.Errorf("no kernel matches %q; running kernels:\n%s", arg, candidates(res.Kernels))
+	default:
+		return discovery.Kernel{}, fmt.Errorf("%q matches %d kernels; use more of the id:\n%s", arg, len(matches), candidates(matches))
+	}
+}
+
+func candidates(ks []discovery.Kernel) string {
+	if len(ks) == 0 {
+		return "  (none found: is Jupyter running as this user? try --runtime-dir)"
+	}
+	lines := make([]string, 0, len(ks))
+	for _, k := range ks {
+		lines = append(lines, fmt.Sprintf("  %s  %s", k.ID, orDash(k.Notebook)))
+	}
+	sort.Strings(lines)
+	return strings.Join(lines, "\n")
+}
