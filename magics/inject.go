@@ -272,6 +272,12 @@ func runBoot(ctx context.Context, ex Executor, action string, cfg map[string]any
 // report. The first line is a marker the bootstrap uses to find this cell
 // in linecache and remove it.
 func bootCode(action string, cfg map[string]any, free any) (code, expr, nonce string, err error) {
+	return bootCodeFor(compressedSource, action, cfg, free)
+}
+
+// bootCodeFor is bootCode with the magics' source given (zlib+base64), for
+// tests that inject a broken source.
+func bootCodeFor(zsource, action string, cfg map[string]any, free any) (code, expr, nonce string, err error) {
 	var nb [16]byte
 	if _, err := rand.Read(nb[:]); err != nil {
 		return "", "", "", fmt.Errorf("nonce: %w", err)
@@ -298,7 +304,7 @@ func bootCode(action string, cfg map[string]any, free any) (code, expr, nonce st
 	b.WriteString(", \"action\": ")
 	b.WriteString(pyStr(action))
 	b.WriteString(", \"source\": __import__(\"zlib\").decompress(__import__(\"base64\").b64decode(")
-	b.WriteString(pyStr(compressedSource))
+	b.WriteString(pyStr(zsource))
 	b.WriteString(")).decode(\"utf-8\"), \"config\": ")
 	b.WriteString(pyStr(string(cfgJSON)))
 	b.WriteString(", \"free\": ")
