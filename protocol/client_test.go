@@ -234,6 +234,14 @@ func TestKernel(t *testing.T) {
 		}
 	})
 
+	t.Run("Ping", func(t *testing.T) {
+		start := time.Now()
+		if err := Ping(ctxFor(t, 2*time.Second), c.Info()); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("ping: %v", time.Since(start))
+	})
+
 	t.Run("Concurrent", func(t *testing.T) {
 		errs := make(chan error, 40)
 		for i := range 20 {
@@ -482,6 +490,10 @@ func TestKill9(t *testing.T) {
 		t.Fatalf("dead reported after %v", d)
 	} else {
 		t.Logf("dead after %v: %v", d.Round(time.Millisecond), ev.Err)
+	}
+
+	if err := Ping(ctxFor(t, 500*time.Millisecond), c.Info()); err == nil {
+		t.Fatal("ping answered by a killed kernel")
 	}
 
 	// Requests fail within their deadline while the client retries.
