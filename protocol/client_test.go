@@ -293,6 +293,10 @@ type kernelState struct {
 	LastValue     string   `json:"last_value"`
 	LastValueID   int64    `json:"last_value_id"`
 	LastTraceback int64    `json:"last_traceback_id"`
+	LastResultID  int64    `json:"last_result_id"`
+	LastSucceeded bool     `json:"last_succeeded"`
+	CachedCells   int      `json:"cached_cells"`
+	Hooks         int      `json:"hooks"`
 }
 
 const stateProbe = `type("Probe", (), {"_repr_json_": lambda self: (lambda sys, ip: {
@@ -304,6 +308,10 @@ const stateProbe = `type("Probe", (), {"_repr_json_": lambda self: (lambda sys, 
     "last_value": repr(getattr(sys, "last_value", None)),
     "last_value_id": id(getattr(sys, "last_value", None)),
     "last_traceback_id": id(getattr(sys, "last_traceback", None)),
+    "last_result_id": id(ip.last_execution_result),
+    "last_succeeded": ip.last_execution_succeeded,
+    "cached_cells": sum("_gpumem_isolate_" in "".join(e[2]) for e in list(__import__("linecache").cache.values()) if len(e) > 2 and e[2]),
+    "hooks": len(ip.events.callbacks["post_execute"]),
 })(__import__("sys"), get_ipython())})()`
 
 func probe(t testing.TB, c *Client) kernelState {
@@ -324,6 +332,11 @@ func testNoTrace(t *testing.T, c *Client) {
 		t.Fatalf("%+v", r)
 	}
 	base := probe(t, c)
+	// The probe runs inside an isolated cell: that cell, and its restore
+	// hook, are the only ones in flight. None may pile up.
+	if base.CachedCells != 1 {
+		t.Errorf("%d isolated cells in linecache, want only the probe's own", base.CachedCells)
+	}
 	// IPython's execution_count is the number the next cell will get.
 	if !strings.Contains(base.LastValue, "ZeroDivisionError") || base.Count != first.ExecutionCount+2 {
 		t.Fatalf("baseline %+v", base)
@@ -373,7 +386,8 @@ func testNoTrace(t *testing.T, c *Client) {
 	if r := mustExecute(t, c, "raise ValueError('raw')", ExecuteOptions{Raw: true}); r.EName != "ValueError" {
 		t.Fatalf("%+v", r)
 	}
-	if after := probe(t, c); !strings.Contains(after.LastValue, "raw") || after.Count != before.Count {
+	if after := probe(t, c); !strings.Contains(after.LastValue, "raw") || after.Count != before.Count ||
+		after.LastResultID == before.LastResultID || after.LastSucceeded {
 		t.Errorf("raw silent raise: before %+v after %+v", before, after)
 	}
 }

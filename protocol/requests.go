@@ -217,7 +217,10 @@ var isolatePrefix = func() string {
 	}
 	sum := sha256.Sum256([]byte(isolateSource))
 	cache := fmt.Sprintf("%q", "_gpumem_isolate_"+hex.EncodeToString(sum[:6]))
-	return `(lambda b, ip: b.exec(ip.__dict__.get(` + cache + `) or ip.__dict__.setdefault(` + cache +
+	// Two lines: IPython applies its dynamic (autocall) transformations to
+	// one-line cells only; the first line also marks the cell for
+	// isolate.py, which removes it from linecache.
+	return "# gpumem-isolate\n" + `(lambda b, ip: b.exec(ip.__dict__.get(` + cache + `) or ip.__dict__.setdefault(` + cache +
 		`, b.compile(` + string(src) + `, "<gpumem-isolate>", "exec")), {"__name__": "gpumem", "_gpumem_code": `
 }()
 
