@@ -12,7 +12,8 @@ type Report struct {
 	Warnings []string `json:"warnings,omitempty"`
 }
 
-// GPU is one device (or MIG instance) with its memory totals.
+// GPU is one physical device with its memory totals. With MIG on, the
+// processes of all its instances count towards it.
 type GPU struct {
 	Index            int    `json:"index"`
 	UUID             string `json:"uuid"`

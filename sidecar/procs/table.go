@@ -7,6 +7,21 @@
 // Parsing is pure (parse.go) and separate from I/O (scan.go). A process is
 // identified by (PID, StartTime): pids are reused. procs never signals or
 // changes a process.
+//
+// PID namespaces. A Table holds the pids of the /proc it was read from.
+// NVML reports pids in the caller's namespace (driver 580) or the host's
+// (older drivers), and omits processes it cannot see. What works:
+//   - gpumem in the kernels' pid namespace (same container, or all on the
+//     host): every pid resolves directly.
+//   - gpumem in a container with the host's /proc mounted (Root) or with
+//     --pid=host: Table.Resolve maps a pid from a nested namespace through
+//     the last field of NSpid (ScanTree reads NSpid when a pid does not
+//     resolve), and HostToLocal goes the other way.
+//   - gpumem in its own pid namespace without the host's /proc: processes of
+//     other containers are invisible, and their GPU memory can only be
+//     reported as unattributed; run with --pid=host or mount the host's /proc.
+//
+// TCP ports (ListeningTCPPorts) are those of the reader's network namespace.
 package procs
 
 import (
