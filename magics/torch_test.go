@@ -244,3 +244,34 @@ func TestCellMagic(t *testing.T) {
 		t.Errorf("a failing cell under %%%%gpumem: %s", r.Text())
 	}
 }
+
+// TestFreeAllKeep: --all (with --all-devices, on CPU) deletes every variable
+// holding tensors except --keep, and nothing else; --keep without --all and
+// an unknown --keep are refused.
+func TestFreeAllKeep(t *testing.T) {
+	s := torchSession(t)
+	s.cell("import torch, json\nk = torch.ones(3)\nm = torch.nn.Linear(2, 2)\nlst = [torch.zeros(4), 'x']\nn = 5\ntxt = 'hello'", true)
+	_, text := s.magic("%gpumem free --keep k")
+	if !strings.Contains(text, "--keep only makes sense with --all") {
+		t.Errorf("--keep without --all:\n%s", text)
+	}
+	_, text = s.magic("%gpumem free --all --keep nope")
+	if !strings.Contains(text, "--keep names no variable: nope") {
+		t.Errorf("unknown --keep:\n%s", text)
+	}
+	data, text := s.magic("%gpumem free --all --all-devices --keep k")
+	var fr magics.FreeReport
+	remarshal(t, data, &fr)
+	var names []string
+	for _, d := range fr.Deleted {
+		names = append(names, d.Name)
+	}
+	if strings.Join(names, ",") != "m,lst" {
+		t.Errorf("deleted %v, want m, lst:\n%s", names, text)
+	}
+	var left struct{ Names []string }
+	s.probe("print(json.dumps({'Names': sorted(k for k in get_ipython().user_ns if not k.startswith('_') and k not in ('In', 'Out', 'exit', 'quit', 'get_ipython'))}))", &left)
+	if strings.Join(left.Names, ",") != "json,k,n,torch,txt" {
+		t.Errorf("left: %v", left.Names)
+	}
+}
