@@ -100,21 +100,27 @@ func Attribute(snap nvml.Snapshot, table *procs.Table, kernels []Kernel) Report 
 
 	type usage struct {
 		perGPU map[int]*GPUBytes
-		pids   map[int]bool
+		pids   map[int]map[int]*GPUBytes // pid → gpu → bytes
 	}
-	newUsage := func() *usage { return &usage{perGPU: map[int]*GPUBytes{}, pids: map[int]bool{}} }
-	charge := func(u *usage, gpu int, p nvml.Process) {
-		b := u.perGPU[gpu]
+	newUsage := func() *usage { return &usage{perGPU: map[int]*GPUBytes{}, pids: map[int]map[int]*GPUBytes{}} }
+	add := func(m map[int]*GPUBytes, gpu int, p nvml.Process) {
+		b := m[gpu]
 		if b == nil {
 			b = &GPUBytes{Index: gpu}
-			u.perGPU[gpu] = b
+			m[gpu] = b
 		}
 		if p.UsedKnown {
 			b.Bytes += p.UsedBytes
 		} else {
 			b.BytesUnknown = true
 		}
-		u.pids[p.PID] = true
+	}
+	charge := func(u *usage, gpu int, p nvml.Process) {
+		add(u.perGPU, gpu, p)
+		if u.pids[p.PID] == nil {
+			u.pids[p.PID] = map[int]*GPUBytes{}
+		}
+		add(u.pids[p.PID], gpu, p)
 	}
 	byKernel := make([]*usage, len(kernels))
 	for ki := range byKernel {
@@ -157,7 +163,12 @@ func Attribute(snap nvml.Snapshot, table *procs.Table, kernels []Kernel) Report 
 
 	for ki, k := range kernels {
 		u := byKernel[ki]
-		nb := Notebook{KernelID: k.ID, Notebook: k.Notebook, PIDs: []int{}, PerGPU: perGPU(u.perGPU)}
+		nb := Notebook{KernelID: k.ID, Notebook: k.Notebook, PIDs: []int{}, PerGPU: perGPU(u.perGPU),
+			Processes: make([]ProcessBytes, 0, len(u.pids))}
+		for pid, per := range u.pids {
+			nb.Processes = append(nb.Processes, ProcessBytes{PID: pid, PerGPU: perGPU(per)})
+		}
+		slices.SortFunc(nb.Processes, func(a, b ProcessBytes) int { return cmp.Compare(a.PID, b.PID) })
 		if k.PID > 0 {
 			nb.PIDs = append(nb.PIDs, k.PID)
 		}

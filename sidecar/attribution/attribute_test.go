@@ -245,12 +245,46 @@ func TestAttribute(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := Attribute(tt.snap, procs.NewTable(tt.procs), tt.kernels)
+			// The per-process breakdown must add up to the notebook's
+			// per-GPU figures, over pids the notebook lists; then it is
+			// set aside so the tables stay readable.
+			for i, nb := range got.Notebooks {
+				checkProcesses(t, nb)
+				got.Notebooks[i].Processes = nil
+			}
 			if !reflect.DeepEqual(got, tt.want) {
 				g, _ := json.MarshalIndent(got, "", "  ")
 				w, _ := json.MarshalIndent(tt.want, "", "  ")
 				t.Errorf("got\n%s\nwant\n%s", g, w)
 			}
 		})
+	}
+}
+
+// checkProcesses checks that nb.Processes breaks nb.PerGPU down exactly.
+func checkProcesses(t *testing.T, nb Notebook) {
+	t.Helper()
+	listed := map[int]bool{}
+	for _, pid := range nb.PIDs {
+		listed[pid] = true
+	}
+	sum := map[int]uint64{}
+	for _, p := range nb.Processes {
+		if !listed[p.PID] {
+			t.Errorf("%s: process %d not in pids %v", nb.KernelID, p.PID, nb.PIDs)
+		}
+		for _, b := range p.PerGPU {
+			sum[b.Index] += b.Bytes
+		}
+	}
+	for _, b := range nb.PerGPU {
+		if sum[b.Index] != b.Bytes {
+			t.Errorf("%s: processes hold %d bytes on GPU %d, notebook %d", nb.KernelID, sum[b.Index], b.Index, b.Bytes)
+		}
+		delete(sum, b.Index)
+	}
+	if len(sum) > 0 {
+		t.Errorf("%s: processes on GPUs the notebook does not list: %v", nb.KernelID, sum)
 	}
 }
 
@@ -279,8 +313,8 @@ func TestReportJSON(t *testing.T) {
 	}
 	want := `{"gpus":[{"index":0,"uuid":"GPU-s","name":"Simulated GPU","memory_total_bytes":100,"memory_used_bytes":30,"simulated":true,` +
 		`"notebook_bytes":10,"other_bytes":20,"free_bytes":70}],` +
-		`"notebooks":[{"kernel_id":"aaaaaaaa-1111","notebook":"/home/alice/a.ipynb","pids":[100],"user":"alice","gpu_memory_bytes":10,"per_gpu":[{"index":0,"bytes":10}]},` +
-		`{"kernel_id":"bbbbbbbb-2222","notebook":"/home/alice/b.ipynb","pids":[200],"user":"alice","gpu_memory_bytes":0,"per_gpu":[]}],` +
+		`"notebooks":[{"kernel_id":"aaaaaaaa-1111","notebook":"/home/alice/a.ipynb","pids":[100],"user":"alice","gpu_memory_bytes":10,"per_gpu":[{"index":0,"bytes":10}],"processes":[{"pid":100,"per_gpu":[{"index":0,"bytes":10}]}]},` +
+		`{"kernel_id":"bbbbbbbb-2222","notebook":"/home/alice/b.ipynb","pids":[200],"user":"alice","gpu_memory_bytes":0,"per_gpu":[],"processes":[]}],` +
 		`"other":[{"pid":300,"user":"bob","command":"python3 train.py --epochs 10","per_gpu":[{"index":0,"bytes":20}]}]}`
 	if string(got) != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)

@@ -44,6 +44,15 @@ type Notebook struct {
 	User           string     `json:"user"`
 	GPUMemoryBytes uint64     `json:"gpu_memory_bytes"`
 	PerGPU         []GPUBytes `json:"per_gpu"`
+	// Processes breaks GPUMemoryBytes down by process (those holding GPU
+	// memory, by pid): what nvidia-smi lists, attributed.
+	Processes []ProcessBytes `json:"processes"`
+}
+
+// ProcessBytes is one process's GPU memory.
+type ProcessBytes struct {
+	PID    int        `json:"pid"`
+	PerGPU []GPUBytes `json:"per_gpu"`
 }
 
 // OtherProcess is a GPU process that belongs to no kernel.
