@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""gpu_host_check.py: gpumem on a real GPU host, end to end (issues 3 and 5).
+
+Run on the lent GPU host after `source /tmp/gpukit/env.sh` (gpu-kit), with
+GPUMEM_BIN naming a gpumem binary built with cgo:
+
+  1. a real jupyter_server, a real kernel holding a 2 GiB torch tensor on
+     cuda:0, and a child of it (start_new_session=True, so Jupyter's
+     process-group kill misses it) holding 1 GiB of its own;
+  2. `gpumem ls --json` (standalone) attributes both to the notebook, and its
+     per-pid figures equal `nvidia-smi --query-compute-apps`'s;
+  3. timing, in one run, alternating: `gpumem ls --json` vs
+     `nvidia-smi --query-compute-apps=pid,used_memory --format=csv`;
+  4. `gpumem serve` running: a REST restart of the kernel leaves the child an
+     orphan holding CUDA memory; NVML must show it gone within 5 s.
+
+Prints PASS/FAIL/INFO lines; exit 1 if any check failed. Every wait has a
+deadline.
+"""
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+BIN = os.environ.get("GPUMEM_BIN", ".gpukit/gpumem")
+OUT = os.environ.get("OUT", "/tmp")
+FAILED = []
+
+
+def result(status, msg):
+    print("%s %s" % (status, msg), flush=True)
+    if status == "FAIL":
+        FAILED.append(msg)
+
+
+def smi():
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                          "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30).stdout
+    procs = {}
+    for line in out.strip().splitlines():
+        pid, mib = [x.strip() for x in line.split(",")]
+        procs[int(pid)] = int(mib)
+    return procs
+
+
+def wait(what, cond, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise SystemExit("FAIL timed out after %ss waiting for %s" % (timeout, what))
+
+
+def main():
+    port = 18000 + secrets.randbelow(1000)
+    token = secrets.token_hex(16)
+    root = os.path.join(os.environ.get("GPUKIT", "/tmp/gpukit"), "work")
+    os.makedirs(os.path.join(root, "team"), exist_ok=True)
+    with open(os.path.join(root, "team", "train.ipynb"), "w") as f:
+        f.write('{"cells":[],"metadata":{},"nbformat":4,"nbformat_minor":5}')
+    server = subprocess.Popen(["jupyter", "server", "--port=%d" % port, "--ServerApp.token=" + token],
+                              stdout=open(os.path.join(OUT, "jupyter.log"), "w"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    base = "http://127.0.0.1:%d/" % port
+
+    def api(method, path, body=None):
+        req = urllib.request.Request(base + path, method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": "token " + token, "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            data = r.read()
+            return json.loads(data) if data else None
+
+    def up():
+        try:
+            api("GET", "api/status")
+            return True
+        except Exception:
+            return False
+    wait("jupyter server", up, 60)
+    daemon = subprocess.Popen([BIN, "serve", "--log-format=json", "--interval=1s"],
+                              stderr=open(os.path.join(OUT, "gpumem-serve.log"), "w"), start_new_session=True)
+    try:
+        run(api, root)
+    finally:
+        daemon.terminate()
+        server.terminate()
+        for p in (daemon, server):
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def run(api, root):
+    from jupyter_client import BlockingKernelClient
+    sess = api("POST", "api/sessions", {"path": "team/train.ipynb", "type": "notebook", "name": "train.ipynb",
+                                        "kernel": {"name": "python3"}})
+    kid = sess["kernel"]["id"]
+    cf = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "kernel-%s.json" % kid)
+    wait("connection file", lambda: os.path.exists(cf), 60)
+    kc = BlockingKernelClient(connection_file=cf)
+    kc.load_connection_file()
+    kc.start_channels()
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            kc.wait_for_ready(timeout=10)
+            break
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+            kc.stop_channels()
+            kc = BlockingKernelClient(connection_file=cf)
+            kc.load_connection_file()
+            kc.start_channels()
+    out = []
+    code = r'''
+import os, subprocess, sys, torch
+x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda"); torch.cuda.synchronize()
+_child = subprocess.Popen([sys.executable, "-c",
+    "import torch, time; y = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize(); print('ready', flush=True); time.sleep(600)"],
+    start_new_session=True, stdout=subprocess.PIPE, text=True)
+assert _child.stdout.readline().strip() == "ready"
+print(os.getpid(), _child.pid)
+'''
+    r = kc.execute_interactive(code, timeout=180, output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None)
+    if r["content"]["status"] != "ok":
+        raise SystemExit("FAIL kernel code: %s" % r["content"])
+    kpid, cpid = [int(v) for v in "".join(out).split()]
+    result("INFO", "kernel %s pid %d holds a 2 GiB tensor; child pid %d (own session) holds 1 GiB" % (kid, kpid, cpid))
+    s = wait("nvidia-smi lists both pids", lambda: (lambda p: p if kpid in p and cpid in p else None)(smi()), 60)
+    result("INFO", "nvidia-smi --query-compute-apps: %s" % {p: "%d MiB" % m for p, m in s.items()})
+
+    env = dict(os.environ, GPUMEM_SOCKET="/nonexistent/gpumem.sock")  # standalone, not through the daemon
+    ls = subprocess.run([BIN, "ls", "--json"], capture_output=True, text=True, timeout=60, env=env)
+    rep = json.loads(ls.stdout)
+    print("---- gpumem ls --json\n" + ls.stdout + "----", flush=True)
+    txt = subprocess.run([BIN, "ls"], capture_output=True, text=True, timeout=60, env=env).stdout
+    print("---- gpumem ls\n" + txt + "----", flush=True)
+    s = smi()
+    nb = [n for n in rep["notebooks"] if n["kernel_id"] == kid]
+    if len(nb) != 1:
+        result("FAIL", "notebook for kernel %s not in gpumem ls --json" % kid)
+        return
+    nb = nb[0]
+    want_path = os.path.join(root, "team", "train.ipynb")
+    result("PASS" if nb["notebook"] == want_path else "FAIL", "notebook path %s (want %s)" % (nb["notebook"], want_path))
+    per_pid = {p["pid"]: sum(g["bytes"] for g in p["per_gpu"]) for p in nb["processes"]}
+    for pid in (kpid, cpid):
+        got = per_pid.get(pid)
+        want = s.get(pid)
+        ok = got is not None and want is not None and got == want * (1 << 20)
+        result("PASS" if ok else "FAIL", "pid %d: gpumem %s bytes = nvidia-smi %s MiB" % (pid, got, want))
+    total_ok = nb["gpu_memory_bytes"] == (s[kpid] + s[cpid]) * (1 << 20)
+    result("PASS" if total_ok else "FAIL", "notebook total %d bytes = kernel + child per nvidia-smi (%d MiB)" % (nb["gpu_memory_bytes"], s[kpid] + s[cpid]))
+    others = [o["pid"] for o in rep["other"]]
+    result("PASS" if kpid not in others and cpid not in others else "FAIL", "neither pid listed as other (%s)" % others)
+
+    # Timing, alternating, same run.
+    t_ls, t_smi = [], []
+    for _ in range(30):
+        t0 = time.perf_counter()
+        subprocess.run([BIN, "ls", "--json"], capture_output=True, timeout=60, env=env)
+        t_ls.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv"], capture_output=True, timeout=60)
+        t_smi.append(time.perf_counter() - t0)
+    ml, ms = statistics.median(t_ls), statistics.median(t_smi)
+    result("PASS" if ml / ms <= 1.5 else "FAIL",
+           "timing (30 runs each, alternating): gpumem ls --json median %.1f ms (min %.1f), nvidia-smi median %.1f ms (min %.1f): ratio %.2f (target <= 1.5)"
+           % (ml * 1e3, min(t_ls) * 1e3, ms * 1e3, min(t_smi) * 1e3, ml / ms))
+
+    # The daemon sees the notebook too.
+    sock = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "gpumem.sock")
+    wait("daemon socket", lambda: os.path.exists(sock), 30)
+
+    def daemon_has_child():
+        d = subprocess.run([BIN, "ls", "--json"], capture_output=True, text=True, timeout=60)
+        try:
+            rep = json.loads(d.stdout)
+        except ValueError:
+            return False
+        return any(n["kernel_id"] == kid and cpid in n["pids"] for n in rep["notebooks"])
+    wait("daemon attributes the child to the notebook", daemon_has_child, 30)
+    result("PASS", "gpumem serve attributes child %d to %s" % (cpid, nb["notebook"]))
+
+    # Restart: the child survives Jupyter's process-group kill; the daemon ends it.
+    kc.stop_channels()
+    t0 = time.monotonic()
+    api("POST", "api/kernels/%s/restart" % kid)
+    t_restart = time.monotonic() - t0
+    gone = wait("NVML drops the orphan", lambda: cpid not in smi(), 30)
+    el = time.monotonic() - t0
+    result("PASS" if el < 5 else "FAIL", "orphan %d gone from nvidia-smi %.2f s after the restart request (REST call itself %.2f s; target < 5 s)" % (cpid, el, t_restart))
+    result("INFO", "nvidia-smi after: %s" % smi())
+    with open(os.path.join(OUT, "gpumem-serve.log")) as f:
+        for line in f:
+            if str(cpid) in line or "restart" in line or "exited" in line:
+                print("LOG " + line.strip(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
+    print("GPU-HOST-CHECK: %s" % ("FAIL (%d)" % len(FAILED) if FAILED else "PASS"), flush=True)
+    sys.exit(1 if FAILED else 0)
