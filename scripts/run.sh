@@ -2,7 +2,7 @@
 # gpumem's run command. On a machine where no Jupyter runs, it installs Jupyter
 # if missing (Debian packages, as root), builds gpumem, starts a Notebook
 # server on 127.0.0.1 with a token and a kernel for examples/leaks.ipynb, and
-# runs gpumem against it.
+# runs `gpumem serve` beside it.
 #
 #   bash scripts/run.sh        start everything (state in .demo/)
 #   bash scripts/run.sh stop   stop what it started
@@ -74,10 +74,23 @@ s = call("POST", "api/sessions", {"path": "leaks.ipynb", "type": "notebook", "na
 print(f"kernel {s['kernel']['id']} started for examples/leaks.ipynb")
 PY
 
-echo
-echo "Jupyter Notebook: http://127.0.0.1:$port/notebooks/leaks.ipynb?token=$token"
-echo "Stop everything:  bash scripts/run.sh stop"
-echo
+# The sidecar: attaches to every kernel of this runtime dir, injects %gpumem,
+# reclaims orphans after restarts, serves the local API and metrics.
+setsid bin/gpumem serve --listen=127.0.0.1:9464 --log-format=console \
+  >"$state/gpumem.log" 2>&1 < /dev/null &
+echo $! > "$state/gpumem.pid"
 deadline=$((SECONDS + 30))
-until bin/gpumem kernels --json 2>/dev/null | grep -q '"alive": true' || ((SECONDS > deadline)); do sleep 0.2; done
+until [ -S "$JUPYTER_RUNTIME_DIR/gpumem.sock" ] && bin/gpumem kernels --json 2>/dev/null | grep -q '"alive": true'; do
+  if ((SECONDS > deadline)); then echo "gpumem serve did not start: see $state/gpumem.log"; exit 1; fi
+  sleep 0.2
+done
+
+echo
 bin/gpumem kernels
+echo
+bin/gpumem ls
+echo
+echo "Jupyter Notebook:  http://127.0.0.1:$port/notebooks/leaks.ipynb?token=$token"
+echo "gpumem serve log:  $state/gpumem.log     metrics: http://127.0.0.1:9464/metrics"
+echo "In this shell:     export JUPYTER_RUNTIME_DIR=$JUPYTER_RUNTIME_DIR; bin/gpumem ls --watch"
+echo "Stop everything:   bash scripts/run.sh stop"
