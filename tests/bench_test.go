@@ -1,8 +1,10 @@
 package tests
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -52,6 +54,10 @@ func BenchmarkCLI20Kernels(b *testing.B) {
 	}
 	env = append(env, "GPUMEM_FAKE_GPU="+writeFakeGPU(b, b.TempDir(), []fakeGPU{gpu}))
 
+	// Baseline: start and exit of the binary, no work.
+	b.Run("version", func(b *testing.B) {
+		benchCLI(b, env, func(string) error { return nil }, "version")
+	})
 	// Each sub-benchmark first checks the command does the whole job.
 	b.Run("kernels_json", func(b *testing.B) {
 		benchCLI(b, env, func(out string) error {
@@ -112,4 +118,18 @@ func benchCLI(b *testing.B, env []string, check func(stdout string) error, args 
 	b.ReportMetric(ms(total)/float64(len(took)), "ms/op")
 	b.ReportMetric(ms(took[len(took)/2]), "p50-ms")
 	b.ReportMetric(ms(took[len(took)-1]), "max-ms")
+	// gpumem reads all of /proc/net/tcp{,6} to find listening ports; every
+	// heartbeat ping leaves a TIME_WAIT entry there for a minute, so the
+	// table (and that read) grows while the benchmark runs.
+	b.ReportMetric(float64(procNetTCPLines()), "tcp-entries")
+}
+
+func procNetTCPLines() int {
+	n := 0
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		if data, err := os.ReadFile(f); err == nil {
+			n += bytes.Count(data, []byte("\n")) - 1
+		}
+	}
+	return n
 }

@@ -96,9 +96,7 @@ print(os.getpid(), *[c.pid for c in _gpumem_children])`)
 			t.Fatalf("gpumem ls --json: want exit 0\n%s", res)
 		}
 		var rep lsReport
-		dec := json.NewDecoder(strings.NewReader(res.Stdout))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&rep); err != nil {
+		if err := json.Unmarshal([]byte(res.Stdout), &rep); err != nil {
 			t.Fatalf("gpumem ls --json: %v\n%s", err, res)
 		}
 
@@ -126,6 +124,16 @@ print(os.getpid(), *[c.pid for c in _gpumem_children])`)
 			}
 		}
 
+		// Per process, as nvidia-smi lists them: pid → per_gpu.
+		wantProcesses := map[string]map[int][]gpuBytes{
+			"train": {
+				trainPID:  {{0, trainOn0}, {1, trainOn1}},
+				childPID:  {{0, childOn0}},
+				setsidPID: {{1, setsidOn1}},
+			},
+			"eval": {kernelPIDOf["eval"]: {{1, evalOn1}}},
+			"idle": {},
+		}
 		wantNotebooks := map[string]lsNotebook{
 			"train": {PIDs: []int{trainPID, min(childPID, setsidPID), max(childPID, setsidPID)},
 				GPUMemoryBytes: trainOn0 + childOn0 + trainOn1 + setsidOn1,
@@ -157,6 +165,18 @@ print(os.getpid(), *[c.pid for c in _gpumem_children])`)
 			}
 			if nb.User != me {
 				t.Errorf("%s: user %q, want %q", role, nb.User, me)
+			}
+			gotProcesses := map[int][]gpuBytes{}
+			for _, p := range nb.Processes {
+				gotProcesses[p.PID] = p.PerGPU
+			}
+			if len(gotProcesses) != len(wantProcesses[role]) {
+				t.Errorf("%s: processes %+v, want %v", role, nb.Processes, wantProcesses[role])
+			}
+			for pid, per := range wantProcesses[role] {
+				if !slices.Equal(gotProcesses[pid], per) {
+					t.Errorf("%s: process %d per_gpu %+v, want %+v", role, pid, gotProcesses[pid], per)
+				}
 			}
 		}
 

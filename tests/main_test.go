@@ -265,6 +265,10 @@ type lsNotebook struct {
 	User           string     `json:"user"`
 	GPUMemoryBytes uint64     `json:"gpu_memory_bytes"`
 	PerGPU         []gpuBytes `json:"per_gpu"`
+	Processes      []struct {
+		PID    int        `json:"pid"`
+		PerGPU []gpuBytes `json:"per_gpu"`
+	} `json:"processes"`
 }
 
 type gpuBytes struct {
