@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/gpumem/gpumem/protocol"
 )
@@ -30,16 +31,18 @@ func Source() string { return magicsSource }
 // Version identifies the embedded source: the first 12 hex digits of its
 // SHA-256. The kernel's module reports it; FreeCache reuses an injected
 // module only when its version matches.
-func Version() string { return sourceVersion }
+func Version() string { return sourceVersion() }
 
-var sourceVersion = func() string {
+// Computed on first use, not at start-up: every gpumem command links this
+// package, few inject.
+var sourceVersion = sync.OnceValue(func() string {
 	sum := sha256.Sum256([]byte(magicsSource))
 	return hex.EncodeToString(sum[:6])
-}()
+})
 
 // compressedSource is the source as zlib+base64, which is what travels: a
 // third of the size, and ipykernel hashes every cell's text in pure Python.
-var compressedSource = func() string {
+var compressedSource = sync.OnceValue(func() string {
 	var b bytes.Buffer
 	w, err := zlib.NewWriterLevel(&b, zlib.BestCompression)
 	if err != nil {
@@ -52,7 +55,7 @@ var compressedSource = func() string {
 		panic(err)
 	}
 	return base64.StdEncoding.EncodeToString(b.Bytes())
-}()
+})
 
 // Executor is what magics needs of a kernel connection; *protocol.Client
 // satisfies it. Execute must send an execute_request on the shell channel
@@ -272,7 +275,7 @@ func runBoot(ctx context.Context, ex Executor, action string, cfg map[string]any
 // report. The first line is a marker the bootstrap uses to find this cell
 // in linecache and remove it.
 func bootCode(action string, cfg map[string]any, free any) (code, expr, nonce string, err error) {
-	return bootCodeFor(compressedSource, action, cfg, free)
+	return bootCodeFor(compressedSource(), action, cfg, free)
 }
 
 // bootCodeFor is bootCode with the magics' source given (zlib+base64), for

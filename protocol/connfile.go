@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // ConnectionInfo is a parsed, validated kernel connection file.
@@ -85,7 +86,10 @@ func ParseConnectionInfo(data []byte) (ConnectionInfo, error) {
 const regenerateHint = "the file is damaged or not a Jupyter kernel connection file; restart the kernel to rewrite it"
 
 // hostnameRE accepts DNS names; IP literals are checked with net.ParseIP.
-var hostnameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*\.?$`)
+// Compiled on first use: most connection files name an IP literal.
+var hostnameRE = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*\.?$`)
+})
 
 func parseConnectionInfo(data []byte, path string) (ConnectionInfo, error) {
 	if len(data) > maxConnectionFileBytes {
@@ -143,7 +147,7 @@ func parseConnectionInfo(data []byte, path string) (ConnectionInfo, error) {
 		if info.IP == "" {
 			return ConnectionInfo{}, fmt.Errorf("ip is missing: %s", regenerateHint)
 		}
-		if info.IP != "*" && net.ParseIP(info.IP) == nil && !hostnameRE.MatchString(info.IP) {
+		if info.IP != "*" && net.ParseIP(info.IP) == nil && !hostnameRE().MatchString(info.IP) {
 			return ConnectionInfo{}, fmt.Errorf("ip %q is neither an IP address nor a host name: %s", info.IP, regenerateHint)
 		}
 	case "ipc":

@@ -53,6 +53,12 @@ func runKernels(ctx context.Context, env Env, args []string) error {
 			defer cancel()
 			err := protocol.Ping(pctx, k.Connection)
 			lang := kernelLanguage(env, k)
+			if lang == "" && err == nil && k.ServerURL == "" {
+				// ipykernel rewrites its file with kernel_name "" when started
+				// bare (ipython kernel, jupyter kernel): ask the kernel itself.
+				// No server runs it, so no idle culler counts this request.
+				lang = askLanguage(pctx, k)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			rows[i].Alive = err == nil
@@ -126,7 +132,22 @@ func kernelLanguage(env Env, k discovery.Kernel) string {
 			return spec.Language
 		}
 	}
+	if k.KernelName == "python3" {
+		// ipykernel's built-in spec, which jupyter_client serves without a
+		// kernel.json on disk.
+		return "python"
+	}
 	return ""
+}
+
+// askLanguage attaches to the kernel just long enough for its kernel_info.
+func askLanguage(ctx context.Context, k discovery.Kernel) string {
+	c, err := protocol.DialInfo(ctx, k.Connection, protocol.Options{ConnectTimeout: time.Second})
+	if err != nil {
+		return ""
+	}
+	defer c.Close()
+	return c.LastKernelInfo().Language
 }
 
 // kernelspecDirs lists Jupyter's kernelspec search path, as jupyter_core does.

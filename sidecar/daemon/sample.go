@@ -3,12 +3,14 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/gpumem/gpumem/nvml"
 	"github.com/gpumem/gpumem/sidecar/attribution"
+	"github.com/gpumem/gpumem/sidecar/discovery"
 	"github.com/gpumem/gpumem/sidecar/metrics"
 	"github.com/gpumem/gpumem/sidecar/procs"
 )
@@ -125,33 +127,33 @@ func (d *Daemon) sample(ctx context.Context) {
 }
 
 // resolveKernelProcesses finds the process of kernels whose process is not
-// known (new, or restarted): the owner of the shell port.
+// known (new, or restarted): the owner of the shell port, nothing less.
 func (d *Daemon) resolveKernelProcesses(kss []*kernelState) {
-	var ports []int
+	var files []discovery.KernelFile
+	byName := map[string]*kernelState{}
 	d.mu.Lock()
-	portOf := map[*kernelState]int{}
 	for _, ks := range kss {
-		if ks.client != nil {
-			info := ks.client.Info()
-			if info.Transport == "tcp" {
-				ports = append(ports, info.ShellPort)
-				portOf[ks] = info.ShellPort
-			}
+		if ks.client == nil {
+			continue
+		}
+		if info := ks.client.Info(); info.Transport == "tcp" {
+			name := filepath.Base(ks.connFile)
+			files = append(files, discovery.KernelFile{Name: name, ShellPort: info.ShellPort})
+			byName[name] = ks
 		}
 	}
 	d.mu.Unlock()
-	if len(ports) == 0 {
+	if len(files) == 0 {
 		return
 	}
-	owners, err := d.finder.PortOwners(ports)
+	owners, err := d.finder.FindKernels(files)
 	if err != nil {
 		d.log.Debug().Err(err).Msg("resolving kernel processes")
-		return
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for ks, port := range portOf {
-		if o, ok := owners[port]; ok {
+	for name, o := range owners {
+		if ks := byName[name]; ks != nil && o.FromPort {
 			d.setKernelProcessLocked(ks, procID{o.PID, o.Start})
 		}
 	}

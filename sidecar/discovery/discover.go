@@ -33,15 +33,18 @@ type Kernel struct {
 // ProcessFinder resolves kernels' OS processes. The production
 // implementation reads /proc (see ProcFinder).
 type ProcessFinder interface {
-	// PortOwners maps each listening TCP port in ports to the pid and start
-	// time of the process that owns its socket; ports it cannot resolve are
-	// left out.
-	PortOwners(ports []int) (map[int]Owner, error)
-	// ArgvMentions maps each of names to the processes whose argv passes
-	// it as a kernel's connection file: "-f FILE", "--f=FILE" (what
-	// ipykernel_launcher and most kernelspecs use), or FILE alone (as
-	// IRkernel's); FILE equal to the name or ending in "/"+name.
-	ArgvMentions(names []string) (map[string][]Owner, error)
+	// FindKernels returns, by file name, the process serving each kernel:
+	// the owner of its listening shell port (FromPort) or, failing that, the
+	// process whose argv passes the file as a kernel's connection file.
+	// Files it cannot resolve are left out.
+	FindKernels(files []KernelFile) (map[string]Owner, error)
+}
+
+// KernelFile is a connection file's base name and its kernel's shell port
+// (0 when the transport is not tcp).
+type KernelFile struct {
+	Name      string
+	ShellPort int
 }
 
 // Owner is a process identified by pid and start time.
@@ -52,6 +55,9 @@ type Owner struct {
 	// kernel's launch line, not a frontend naming the file (jupyter
 	// console --existing, a script).
 	Flagged bool
+	// FromPort is true when the process owns the kernel's listening shell
+	// port: authoritative.
+	FromPort bool
 }
 
 // Options configures Discover.
@@ -202,45 +208,25 @@ func attachSessions(ctx context.Context, hc *http.Client, servers []Server, kern
 
 // resolvePIDs finds each kernel's process: the owner of its listening shell
 // port (authoritative: wrappers and odd argv still resolve), else the one
-// process whose argv names the connection file.
+// process whose argv passes its connection file.
 func resolvePIDs(pf ProcessFinder, kernels []Kernel) []error {
-	var problems []error
-	var ports []int
+	files := make([]KernelFile, 0, len(kernels))
 	for _, k := range kernels {
-		if k.Connection.Transport == "tcp" && k.Connection.ShellPort > 0 {
-			ports = append(ports, k.Connection.ShellPort)
+		kf := KernelFile{Name: filepath.Base(k.ConnectionFile)}
+		if k.Connection.Transport == "tcp" {
+			kf.ShellPort = k.Connection.ShellPort
 		}
+		files = append(files, kf)
 	}
-	owners, err := pf.PortOwners(ports)
+	owners, err := pf.FindKernels(files)
+	var problems []error
 	if err != nil {
-		problems = append(problems, fmt.Errorf("reading listening sockets: %w", err))
-	}
-	var unresolved []string
-	for i := range kernels {
-		k := &kernels[i]
-		if o, ok := owners[k.Connection.ShellPort]; ok && k.Connection.Transport == "tcp" {
-			k.PID, k.PIDStart, k.PIDFromPort = o.PID, o.Start, true
-			continue
-		}
-		unresolved = append(unresolved, filepath.Base(k.ConnectionFile))
-	}
-	if len(unresolved) == 0 {
-		return problems
-	}
-	// Without the port (ipc transport, another user's sockets we may not read,
-	// a kernel not yet listening) fall back to argv, which reads every
-	// process's command line: slower, so only when needed.
-	mentions, err := pf.ArgvMentions(unresolved)
-	if err != nil {
-		problems = append(problems, fmt.Errorf("reading process arguments: %w", err))
+		problems = append(problems, fmt.Errorf("finding kernel processes: %w", err))
 	}
 	for i := range kernels {
 		k := &kernels[i]
-		if k.PID != 0 {
-			continue
-		}
-		if o, ok := pickKernel(mentions[filepath.Base(k.ConnectionFile)]); ok {
-			k.PID, k.PIDStart = o.PID, o.Start
+		if o, ok := owners[filepath.Base(k.ConnectionFile)]; ok {
+			k.PID, k.PIDStart, k.PIDFromPort = o.PID, o.Start, o.FromPort
 		}
 	}
 	return problems

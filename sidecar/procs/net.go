@@ -47,17 +47,26 @@ func (fs *FS) ListeningTCPPorts() (map[int]uint64, error) {
 // socket (inherited fds), the lowest pid wins. Only an unreadable root is an
 // error.
 func (fs *FS) SocketOwners(inodes []uint64) (map[uint64]int, error) {
+	if len(inodes) == 0 {
+		return map[uint64]int{}, nil
+	}
+	pids, err := fs.pids()
+	if err != nil {
+		return nil, err
+	}
+	return fs.SocketOwnersAmong(inodes, pids), nil
+}
+
+// SocketOwnersAmong is SocketOwners looking only at the fds of pids: much
+// cheaper when the caller knows the likely owners.
+func (fs *FS) SocketOwnersAmong(inodes []uint64, pids []int) map[uint64]int {
 	want := make(map[uint64]bool, len(inodes))
 	for _, ino := range inodes {
 		want[ino] = true
 	}
 	owners := make(map[uint64]int, len(inodes))
 	if len(want) == 0 {
-		return owners, nil
-	}
-	pids, err := fs.pids()
-	if err != nil {
-		return nil, err
+		return owners
 	}
 	for _, pid := range pids {
 		fdDir := filepath.Join(fs.root(), strconv.Itoa(pid), "fd")
@@ -84,5 +93,5 @@ func (fs *FS) SocketOwners(inodes []uint64) (map[uint64]int, error) {
 			}
 		}
 	}
-	return owners, nil
+	return owners
 }

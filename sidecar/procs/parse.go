@@ -165,6 +165,11 @@ func parseNetTCP(data []byte, into map[int]uint64) error {
 		return errors.New("net/tcp: no header line")
 	}
 	for n, line := range lines[1:] {
+		// Most lines are connections (TIME_WAIT piles up by thousands):
+		// look at the state column before splitting the line.
+		if st, ok := fourthField(line); ok && !bytes.Equal(st, []byte("0A")) {
+			continue
+		}
 		f := bytes.Fields(line)
 		if len(f) == 0 {
 			continue
@@ -203,4 +208,28 @@ func parseSocketLink(link string) (uint64, bool) {
 	}
 	inode, err := strconv.ParseUint(link[len(prefix):len(link)-1], 10, 64)
 	return inode, err == nil
+}
+
+// fourthField returns the fourth space-separated field of line (the state
+// column of /proc/net/tcp) without allocating.
+func fourthField(line []byte) ([]byte, bool) {
+	field := 0
+	i := 0
+	for i < len(line) {
+		for i < len(line) && line[i] == ' ' {
+			i++
+		}
+		start := i
+		for i < len(line) && line[i] != ' ' {
+			i++
+		}
+		if start == i {
+			break
+		}
+		if field == 3 {
+			return line[start:i], true
+		}
+		field++
+	}
+	return nil, false
 }

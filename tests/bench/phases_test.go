@@ -166,10 +166,14 @@ func BenchmarkPhases20Kernels(b *testing.B) {
 			}
 		}
 	})
-	b.Run("port_owners", func(b *testing.B) { // net/tcp + fd scan + ScanTree
+	b.Run("find_kernels", func(b *testing.B) { // cmdlines + net/tcp + candidates' fds + ScanTree
 		pf := discovery.NewProcFinder("/proc")
+		var files []discovery.KernelFile
+		for _, k := range res.Kernels {
+			files = append(files, discovery.KernelFile{Name: filepath.Base(k.ConnectionFile), ShellPort: k.Connection.ShellPort})
+		}
 		for b.Loop() {
-			if _, err := pf.PortOwners(shellPorts); err != nil {
+			if _, err := pf.FindKernels(files); err != nil {
 				b.Fatal(err)
 			}
 		}
