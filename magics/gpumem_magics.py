@@ -171,6 +171,7 @@ def render(data):
         "free": _render_free,
         "cell": _render_cell,
         "help": _render_help,
+        "top": _render_top,
         "error": _render_error,
     }.get(kind, _render_error)
     return fn(data)
@@ -457,6 +458,7 @@ _HELP = [
     ("%gpumem free", "only empty the frameworks' caches (gc + empty_cache); no variable is touched"),
     ("%gpumem free ... --dry-run", "show what would be deleted and dropped; free nothing"),
     ("%%gpumem", "(first line of a cell) run the cell, report its change in memory and its peak"),
+    ("%gpumem top", "the notebooks and processes sharing this kernel's GPUs, biggest first (needs gpumem serve)"),
     ("%gpumem help", "this help"),
 ]
 
@@ -472,6 +474,33 @@ def _render_help(data):
     text = [title, ""] + _pad(rows, ["command", "what it does"]) + [""] + foot
     body = _html_table(["command", "what it does"], rows) + _html_lines(foot, "dim")
     return "\n".join(text), _html_doc(title, body)
+
+
+def _render_top(data):
+    title = "gpumem top: who holds the GPUs this kernel uses"
+    if data.get("error"):
+        return _render_error({"message": data["error"]})
+    text, body = [title, ""], []
+    for g in data.get("gpus", []):
+        total = g.get("total", 0) or 0
+        head = "GPU %s  %s  %s / %s used (%.0f%%)" % (
+            g.get("index"), g.get("name", ""), fmt_bytes(g.get("used", 0)), fmt_bytes(total),
+            100.0 * (g.get("used", 0) or 0) / total if total else 0.0)
+        rows = []
+        for h in g.get("holders", []):
+            mark = "  <- this kernel" if h.get("self") else ""
+            rows.append([h.get("name", ""), h.get("user", ""), fmt_bytes(h.get("bytes", 0)) + mark])
+        text.append(head)
+        text += ["  " + line for line in _pad(rows, ["holder", "user", "memory"])] if rows else ["  (nothing listed)"]
+        text.append("")
+        body.append("<h4>%s</h4>" % _esc(head))
+        body.append(_html_table(["holder", "user", "memory"], rows, numeric=(2,)))
+    if data.get("note"):
+        text.append(data["note"])
+        body.append(_html_lines([data["note"]], "dim"))
+    if not data.get("gpus"):
+        text.append("This kernel holds no GPU memory that gpumem serve knows of.")
+    return "\n".join(text).rstrip(), _html_doc(title, "".join(body))
 
 
 def _render_error(data):
@@ -1561,6 +1590,138 @@ def cell_magic(cell):
 
 
 # ---------------------------------------------------------------------------
+# gpumem serve's view: %gpumem top and the notebook alerts.
+
+
+def top_data(timeout=1.0):
+    """The notebooks (or, in shared mode, the users) holding memory on the
+    GPUs this kernel uses, from gpumem serve."""
+    if not (_config.get("sidecar_socket") or os.environ.get("GPUMEM_SOCKET")):
+        return {"kind": "top", "error": "%gpumem top needs the sidecar: run `gpumem serve` beside Jupyter"}
+    import json
+
+    mine = driver_usage(timeout)
+    if mine is None or mine.get("error"):
+        return {"kind": "top", "error": (mine or {}).get("error", "gpumem serve did not answer")}
+    my_gpus = {g["index"] for g in mine.get("per_gpu", []) if g.get("bytes")}
+    status, body = _sidecar_get("/api/v1/notebooks", timeout)
+    gpus, note = [], ""
+    if status == 200:
+        rep = json.loads(body.decode("utf-8"))
+        for g in rep.get("gpus") or []:
+            if g.get("index") not in my_gpus:
+                continue
+            holders = []
+            for nb in rep.get("notebooks") or []:
+                for pg in nb.get("per_gpu") or []:
+                    if pg.get("index") == g.get("index") and pg.get("bytes"):
+                        holders.append({"name": nb.get("notebook") or "kernel " + nb.get("kernel_id", "")[:8],
+                                        "user": nb.get("user", ""), "bytes": int(pg["bytes"]),
+                                        "self": nb.get("kernel_id") == _config.get("kernel_id")})
+            for o in rep.get("other") or []:
+                for pg in o.get("per_gpu") or []:
+                    if pg.get("index") == g.get("index") and pg.get("bytes"):
+                        holders.append({"name": "pid %s: %s" % (o.get("pid"), (o.get("command") or "")[:60]),
+                                        "user": o.get("user", ""), "bytes": int(pg["bytes"])})
+            holders.sort(key=lambda h: -h["bytes"])
+            gpus.append({"index": g.get("index"), "name": g.get("name", ""), "used": g.get("memory_used_bytes", 0),
+                         "total": g.get("memory_total_bytes", 0), "holders": holders})
+    elif status == 403:
+        # Shared mode: a kernel may see per-user totals, not others' notebooks.
+        s2, b2 = _sidecar_get("/api/v1/users", timeout)
+        s3, b3 = _sidecar_get("/api/v1/gpus", timeout)
+        if s2 != 200 or s3 != 200:
+            return {"kind": "top", "error": "gpumem serve answered %d" % (s2 if s2 != 200 else s3)}
+        users = json.loads(b2.decode("utf-8")).get("users") or []
+        for g in json.loads(b3.decode("utf-8")).get("gpus") or []:
+            if g.get("index") not in my_gpus:
+                continue
+            holders = []
+            for u in users:
+                for pg in u.get("per_gpu") or []:
+                    if pg.get("index") == g.get("index") and pg.get("bytes"):
+                        holders.append({"name": "user %s (%d notebook%s)" % (u.get("user"), u.get("notebooks", 0),
+                                                                               "" if u.get("notebooks", 0) == 1 else "s"),
+                                        "user": u.get("user", ""), "bytes": int(pg["bytes"])})
+            holders.sort(key=lambda h: -h["bytes"])
+            gpus.append({"index": g.get("index"), "name": g.get("name", ""), "used": g.get("memory_used_bytes", 0),
+                         "total": g.get("memory_total_bytes", 0), "holders": holders})
+        note = "gpumem serve runs in shared mode: other users' notebooks are shown as per-user totals."
+    else:
+        return {"kind": "top", "error": "gpumem serve answered %d: %s" % (status, _api_error(body))}
+    return {"kind": "top", "gpus": gpus, "note": note}
+
+
+def _sidecar_get(path, timeout):
+    import http.client
+    import socket
+
+    sock = _config.get("sidecar_socket") or os.environ.get("GPUMEM_SOCKET")
+
+    class _UnixConn(http.client.HTTPConnection):
+        def connect(self):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(timeout)
+            try:
+                s.connect(sock)
+            except BaseException:
+                s.close()
+                raise
+            self.sock = s
+
+    conn = _UnixConn("local-gpumem.sock", timeout=timeout)
+    try:
+        conn.request("GET", path, headers={"Accept": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    except Exception as e:
+        return 0, str(e).encode()
+    finally:
+        conn.close()
+
+
+_alert_state = {"mtime": None, "shown": set()}
+
+
+def _alert_file():
+    f = _config.get("alert_file")
+    if f:
+        return f
+    sock = _config.get("sidecar_socket") or os.environ.get("GPUMEM_SOCKET")
+    return os.path.join(os.path.dirname(sock), "gpumem-alerts.json") if sock else None
+
+
+def alert_hook(*_args):
+    """pre_run_cell: prints, once per alert, gpumem serve's line about a GPU
+    this kernel uses being nearly full. It costs one stat() per cell; it
+    never raises into the user's cell."""
+    try:
+        path = _alert_file()
+        if not path:
+            return
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except OSError:
+            return
+        if mtime == _alert_state["mtime"]:
+            return
+        _alert_state["mtime"] = mtime
+        import json
+
+        with open(path, "rb") as f:
+            doc = json.loads(f.read().decode("utf-8"))
+        kid = _config.get("kernel_id")
+        for a in doc.get("alerts") or []:
+            aid = a.get("id")
+            if aid in _alert_state["shown"] or (kid and kid not in (a.get("kernels") or [])):
+                continue
+            _alert_state["shown"].add(aid)
+            print("gpumem: " + str(a.get("message", "")))
+    except Exception:
+        pass
+
+
+# ---------------------------------------------------------------------------
 # Glue: the magic, display, install/uninstall
 
 
@@ -1604,6 +1765,8 @@ def gpumem(line="", cell=None):
                 _show({"kind": "free", "schema": SCHEMA, "error": str(e)})
                 return None
             _show(free_data(names, opts["all"], keep, opts["dry_run"], opts["all_devices"]))
+        elif cmd == "top":
+            _show(top_data())
         elif cmd in ("help", "-h", "--help"):
             _show({"kind": "help", "version": VERSION})
         else:
@@ -1647,6 +1810,8 @@ def install(shell, config):
     """Registers the magics in shell. Called by the bootstrap."""
     configure(shell, config)
     shell.register_magic_function(gpumem, "line_cell", "gpumem")
+    if _config.get("notebook_alerts"):
+        shell.events.register("pre_run_cell", alert_hook)
 
 
 def uninstall():
@@ -1655,6 +1820,11 @@ def uninstall():
     shell = _shell
     if shell is None:
         return
+    try:
+        if alert_hook in shell.events.callbacks.get("pre_run_cell", []):
+            shell.events.unregister("pre_run_cell", alert_hook)
+    except Exception:
+        pass
     try:
         mm = shell.magics_manager
         for kind in ("line", "cell"):

@@ -80,6 +80,10 @@ type InjectOptions struct {
 	// KernelID is the kernel's id as gpumem serve knows it; the magic asks
 	// the API for that kernel only (all that shared mode allows a kernel).
 	KernelID string
+	// AlertFile, when set, is the file gpumem serve writes its GPU memory
+	// alerts to; a pre_run_cell hook then prints, at the next cell run, the
+	// alerts that name this kernel (one stat() per cell).
+	AlertFile string
 }
 
 // InjectResult says what Inject did.
@@ -147,6 +151,10 @@ func Inject(ctx context.Context, ex Executor, opts InjectOptions) (InjectResult,
 	}
 	if opts.KernelID != "" {
 		cfg["kernel_id"] = opts.KernelID
+	}
+	if opts.AlertFile != "" {
+		cfg["alert_file"] = opts.AlertFile
+		cfg["notebook_alerts"] = true
 	}
 	rep, err := runBoot(ctx, ex, "inject", cfg, nil)
 	if err != nil {

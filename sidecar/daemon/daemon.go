@@ -80,11 +80,13 @@ type Daemon struct {
 	metrics *metrics.Metrics
 	socket  string
 
-	mu       sync.Mutex
-	kernels  map[string]*kernelState // by connection file
-	last     metrics.Snapshot
-	lastSnap nvml.Snapshot
-	alerted  map[int]bool // GPU index → alert raised
+	mu           sync.Mutex
+	kernels      map[string]*kernelState // by connection file
+	last         metrics.Snapshot
+	lastSnap     nvml.Snapshot
+	alerted      map[int]bool // GPU index → alert raised
+	alertEpisode map[int]int  // GPU index → crossings so far
+	lastAlerts   []byte       // the alert file's content
 
 	wg sync.WaitGroup // kernel and reclaim goroutines
 }
@@ -99,14 +101,15 @@ func New(cfg Config, log zerolog.Logger) (*Daemon, error) {
 		return nil, errors.New("--reclaim-all-users needs root: only root may end other users' processes")
 	}
 	d := &Daemon{
-		cfg:     cfg,
-		log:     log,
-		selfUID: uint32(os.Geteuid()),
-		fs:      &procs.FS{Root: cfg.ProcRoot},
-		finder:  discovery.NewProcFinder(cfg.ProcRoot),
-		kernels: map[string]*kernelState{},
-		alerted: map[int]bool{},
-		socket:  cfg.SocketPath,
+		cfg:          cfg,
+		log:          log,
+		selfUID:      uint32(os.Geteuid()),
+		fs:           &procs.FS{Root: cfg.ProcRoot},
+		finder:       discovery.NewProcFinder(cfg.ProcRoot),
+		kernels:      map[string]*kernelState{},
+		alerted:      map[int]bool{},
+		alertEpisode: map[int]int{},
+		socket:       cfg.SocketPath,
 	}
 	d.metrics = metrics.New(d, log)
 	return d, nil
@@ -188,6 +191,7 @@ loop:
 	cancel()
 	d.wg.Wait() // kernel goroutines close their clients: detached, kernels untouched
 	parts.Wait()
+	_ = os.Remove(d.alertFile())
 	d.log.Info().Msg("gpumem serve stopped; kernels left untouched")
 	return runErr
 }

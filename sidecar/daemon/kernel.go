@@ -129,7 +129,11 @@ func (d *Daemon) startInject(ctx context.Context, ks *kernelState, c *protocol.C
 	go func() {
 		defer close(done)
 		log := d.log.With().Str("kernel_id", ks.id).Logger()
-		res, err := magics.Inject(ctx, c, magics.InjectOptions{SidecarSocket: d.socket, KernelID: ks.id})
+		opts := magics.InjectOptions{SidecarSocket: d.socket, KernelID: ks.id}
+		if d.cfg.NotebookAlerts && d.cfg.AlertThreshold > 0 {
+			opts.AlertFile = d.alertFile()
+		}
+		res, err := magics.Inject(ctx, c, opts)
 		switch {
 		case errors.Is(err, magics.ErrUnsupportedKernel):
 			log.Info().Str("reason", res.Reason).Msg("magics not injected")

@@ -1,14 +1,18 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/gpumem/gpumem/nvml"
+	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/discovery"
 	"github.com/gpumem/gpumem/sidecar/metrics"
@@ -160,26 +164,107 @@ func (d *Daemon) resolveKernelProcesses(kss []*kernelState) {
 }
 
 // checkAlerts logs once when a GPU crosses the alert threshold, and again
-// when it falls back below it.
+// when it falls back below it, and keeps the notebook alert file current.
 func (d *Daemon) checkAlerts(rep attribution.Report) {
 	if d.cfg.AlertThreshold <= 0 {
 		return
 	}
+	var active []notebookAlert
 	for _, g := range rep.GPUs {
 		over := metrics.OverThreshold(g, d.cfg.AlertThreshold)
 		d.mu.Lock()
 		was := d.alerted[g.Index]
 		d.alerted[g.Index] = over
+		if over && !was {
+			d.alertEpisode[g.Index]++
+		}
+		episode := d.alertEpisode[g.Index]
 		d.mu.Unlock()
+		biggest := biggestHolders(rep, g.Index, 3)
 		if over && !was {
 			d.log.Warn().Int("gpu", g.Index).Uint64("used_bytes", g.MemoryUsedBytes).
-				Uint64("total_bytes", g.MemoryTotalBytes).Str("biggest", biggestHolders(rep, g.Index, 3)).
+				Uint64("total_bytes", g.MemoryTotalBytes).Str("biggest", biggest).
 				Msg("GPU memory over the alert threshold")
 		} else if !over && was {
 			d.log.Info().Int("gpu", g.Index).Msg("GPU memory back under the alert threshold")
 		}
+		if over {
+			active = append(active, notebookAlert{
+				ID:  fmt.Sprintf("gpu%d-%d", g.Index, episode),
+				GPU: g.Index,
+				Message: fmt.Sprintf("GPU %d (%s) is %.0f%% full: %s of %s used; biggest: %s. "+
+					"`%%gpumem free` returns this notebook's cached memory; `%%gpumem top` shows who holds the rest.",
+					g.Index, g.Name, 100*float64(g.MemoryUsedBytes)/float64(max(g.MemoryTotalBytes, 1)),
+					gib(g.MemoryUsedBytes), gib(g.MemoryTotalBytes), biggest),
+				Kernels: kernelsOnGPU(rep, g.Index),
+			})
+		}
+	}
+	if d.cfg.NotebookAlerts {
+		d.writeAlerts(active)
 	}
 }
+
+// notebookAlert is one entry of the alert file the injected magics read.
+type notebookAlert struct {
+	ID      string   `json:"id"` // new for each crossing: shown once per kernel
+	GPU     int      `json:"gpu"`
+	Message string   `json:"message"`
+	Kernels []string `json:"kernels"` // the kernels using that GPU
+}
+
+// alertFile is where the magics look for alerts: beside the socket.
+func (d *Daemon) alertFile() string {
+	return filepath.Join(filepath.Dir(d.socket), "gpumem-alerts.json")
+}
+
+// writeAlerts replaces the alert file (atomically, only when it changes).
+func (d *Daemon) writeAlerts(active []notebookAlert) {
+	if active == nil {
+		active = []notebookAlert{}
+	}
+	data, err := json.Marshal(map[string]any{"alerts": active})
+	if err != nil {
+		return
+	}
+	d.mu.Lock()
+	same := bytes.Equal(data, d.lastAlerts)
+	d.lastAlerts = data
+	d.mu.Unlock()
+	if same {
+		return
+	}
+	mode := os.FileMode(0o600)
+	if d.cfg.SocketMode == api.ModeShared {
+		mode = 0o644 // kernels of other users read it, as they reach the socket
+	}
+	tmp := d.alertFile() + ".tmp"
+	if err := os.WriteFile(tmp, data, mode); err != nil {
+		d.log.Warn().Err(err).Msg("writing the notebook alert file")
+		return
+	}
+	if err := os.Chmod(tmp, mode); err == nil {
+		err = os.Rename(tmp, d.alertFile())
+		if err != nil {
+			d.log.Warn().Err(err).Msg("writing the notebook alert file")
+		}
+	}
+}
+
+func kernelsOnGPU(rep attribution.Report, gpu int) []string {
+	ids := []string{}
+	for _, nb := range rep.Notebooks {
+		for _, pg := range nb.PerGPU {
+			if pg.Index == gpu && (pg.Bytes > 0 || pg.BytesUnknown) {
+				ids = append(ids, nb.KernelID)
+				break
+			}
+		}
+	}
+	return ids
+}
+
+func gib(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
 
 // biggestHolders names the n notebooks or processes holding the most on gpu.
 func biggestHolders(rep attribution.Report, gpu, n int) string {
