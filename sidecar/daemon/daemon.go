@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"sync"
 	"time"
@@ -209,10 +210,16 @@ func (d *Daemon) scan(ctx context.Context) {
 	d.mu.Lock()
 	var gone []*kernelState
 	for file, ks := range d.kernels {
-		if _, ok := present[file]; !ok {
-			gone = append(gone, ks)
-			delete(d.kernels, file)
+		if _, ok := present[file]; ok {
+			continue
 		}
+		// Only a deleted file means shutdown: ipykernel rewrites its file
+		// at start-up, and a scan can meet it half-written.
+		if _, err := os.Stat(file); !errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		gone = append(gone, ks)
+		delete(d.kernels, file)
 	}
 	for file, k := range present {
 		ks, ok := d.kernels[file]
