@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gpumem/gpumem/protocol"
+	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/discovery"
 )
 
@@ -35,6 +36,12 @@ func runKernels(ctx context.Context, env Env, args []string) error {
 	timeout := fs.Duration("timeout", time.Second, "how long to wait for each kernel's heartbeat")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if rows, ok := kernelsFromDaemon(ctx, env, dirs); ok {
+		if *asJSON {
+			return writeJSON(env.Stdout, rows)
+		}
+		return writeKernelTable(env.Stdout, rows)
 	}
 	res := discoverKernels(ctx, env, dirs)
 	for _, p := range res.Problems {
@@ -73,6 +80,31 @@ func runKernels(ctx context.Context, env Env, args []string) error {
 		return writeJSON(env.Stdout, rows)
 	}
 	return writeKernelTable(env.Stdout, rows)
+}
+
+// kernelsFromDaemon asks a running gpumem serve, which already follows every
+// kernel of its runtime dirs; false when there is none, or it refuses us.
+func kernelsFromDaemon(ctx context.Context, env Env, dirs []string) ([]kernelRow, bool) {
+	if len(dirs) > 0 {
+		return nil, false // the daemon watches its own dirs only
+	}
+	sock := daemonSocket(env, dirs)
+	if sock == "" {
+		return nil, false
+	}
+	c := api.NewClient(sock)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	ks, err := c.Kernels(ctx)
+	if err != nil {
+		return nil, false
+	}
+	rows := make([]kernelRow, len(ks))
+	for i, k := range ks {
+		rows[i] = kernelRow(k)
+	}
+	return rows, true
 }
 
 func discoverKernels(ctx context.Context, env Env, extraDirs []string) discovery.Result {

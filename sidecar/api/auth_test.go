@@ -90,11 +90,12 @@ var (
 	reqGPUs      = "GET /api/v1/gpus"
 	reqUsers     = "GET /api/v1/users"
 	reqNotebooks = "GET /api/v1/notebooks"
+	reqKernels   = "GET /api/v1/kernels"
 	reqKernelA   = "GET /api/v1/kernels/kernel-a"
 	reqKernelB   = "GET /api/v1/kernels/kernel-b"
 	reqFreeA     = "POST /api/v1/kernels/kernel-a/free"
 	reqFreeB     = "POST /api/v1/kernels/kernel-b/free"
-	allRequests  = []string{reqHealthz, reqGPUs, reqUsers, reqNotebooks, reqKernelA, reqKernelB, reqFreeA, reqFreeB}
+	allRequests  = []string{reqHealthz, reqGPUs, reqUsers, reqNotebooks, reqKernels, reqKernelA, reqKernelB, reqFreeA, reqFreeB}
 )
 
 func checkResults(t *testing.T, got map[string]string, want map[string]string) {
@@ -118,7 +119,7 @@ func TestSharedModeSecondUID(t *testing.T) {
 		checkResults(t, got, map[string]string{
 			reqHealthz: "200", reqGPUs: "200", reqUsers: "200",
 			reqKernelA: "200", reqFreeA: "200",
-			reqNotebooks: "403", reqKernelB: "403", reqFreeB: "403",
+			reqNotebooks: "403", reqKernels: "403", reqKernelB: "403", reqFreeB: "403",
 		})
 		var freedA, freedB int
 		for _, c := range b.freeCalls() {
@@ -139,7 +140,7 @@ func TestSharedModeSecondUID(t *testing.T) {
 	t.Run("not a kernel process", func(t *testing.T) {
 		got := runAs(ts.path, nil, allRequests...)
 		checkResults(t, got, map[string]string{
-			reqHealthz: "200", reqGPUs: "403", reqUsers: "403", reqNotebooks: "403",
+			reqHealthz: "200", reqGPUs: "403", reqUsers: "403", reqNotebooks: "403", reqKernels: "403",
 			reqKernelA: "403", reqKernelB: "403", reqFreeA: "403", reqFreeB: "403",
 		})
 	})
@@ -158,7 +159,7 @@ func TestSharedModeSecondUID(t *testing.T) {
 		own := startServerWith(t, sub, ModeShared, b, func(s *Server) { s.daemonUID = otherUID })
 		got := runAs(own.path, nil, allRequests...)
 		checkResults(t, got, map[string]string{
-			reqHealthz: "200", reqGPUs: "200", reqUsers: "200", reqNotebooks: "200",
+			reqHealthz: "200", reqGPUs: "200", reqUsers: "200", reqNotebooks: "200", reqKernels: "200",
 			reqKernelA: "200", reqKernelB: "200", reqFreeA: "200", reqFreeB: "200",
 		})
 	})

@@ -104,6 +104,13 @@ func (c *Client) Notebooks(ctx context.Context) (attribution.Report, error) {
 	return rep, err
 }
 
+// Kernels lists the kernels the daemon follows (admin callers only).
+func (c *Client) Kernels(ctx context.Context) ([]KernelStatus, error) {
+	var v KernelsResponse
+	err := c.do(ctx, http.MethodGet, "/api/v1/kernels", nil, &v)
+	return v.Kernels, err
+}
+
 // GPUs lists the GPUs with their memory totals.
 func (c *Client) GPUs(ctx context.Context) ([]attribution.GPU, error) {
 	var v GPUsResponse

@@ -195,6 +195,10 @@ type freeCall struct {
 	peer     Peer
 }
 
+func (b *fakeBackend) Kernels(context.Context) ([]KernelStatus, error) {
+	return []KernelStatus{{KernelID: "k-admin-only", Alive: true, Language: "python"}}, nil
+}
+
 func (b *fakeBackend) Report(context.Context) (attribution.Report, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -34,6 +34,9 @@ type Backend interface {
 	// unknown kernel. The error's text is sent to the caller: it must not
 	// hold a kernel key or a server token.
 	Free(ctx context.Context, kernelID string, req FreeRequest) (json.RawMessage, error)
+	// Kernels lists the kernels the daemon follows, as `gpumem kernels`
+	// prints them.
+	Kernels(ctx context.Context) ([]KernelStatus, error)
 }
 
 // ErrKernelNotFound is wrapped by Backend.Free's error for a kernel the
@@ -139,6 +142,7 @@ func (s *Server) handler(mode Mode) http.Handler {
 	route("GET /api/v1/gpus", accessKernel, s.serveGPUs)
 	route("GET /api/v1/users", accessKernel, s.serveUsers)
 	route("GET /api/v1/notebooks", accessAdmin, s.serveNotebooks)
+	route("GET /api/v1/kernels", accessAdmin, s.serveKernels)
 	route("GET /api/v1/kernels/{id}", accessOwnKernel, s.serveKernel)
 	route("POST /api/v1/kernels/{id}/free", accessOwnKernel, s.serveFree)
 
@@ -148,6 +152,7 @@ func (s *Server) handler(mode Mode) http.Handler {
 		"/api/v1/gpus":              "GET, HEAD",
 		"/api/v1/users":             "GET, HEAD",
 		"/api/v1/notebooks":         "GET, HEAD",
+		"/api/v1/kernels":           "GET, HEAD",
 		"/api/v1/kernels/{id}":      "GET, HEAD",
 		"/api/v1/kernels/{id}/free": "POST",
 	} {
@@ -230,6 +235,18 @@ func (s *Server) serveNotebooks(w http.ResponseWriter, r *http.Request, _ caller
 		return
 	}
 	s.writeJSON(w, r, http.StatusOK, rep)
+}
+
+func (s *Server) serveKernels(w http.ResponseWriter, r *http.Request, _ caller) {
+	ks, err := s.backend.Kernels(r.Context())
+	if err != nil {
+		s.writeError(w, r, http.StatusServiceUnavailable, fmt.Sprintf("kernels: %v", err))
+		return
+	}
+	if ks == nil {
+		ks = []KernelStatus{}
+	}
+	s.writeJSON(w, r, http.StatusOK, KernelsResponse{Kernels: ks})
 }
 
 func (s *Server) serveKernel(w http.ResponseWriter, r *http.Request, _ caller) {

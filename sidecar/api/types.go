@@ -96,6 +96,23 @@ func isIdentifier(s string) bool {
 	return true
 }
 
+// KernelStatus is one kernel as the daemon follows it: the row of
+// `gpumem kernels` (the same JSON keys).
+type KernelStatus struct {
+	KernelID       string `json:"kernel_id"`
+	Notebook       string `json:"notebook"`
+	PID            int    `json:"pid"`
+	Language       string `json:"language"`
+	Alive          bool   `json:"alive"`
+	ConnectionFile string `json:"connection_file"`
+	ServerURL      string `json:"server_url"`
+}
+
+// KernelsResponse is the reply of GET /api/v1/kernels.
+type KernelsResponse struct {
+	Kernels []KernelStatus `json:"kernels"`
+}
+
 // GPUsResponse is the reply of GET /api/v1/gpus.
 type GPUsResponse struct {
 	GPUs []attribution.GPU `json:"gpus"`

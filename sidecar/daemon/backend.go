@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sort"
 
 	"github.com/gpumem/gpumem/magics"
 	"github.com/gpumem/gpumem/protocol"
@@ -114,4 +115,28 @@ func (d *Daemon) kernelDriverBytes(ctx context.Context, cur procID) *uint64 {
 		total += held[p.PID]
 	}
 	return &total
+}
+
+// Kernels implements api.Backend: the kernels followed, liveness from the
+// heartbeat of the attached client.
+func (d *Daemon) Kernels(ctx context.Context) ([]api.KernelStatus, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]api.KernelStatus, 0, len(d.kernels))
+	for _, ks := range d.kernels {
+		st := api.KernelStatus{KernelID: ks.id, Notebook: ks.notebook, PID: ks.cur.PID,
+			ConnectionFile: ks.connFile, ServerURL: ks.serverURL}
+		if ks.client != nil {
+			st.Alive = ks.client.Alive()
+			st.Language = ks.client.LastKernelInfo().Language
+		}
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Notebook != out[j].Notebook {
+			return out[i].Notebook < out[j].Notebook
+		}
+		return out[i].ConnectionFile < out[j].ConnectionFile
+	})
+	return out, nil
 }

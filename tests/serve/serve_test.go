@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"os"
 	"os/exec"
@@ -134,6 +135,29 @@ func TestServeInjectsNewKernels(t *testing.T) {
 	}
 	if _, ok := d.findLog("magics injected", map[string]any{"kernel_id": nb.sess.Kernel.ID}); !ok {
 		t.Errorf("no 'magics injected' log for %s", nb.sess.Kernel.ID)
+	}
+
+	// gpumem kernels answers from the daemon: same rows, same keys.
+	cmd := exec.Command(gpumemBin, "kernels", "--json")
+	cmd.Env = testenv.Env(srv.Dir)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("gpumem kernels: %v", err)
+	}
+	var rows []map[string]any
+	if err := json.Unmarshal(out, &rows); err != nil || len(rows) != 1 {
+		t.Fatalf("gpumem kernels --json = %s (%v), want one kernel", out, err)
+	}
+	want := map[string]any{"kernel_id": nb.sess.Kernel.ID, "notebook": srv.RootDir + "/projects/train.ipynb",
+		"pid": float64(nb.pid), "language": "python", "alive": true, "connection_file": srv.ConnectionFile(nb.sess.Kernel.ID),
+		"server_url": srv.URL}
+	if len(rows[0]) != len(want) {
+		t.Errorf("keys %v, want exactly %v", rows[0], want)
+	}
+	for k, v := range want {
+		if rows[0][k] != v {
+			t.Errorf("%s = %v, want %v", k, rows[0][k], v)
+		}
 	}
 }
 
