@@ -119,7 +119,7 @@ func FreeCache(ctx context.Context, ex Executor, opts FreeOptions) (FreeReport, 
 		return FreeReport{}, fmt.Errorf("free: decode the kernel's report: %w", err)
 	}
 	if fr.Error != "" {
-		return fr, fmt.Errorf("free: %s: %w", fr.Error, ErrFreeRefused)
+		return fr, fmt.Errorf("%w: %s", ErrFreeRefused, fr.Error)
 	}
 	return fr, nil
 }

@@ -38,7 +38,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	}
 	mode, err := api.ParseMode(*socketMode)
 	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return fmt.Errorf("%w: --socket-mode: %v", errUsage, err)
 	}
 	if *threshold < 0 || *threshold > 1 {
 		return fmt.Errorf("%w: --alert-threshold=%v: want a fraction between 0 and 1", errUsage, *threshold)
