@@ -10,6 +10,7 @@ import (
 	"github.com/gpumem/gpumem/magics"
 	"github.com/gpumem/gpumem/protocol"
 	"github.com/gpumem/gpumem/sidecar/discovery"
+	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
 // recordedProc is what we remember of a process seen in a kernel's tree.
@@ -43,6 +44,39 @@ func newKernelState(k discovery.Kernel) *kernelState {
 }
 
 func (p procID) isZero() bool { return p.PID == 0 }
+
+// observe records the live kernel process's tree in table and forgets
+// recorded processes that have exited (a kernel that starts workers every
+// epoch must not grow the set without bound); a recorded process that left
+// the tree but lives on (setsid, reparented) stays recorded. It reports
+// false, changing nothing, when the kernel process itself is gone. Called
+// with Daemon.mu held.
+func (ks *kernelState) observe(table *procs.Table) bool {
+	kp, alive := table.Lookup(ks.cur.PID, ks.cur.Start)
+	if !alive {
+		return false
+	}
+	if kp.Detailed {
+		ks.uid = kp.UID
+	}
+	for id := range ks.recorded {
+		if _, ok := table.Lookup(id.PID, id.Start); !ok {
+			delete(ks.recorded, id)
+		}
+	}
+	for _, p := range table.KernelProcesses(ks.cur.PID, ks.cur.Start) {
+		id := procID{p.PID, p.StartTime}
+		if id == ks.cur {
+			continue
+		}
+		rec := ks.recorded[id]
+		if p.Detailed {
+			rec = recordedProc{UID: p.UID, Argv: shortArgv(p.Argv)}
+		}
+		ks.recorded[id] = rec
+	}
+	return true
+}
 
 // takeRecordedLocked hands over the recorded set and starts a new one.
 func (ks *kernelState) takeRecordedLocked() map[procID]recordedProc {

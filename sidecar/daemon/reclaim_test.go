@@ -165,3 +165,41 @@ func TestTerminate(t *testing.T) {
 		}
 	})
 }
+
+// TestObserveRecordsTreeAndForgetsExited: the tree of a live kernel is
+// recorded (children, setsid grandchildren while still descendants), an
+// orphan that left the tree but lives stays recorded, exited processes are
+// forgotten, and a kernel whose pid was reused counts as gone.
+func TestObserveRecordsTreeAndForgetsExited(t *testing.T) {
+	kernel := procID{100, 1000}
+	ks := &kernelState{id: "k", cur: kernel, recorded: map[procID]recordedProc{
+		{150, 1100}: {UID: 7}, // left the tree (its parent exited), still alive
+		{160, 1200}: {UID: 7}, // exited
+	}}
+	table := procs.NewTable([]procs.Proc{
+		{PID: 100, PPID: 1, PGID: 100, SID: 100, StartTime: 1000, Detailed: true, UID: 7},
+		{PID: 101, PPID: 100, PGID: 100, SID: 100, StartTime: 1010, Detailed: true, UID: 7, Argv: []string{"python", "-c", "worker"}},
+		{PID: 102, PPID: 101, PGID: 102, SID: 102, StartTime: 1020}, // setsid grandchild, still a descendant
+		{PID: 150, PPID: 1, PGID: 150, SID: 150, StartTime: 1100},
+		{PID: 300, PPID: 1, PGID: 300, SID: 300, StartTime: 1300}, // unrelated
+	})
+	if !ks.observe(table) {
+		t.Fatal("live kernel reported gone")
+	}
+	want := map[procID]bool{{101, 1010}: true, {102, 1020}: true, {150, 1100}: true}
+	if len(ks.recorded) != len(want) {
+		t.Errorf("recorded %v, want %v", ks.recorded, want)
+	}
+	for id := range want {
+		if _, ok := ks.recorded[id]; !ok {
+			t.Errorf("%v not recorded", id)
+		}
+	}
+	if got := ks.recorded[procID{101, 1010}]; got.Argv != "python -c worker" || got.UID != 7 {
+		t.Errorf("worker recorded as %+v", got)
+	}
+	reused := procs.NewTable([]procs.Proc{{PID: 100, PPID: 1, StartTime: 5000}})
+	if ks.observe(reused) {
+		t.Error("a reused kernel pid was taken for the kernel")
+	}
+}

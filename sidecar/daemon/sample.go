@@ -75,28 +75,12 @@ func (d *Daemon) sample(ctx context.Context) {
 	kernels := make([]attribution.Kernel, 0, len(d.kernels))
 	for _, ks := range d.kernels {
 		if !ks.cur.isZero() {
-			kp, alive := table.Lookup(ks.cur.PID, ks.cur.Start)
-			if !alive {
+			if !ks.observe(table) {
 				d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Int("pid", ks.cur.PID).
 					Msg("kernel process exited")
 				jobs = append(jobs, job{ks, ks.takeRecordedLocked()})
 				ks.cur = procID{}
 				ks.injected = ""
-			} else {
-				if kp.Detailed {
-					ks.uid = kp.UID
-				}
-				for _, p := range table.KernelProcesses(ks.cur.PID, ks.cur.Start) {
-					id := procID{p.PID, p.StartTime}
-					if id == ks.cur {
-						continue
-					}
-					rec := ks.recorded[id]
-					if p.Detailed {
-						rec = recordedProc{UID: p.UID, Argv: shortArgv(p.Argv)}
-					}
-					ks.recorded[id] = rec
-				}
 			}
 		}
 		if ks.cur.isZero() {
