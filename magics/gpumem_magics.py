@@ -702,32 +702,16 @@ def driver_usage(timeout=0.5):
     sock = _config.get("sidecar_socket") or os.environ.get("GPUMEM_SOCKET")
     if not sock:
         return None
-    import http.client
     import json
-    import socket
 
     kid = _config.get("kernel_id")
     pid = os.getpid()
 
-    class _UnixConn(http.client.HTTPConnection):
-        def connect(self):
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.settimeout(timeout)
-            try:
-                s.connect(sock)
-            except BaseException:
-                s.close()
-                raise
-            self.sock = s
-
     def get(path):
-        conn = _UnixConn("local-gpumem.sock", timeout=timeout)
-        try:
-            conn.request("GET", path, headers={"Accept": "application/json"})
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        finally:
-            conn.close()
+        status, body = _sidecar_get(path, timeout)
+        if status == 0:
+            raise OSError(body.decode("utf-8", "replace"))
+        return status, body
 
     try:
         if kid:

@@ -24,18 +24,8 @@ stop() {
 }
 if [ "${1:-}" = stop ]; then stop; exit 0; fi
 
-packages=(python3-ipykernel python3-jupyter-client jupyter-notebook)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "installing: ${missing[*]}"
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+. scripts/lib.sh
+install_missing python3-ipykernel python3-jupyter-client jupyter-notebook
 
 mkdir -p "$state/runtime" bin
 go build -o bin/gpumem ./cmd/gpumem

@@ -6,19 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(python3-ipykernel python3-jupyter-client jupyter-notebook python3-jupyter-server python3-torch)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "installing: ${missing[*]}"
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
-command -v go >/dev/null || { echo "go not found: install Go 1.26 or newer (https://go.dev/dl)"; exit 1; }
+. scripts/lib.sh
+install_missing python3-ipykernel python3-jupyter-client jupyter-notebook python3-jupyter-server python3-torch
+command -v go >/dev/null || { echo "go not found: install Go 1.26 or newer"; exit 1; }
 command -v gcc >/dev/null || { echo "gcc not found (cgo builds the NVML bindings): apt-get install gcc"; exit 1; }
 
 go vet ./...

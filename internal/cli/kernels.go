@@ -17,16 +17,9 @@ import (
 	"github.com/gpumem/gpumem/sidecar/discovery"
 )
 
-// kernelRow is one line of `gpumem kernels`; its JSON keys are a contract.
-type kernelRow struct {
-	KernelID       string `json:"kernel_id"`
-	Notebook       string `json:"notebook"`
-	PID            int    `json:"pid"`
-	Language       string `json:"language"`
-	Alive          bool   `json:"alive"`
-	ConnectionFile string `json:"connection_file"`
-	ServerURL      string `json:"server_url"`
-}
+// kernelRow is one line of `gpumem kernels`; its JSON keys are a contract,
+// and the daemon's GET /api/v1/kernels serves the same rows.
+type kernelRow = api.KernelStatus
 
 func runKernels(ctx context.Context, env Env, args []string) error {
 	fs := newFlagSet(env, "kernels", "[--json] [--runtime-dir DIR ...]")
@@ -100,11 +93,7 @@ func kernelsFromDaemon(ctx context.Context, env Env, dirs []string) ([]kernelRow
 	if err != nil {
 		return nil, false
 	}
-	rows := make([]kernelRow, len(ks))
-	for i, k := range ks {
-		rows[i] = kernelRow(k)
-	}
-	return rows, true
+	return ks, true
 }
 
 func discoverKernels(ctx context.Context, env Env, extraDirs []string) discovery.Result {

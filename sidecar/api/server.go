@@ -17,6 +17,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gpumem/gpumem/internal/syncutil"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 )
 
@@ -113,23 +114,10 @@ func (s *Server) Serve(ctx context.Context, ln *Listener) error {
 		<-served // returns ErrServerClosed at once after Shutdown/Close
 	}
 	_ = ln.Close()
-	if !waitTimeout(&conns, shutdownTimeout) {
+	if !syncutil.WaitTimeout(&conns, shutdownTimeout) {
 		s.log.Error().Str("socket", ln.Path()).Msg("api connections still running after shutdown")
 	}
 	return err
-}
-
-func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-done:
-		return true
-	case <-t.C:
-		return false
-	}
 }
 
 // handler is the whole API: browser checks, peer check, routes.

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/gpumem/gpumem/internal/syncutil"
 )
 
 // ErrNonLoopback is matched by Listen's error for an address that is not
@@ -107,7 +109,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		<-served
 	}
 	_ = s.Close()
-	if !waitTimeout(&s.conns, shutdownTimeout) && err == nil {
+	if !syncutil.WaitTimeout(&s.conns, shutdownTimeout) && err == nil {
 		err = fmt.Errorf("metrics server on %s: connections still open %v after shutdown", s.ln.Addr(), shutdownTimeout)
 	}
 	return err
@@ -122,19 +124,6 @@ func (s *Server) Close() error {
 		}
 	})
 	return err
-}
-
-func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-done:
-		return true
-	case <-t.C:
-		return false
-	}
 }
 
 // isLoopbackName reports whether a listen host is loopback without DNS:
