@@ -41,7 +41,10 @@ func runAttach(ctx context.Context, env Env, args []string) error {
 	defer c.Close()
 	opts := magics.InjectOptions{KernelID: k.ID}
 	if sock := daemonSocket(env, dirs); sock != "" {
+		// As gpumem serve injects: re-injecting must not drop the daemon's
+		// driver figures or its notebook alerts.
 		opts.SidecarSocket = sock
+		opts.AlertFile = filepath.Join(filepath.Dir(sock), "gpumem-alerts.json")
 	}
 	res, err := magics.Inject(ctx, c, opts)
 	if err != nil {
@@ -86,28 +89,38 @@ func runFree(ctx context.Context, env Env, args []string) error {
 	var rep magics.FreeReport
 	// Through the daemon when it runs (it adds the driver's figure);
 	// standalone otherwise.
+	// Say so when the kernel's current cell keeps the free waiting; a
+	// fresh client cannot know the kernel is busy before its first status.
+	waiting := time.AfterFunc(time.Second, func() {
+		fmt.Fprintf(env.Stderr, "gpumem: kernel %s is busy (a cell is running?); the free runs after it (waiting up to %v)\n", k.ID, *timeout)
+	})
 	raw, err := freeViaDaemon(ctx, env, dirs, k.ID, req)
+	var se *api.StatusError
 	switch {
 	case err == nil:
 		if err := json.Unmarshal(raw, &rep); err != nil {
+			waiting.Stop()
 			return fmt.Errorf("daemon's free reply: %w", err)
 		}
-	case errors.Is(err, api.ErrNoDaemon):
-		c, err := dialKernel(ctx, env, k)
-		if err != nil {
-			return err
+	// No daemon, or one that does not follow this kernel (outside its
+	// runtime dirs): standalone.
+	case errors.Is(err, api.ErrNoDaemon) || (errors.As(err, &se) && se.StatusCode == 404):
+		c, derr := dialKernel(ctx, env, k)
+		if derr != nil {
+			waiting.Stop()
+			return derr
 		}
 		defer c.Close()
-		if c.ExecutionState() == "busy" {
-			fmt.Fprintf(env.Stderr, "gpumem: kernel %s is running a cell; the free runs after it (up to %v)\n", k.ID, *timeout)
-		}
 		rep, err = magics.FreeCache(ctx, c, magics.FreeOptions{Vars: req.Vars, All: req.All})
 		if err != nil {
+			waiting.Stop()
 			return fmt.Errorf("kernel %s (%s): %w", k.ID, orDash(k.Notebook), err)
 		}
 	default:
+		waiting.Stop()
 		return fmt.Errorf("kernel %s (%s): %w", k.ID, orDash(k.Notebook), err)
 	}
+	waiting.Stop()
 	if *asJSON {
 		return writeJSON(env.Stdout, rep)
 	}

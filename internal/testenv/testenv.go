@@ -227,17 +227,37 @@ func ConnectionJSON(t testing.TB, path, key string) {
 }
 
 // StartKernel starts `python3 -m ipykernel_launcher -f <runtime>/kernel-<id>.json`
-// (as `jupyter kernel` would, but with no server) in dir's runtime dir.
-// extraEnv is appended to the kernel's environment.
+// (as `jupyter kernel` would, but with no server) in dir's runtime dir, and
+// returns once the kernel has written that file. The kernel binds ports of
+// its own choosing and writes them with a fresh key: ports picked here and
+// freed before the kernel binds them could be taken in between by another
+// test's connection. extraEnv is appended to the kernel's environment.
 func StartKernel(t testing.TB, dir string, extraEnv ...string) *Kernel {
 	t.Helper()
 	Require(t, "ipykernel")
 	id := fmt.Sprintf("%s-%s-%s-%s-%s", RandomHex(4), RandomHex(2), RandomHex(2), RandomHex(2), RandomHex(6))
 	cf := filepath.Join(dir, "runtime", "kernel-"+id+".json")
-	key := RandomHex(16)
-	ConnectionJSON(t, cf, key)
+	if err := os.MkdirAll(filepath.Dir(cf), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	p := Start(t, Env(dir, extraEnv...), dir, Python(), "-m", "ipykernel_launcher", "-f", cf)
-	return &Kernel{Proc: p, Dir: dir, ConnectionFile: cf, Key: key, ID: id}
+	var conn struct {
+		Key       *string `json:"key"`
+		ShellPort int     `json:"shell_port"`
+		HBPort    int     `json:"hb_port"`
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if b, err := os.ReadFile(cf); err == nil && json.Unmarshal(b, &conn) == nil &&
+			conn.Key != nil && conn.ShellPort > 0 && conn.HBPort > 0 {
+			break
+		}
+		if p.Exited() || time.Now().After(deadline) {
+			t.Fatalf("kernel did not write %s: %s", cf, p.Output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return &Kernel{Proc: p, Dir: dir, ConnectionFile: cf, Key: *conn.Key, ID: id}
 }
 
 // ServerKind selects the Jupyter server implementation.

@@ -44,6 +44,10 @@ type Backend interface {
 // daemon does not know; the API answers 404.
 var ErrKernelNotFound = errors.New("kernel not found")
 
+// ErrRefused is wrapped by Backend.Free's error when the kernel refused the
+// request (an unknown variable, say) and changed nothing; the API answers 422.
+var ErrRefused = errors.New("refused")
+
 // Options configure a Server.
 type Options struct {
 	// Logger gets one line per refused or failed request and per free.
@@ -264,6 +268,10 @@ func (s *Server) serveFree(w http.ResponseWriter, r *http.Request, c caller) {
 	switch {
 	case errors.Is(err, ErrKernelNotFound):
 		s.writeError(w, r, http.StatusNotFound, err.Error())
+		return
+	case errors.Is(err, ErrRefused):
+		log.Info().Err(err).Msg("free refused")
+		s.writeError(w, r, http.StatusUnprocessableEntity, err.Error())
 		return
 	case errors.Is(err, context.DeadlineExceeded):
 		log.Warn().Err(err).Msg("free timed out")

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 
@@ -77,6 +78,9 @@ func (d *Daemon) Free(ctx context.Context, kernelID string, req api.FreeRequest)
 	}
 	before := d.kernelDriverBytes(ctx, ks.cur)
 	rep, err := magics.FreeCache(ctx, ks.client, magics.FreeOptions{Vars: req.Vars, All: req.All})
+	if errors.Is(err, magics.ErrFreeRefused) {
+		return nil, fmt.Errorf("%w: %w", api.ErrRefused, err)
+	}
 	if err != nil {
 		return nil, err
 	}
