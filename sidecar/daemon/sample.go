@@ -165,6 +165,12 @@ func (d *Daemon) checkAlerts(rep attribution.Report) {
 		episode := d.alertEpisode[g.Index]
 		d.mu.Unlock()
 		biggest := biggestHolders(rep, g.Index, 3)
+		inNotebooks := biggest
+		if d.cfg.SocketMode == api.ModeShared {
+			// Every user's kernels read the alert file: name users, not
+			// other users' notebooks and commands.
+			inNotebooks = biggestUsers(rep, g.Index, 3)
+		}
 		if over && !was {
 			d.log.Warn().Int("gpu", g.Index).Uint64("used_bytes", g.MemoryUsedBytes).
 				Uint64("total_bytes", g.MemoryTotalBytes).Str("biggest", biggest).
@@ -179,7 +185,7 @@ func (d *Daemon) checkAlerts(rep attribution.Report) {
 				Message: fmt.Sprintf("GPU %d (%s) is %.0f%% full: %s of %s used; biggest: %s. "+
 					"`%%gpumem free` returns this notebook's cached memory; `%%gpumem top` shows who holds the rest.",
 					g.Index, g.Name, 100*float64(g.MemoryUsedBytes)/float64(max(g.MemoryTotalBytes, 1)),
-					gib(g.MemoryUsedBytes), gib(g.MemoryTotalBytes), biggest),
+					gib(g.MemoryUsedBytes), gib(g.MemoryTotalBytes), inNotebooks),
 				Kernels: kernelsOnGPU(rep, g.Index),
 			})
 		}
@@ -279,6 +285,44 @@ func biggestHolders(rep attribution.Report, gpu, n int) string {
 	var parts []string
 	for i := 0; i < len(hs) && i < n; i++ {
 		parts = append(parts, fmt.Sprintf("%s %.1f GiB", hs[i].name, float64(hs[i].bytes)/(1<<30)))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// biggestUsers names the n users holding the most on gpu.
+func biggestUsers(rep attribution.Report, gpu, n int) string {
+	byUser := map[string]uint64{}
+	add := func(user string, per []attribution.GPUBytes) {
+		if user == "" {
+			user = "unknown"
+		}
+		for _, pg := range per {
+			if pg.Index == gpu {
+				byUser[user] += pg.Bytes
+			}
+		}
+	}
+	for _, nb := range rep.Notebooks {
+		add(nb.User, nb.PerGPU)
+	}
+	for _, o := range rep.Other {
+		add(o.User, o.PerGPU)
+	}
+	users := make([]string, 0, len(byUser))
+	for u, b := range byUser {
+		if b > 0 {
+			users = append(users, u)
+		}
+	}
+	sort.Slice(users, func(i, j int) bool {
+		if byUser[users[i]] != byUser[users[j]] {
+			return byUser[users[i]] > byUser[users[j]]
+		}
+		return users[i] < users[j]
+	})
+	var parts []string
+	for i := 0; i < len(users) && i < n; i++ {
+		parts = append(parts, fmt.Sprintf("user %s %s", users[i], gib(byUser[users[i]])))
 	}
 	return strings.Join(parts, ", ")
 }
