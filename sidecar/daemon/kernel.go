@@ -117,13 +117,14 @@ func (d *Daemon) runKernel(ctx context.Context, ks *kernelState) {
 	d.mu.Lock()
 	ks.client = c
 	ks.attachAt = time.Now()
+	notebook := ks.notebook // scan updates it under d.mu
 	d.mu.Unlock()
 	defer func() {
 		d.mu.Lock()
 		ks.client = nil
 		d.mu.Unlock()
 	}()
-	log.Info().Str("notebook", ks.notebook).Msg("attached")
+	log.Info().Str("notebook", notebook).Msg("attached")
 
 	injectDone := d.startInject(ctx, ks, c)
 	for {
