@@ -191,6 +191,17 @@ print(os.getpid(), _child.pid)
     wait("daemon attributes the child to the notebook", daemon_has_child, 30)
     result("PASS", "gpumem serve attributes child %d to %s" % (cpid, nb["notebook"]))
 
+    # `gpumem free` from the command line, through the daemon: the kernel
+    # deletes its tensor itself (torch keeps the 2 GiB cached), then an admin
+    # frees the cache without touching any variable.
+    r = kc.execute_interactive("del x", timeout=60)
+    before = smi().get(kpid)
+    fr = subprocess.run([BIN, "free", kid], capture_output=True, text=True, timeout=120)
+    print("---- gpumem free %s\n%s%s----" % (kid, fr.stdout, fr.stderr), flush=True)
+    after = wait("NVML drop after gpumem free", lambda: (lambda m: m if m is not None and m < before - 1500 else None)(smi().get(kpid)), 10)
+    result("PASS" if fr.returncode == 0 else "FAIL",
+           "gpumem free (cache-only, through the daemon): kernel pid %d NVML %d -> %d MiB" % (kpid, before, after))
+
     # Restart: the child survives Jupyter's process-group kill; the daemon ends it.
     kc.stop_channels()
     t0 = time.monotonic()
