@@ -1,0 +1,100 @@
+package testenv
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Reaper kills, in t.Cleanup, what a Server's own cleanup does not: the
+// kernels the server started (jupyter_client starts each in a new session,
+// outside the server's process group), their process groups, and any pid
+// added (say, a kernel's child started with start_new_session=True).
+//
+// Its cleanup runs before the server's (it is registered later) and kills
+// the server's group first, so that the server's restarter cannot replace
+// the kernels it kills. It holds a pidfd for each process from the moment it
+// learns of it, so a pid reused by another process (another test's, on a
+// shared machine) is never signalled.
+type Reaper struct {
+	srv *Server
+	mu  sync.Mutex
+	fds map[int]int // pid → pidfd
+}
+
+// NewReaper returns a Reaper for srv's kernels (srv may be nil: then only
+// added pids are killed).
+func NewReaper(t testing.TB, srv *Server) *Reaper {
+	r := &Reaper{srv: srv, fds: map[int]int{}}
+	t.Cleanup(func() { r.reap(t) })
+	return r
+}
+
+// Add registers live pids to kill, with the process group each leads.
+func (r *Reaper) Add(pids ...int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, pid := range pids {
+		if _, ok := r.fds[pid]; ok {
+			continue
+		}
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			continue // already gone: nothing to kill
+		}
+		r.fds[pid] = fd
+	}
+}
+
+func (r *Reaper) reap(t testing.TB) {
+	if r.srv != nil {
+		if r.srv.Cmd.Process != nil {
+			_ = unix.Kill(-r.srv.Cmd.Process.Pid, unix.SIGKILL)
+		}
+		// Every kernel of this server names a connection file in its
+		// runtime dir, which no other test's process can.
+		prefix := r.srv.RuntimeDir() + "/kernel-"
+		r.Add(ProcessesWithArg(func(argv []string) bool {
+			for _, a := range argv {
+				if strings.HasPrefix(a, prefix) {
+					return true
+				}
+			}
+			return false
+		})...)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for pid, fd := range r.fds {
+		// While the pidfd's process lives, pid is still its pid, and a group
+		// of that id can only be the one it leads.
+		if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err == nil {
+			_ = unix.Kill(-pid, unix.SIGKILL)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for pid, fd := range r.fds {
+		if !waitPidfd(fd, time.Until(deadline)) {
+			t.Errorf("reaper: pid %d still alive 10 s after SIGKILL", pid)
+		}
+		_ = unix.Close(fd)
+		delete(r.fds, pid)
+	}
+}
+
+// waitPidfd waits up to d for the pidfd's process to exit.
+func waitPidfd(fd int, d time.Duration) bool {
+	ms := max(int(d/time.Millisecond), 0)
+	for {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, ms)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		return err == nil && n > 0
+	}
+}
