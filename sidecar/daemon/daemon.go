@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -90,6 +91,17 @@ type Daemon struct {
 	lastAlerts   []byte       // the alert file's content
 
 	wg sync.WaitGroup // kernel and reclaim goroutines
+
+	sampleNow chan struct{} // capacity 1: a sample is wanted before the next tick
+	rescan    func()        // asks the watcher for a scan (set by Run)
+}
+
+// sampleSoon asks Run's loop for a sample now (coalesced).
+func (d *Daemon) sampleSoon() {
+	select {
+	case d.sampleNow <- struct{}{}:
+	default:
+	}
 }
 
 // New checks cfg and prepares a Daemon; Run starts it.
@@ -111,6 +123,8 @@ func New(cfg Config, log zerolog.Logger) (*Daemon, error) {
 		alerted:      map[int]bool{},
 		alertEpisode: map[int]int{},
 		socket:       cfg.SocketPath,
+		sampleNow:    make(chan struct{}, 1),
+		rescan:       func() {},
 	}
 	d.metrics = metrics.New(d, log)
 	return d, nil
@@ -166,6 +180,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}()
 	}
 	w := newDirWatcher(d.cfg.RuntimeDirs, d.cfg.Rescan)
+	d.rescan = w.signal
 	parts.Add(1)
 	go func() { defer parts.Done(); _ = w.Run(ctx) }()
 
@@ -187,6 +202,8 @@ loop:
 			d.scan(ctx)
 		case <-ticker.C:
 			d.sample(ctx)
+		case <-d.sampleNow:
+			d.sample(ctx)
 		}
 	}
 	cancel()
@@ -197,9 +214,13 @@ loop:
 	return runErr
 }
 
+// missingGrace is how long a connection file must stay deleted before its
+// kernel counts as shut down (ipykernel's rewrite takes milliseconds).
+const missingGrace = 300 * time.Millisecond
+
 // scan reconciles the kernels we know with the runtime dirs.
 func (d *Daemon) scan(ctx context.Context) {
-	res := discovery.Discover(ctx, discovery.Options{RuntimeDirs: d.cfg.RuntimeDirs, Procs: d.finder})
+	res := discovery.Discover(ctx, discovery.Options{RuntimeDirs: d.cfg.RuntimeDirs, Procs: knownFinder{d}})
 	for _, p := range res.Problems {
 		d.log.Debug().Err(p).Msg("discovery")
 	}
@@ -209,13 +230,26 @@ func (d *Daemon) scan(ctx context.Context) {
 	}
 	d.mu.Lock()
 	var gone []*kernelState
+	now := time.Now()
 	for file, ks := range d.kernels {
 		if _, ok := present[file]; ok {
+			ks.missingSince = time.Time{}
 			continue
 		}
-		// Only a deleted file means shutdown: ipykernel rewrites its file
-		// at start-up, and a scan can meet it half-written.
+		// Only a file deleted for good means shutdown: ipykernel deletes
+		// and rewrites its file at start-up, so a scan can meet it
+		// half-written or missing for a moment. Look again missingGrace
+		// later.
 		if _, err := os.Stat(file); !errors.Is(err, fs.ErrNotExist) {
+			ks.missingSince = time.Time{}
+			continue
+		}
+		if ks.missingSince.IsZero() {
+			ks.missingSince = now
+			time.AfterFunc(missingGrace, d.rescan)
+			continue
+		}
+		if now.Sub(ks.missingSince) < missingGrace {
 			continue
 		}
 		gone = append(gone, ks)
@@ -245,6 +279,31 @@ func (d *Daemon) scan(ctx context.Context) {
 	if len(gone) > 0 {
 		d.sample(ctx)
 	}
+}
+
+// knownFinder resolves only the kernels whose process the daemon does not
+// know yet: a rescan need not read every process's fds again.
+type knownFinder struct{ d *Daemon }
+
+func (f knownFinder) FindKernels(files []discovery.KernelFile) (map[string]discovery.Owner, error) {
+	known := map[string]bool{}
+	f.d.mu.Lock()
+	for file, ks := range f.d.kernels {
+		if !ks.cur.isZero() {
+			known[filepath.Base(file)] = true
+		}
+	}
+	f.d.mu.Unlock()
+	var rest []discovery.KernelFile
+	for _, kf := range files {
+		if !known[kf.Name] {
+			rest = append(rest, kf)
+		}
+	}
+	if len(rest) == 0 {
+		return map[string]discovery.Owner{}, nil
+	}
+	return f.d.finder.FindKernels(rest)
 }
 
 // kernelGone handles a deleted connection file: the kernel was shut down.

@@ -3,8 +3,6 @@ package daemon
 import (
 	"context"
 	"errors"
-	"io/fs"
-	"os"
 	"time"
 
 	"github.com/gpumem/gpumem/magics"
@@ -36,6 +34,8 @@ type kernelState struct {
 	client    *protocol.Client
 	injected  string // magics version injected into the current process
 	attachAt  time.Time
+	// missingSince is when a scan first found the connection file missing.
+	missingSince time.Time
 }
 
 func newKernelState(k discovery.Kernel) *kernelState {
@@ -85,56 +85,94 @@ func (ks *kernelState) takeRecordedLocked() map[procID]recordedProc {
 	return r
 }
 
+// Attach timing: a new kernel binds its ports about a second after its
+// connection file appears, and a refused local connection costs next to
+// nothing, so attach is retried every attachRetry for attachFastFor, then
+// with backoff up to attachMaxBackoff.
+const (
+	attachRetry      = 100 * time.Millisecond
+	attachFastFor    = 30 * time.Second
+	attachMaxBackoff = 5 * time.Second
+)
+
+// clientOptions: the heartbeat is a hung-kernel check only (a dead kernel's
+// sockets reach EOF at once, and /proc says when its process is gone), so it
+// beats every 5 s: 50 kernels' beats were a quarter of the daemon's CPU at
+// 1 s. Reconnects retry quickly so that a restarted kernel gets its magics
+// back soon.
+var clientOptions = protocol.Options{
+	HeartbeatInterval: 5 * time.Second,
+	HeartbeatTimeout:  3 * time.Second,
+	MaxBackoff:        250 * time.Millisecond,
+}
+
 // runKernel attaches to one kernel, injects the magics into each of its
-// processes, and follows its life until its connection file goes or ctx ends.
+// processes, and follows its life until ctx ends: only the scan decides that
+// a kernel has shut down (its connection file gone for good), since ipykernel
+// deletes and rewrites its file at start-up.
 func (d *Daemon) runKernel(ctx context.Context, ks *kernelState) {
+	for ctx.Err() == nil {
+		c := d.attach(ctx, ks)
+		if c == nil {
+			return
+		}
+		d.follow(ctx, ks, c)
+	}
+}
+
+// attach dials the kernel until it answers or ctx ends (nil).
+func (d *Daemon) attach(ctx context.Context, ks *kernelState) *protocol.Client {
 	log := d.log.With().Str("kernel_id", ks.id).Logger()
-	var c *protocol.Client
-	backoff := 100 * time.Millisecond
+	start := time.Now()
+	backoff := attachRetry
 	for {
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		var err error
-		c, err = protocol.Dial(actx, ks.connFile, protocol.Options{})
+		c, err := protocol.Dial(actx, ks.connFile, clientOptions)
 		cancel()
 		if err == nil {
-			break
+			return c
 		}
 		if ctx.Err() != nil {
-			return
+			return nil
 		}
-		if _, serr := os.Stat(ks.connFile); errors.Is(serr, fs.ErrNotExist) {
-			return
+		if time.Since(start) > attachFastFor {
+			backoff = min(2*backoff, attachMaxBackoff)
 		}
 		log.Debug().Err(err).Dur("retry_in", backoff).Msg("attach failed")
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, 5*time.Second)
 	}
-	defer c.Close()
+}
+
+// follow injects the magics and follows the client's events until the
+// client stops (it gives up when the file is missing twice in a row, as
+// during a rewrite) or ctx ends; then it closes the client.
+func (d *Daemon) follow(ctx context.Context, ks *kernelState, c *protocol.Client) {
+	log := d.log.With().Str("kernel_id", ks.id).Logger()
 	d.mu.Lock()
 	ks.client = c
 	ks.attachAt = time.Now()
 	notebook := ks.notebook // scan updates it under d.mu
 	d.mu.Unlock()
+	log.Info().Str("notebook", notebook).Msg("attached")
+
+	injectDone := d.startInject(ctx, ks, c)
 	defer func() {
 		d.mu.Lock()
 		ks.client = nil
 		d.mu.Unlock()
+		c.Close() // ends an injection still waiting for its reply
+		<-injectDone
 	}()
-	log.Info().Str("notebook", notebook).Msg("attached")
-
-	injectDone := d.startInject(ctx, ks, c)
 	for {
 		select {
 		case <-ctx.Done():
-			<-injectDone
 			return
 		case ev, ok := <-c.Events():
 			if !ok {
-				<-injectDone
 				return
 			}
 			switch ev.Kind {
@@ -143,10 +181,11 @@ func (d *Daemon) runKernel(ctx context.Context, ks *kernelState) {
 				<-injectDone
 				injectDone = d.startInject(ctx, ks, c)
 			case protocol.EventClosed:
-				<-injectDone
+				log.Debug().Err(ev.Err).Msg("client stopped; attaching again")
 				return
 			case protocol.EventDead, protocol.EventDisconnected:
 				log.Debug().Err(ev.Err).Str("event", ev.String()).Msg("kernel unreachable")
+				d.sampleSoon() // a restart: retire the old process now, not at the next tick
 			}
 		}
 	}

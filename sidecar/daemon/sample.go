@@ -48,17 +48,21 @@ func (d *Daemon) sample(ctx context.Context) {
 		d.mu.Unlock()
 		return
 	}
-	details := []int{}
+	want := map[int]bool{}
 	for pid := range gpuBytesByPID(snap) {
-		details = append(details, pid)
+		want[pid] = true
 	}
 	d.mu.Lock()
 	for _, ks := range d.kernels {
 		if !ks.cur.isZero() {
-			details = append(details, ks.cur.PID)
+			want[ks.cur.PID] = true
 		}
 	}
 	d.mu.Unlock()
+	details := make([]int, 0, len(want))
+	for pid := range want {
+		details = append(details, pid)
+	}
 	table, err := d.fs.ScanTree(details)
 	if err != nil {
 		d.log.Warn().Err(err).Msg("reading /proc failed")

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -55,11 +56,34 @@ func TestScanShutdownOnlyWhenFileDeleted(t *testing.T) {
 	if !known() {
 		t.Fatal("a half-written connection file was taken for a shutdown")
 	}
+	// ipykernel deletes and rewrites its file: a moment's absence is no
+	// shutdown.
 	if err := os.Remove(cf); err != nil {
 		t.Fatal(err)
 	}
 	d.scan(ctx)
-	if known() {
-		t.Fatal("a deleted connection file was not taken for a shutdown")
+	if !known() {
+		t.Fatal("a connection file missing for a moment was taken for a shutdown")
+	}
+	write(good)
+	d.scan(ctx)
+	if !known() {
+		t.Fatal("kernel lost after its file was rewritten")
+	}
+	// Deleted for good: a shutdown, decided on a scan missingGrace later.
+	if err := os.Remove(cf); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	deadline := start.Add(5 * time.Second)
+	for known() {
+		if time.Now().After(deadline) {
+			t.Fatal("a deleted connection file was not taken for a shutdown")
+		}
+		d.scan(ctx)
+		time.Sleep(20 * time.Millisecond) // poll interval
+	}
+	if el := time.Since(start); el < missingGrace {
+		t.Errorf("shutdown decided after %v, before the %v grace", el, missingGrace)
 	}
 }
