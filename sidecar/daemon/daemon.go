@@ -53,7 +53,6 @@ type Config struct {
 
 	FakeGPUFile string // GPUMEM_FAKE_GPU
 	ProcRoot    string // "" = /proc
-	NVMLLibrary nvml.Options
 }
 
 func (c *Config) defaults() {
@@ -85,7 +84,6 @@ type Daemon struct {
 	mu           sync.Mutex
 	kernels      map[string]*kernelState // by connection file
 	last         metrics.Snapshot
-	lastSnap     nvml.Snapshot
 	alerted      map[int]bool // GPU index → alert raised
 	alertEpisode map[int]int  // GPU index → crossings so far
 	lastAlerts   []byte       // the alert file's content
@@ -139,7 +137,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	gpus, err := nvml.Open(nvml.Options{FakeGPUFile: d.cfg.FakeGPUFile, Library: d.cfg.NVMLLibrary.Library})
+	gpus, err := nvml.Open(nvml.Options{FakeGPUFile: d.cfg.FakeGPUFile})
 	if err != nil {
 		ln.Close()
 		return err

@@ -32,8 +32,6 @@ type kernelState struct {
 	uid       uint32 // owner of cur
 	recorded  map[procID]recordedProc
 	client    *protocol.Client
-	injected  string // magics version injected into the current process
-	attachAt  time.Time
 	// missingSince is when a scan first found the connection file missing.
 	missingSince time.Time
 }
@@ -154,7 +152,6 @@ func (d *Daemon) follow(ctx context.Context, ks *kernelState, c *protocol.Client
 	log := d.log.With().Str("kernel_id", ks.id).Logger()
 	d.mu.Lock()
 	ks.client = c
-	ks.attachAt = time.Now()
 	notebook := ks.notebook // scan updates it under d.mu
 	d.mu.Unlock()
 	log.Info().Str("notebook", notebook).Msg("attached")
@@ -216,9 +213,6 @@ func (d *Daemon) startInject(ctx context.Context, ks *kernelState, c *protocol.C
 				log.Warn().Err(err).Msg("injecting magics failed")
 			}
 		default:
-			d.mu.Lock()
-			ks.injected = res.Version
-			d.mu.Unlock()
 			log.Info().Str("version", res.Version).Strs("frameworks", res.FrameworksLoaded).Msg("magics injected")
 		}
 	}()

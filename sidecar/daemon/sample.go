@@ -84,7 +84,6 @@ func (d *Daemon) sample(ctx context.Context) {
 					Msg("kernel process exited")
 				jobs = append(jobs, job{ks, ks.takeRecordedLocked()})
 				ks.cur = procID{}
-				ks.injected = ""
 			}
 		}
 		if ks.cur.isZero() {
@@ -113,7 +112,6 @@ func (d *Daemon) sample(ctx context.Context) {
 	}
 	d.last = metrics.Snapshot{Report: rep, AttachedKernels: attached, SampleDuration: elapsed,
 		SampleSuccess: true, SampledAt: time.Now(), AlertThreshold: d.cfg.AlertThreshold}
-	d.lastSnap = snap
 	d.mu.Unlock()
 	d.checkAlerts(rep)
 }
