@@ -61,9 +61,11 @@ func runLs(ctx context.Context, env Env, args []string) error {
 	}
 	var sampler reporter
 	if sock := daemonSocket(env, dirs); sock != "" {
-		sampler = daemonReporter{api.NewClient(sock)}
+		if d, ok := dialDaemonReporter(ctx, sock); ok {
+			sampler = d
+		}
 	}
-	if sampler == nil || !sampler.(daemonReporter).available(ctx) {
+	if sampler == nil {
 		standalone, err := newLsSampler(env, dirs)
 		if err != nil {
 			return err
@@ -124,26 +126,37 @@ type reporter interface {
 	Close()
 }
 
-// daemonReporter asks a running gpumem serve.
-type daemonReporter struct{ c *api.Client }
+// daemonReporter asks a running gpumem serve. Its first Report is the one
+// fetched to learn whether the daemon answers.
+type daemonReporter struct {
+	c     *api.Client
+	first *attribution.Report
+}
 
-func (r daemonReporter) Report(ctx context.Context) (attribution.Report, error) {
+// dialDaemonReporter fetches a first report; a daemon that refuses us
+// (shared mode, not an admin) or does not answer means standalone.
+func dialDaemonReporter(ctx context.Context, sock string) (*daemonReporter, bool) {
+	c := api.NewClient(sock)
+	tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	rep, err := c.Notebooks(tctx)
+	if err != nil {
+		c.Close()
+		return nil, false
+	}
+	return &daemonReporter{c: c, first: &rep}, true
+}
+
+func (r *daemonReporter) Report(ctx context.Context) (attribution.Report, error) {
+	if r.first != nil {
+		rep := *r.first
+		r.first = nil
+		return rep, nil
+	}
 	return r.c.Notebooks(ctx)
 }
-func (r daemonReporter) Close() { r.c.Close() }
 
-// available reports whether the daemon answers; a caller it refuses (shared
-// mode, not an admin) or an absent daemon means standalone.
-func (r daemonReporter) available(ctx context.Context) bool {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	_, err := r.c.Notebooks(ctx)
-	if err != nil {
-		r.c.Close()
-		return false
-	}
-	return true
-}
+func (r *daemonReporter) Close() { r.c.Close() }
 
 // lsSampler builds a Report standalone: discovery, NVML (or the simulated
 // GPU) and /proc. NVML's start (Init, then the first process list: about
