@@ -101,7 +101,6 @@ func (d *Daemon) sample(ctx context.Context) {
 	}
 
 	rep := attribution.Attribute(snap, table, kernels)
-	rep.Warnings = append(rep.Warnings, snap.Warnings...)
 	elapsed := time.Since(start)
 	d.mu.Lock()
 	attached := 0
