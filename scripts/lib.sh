@@ -11,3 +11,19 @@ install_missing() {
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 }
+
+# make_venv NAME LOCK: builds .venv/NAME from a pinned, hashed lock file with
+# Debian's python3 and its site packages visible (Debian's CPU torch serves
+# both stacks). It is rebuilt only when the lock file changes.
+make_venv() {
+  local name=$1 lock=$2 dir=.venv/$1 stamp
+  stamp=$(sha256sum "$lock" | cut -d' ' -f1)
+  if [ -f "$dir/.lock-sha256" ] && [ "$(cat "$dir/.lock-sha256")" = "$stamp" ]; then
+    return 0
+  fi
+  echo "building virtualenv $dir from $lock"
+  rm -rf "$dir"
+  /usr/bin/python3 -m venv --system-site-packages "$dir"
+  "$dir/bin/pip" install -q --disable-pip-version-check --require-hashes --no-deps -r "$lock"
+  echo "$stamp" >"$dir/.lock-sha256"
+}
