@@ -1,7 +1,7 @@
 # gpumem bootstrap. inject.go sends one line that execs this text in a fresh
 # globals dict holding _ARGS, so nothing here reaches the user's namespace.
 #
-# _ARGS: nonce, action ("inject" | "free" | "status"), source (the magics'
+# _ARGS: nonce, action ("inject" | "free" | "status" | "vars" | "summary"), source (the magics'
 # source), config (JSON text: version, sidecar_socket, kernel_id, ...), free
 # (JSON text of api_free's options).
 #
@@ -74,6 +74,15 @@ def _gpumem_boot(a):
                 mod = fresh()
                 mod.configure(shell, config)
             report["result"] = mod.api_free(json.loads(a["free"]))
+            report["ok"] = True
+        elif a["action"] in ("vars", "summary"):
+            # Read-only queries for gpumem serve's API (the JupyterLab
+            # panel): the data of `%gpumem vars` / `%gpumem`, nothing shown.
+            mod = old
+            if mod is None or getattr(mod, "VERSION", None) != config.get("version"):
+                mod = fresh()
+                mod.configure(shell, config)
+            report["result"] = mod.vars_data() if a["action"] == "vars" else mod.summary_data()
             report["ok"] = True
         elif a["action"] == "status":
             if report["loaded_before"]:

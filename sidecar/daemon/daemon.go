@@ -90,6 +90,8 @@ type Daemon struct {
 
 	wg sync.WaitGroup // kernel and reclaim goroutines
 
+	hist historyParts // figures over time and reclaim events: history.go
+
 	sampleNow chan struct{} // capacity 1: a sample is wanted before the next tick
 	rescan    func()        // asks the watcher for a scan (set by Run)
 }
@@ -125,6 +127,7 @@ func New(cfg Config, log zerolog.Logger) (*Daemon, error) {
 		rescan:       func() {},
 	}
 	d.metrics = metrics.New(d, log)
+	d.hist = newHistoryParts(cfg.Interval)
 	return d, nil
 }
 

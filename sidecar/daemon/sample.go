@@ -101,6 +101,7 @@ func (d *Daemon) sample(ctx context.Context) {
 	}
 
 	rep := attribution.Attribute(snap, table, kernels)
+	d.recordHistory(time.Now(), &rep)
 	elapsed := time.Since(start)
 	d.mu.Lock()
 	attached := 0

@@ -62,6 +62,9 @@ var (
 		"Memory in use on the GPU in bytes, as the driver reports it (driver-reserved memory included).", gpuLabels, nil)
 	descNotebook = prometheus.NewDesc("gpumem_notebook_gpu_memory_bytes",
 		"GPU memory held by the processes of a notebook's kernel, in bytes.", notebookLabels, nil)
+	descNotebookPeak = prometheus.NewDesc("gpumem_notebook_gpu_memory_peak_bytes",
+		"Highest GPU memory of a notebook's kernel (all GPUs) since its process started, as the daemon sampled it, in bytes.",
+		[]string{"kernel_id", "notebook", "user"}, nil)
 	descOther = prometheus.NewDesc("gpumem_other_gpu_memory_bytes",
 		"GPU memory held by processes that belong to no kernel, in bytes.", []string{"gpu"}, nil)
 	descAlert = prometheus.NewDesc("gpumem_gpu_memory_alert",
@@ -87,7 +90,7 @@ type snapshotCollector struct {
 }
 
 func (c snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descGPUTotal, descGPUUsed, descNotebook, descOther, descAlert,
+	for _, d := range []*prometheus.Desc{descGPUTotal, descGPUUsed, descNotebook, descNotebookPeak, descOther, descAlert,
 		descThreshold, descAttached, descSampleDuration, descSampleSuccess, descSampleTime, descSimulated} {
 		ch <- d
 	}
@@ -135,6 +138,14 @@ func (c snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, k := range order {
 		gauge(descNotebook, float64(bytes[k]), k.kernelID, k.notebook, strconv.Itoa(k.gpu), k.user)
+	}
+	seenPeak := map[string]bool{}
+	for _, nb := range rep.Notebooks {
+		// Set by the daemon's history only; one series per kernel.
+		if nb.PeakBytes > 0 && !seenPeak[nb.KernelID] {
+			seenPeak[nb.KernelID] = true
+			gauge(descNotebookPeak, float64(nb.PeakBytes), nb.KernelID, nb.Notebook, nb.User)
+		}
 	}
 
 	threshold := snap.AlertThreshold

@@ -1,0 +1,123 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/gpumem/gpumem/sidecar/attribution"
+	"github.com/gpumem/gpumem/sidecar/history"
+)
+
+// HistoryBackend is what GET /api/v1/history needs. A Backend that does
+// not implement it answers 404 there.
+type HistoryBackend interface {
+	// History is every series since (unix seconds), the events after
+	// eventsAfter, and the current report.
+	History(ctx context.Context, since int64, eventsAfter uint64) (HistoryResponse, error)
+}
+
+// KernelQueryBackend answers the read-only kernel queries the JupyterLab
+// panel uses. Errors follow Backend.Free's rules (ErrKernelNotFound: 404).
+type KernelQueryBackend interface {
+	// KernelVars is the %gpumem vars data of the kernel, as JSON.
+	KernelVars(ctx context.Context, kernelID string) (json.RawMessage, error)
+	// KernelSummary is the %gpumem data (per-framework figures), as JSON.
+	KernelSummary(ctx context.Context, kernelID string) (json.RawMessage, error)
+}
+
+// HistoryResponse is the reply of GET /api/v1/history.
+type HistoryResponse struct {
+	// Now is the daemon's clock (unix seconds); ask for since=Now next time.
+	Now int64 `json:"now"`
+	// StepSeconds is the spacing of the points returned: the sampling
+	// interval for the last 15 minutes, 60 for older ranges.
+	StepSeconds    int64   `json:"step_seconds"`
+	AlertThreshold float64 `json:"alert_threshold"`
+	// GPUs' series are keyed by GPU index, notebooks' by kernel id.
+	GPUs      []HistorySeries `json:"gpus"`
+	Notebooks []HistorySeries `json:"notebooks"`
+	// Events after the events_after asked for, oldest first; LastEvent is
+	// the sequence number to ask after next time.
+	Events    []history.Event    `json:"events"`
+	LastEvent uint64             `json:"last_event"`
+	Report    attribution.Report `json:"report"`
+}
+
+// HistorySeries is one series' points, [unix seconds, bytes] each.
+type HistorySeries struct {
+	ID     string      `json:"id"`
+	Peak   uint64      `json:"peak_bytes"`
+	PeakAt int64       `json:"peak_at"`
+	Points [][2]uint64 `json:"points"`
+}
+
+// extraRoutes adds the endpoints of the optional backend interfaces.
+func (s *Server) extraRoutes(route func(string, access, func(http.ResponseWriter, *http.Request, caller)), allow map[string]string) {
+	route("GET /api/v1/history", accessAdmin, s.serveHistory)
+	route("GET /api/v1/kernels/{id}/vars", accessOwnKernel, s.kernelQuery(KernelQueryBackend.KernelVars))
+	route("GET /api/v1/kernels/{id}/summary", accessOwnKernel, s.kernelQuery(KernelQueryBackend.KernelSummary))
+	allow["/api/v1/history"] = "GET, HEAD"
+	allow["/api/v1/kernels/{id}/vars"] = "GET, HEAD"
+	allow["/api/v1/kernels/{id}/summary"] = "GET, HEAD"
+}
+
+func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, _ caller) {
+	hb, ok := s.backend.(HistoryBackend)
+	if !ok {
+		s.writeError(w, r, http.StatusNotFound, "this daemon keeps no history")
+		return
+	}
+	q := r.URL.Query()
+	var since int64
+	var after uint64
+	var err error
+	if v := q.Get("since"); v != "" {
+		if since, err = strconv.ParseInt(v, 10, 64); err != nil {
+			s.writeError(w, r, http.StatusBadRequest, fmt.Sprintf("since=%q is not a time in unix seconds", v))
+			return
+		}
+	}
+	if v := q.Get("events_after"); v != "" {
+		if after, err = strconv.ParseUint(v, 10, 64); err != nil {
+			s.writeError(w, r, http.StatusBadRequest, fmt.Sprintf("events_after=%q is not an event sequence number", v))
+			return
+		}
+	}
+	resp, err := hb.History(r.Context(), since, after)
+	if err != nil {
+		s.writeError(w, r, http.StatusServiceUnavailable, fmt.Sprintf("history: %v", err))
+		return
+	}
+	s.writeJSON(w, r, http.StatusOK, resp)
+}
+
+func (s *Server) kernelQuery(f func(KernelQueryBackend, context.Context, string) (json.RawMessage, error)) func(http.ResponseWriter, *http.Request, caller) {
+	return func(w http.ResponseWriter, r *http.Request, _ caller) {
+		qb, ok := s.backend.(KernelQueryBackend)
+		if !ok {
+			s.writeError(w, r, http.StatusNotFound, "this daemon answers no kernel queries")
+			return
+		}
+		id := r.PathValue("id")
+		reply, err := f(qb, r.Context(), id)
+		switch {
+		case errors.Is(err, ErrKernelNotFound):
+			s.writeError(w, r, http.StatusNotFound, err.Error())
+			return
+		case errors.Is(err, context.DeadlineExceeded):
+			s.writeError(w, r, http.StatusGatewayTimeout, err.Error())
+			return
+		case err != nil:
+			s.writeError(w, r, http.StatusBadGateway, fmt.Sprintf("kernel %s: %v", id, err))
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		setNoCache(w)
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(reply)
+	}
+}

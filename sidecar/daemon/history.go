@@ -1,0 +1,130 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/gpumem/gpumem/magics"
+	"github.com/gpumem/gpumem/sidecar/api"
+	"github.com/gpumem/gpumem/sidecar/attribution"
+	"github.com/gpumem/gpumem/sidecar/history"
+)
+
+// historyParts is what the daemon remembers over time for the API's
+// history endpoint and the JupyterLab panel: figures per GPU and notebook,
+// and reclaim events.
+type historyParts struct {
+	store  *history.Store
+	events *history.Events
+}
+
+func newHistoryParts(interval time.Duration) historyParts {
+	return historyParts{store: history.New(history.Options{FineStep: interval}), events: history.NewEvents()}
+}
+
+// recordHistory adds a sample's figures and sets each notebook's peak since
+// its kernel process started (the kernel pid marks the generation).
+func (d *Daemon) recordHistory(now time.Time, rep *attribution.Report) {
+	samples := make([]history.Sample, 0, len(rep.GPUs)+len(rep.Notebooks))
+	for _, g := range rep.GPUs {
+		samples = append(samples, history.Sample{Key: history.Key{Kind: history.KindGPU, ID: strconv.Itoa(g.Index)}, Bytes: g.MemoryUsedBytes})
+	}
+	for _, nb := range rep.Notebooks {
+		gen := ""
+		if len(nb.PIDs) > 0 {
+			gen = strconv.Itoa(nb.PIDs[0])
+		}
+		samples = append(samples, history.Sample{Key: history.Key{Kind: history.KindNotebook, ID: nb.KernelID}, Bytes: nb.GPUMemoryBytes, Generation: gen})
+	}
+	d.hist.store.Record(now, samples)
+	for i := range rep.Notebooks {
+		if p, ok := d.hist.store.Peak(history.Key{Kind: history.KindNotebook, ID: rep.Notebooks[i].KernelID}); ok {
+			rep.Notebooks[i].PeakBytes = p
+		}
+	}
+}
+
+// recordReclaim keeps one event per reclaim that ended processes.
+func (d *Daemon) recordReclaim(ks *kernelState, notebook, why string, processes int, bytes uint64) {
+	if processes == 0 {
+		return
+	}
+	user := ""
+	d.mu.Lock()
+	for _, nb := range d.last.Report.Notebooks {
+		if nb.KernelID == ks.id {
+			user = nb.User
+		}
+	}
+	d.mu.Unlock()
+	d.hist.events.Add(history.Event{Time: time.Now().Unix(), Kind: "reclaim", KernelID: ks.id,
+		Notebook: notebook, User: user, Reason: why, Processes: processes, Bytes: bytes})
+}
+
+// History implements api.HistoryBackend.
+func (d *Daemon) History(ctx context.Context, since int64, eventsAfter uint64) (api.HistoryResponse, error) {
+	rep, err := d.Report(ctx)
+	if err != nil {
+		return api.HistoryResponse{}, err
+	}
+	now := time.Now()
+	if since <= 0 {
+		since = now.Add(-d.hist.store.Options().FineWindow).Unix()
+	}
+	resp := api.HistoryResponse{Now: now.Unix(), AlertThreshold: d.cfg.AlertThreshold,
+		GPUs: []api.HistorySeries{}, Notebooks: []api.HistorySeries{}, Report: rep}
+	for _, sr := range d.hist.store.Since(now, since) {
+		hs := api.HistorySeries{ID: sr.Key.ID, Peak: sr.Peak, PeakAt: sr.PeakAt, Points: make([][2]uint64, len(sr.Points))}
+		for i, p := range sr.Points {
+			hs.Points[i] = [2]uint64{uint64(p.Time), p.Bytes}
+		}
+		resp.StepSeconds = sr.Step
+		if sr.Key.Kind == history.KindGPU {
+			resp.GPUs = append(resp.GPUs, hs)
+		} else {
+			resp.Notebooks = append(resp.Notebooks, hs)
+		}
+	}
+	if resp.StepSeconds == 0 {
+		resp.StepSeconds = max(int64(d.cfg.Interval/time.Second), 1)
+	}
+	resp.Events, resp.LastEvent = d.hist.events.After(eventsAfter)
+	return resp, nil
+}
+
+// KernelVars implements api.KernelQueryBackend: %gpumem vars's data.
+func (d *Daemon) KernelVars(ctx context.Context, kernelID string) (json.RawMessage, error) {
+	return d.kernelQuery(ctx, kernelID, magics.Vars)
+}
+
+// KernelSummary implements api.KernelQueryBackend: %gpumem's data.
+func (d *Daemon) KernelSummary(ctx context.Context, kernelID string) (json.RawMessage, error) {
+	return d.kernelQuery(ctx, kernelID, magics.Summary)
+}
+
+// queryTimeout bounds a kernel query: it waits for the current cell.
+const queryTimeout = 20 * time.Second
+
+func (d *Daemon) kernelQuery(ctx context.Context, kernelID string, q func(context.Context, magics.Executor) (json.RawMessage, error)) (json.RawMessage, error) {
+	d.mu.Lock()
+	var ks *kernelStateRef
+	for _, k := range d.kernels {
+		if k.id == kernelID {
+			ks = &kernelStateRef{k.client, k.cur}
+			break
+		}
+	}
+	d.mu.Unlock()
+	if ks == nil {
+		return nil, fmt.Errorf("kernel %s: %w", kernelID, api.ErrKernelNotFound)
+	}
+	if ks.client == nil {
+		return nil, fmt.Errorf("kernel %s is not attached yet (starting, or not answering); try again", kernelID)
+	}
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	return q(ctx, ks.client)
+}
