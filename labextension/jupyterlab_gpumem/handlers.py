@@ -1,0 +1,120 @@
+"""Handlers under {base_url}gpumem/api/v1/: Jupyter's authentication and
+XSRF checks apply (APIHandler), then the request goes to the daemon.
+
+The browser never sees an HTTP error for "the daemon is not running": the
+reply is 200 with a status the front end shows in one line, so nothing is
+logged in the browser's console.
+"""
+
+import json
+import re
+
+import tornado.web
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+
+from . import view
+from .daemon import Daemon, DaemonError, NoDaemon, socket_path
+
+KERNEL_ID = r"(?P<kernel_id>[0-9a-fA-F-]{1,64})"
+
+
+class _Base(APIHandler):
+    @property
+    def daemon(self):
+        return self.settings["gpumem_daemon"]
+
+    def own_kernel_ids(self):
+        return set(self.kernel_manager.list_kernel_ids())
+
+    def reply(self, status, body):
+        self.set_status(status)
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(body))
+
+    async def call_daemon(self, method, path, params=None, timeout=None):
+        """The daemon's JSON, or None after replying with the status line."""
+        try:
+            return await self.daemon.request(method, path, params=params, timeout=timeout)
+        except NoDaemon:
+            self.reply(200, view.no_daemon(self.daemon.path))
+        except DaemonError as e:
+            if e.status == 404 and "/kernels/" in path:
+                self.reply(404, {"status": "error", "message": e.message})
+            else:
+                self.reply(200, view.daemon_error(e.status, e.message, self.daemon.path))
+        except Exception as e:  # a timeout, a broken reply
+            self.log.warning("gpumem: %s %s: %s", method, path, e)
+            self.reply(200, {"status": "error", "message": "gpumem serve did not answer: %s" % e})
+        return None
+
+
+class StateHandler(_Base):
+    """GET state?since=&events_after=: GPUs, this server's notebooks, other
+    users' totals, the series since a time and new events."""
+
+    @tornado.web.authenticated
+    async def get(self):
+        params = {}
+        for name in ("since", "events_after"):
+            v = self.get_argument(name, "")
+            if v:
+                if not re.fullmatch(r"\d{1,12}", v):
+                    raise tornado.web.HTTPError(400, "%s must be a whole number" % name)
+                params[name] = v
+        hist = await self.call_daemon("GET", "/api/v1/history", params=params)
+        if hist is None:
+            return
+        own = self.own_kernel_ids()
+        paths = {}
+        for s in await self.session_manager.list_sessions():
+            k = (s.get("kernel") or {}).get("id")
+            if k:
+                paths[k] = s.get("path", "")
+        self.reply(200, view.server_view(hist, own, paths))
+
+
+class KernelHandler(_Base):
+    """Kernel actions, for this server's kernels only."""
+
+    def check_own(self, kernel_id):
+        if kernel_id not in self.own_kernel_ids():
+            raise tornado.web.HTTPError(403, "kernel %s is not one of this server's kernels" % kernel_id)
+
+
+class FreeHandler(KernelHandler):
+    """POST kernels/{id}/free: cache-only free (no variable is touched)."""
+
+    @tornado.web.authenticated
+    async def post(self, kernel_id):
+        self.check_own(kernel_id)
+        # No body is sent: the daemon then frees caches only.
+        rep = await self.call_daemon("POST", "/api/v1/kernels/%s/free" % kernel_id, timeout=60)
+        if rep is not None:
+            self.reply(200, {"status": "ok", "free": rep})
+
+
+class QueryHandler(KernelHandler):
+    """GET kernels/{id}/vars or /summary: read silently through the daemon."""
+
+    @tornado.web.authenticated
+    async def get(self, kernel_id, what):
+        self.check_own(kernel_id)
+        rep = await self.call_daemon("GET", "/api/v1/kernels/%s/%s" % (kernel_id, what), timeout=30)
+        if rep is not None:
+            self.reply(200, {"status": "ok", what: rep})
+
+
+def setup_handlers(serverapp):
+    web_app = serverapp.web_app
+    path = socket_path(serverapp.runtime_dir)
+    web_app.settings["gpumem_daemon"] = Daemon(path)
+    base = url_path_join(web_app.settings["base_url"], "gpumem", "api", "v1")
+    web_app.add_handlers(
+        ".*$",
+        [
+            (url_path_join(base, "state"), StateHandler),
+            (url_path_join(base, "kernels", KERNEL_ID, "free"), FreeHandler),
+            (url_path_join(base, "kernels", KERNEL_ID, r"(?P<what>vars|summary)"), QueryHandler),
+        ],
+    )
