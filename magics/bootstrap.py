@@ -82,7 +82,10 @@ def _gpumem_boot(a):
             if mod is None or getattr(mod, "VERSION", None) != config.get("version"):
                 mod = fresh()
                 mod.configure(shell, config)
-            report["result"] = mod.vars_data() if a["action"] == "vars" else mod.summary_data()
+            if a["action"] == "vars":
+                report["result"] = mod.vars_data(bool(json.loads(a["free"]).get("all_devices")))
+            else:
+                report["result"] = mod.summary_data()
             report["ok"] = True
         elif a["action"] == "status":
             if report["loaded_before"]:

@@ -100,7 +100,8 @@ class QueryHandler(KernelHandler):
     @tornado.web.authenticated
     async def get(self, kernel_id, what):
         self.check_own(kernel_id)
-        rep = await self.call_daemon("GET", "/api/v1/kernels/%s/%s" % (kernel_id, what), timeout=30)
+        params = {"all_devices": "1"} if what == "vars" and self.get_argument("all_devices", "") == "1" else None
+        rep = await self.call_daemon("GET", "/api/v1/kernels/%s/%s" % (kernel_id, what), params=params, timeout=30)
         if rep is not None:
             self.reply(200, {"status": "ok", what: rep})
 

@@ -47,8 +47,8 @@ export function freeCache(kernelId: string): Promise<KernelReply<'free'>> {
 }
 
 /** %gpumem vars's data for a kernel, read silently through the daemon. */
-export function fetchVars(kernelId: string): Promise<KernelReply<'vars'>> {
-  return call(`kernels/${encodeURIComponent(kernelId)}/vars`);
+export function fetchVars(kernelId: string, allDevices = false): Promise<KernelReply<'vars'>> {
+  return call(`kernels/${encodeURIComponent(kernelId)}/vars${allDevices ? '?all_devices=1' : ''}`);
 }
 
 /** %gpumem's data (per-framework figures), read silently through the daemon. */

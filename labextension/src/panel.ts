@@ -120,6 +120,9 @@ export class GpuPanel extends Widget {
       // Draw the top of the stack first so that lower bands cover it.
       const order = [...st.stacks].reverse();
       const data = [st.times, ...order.map(s => s.values)] as uPlot.AlignedData;
+      // The newest top of the stack: what the plot shows last, for tests.
+      const top = order.length ? order[0].values[order[0].values.length - 1] : 0;
+      p.box.dataset.stackTop = String(top ?? 0);
       if (!p.plot || p.ids !== ids) {
         p.plot?.destroy();
         const opts: uPlot.Options = {
@@ -278,16 +281,22 @@ export class GpuPanel extends Widget {
     box.replaceChildren(el('h3', '', `Variables of ${notebookLabel(nb)}`), el('div', 'jp-gpumem-empty', 'Reading…'));
     let rows;
     try {
-      const r = await fetchVars(nb.kernel_id);
+      let r = await fetchVars(nb.kernel_id);
+      if (r.status === 'ok' && !varRows(r.vars).length) {
+        // Nothing on a GPU: say so, and show what other devices hold.
+        box.lastElementChild!.textContent = 'No variable holds GPU memory. On other devices:';
+        r = await fetchVars(nb.kernel_id, true);
+      } else {
+        box.lastElementChild!.remove();
+      }
       if (r.status !== 'ok') {
-        box.lastElementChild!.textContent = r.message ?? 'failed';
+        box.appendChild(el('div', 'jp-gpumem-empty', r.message ?? 'failed'));
         return;
       }
       rows = varRows(r.vars);
       const notes = (r.vars as { notes?: string[] }).notes ?? [];
-      box.lastElementChild!.remove();
       if (!rows.length) {
-        box.appendChild(el('div', 'jp-gpumem-empty', notes.join(' ') || 'No variable holds GPU memory.'));
+        box.appendChild(el('div', 'jp-gpumem-empty', notes.join(' ') || 'No variable holds memory on any device.'));
         return;
       }
     } catch (e) {

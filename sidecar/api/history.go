@@ -23,8 +23,9 @@ type HistoryBackend interface {
 // KernelQueryBackend answers the read-only kernel queries the JupyterLab
 // panel uses. Errors follow Backend.Free's rules (ErrKernelNotFound: 404).
 type KernelQueryBackend interface {
-	// KernelVars is the %gpumem vars data of the kernel, as JSON.
-	KernelVars(ctx context.Context, kernelID string) (json.RawMessage, error)
+	// KernelVars is the %gpumem vars data of the kernel, as JSON;
+	// allDevices adds tensors on other devices than GPUs.
+	KernelVars(ctx context.Context, kernelID string, allDevices bool) (json.RawMessage, error)
 	// KernelSummary is the %gpumem data (per-framework figures), as JSON.
 	KernelSummary(ctx context.Context, kernelID string) (json.RawMessage, error)
 }
@@ -58,8 +59,12 @@ type HistorySeries struct {
 // extraRoutes adds the endpoints of the optional backend interfaces.
 func (s *Server) extraRoutes(route func(string, access, func(http.ResponseWriter, *http.Request, caller)), allow map[string]string) {
 	route("GET /api/v1/history", accessAdmin, s.serveHistory)
-	route("GET /api/v1/kernels/{id}/vars", accessOwnKernel, s.kernelQuery(KernelQueryBackend.KernelVars))
-	route("GET /api/v1/kernels/{id}/summary", accessOwnKernel, s.kernelQuery(KernelQueryBackend.KernelSummary))
+	route("GET /api/v1/kernels/{id}/vars", accessOwnKernel, s.kernelQuery(func(b KernelQueryBackend, ctx context.Context, id string, r *http.Request) (json.RawMessage, error) {
+		return b.KernelVars(ctx, id, r.URL.Query().Get("all_devices") == "1")
+	}))
+	route("GET /api/v1/kernels/{id}/summary", accessOwnKernel, s.kernelQuery(func(b KernelQueryBackend, ctx context.Context, id string, _ *http.Request) (json.RawMessage, error) {
+		return b.KernelSummary(ctx, id)
+	}))
 	allow["/api/v1/history"] = "GET, HEAD"
 	allow["/api/v1/kernels/{id}/vars"] = "GET, HEAD"
 	allow["/api/v1/kernels/{id}/summary"] = "GET, HEAD"
@@ -95,7 +100,7 @@ func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, _ caller) 
 	s.writeJSON(w, r, http.StatusOK, resp)
 }
 
-func (s *Server) kernelQuery(f func(KernelQueryBackend, context.Context, string) (json.RawMessage, error)) func(http.ResponseWriter, *http.Request, caller) {
+func (s *Server) kernelQuery(f func(KernelQueryBackend, context.Context, string, *http.Request) (json.RawMessage, error)) func(http.ResponseWriter, *http.Request, caller) {
 	return func(w http.ResponseWriter, r *http.Request, _ caller) {
 		qb, ok := s.backend.(KernelQueryBackend)
 		if !ok {
@@ -103,7 +108,7 @@ func (s *Server) kernelQuery(f func(KernelQueryBackend, context.Context, string)
 			return
 		}
 		id := r.PathValue("id")
-		reply, err := f(qb, r.Context(), id)
+		reply, err := f(qb, r.Context(), id, r)
 		switch {
 		case errors.Is(err, ErrKernelNotFound):
 			s.writeError(w, r, http.StatusNotFound, err.Error())

@@ -96,8 +96,10 @@ func (d *Daemon) History(ctx context.Context, since int64, eventsAfter uint64) (
 }
 
 // KernelVars implements api.KernelQueryBackend: %gpumem vars's data.
-func (d *Daemon) KernelVars(ctx context.Context, kernelID string) (json.RawMessage, error) {
-	return d.kernelQuery(ctx, kernelID, magics.Vars)
+func (d *Daemon) KernelVars(ctx context.Context, kernelID string, allDevices bool) (json.RawMessage, error) {
+	return d.kernelQuery(ctx, kernelID, func(ctx context.Context, ex magics.Executor) (json.RawMessage, error) {
+		return magics.Vars(ctx, ex, allDevices)
+	})
 }
 
 // KernelSummary implements api.KernelQueryBackend: %gpumem's data.
