@@ -116,7 +116,7 @@ export class History {
     for (const all of [this.notebooks, this.gpus]) {
       for (const [id, m] of all) {
         for (const t of m.keys()) {
-          if (t < horizon) {
+          if (t <= horizon) {
             m.delete(t);
           }
         }
