@@ -94,6 +94,8 @@ export class History {
   readonly notebooks = new Map<string, Map<number, number>>();
   readonly gpus = new Map<string, Map<number, number>>();
   now = 0;
+  /** The newest point's time: the daemon's clock runs ahead of its last sample. */
+  last = 0;
 
   /** Merges a reply's series and drops points older than the window. */
   merge(state: State): void {
@@ -107,6 +109,7 @@ export class History {
         }
         for (const [t, b] of s.points) {
           m.set(t, b);
+          this.last = Math.max(this.last, t);
         }
       }
     };
@@ -153,7 +156,7 @@ export function stackNotebooks(
   window = WINDOW_SECONDS
 ): Stacked {
   const st = Math.max(1, step);
-  const end = hist.now;
+  const end = hist.last || hist.now;
   const times: number[] = [];
   for (let t = end - window + st; t <= end; t += st) {
     times.push(t);

@@ -191,18 +191,19 @@ export class GpuPanel extends Widget {
     }
     const table = el('table', 'jp-gpumem-table');
     const head = el('tr');
-    for (const h of ['notebook', 'memory', 'peak', 'procs', 'orphans ended', '']) {
+    for (const h of ['notebook', 'memory', 'peak', 'procs', 'orphans ended']) {
       head.appendChild(el('th', '', h));
     }
     table.appendChild(head);
     const rows = [...state.notebooks].sort((a, b) => b.gpu_memory_bytes - a.gpu_memory_bytes || a.kernel_id.localeCompare(b.kernel_id));
     for (const nb of rows) {
-      table.appendChild(this._notebookRow(nb, orphans.get(nb.kernel_id) ?? 0));
+      const [tr, actions] = this._notebookRow(nb, orphans.get(nb.kernel_id) ?? 0);
+      table.append(tr, actions);
     }
     box.appendChild(table);
   }
 
-  private _notebookRow(nb: Notebook, orphans: number): HTMLTableRowElement {
+  private _notebookRow(nb: Notebook, orphans: number): [HTMLTableRowElement, HTMLTableRowElement] {
     const tr = el('tr');
     tr.dataset.kernelId = nb.kernel_id;
     tr.dataset.gpumem = 'notebook-row';
@@ -218,7 +219,13 @@ export class GpuPanel extends Widget {
       el('td', 'jp-gpumem-num', String(Math.max(nb.processes.length, nb.pids.length ? 1 : 0))),
       el('td', 'jp-gpumem-num', String(orphans))
     );
+    // The buttons go on a row of their own: the panel is narrow.
+    const actionRow = el('tr', 'jp-gpumem-actions-row');
+    actionRow.dataset.kernelId = nb.kernel_id;
+    actionRow.dataset.gpumem = 'notebook-actions';
     const actions = el('td', 'jp-gpumem-actions');
+    actions.colSpan = 5;
+    actionRow.appendChild(actions);
     const button = (label: string, title: string, run: (b: HTMLButtonElement) => Promise<void>) => {
       const b = el('button', 'jp-mod-styled jp-gpumem-button', label);
       b.title = title;
@@ -253,8 +260,7 @@ export class GpuPanel extends Widget {
       ob.disabled = true;
       ob.onclick = null;
     }
-    tr.appendChild(actions);
-    return tr;
+    return [tr, actionRow];
   }
 
   private async _free(nb: Notebook): Promise<void> {

@@ -102,7 +102,8 @@ class Server:
                 "--ServerApp.allow_root=True"]
         if app == "jupyterlab":
             argv += ["--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-                     "--LabApp.workspaces_dir=" + str(stack.tmp / ("ws-%d" % self.port))]
+                     "--LabApp.workspaces_dir=" + str(stack.tmp / ("ws-%d" % self.port)),
+                     "--LabApp.user_settings_dir=" + str(stack.settings)]
         self.proc = Proc(argv, stack.env, str(stack.tmp / ("%s-%d.log" % (app, self.port))))
         wait_for("%s on %s" % (app, self.url), lambda: self.get("api/status").status_code == 200, timeout=90)
 
@@ -150,6 +151,11 @@ class Stack:
         self.env.pop("GPUMEM_SOCKET", None)
         self.servers = []
         self.daemon = None
+        # No "notified about Jupyter news?" toast among the ones tests count.
+        self.settings = self.tmp / "settings"
+        nf = self.settings / "@jupyterlab" / "apputils-extension"
+        nf.mkdir(parents=True)
+        (nf / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
         self.bin = gpumem_binary(str(self.tmp))
         self.set_gpu({})
 
