@@ -44,6 +44,9 @@ class Daemon:
             base_url="http://" + SOCKET_HOST,
             timeout=timeout,
             trust_env=False,
+            # Each open tab holds one waiting request (wait=1): many tabs
+            # need many connections.
+            limits=httpx.Limits(max_connections=2000, max_keepalive_connections=50),
         )
 
     async def close(self):

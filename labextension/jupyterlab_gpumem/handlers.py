@@ -50,12 +50,15 @@ class _Base(APIHandler):
 
 
 class StateHandler(_Base):
-    """GET state?since=&events_after=: GPUs, this server's notebooks, other
-    users' totals, the series since a time and new events."""
+    """GET state?since=&events_after=&wait=: GPUs, this server's notebooks,
+    other users' totals, the series since a time and new events. With wait=1
+    the daemon answers after its next sample (long poll)."""
 
     @tornado.web.authenticated
     async def get(self):
         params = {}
+        if self.get_argument("wait", "") == "1":
+            params["wait"] = "1"
         for name in ("since", "events_after"):
             v = self.get_argument(name, "")
             if v:

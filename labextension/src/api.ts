@@ -28,7 +28,9 @@ async function call<T>(path: string, init: RequestInit = {}): Promise<T> {
 export function fetchState(since: number, eventsAfter: number): Promise<Reply> {
   const q = new URLSearchParams();
   if (since > 0) {
+    // Answered after the daemon's next sample when it has none that new.
     q.set('since', String(since));
+    q.set('wait', '1');
   }
   q.set('events_after', String(eventsAfter));
   return call<Reply>(`state?${q.toString()}`);

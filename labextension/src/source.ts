@@ -1,8 +1,9 @@
-// The one poll of a browser tab: GET state every second while the page is
-// visible, each asking only for what came since the last reply. When the
-// daemon is not running (or the server errs) it slows to one call every
-// few seconds, growing to 30 s; nothing throws, so nothing reaches the
-// console.
+// The one poll of a browser tab, while the page is visible: each GET state
+// asks for what came since the newest point it has, and the daemon answers
+// right after its next sample (a long poll), so a tab makes one request a
+// sample (1/s) and sees each figure as soon as it is taken. When the daemon
+// is not running (or the server errs) it slows to one call every few
+// seconds, growing to 30 s; nothing throws, so nothing reaches the console.
 
 import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
@@ -11,6 +12,9 @@ import { fetchState } from './api';
 import { History, ReclaimEvent, Reply, State } from './model';
 
 export const POLL_MS = 1000;
+// After a reply, the next request goes out at once: the daemon holds it
+// until its next sample.
+const LONG_POLL_GAP_MS = 50;
 const SLOW_MS = 5000;
 const MAX_MS = 30000;
 
@@ -59,7 +63,7 @@ export class StateSource {
   private async _tick(): Promise<void> {
     let reply: Reply;
     try {
-      const since = this._state ? this.history.now + 1 : 0;
+      const since = this._state && this.history.last ? this.history.last + 1 : 0;
       reply = await fetchState(since, Math.max(this._lastEvent, 0));
     } catch (e) {
       reply = { status: 'error', message: `JupyterLab's server did not answer for gpumem (${String(e)})` };
@@ -74,8 +78,9 @@ export class StateSource {
     }
     this._failures = 0;
     this._unavailable = null;
-    this._setInterval(POLL_MS);
     this.history.merge(reply);
+    // Without any series (no GPU) there is nothing to wait for: plain polls.
+    this._setInterval(this.history.last ? LONG_POLL_GAP_MS : POLL_MS);
     this._state = reply;
     if (this._lastEvent < 0) {
       // The first reply: events from before this page are old news.

@@ -15,9 +15,19 @@ import (
 // HistoryBackend is what GET /api/v1/history needs. A Backend that does
 // not implement it answers 404 there.
 type HistoryBackend interface {
-	// History is every series since (unix seconds), the events after
-	// eventsAfter, and the current report.
-	History(ctx context.Context, since int64, eventsAfter uint64) (HistoryResponse, error)
+	// History is every series since q.Since (unix seconds), the events
+	// after q.EventsAfter, and the current report.
+	History(ctx context.Context, q HistoryQuery) (HistoryResponse, error)
+}
+
+// HistoryQuery is GET /api/v1/history's parameters.
+type HistoryQuery struct {
+	Since       int64  // since=: unix seconds; 0 = the last 15 minutes
+	EventsAfter uint64 // events_after=: a sequence number
+	// Wait (wait=1): when no sample is as new as Since yet, answer after the
+	// next one (or a few intervals at most). A client that polls this way
+	// sees each sample as soon as it is taken, at one request a sample.
+	Wait bool
 }
 
 // KernelQueryBackend answers the read-only kernel queries the JupyterLab
@@ -77,22 +87,22 @@ func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, _ caller) 
 		return
 	}
 	q := r.URL.Query()
-	var since int64
-	var after uint64
+	var hq HistoryQuery
 	var err error
 	if v := q.Get("since"); v != "" {
-		if since, err = strconv.ParseInt(v, 10, 64); err != nil {
+		if hq.Since, err = strconv.ParseInt(v, 10, 64); err != nil {
 			s.writeError(w, r, http.StatusBadRequest, fmt.Sprintf("since=%q is not a time in unix seconds", v))
 			return
 		}
 	}
 	if v := q.Get("events_after"); v != "" {
-		if after, err = strconv.ParseUint(v, 10, 64); err != nil {
+		if hq.EventsAfter, err = strconv.ParseUint(v, 10, 64); err != nil {
 			s.writeError(w, r, http.StatusBadRequest, fmt.Sprintf("events_after=%q is not an event sequence number", v))
 			return
 		}
 	}
-	resp, err := hb.History(r.Context(), since, after)
+	hq.Wait = q.Get("wait") == "1"
+	resp, err := hb.History(r.Context(), hq)
 	if err != nil {
 		s.writeError(w, r, http.StatusServiceUnavailable, fmt.Sprintf("history: %v", err))
 		return

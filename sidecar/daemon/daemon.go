@@ -90,7 +90,7 @@ type Daemon struct {
 
 	wg sync.WaitGroup // kernel and reclaim goroutines
 
-	hist historyParts // figures over time and reclaim events: history.go
+	hist *historyParts // figures over time and reclaim events: history.go
 
 	sampleNow chan struct{} // capacity 1: a sample is wanted before the next tick
 	rescan    func()        // asks the watcher for a scan (set by Run)

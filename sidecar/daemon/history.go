@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/gpumem/gpumem/magics"
@@ -19,15 +20,52 @@ import (
 type historyParts struct {
 	store  *history.Store
 	events *history.Events
+
+	mu      sync.Mutex
+	last    int64         // unix second of the newest sample recorded
+	sampled chan struct{} // closed (and replaced) after each sample
 }
 
-func newHistoryParts(interval time.Duration) historyParts {
-	return historyParts{store: history.New(history.Options{FineStep: interval}), events: history.NewEvents()}
+func newHistoryParts(interval time.Duration) *historyParts {
+	return &historyParts{store: history.New(history.Options{FineStep: interval}), events: history.NewEvents(),
+		sampled: make(chan struct{})}
+}
+
+// recorded wakes the waiting history requests.
+func (h *historyParts) recorded(t int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.last = max(h.last, t)
+	close(h.sampled)
+	h.sampled = make(chan struct{})
+}
+
+// waitSample returns once a sample of second since or later is recorded,
+// or after limit, or when ctx ends.
+func (h *historyParts) waitSample(ctx context.Context, since int64, limit time.Duration) {
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	for {
+		h.mu.Lock()
+		last, ch := h.last, h.sampled
+		h.mu.Unlock()
+		if last >= since {
+			return
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // recordHistory adds a sample's figures and sets each notebook's peak since
-// its kernel process started (the kernel pid marks the generation).
-func (d *Daemon) recordHistory(now time.Time, rep *attribution.Report) {
+// its kernel process started (the kernel pid marks the generation). It
+// returns the sample's time in unix seconds, for historySampled.
+func (d *Daemon) recordHistory(now time.Time, rep *attribution.Report) int64 {
 	samples := make([]history.Sample, 0, len(rep.GPUs)+len(rep.Notebooks))
 	for _, g := range rep.GPUs {
 		samples = append(samples, history.Sample{Key: history.Key{Kind: history.KindGPU, ID: strconv.Itoa(g.Index)}, Bytes: g.MemoryUsedBytes})
@@ -45,7 +83,12 @@ func (d *Daemon) recordHistory(now time.Time, rep *attribution.Report) {
 			rep.Notebooks[i].PeakBytes = p
 		}
 	}
+	return now.Unix()
 }
+
+// historySampled wakes the waiting history requests; sample calls it once
+// the new report is in place, so that they read it.
+func (d *Daemon) historySampled(at int64) { d.hist.recorded(at) }
 
 // recordReclaim keeps one event per reclaim that ended processes.
 func (d *Daemon) recordReclaim(ks *kernelState, notebook, why string, processes int, bytes uint64) {
@@ -65,7 +108,11 @@ func (d *Daemon) recordReclaim(ks *kernelState, notebook, why string, processes 
 }
 
 // History implements api.HistoryBackend.
-func (d *Daemon) History(ctx context.Context, since int64, eventsAfter uint64) (api.HistoryResponse, error) {
+func (d *Daemon) History(ctx context.Context, q api.HistoryQuery) (api.HistoryResponse, error) {
+	since, eventsAfter := q.Since, q.EventsAfter
+	if q.Wait && since > 0 {
+		d.hist.waitSample(ctx, since, 2*d.cfg.Interval+time.Second)
+	}
 	rep, err := d.Report(ctx)
 	if err != nil {
 		return api.HistoryResponse{}, err

@@ -101,7 +101,7 @@ func (d *Daemon) sample(ctx context.Context) {
 	}
 
 	rep := attribution.Attribute(snap, table, kernels)
-	d.recordHistory(time.Now(), &rep)
+	sampledAt := d.recordHistory(time.Now(), &rep)
 	elapsed := time.Since(start)
 	d.mu.Lock()
 	attached := 0
@@ -113,6 +113,7 @@ func (d *Daemon) sample(ctx context.Context) {
 	d.last = metrics.Snapshot{Report: rep, AttachedKernels: attached, SampleDuration: elapsed,
 		SampleSuccess: true, SampledAt: time.Now(), AlertThreshold: d.cfg.AlertThreshold}
 	d.mu.Unlock()
+	d.historySampled(sampledAt)
 	d.checkAlerts(rep)
 }
 
