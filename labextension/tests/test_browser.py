@@ -36,17 +36,19 @@ def run_cell(page, index, expect_text, timeout=60):
     cell = page.locator(".jp-NotebookPanel:visible .jp-Cell").nth(index)
     prompt = cell.locator(".jp-InputArea-prompt")
     before = prompt.inner_text()
-    # A run asked for while JupyterLab is still connecting the kernel is
-    # dropped (the prompt stays as it was): ask again, a few times.
-    for attempt in range(3):
+    # A run asked for in the first seconds after the notebook opens is
+    # dropped by JupyterLab (no execute_request goes out, the prompt stays
+    # blank): ask again until the prompt shows the cell queued or run.
+    for attempt in range(8):
         cell.locator(".jp-InputPrompt").click()
         page.locator(".jp-NotebookPanel:visible .jp-Toolbar [data-command='notebook:run-cell-and-select-next']").click()
         try:
-            page.wait_for_function("([el, before]) => el.innerText !== before", arg=[prompt.element_handle(), before],
-                                   timeout=10_000)
+            page.wait_for_function(
+                "([el, before]) => /\\[(\\*|\\d+)\\]/.test(el.innerText) && el.innerText !== before",
+                arg=[prompt.element_handle(), before], timeout=4_000)
             break
         except Exception:
-            if attempt == 2:
+            if attempt == 7:
                 raise
     cell.locator(".jp-OutputArea-output", has_text=expect_text).wait_for(timeout=timeout * 1000)
     return cell.locator(".jp-OutputArea-output").inner_text()
