@@ -190,8 +190,9 @@ export class GpuPanel extends Widget {
       orphans.set(ev.kernel_id, (orphans.get(ev.kernel_id) ?? 0) + ev.processes);
     }
     const table = el('table', 'jp-gpumem-table');
+    table.title = 'now: GPU memory of the kernel and its children (driver figure); peak: since the kernel started; orphans: processes of an earlier kernel process that gpumem serve ended';
     const head = el('tr');
-    for (const h of ['notebook', 'memory', 'peak', 'procs', 'orphans ended']) {
+    for (const h of ['notebook', 'now', 'peak', 'procs', 'orphans']) {
       head.appendChild(el('th', '', h));
     }
     table.appendChild(head);
