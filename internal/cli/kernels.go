@@ -44,8 +44,11 @@ func runKernels(ctx context.Context, env Env, args []string) error {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	for i, k := range res.Kernels {
-		rows[i] = kernelRow{KernelID: k.ID, Notebook: k.Notebook, PID: k.PID,
+		rows[i] = kernelRow{KernelID: k.ID, Notebook: k.Notebook,
 			ConnectionFile: k.ConnectionFile, ServerURL: k.ServerURL}
+		if k.PIDProven {
+			rows[i].PID = k.PID
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

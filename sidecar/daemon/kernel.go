@@ -34,11 +34,21 @@ type kernelState struct {
 	client    *protocol.Client
 	// missingSince is when a scan first found the connection file missing.
 	missingSince time.Time
+	// fileGone is true once the file is gone for good while the kernel
+	// process lives on: detached, its tree still protected.
+	fileGone bool
+	// fileUID and fileID are the connection file's owner and identity,
+	// which the kernel process must match (discovery.KernelFile).
+	fileUID uint32
+	fileID  procs.FileID
+	// proving is true while a kernel_info request checks that an unproven
+	// port owner holds the file's key.
+	proving bool
 }
 
 func newKernelState(k discovery.Kernel) *kernelState {
 	return &kernelState{id: k.ID, connFile: k.ConnectionFile, notebook: k.Notebook,
-		serverURL: k.ServerURL, recorded: map[procID]recordedProc{}}
+		serverURL: k.ServerURL, recorded: map[procID]recordedProc{}, fileUID: k.FileUID, fileID: k.FileID}
 }
 
 func (p procID) isZero() bool { return p.PID == 0 }
