@@ -177,7 +177,7 @@ func argvOf(p procs.Proc) string {
 	if len(p.Argv) == 0 {
 		return p.Comm
 	}
-	return strings.Join(p.Argv, " ")
+	return procs.CommandLine(p.Argv, 120)
 }
 
 // argvMentions maps each file's name to the processes whose argv passes it

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestParseStat(t *testing.T) {
@@ -198,4 +199,23 @@ func FuzzParseStat(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_, _ = parseStat(data) // must not panic
 	})
+}
+
+func TestCommandLine(t *testing.T) {
+	tests := []struct {
+		argv []string
+		max  int
+		want string
+	}{
+		{[]string{"python", "-m", "ipykernel_launcher"}, 80, "python -m ipykernel_launcher"},
+		{[]string{"python", "-c", "import x\nx.run()"}, 80, "python -c import x x.run()"},
+		{[]string{"abcdef"}, 4, "abc…"},
+		{[]string{"ééééé"}, 3, "éé…"}, // never half a character
+		{nil, 5, ""},
+	}
+	for _, tc := range tests {
+		if got := CommandLine(tc.argv, tc.max); got != tc.want || !utf8.ValidString(got) {
+			t.Errorf("CommandLine(%q, %d) = %q, want %q", tc.argv, tc.max, got, tc.want)
+		}
+	}
 }
