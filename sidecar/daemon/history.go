@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gpumem/gpumem/magics"
+	"github.com/gpumem/gpumem/protocol"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/history"
@@ -159,21 +160,22 @@ const queryTimeout = 20 * time.Second
 
 func (d *Daemon) kernelQuery(ctx context.Context, kernelID string, q func(context.Context, magics.Executor) (json.RawMessage, error)) (json.RawMessage, error) {
 	d.mu.Lock()
-	var ks *kernelStateRef
+	var client *protocol.Client
+	found := false
 	for _, k := range d.kernels {
 		if k.id == kernelID {
-			ks = &kernelStateRef{k.client, k.cur}
+			client, found = k.client, true
 			break
 		}
 	}
 	d.mu.Unlock()
-	if ks == nil {
+	if !found {
 		return nil, fmt.Errorf("kernel %s: %w", kernelID, api.ErrKernelNotFound)
 	}
-	if ks.client == nil {
+	if client == nil {
 		return nil, fmt.Errorf("kernel %s is not attached yet (starting, or not answering); try again", kernelID)
 	}
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	return q(ctx, ks.client)
+	return q(ctx, client)
 }

@@ -158,7 +158,9 @@ func BenchmarkPhases20Kernels(b *testing.B) {
 		}
 		var inodes []uint64
 		for _, p := range shellPorts {
-			inodes = append(inodes, ports[p])
+			for _, l := range ports[p] {
+				inodes = append(inodes, l.Inode)
+			}
 		}
 		for b.Loop() {
 			if _, err := fs.SocketOwners(inodes); err != nil {
@@ -170,7 +172,7 @@ func BenchmarkPhases20Kernels(b *testing.B) {
 		pf := discovery.NewProcFinder("/proc")
 		var files []discovery.KernelFile
 		for _, k := range res.Kernels {
-			files = append(files, discovery.KernelFile{Name: filepath.Base(k.ConnectionFile), ShellPort: k.Connection.ShellPort})
+			files = append(files, discovery.KernelFileOf(k))
 		}
 		for b.Loop() {
 			if _, err := pf.FindKernels(files); err != nil {
