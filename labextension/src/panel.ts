@@ -6,7 +6,7 @@
 
 import { Notification } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
-import uPlot from 'uplot';
+import type uPlot from 'uplot';
 
 import { fetchVars, freeCache } from './api';
 import { formatBytes, formatPercent, levelFor } from './format';
@@ -19,6 +19,16 @@ export interface PanelActions {
   /** JupyterLab's restart (with its confirmation); false when the notebook is not open here. */
   restart(kernelId: string): Promise<boolean>;
   canRestart(kernelId: string): boolean;
+}
+
+// uPlot is loaded when the panel first draws, not with JupyterLab's page.
+let uPlotClass: typeof uPlot | null = null;
+let uPlotLoading: Promise<void> | null = null;
+function loadUPlot(): Promise<void> {
+  uPlotLoading ??= import('uplot').then(m => {
+    uPlotClass = m.default;
+  });
+  return uPlotLoading;
 }
 
 const PALETTE = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#7f7f7f', '#bcbd22', '#17becf'];
@@ -101,6 +111,11 @@ export class GpuPanel extends Widget {
   }
 
   private _renderGPUs(state: State): void {
+    const UPlot = uPlotClass;
+    if (!UPlot) {
+      void loadUPlot().then(() => this.update());
+      return;
+    }
     const seen = new Set<number>();
     for (const g of state.gpus) {
       seen.add(g.index);
@@ -146,7 +161,7 @@ export class GpuPanel extends Widget {
             }))
           ]
         };
-        p.plot = new uPlot(opts, data, p.box);
+        p.plot = new UPlot(opts, data, p.box);
         p.ids = ids;
       } else {
         p.plot.setData(data);
