@@ -5,6 +5,7 @@ GPUMEM_UPDATE_SCREENSHOT=1 also writes the README's screenshot under docs/."""
 
 import os
 import shutil
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -23,6 +24,15 @@ class _Marker:
 _m = _Marker(); _m.self = _m; del _m
 print("ready")"""
 CHECK_CELL = 'print("collected:", getattr(__import__("builtins"), "_gpumem_test_collected", False))'
+# A worker in a session of its own: it outlives a kernel restart (an orphan).
+WORKER_CELL = """import subprocess
+worker = subprocess.Popen(["sleep", "600"], start_new_session=True)
+print("worker", worker.pid)"""
+
+
+# Processes the journey started outside every kernel's process group: ended
+# at the end if the daemon did not end them.
+spawned = []
 
 
 def artifacts_dir():
@@ -61,7 +71,7 @@ def test_user_journey(stack):
 
     out = artifacts_dir()
     lab = stack.server()
-    lab.notebook("train.ipynb", [MARKER_CELL, CHECK_CELL])
+    lab.notebook("train.ipynb", [MARKER_CELL, CHECK_CELL, WORKER_CELL])
     lab.notebook("eval.ipynb", ["x = 1"])
     stack.start_daemon()
     other = lab.start_session("eval.ipynb")
@@ -82,6 +92,11 @@ def test_user_journey(stack):
                 if os.path.exists(p):
                     shutil.copy(p, out / Path(p).name)
             browser.close()
+            for pid in spawned:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
 
 def _journey(stack, lab, other, page, out, console, state_requests):
@@ -148,6 +163,22 @@ def _journey(stack, lab, other, page, out, console, state_requests):
         (REPO / "docs" / "screenshots").mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(REPO / "docs" / "screenshots" / "jupyterlab-gpumem.png"))
 
+    # Restart kernel (JupyterLab's own, with its confirmation): the daemon
+    # ends the orphaned worker, and a notification says so once.
+    worker = int(run_cell(page, 2, "worker").split()[-1])
+    spawned.append(worker)
+    stack.set_gpu({pm: 2 * GiB, worker: int(1.5 * GiB), po: 1 * GiB})
+    procs = page.locator("tr[data-gpumem='notebook-row'][data-kernel-id='%s'] td" % mine).nth(3)
+    wait_for("the worker counted in the notebook", lambda: procs.inner_text() == "2", timeout=10)
+    row.locator("button[data-action='Restart kernel']").click()
+    page.locator(".jp-Dialog .jp-mod-accept").click()
+    toast = page.locator(".Toastify__toast", has_text="Ended 1 orphan of train.ipynb holding 1.5 GiB after the restart")
+    toast.wait_for(timeout=30_000)
+    wait_for("the worker to be ended", lambda: not os.path.exists("/proc/%d" % worker) or
+             open("/proc/%d/stat" % worker).read().split(")")[1].split()[0] == "Z", timeout=10)
+    assert toast.count() == 1
+    page.screenshot(path=str(out / "05-reclaim.png"))
+
     # gpumem serve stops: the panel says so, the console stays clean, no tight loop.
     stop_at = time.monotonic()
     stack.stop_daemon()
@@ -162,4 +193,4 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     assert not bad, "console after gpumem serve stopped: %s" % bad
     ours = [(t, m) for t, m, _ in console if t in ("error", "pageerror") and "gpumem" in m.lower()]
     assert not ours, "console errors from the extension: %s" % ours
-    page.screenshot(path=str(out / "05-no-daemon.png"))
+    page.screenshot(path=str(out / "06-no-daemon.png"))
