@@ -8,6 +8,8 @@ the browser may see (this server's kernels, other users as totals).
 
 from ._version import __version__
 
+__all__ = ["__version__"]
+
 
 def _jupyter_labextension_paths():
     return [{"src": "labextension", "dest": "jupyterlab-gpumem"}]
@@ -21,4 +23,7 @@ def _load_jupyter_server_extension(serverapp):
     from .handlers import setup_handlers
 
     setup_handlers(serverapp)
-    serverapp.log.info("jupyterlab_gpumem: forwarding %sgpumem/api/v1/ to gpumem serve", serverapp.base_url)
+    serverapp.log.info(
+        "jupyterlab_gpumem: forwarding %sgpumem/api/v1/ to gpumem serve",
+        serverapp.base_url,
+    )

@@ -35,17 +35,23 @@ class _Base(APIHandler):
     async def call_daemon(self, method, path, params=None, timeout=None):
         """The daemon's JSON, or None after replying with the status line."""
         try:
-            return await self.daemon.request(method, path, params=params, timeout=timeout)
+            return await self.daemon.request(
+                method, path, params=params, timeout=timeout
+            )
         except NoDaemon:
             self.reply(200, view.no_daemon(self.daemon.path))
         except DaemonError as e:
             if e.status == 404 and "/kernels/" in path:
                 self.reply(404, {"status": "error", "message": e.message})
             else:
-                self.reply(200, view.daemon_error(e.status, e.message, self.daemon.path))
-        except Exception as e:  # a timeout, a broken reply
+                self.reply(
+                    200, view.daemon_error(e.status, e.message, self.daemon.path)
+                )
+        except Exception as e:  # noqa: BLE001  (a timeout, a broken reply: one status line, never a 500)
             self.log.warning("gpumem: %s %s: %s", method, path, e)
-            self.reply(200, {"status": "error", "message": "gpumem serve did not answer: %s" % e})
+            self.reply(
+                200, {"status": "error", "message": f"gpumem serve did not answer: {e}"}
+            )
         return None
 
 
@@ -63,7 +69,7 @@ class StateHandler(_Base):
             v = self.get_argument(name, "")
             if v:
                 if not re.fullmatch(r"\d{1,12}", v):
-                    raise tornado.web.HTTPError(400, "%s must be a whole number" % name)
+                    raise tornado.web.HTTPError(400, f"{name} must be a whole number")
                 params[name] = v
         hist = await self.call_daemon("GET", "/api/v1/history", params=params)
         if hist is None:
@@ -82,7 +88,9 @@ class KernelHandler(_Base):
 
     def check_own(self, kernel_id):
         if kernel_id not in self.own_kernel_ids():
-            raise tornado.web.HTTPError(403, "kernel %s is not one of this server's kernels" % kernel_id)
+            raise tornado.web.HTTPError(
+                403, f"kernel {kernel_id} is not one of this server's kernels"
+            )
 
 
 class FreeHandler(KernelHandler):
@@ -92,7 +100,9 @@ class FreeHandler(KernelHandler):
     async def post(self, kernel_id):
         self.check_own(kernel_id)
         # No body is sent: the daemon then frees caches only.
-        rep = await self.call_daemon("POST", "/api/v1/kernels/%s/free" % kernel_id, timeout=60)
+        rep = await self.call_daemon(
+            "POST", f"/api/v1/kernels/{kernel_id}/free", timeout=60
+        )
         if rep is not None:
             self.reply(200, {"status": "ok", "free": rep})
 
@@ -103,8 +113,14 @@ class QueryHandler(KernelHandler):
     @tornado.web.authenticated
     async def get(self, kernel_id, what):
         self.check_own(kernel_id)
-        params = {"all_devices": "1"} if what == "vars" and self.get_argument("all_devices", "") == "1" else None
-        rep = await self.call_daemon("GET", "/api/v1/kernels/%s/%s" % (kernel_id, what), params=params, timeout=30)
+        params = (
+            {"all_devices": "1"}
+            if what == "vars" and self.get_argument("all_devices", "") == "1"
+            else None
+        )
+        rep = await self.call_daemon(
+            "GET", f"/api/v1/kernels/{kernel_id}/{what}", params=params, timeout=30
+        )
         if rep is not None:
             self.reply(200, {"status": "ok", what: rep})
 
@@ -119,6 +135,9 @@ def setup_handlers(serverapp):
         [
             (url_path_join(base, "state"), StateHandler),
             (url_path_join(base, "kernels", KERNEL_ID, "free"), FreeHandler),
-            (url_path_join(base, "kernels", KERNEL_ID, r"(?P<what>vars|summary)"), QueryHandler),
+            (
+                url_path_join(base, "kernels", KERNEL_ID, r"(?P<what>vars|summary)"),
+                QueryHandler,
+            ),
         ],
     )

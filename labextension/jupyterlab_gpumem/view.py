@@ -19,7 +19,13 @@ def server_view(history, own_kernels, paths):
     def other(user):
         u = others.get(user)
         if u is None:
-            u = others[user] = {"user": user, "notebooks": 0, "processes": 0, "bytes": 0, "per_gpu": {}}
+            u = others[user] = {
+                "user": user,
+                "notebooks": 0,
+                "processes": 0,
+                "bytes": 0,
+                "per_gpu": {},
+            }
         return u
 
     for nb in report.get("notebooks") or []:
@@ -42,7 +48,9 @@ def server_view(history, own_kernels, paths):
             u["per_gpu"][idx] = u["per_gpu"].get(idx, 0) + b
     users = sorted(others.values(), key=lambda u: (-u["bytes"], u["user"]))
     for u in users:
-        u["per_gpu"] = [{"index": i, "bytes": b} for i, b in sorted(u["per_gpu"].items())]
+        u["per_gpu"] = [
+            {"index": i, "bytes": b} for i, b in sorted(u["per_gpu"].items())
+        ]
     return {
         "status": "ok",
         "now": history.get("now", 0),
@@ -54,9 +62,13 @@ def server_view(history, own_kernels, paths):
         "warnings": report.get("warnings") or [],
         "series": {
             "gpus": history.get("gpus") or [],
-            "notebooks": [s for s in history.get("notebooks") or [] if s.get("id") in own_kernels],
+            "notebooks": [
+                s for s in history.get("notebooks") or [] if s.get("id") in own_kernels
+            ],
         },
-        "events": [e for e in history.get("events") or [] if e.get("kernel_id") in own_kernels],
+        "events": [
+            e for e in history.get("events") or [] if e.get("kernel_id") in own_kernels
+        ],
         "last_event": history.get("last_event", 0),
     }
 
@@ -65,15 +77,15 @@ def no_daemon(socket):
     return {
         "status": "no_daemon",
         "message": "gpumem serve is not running: start it with `gpumem serve` in a terminal "
-        "beside JupyterLab (it listens on %s)." % socket,
+        f"beside JupyterLab (it listens on {socket}).",
     }
 
 
 def daemon_error(status, message, socket):
     if status == 403:
         text = (
-            "gpumem serve at %s refused this server (%s): run gpumem serve as the user "
-            "who runs JupyterLab." % (socket, message)
+            f"gpumem serve at {socket} refused this server ({message}): run gpumem serve as the user "
+            "who runs JupyterLab."
         )
     else:
         text = "gpumem serve at %s answered %d: %s" % (socket, status, message)
