@@ -77,6 +77,8 @@ class Proc:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                # Not the source tree: the installed package is what is tested.
+                cwd=os.path.dirname(log),
             )
 
     def stop(self):
