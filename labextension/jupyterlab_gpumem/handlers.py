@@ -6,6 +6,7 @@ reply is 200 with a status the front end shows in one line, so nothing is
 logged in the browser's console.
 """
 
+import asyncio
 import json
 import re
 
@@ -32,33 +33,47 @@ class _Base(APIHandler):
         self.set_header("Cache-Control", "no-store")
         self.finish(json.dumps(body))
 
-    async def call_daemon(self, method, path, params=None, timeout=None):
-        """The daemon's JSON, or None after replying with the status line."""
+    async def daemon_json(self, method, path, params=None, timeout=None):
+        """(the daemon's JSON, None), or (None, (status, body)) to reply with:
+        one status line for the browser, never an HTTP error but a 404 of a
+        kernel."""
         try:
-            return await self.daemon.request(
+            data = await self.daemon.request(
                 method, path, params=params, timeout=timeout
             )
+            return data, None
         except NoDaemon:
-            self.reply(200, view.no_daemon(self.daemon.path))
+            return None, (200, view.no_daemon(self.daemon.path))
         except DaemonError as e:
             if e.status == 404 and "/kernels/" in path:
-                self.reply(404, {"status": "error", "message": e.message})
-            else:
-                self.reply(
-                    200, view.daemon_error(e.status, e.message, self.daemon.path)
-                )
+                return None, (404, {"status": "error", "message": e.message})
+            return None, (200, view.daemon_error(e.status, e.message, self.daemon.path))
         except Exception as e:  # noqa: BLE001  (a timeout, a broken reply: one status line, never a 500)
             self.log.warning("gpumem: %s %s: %s", method, path, e)
-            self.reply(
-                200, {"status": "error", "message": f"gpumem serve did not answer: {e}"}
+            return None, (
+                200,
+                {"status": "error", "message": f"gpumem serve did not answer: {e}"},
             )
-        return None
+
+    async def call_daemon(self, method, path, params=None, timeout=None):
+        """The daemon's JSON, or None after replying with the status line."""
+        data, failed = await self.daemon_json(
+            method, path, params=params, timeout=timeout
+        )
+        if failed:
+            self.reply(*failed)
+        return data
 
 
 class StateHandler(_Base):
     """GET state?since=&events_after=&wait=: GPUs, this server's notebooks,
     other users' totals, the series since a time and new events. With wait=1
-    the daemon answers after its next sample (long poll)."""
+    the daemon answers after its next sample (long poll).
+
+    Tabs asking the same question at the same time share one request to the
+    daemon and one reply: every tab of a server waits for the same next
+    sample, so however many tabs are open the daemon sees about one request
+    a sample from this server."""
 
     @tornado.web.authenticated
     async def get(self):
@@ -71,16 +86,34 @@ class StateHandler(_Base):
                 if not re.fullmatch(r"\d{1,12}", v):
                     raise tornado.web.HTTPError(400, f"{name} must be a whole number")
                 params[name] = v
-        hist = await self.call_daemon("GET", "/api/v1/history", params=params)
-        if hist is None:
-            return
+        shared = self.settings["gpumem_inflight"]
+        key = tuple(sorted(params.items()))
+        task = shared.get(key)
+        if task is None:
+            task = asyncio.ensure_future(self._state(params))
+            shared[key] = task
+
+            def forget(t, key=key):
+                if shared.get(key) is t:
+                    del shared[key]
+
+            task.add_done_callback(forget)
+        status, body = await asyncio.shield(task)
+        self.reply(status, body)
+
+    async def _state(self, params):
+        hist, failed = await self.daemon_json("GET", "/api/v1/history", params=params)
+        if failed:
+            return failed
         own = self.own_kernel_ids()
         paths = {}
         for s in await self.session_manager.list_sessions():
             k = (s.get("kernel") or {}).get("id")
             if k:
                 paths[k] = s.get("path", "")
-        self.reply(200, view.server_view(hist, own, paths))
+        body = view.server_view(hist, own, paths)
+        body["daemon_requests"] = self.daemon.requests
+        return 200, body
 
 
 class KernelHandler(_Base):
@@ -129,6 +162,7 @@ def setup_handlers(serverapp):
     web_app = serverapp.web_app
     path = socket_path(serverapp.runtime_dir)
     web_app.settings["gpumem_daemon"] = Daemon(path)
+    web_app.settings["gpumem_inflight"] = {}
     base = url_path_join(web_app.settings["base_url"], "gpumem", "api", "v1")
     web_app.add_handlers(
         ".*$",

@@ -9,6 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${GPUMEM_LAB_PYTHON:-$PWD/../.venv/current/bin/python}
+. ../scripts/lib.sh
+install_missing chromium   # Debian's: Playwright's own browser download is not used
 if [ -z "${GPUMEM_EXT_SKIP_BUILD:-}" ]; then
   bash scripts/build.sh "$py"
 fi

@@ -200,10 +200,7 @@ export class GpuPanel extends Widget {
       box.appendChild(el('div', 'jp-gpumem-empty', 'No kernel of this server is followed by gpumem serve.'));
       return;
     }
-    const orphans = new Map<string, number>();
-    for (const ev of state.events) {
-      orphans.set(ev.kernel_id, (orphans.get(ev.kernel_id) ?? 0) + ev.processes);
-    }
+    const orphans = this._source.reclaimed;
     const table = el('table', 'jp-gpumem-table');
     table.title = 'now: GPU memory of the kernel and its children (driver figure); peak: since the kernel started; orphans: processes of an earlier kernel process that gpumem serve ended';
     const head = el('tr');

@@ -27,6 +27,8 @@ export class StateSource {
   private _events = new Signal<this, ReclaimEvent[]>(this);
   private _poll: Poll;
   private _failures = 0;
+  /** Orphans the daemon ended, per kernel, since it started (its event log). */
+  readonly reclaimed = new Map<string, number>();
 
   constructor() {
     this._poll = new Poll({
@@ -82,6 +84,11 @@ export class StateSource {
     // Without any series (no GPU) there is nothing to wait for: plain polls.
     this._setInterval(this.history.last ? LONG_POLL_GAP_MS : POLL_MS);
     this._state = reply;
+    for (const ev of reply.events) {
+      if (ev.kind === 'reclaim') {
+        this.reclaimed.set(ev.kernel_id, (this.reclaimed.get(ev.kernel_id) ?? 0) + ev.processes);
+      }
+    }
     if (this._lastEvent < 0) {
       // The first reply: events from before this page are old news.
       this._lastEvent = reply.last_event;

@@ -241,6 +241,8 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     toast.wait_for(timeout=30_000)
     wait_for("the worker to be ended", lambda: worker_ended(worker), timeout=10)
     assert toast.count() == 1
+    orphans = page.locator("tr[data-gpumem='notebook-row'][data-kernel-id='%s'] td" % mine).nth(4)
+    wait_for("the panel to count the ended orphan", lambda: orphans.inner_text() == "1", timeout=10)
     page.screenshot(path=str(out / "05-reclaim.png"))
 
     # gpumem serve stops: the panel says so, the console stays clean, no tight loop.
