@@ -417,7 +417,7 @@ func BenchmarkRestartOrphansGone(b *testing.B) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			r, err := c.Execute(ctx, "import subprocess, sys\n"+
 				"_w = subprocess.Popen([sys.executable, '-c', "+strconv.Quote(children[kind])+"], start_new_session=True)",
-				protocol.ExecuteOptions{Raw: true, UserExpressions: map[string]string{"pid": "_w.pid"}})
+				protocol.ExecuteOptions{UserExpressions: map[string]string{"pid": "_w.pid"}})
 			cancel()
 			if err != nil || r.Status != "ok" {
 				b.Fatalf("starting the child: %v %+v", err, r)
