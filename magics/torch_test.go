@@ -209,8 +209,8 @@ func TestFreeCacheAPI(t *testing.T) {
 	if reg.Line || reg.Mod {
 		t.Errorf("FreeCache registered magics in a kernel that was never injected: %+v", reg)
 	}
-	if !strings.Contains(fr.Text(), "deleted:") {
-		t.Errorf("text: %s", fr.Text())
+	if !strings.Contains(fr.Text, "deleted:") {
+		t.Errorf("text: %s", fr.Text)
 	}
 }
 
@@ -240,7 +240,7 @@ func TestCellMagic(t *testing.T) {
 		t.Errorf("the cell's variables are not in the namespace: %v", v)
 	}
 	r = s.cell("%%gpumem\n1/0", true)
-	if !strings.Contains(r.Text(), "ZeroDivisionError") || strings.Contains(r.Text(), "gpumem_magics.py") {
+	if !strings.Contains(r.Text(), "ZeroDivisionError") || strings.Contains(r.Text(), "gpumem_magics") {
 		t.Errorf("a failing cell under %%%%gpumem: %s", r.Text())
 	}
 }

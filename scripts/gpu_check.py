@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """gpu_check.py: checks gpumem's %gpumem magics on a real GPU host.
 
-    python3 magics/gpu_check.py magics/gpumem_magics.py [options]
+    python3 scripts/gpu_check.py magics/py [options]
 
 For each scenario it starts a fresh kernel (jupyter_client + ipykernel), or
 with --mode inprocess a child process hosting an IPython InteractiveShell,
@@ -63,13 +63,29 @@ def check(ok, name, detail=""):
 # Injection, as magics/inject.go does it
 
 
-def inject_request(source, bootstrap, action="inject", config=None, free=None):
+def read_bundle(pydir):
+    """The package as inject.go sends it: base64 of zlib of JSON {module: source}."""
+    import base64
+    import glob
+    import zlib
+
+    sources = {}
+    for path in sorted(glob.glob(os.path.join(pydir, "gpumem_magics", "*.py"))):
+        with open(path) as f:
+            sources[os.path.basename(path)[:-3]] = f.read()
+    if "magic" not in sources:
+        raise SystemExit("%s: no gpumem_magics package there (give the path of magics/py)" % pydir)
+    raw = json.dumps(sources, sort_keys=True).encode("utf-8")
+    return base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
+
+
+def inject_request(bundle, bootstrap, action="inject", config=None, request=None):
     nonce = uuid.uuid4().hex
     cfg = dict(config or {})
     cfg.setdefault("version", "gpu_check")
-    args = '{"nonce": %s, "action": %s, "source": %s, "config": %s, "free": %s}' % (
-        json.dumps(nonce), json.dumps(action), json.dumps(source),
-        json.dumps(json.dumps(cfg)), json.dumps(json.dumps(free or {})))
+    args = '{"nonce": %s, "action": %s, "bundle": %s, "config": %s, "request": %s}' % (
+        json.dumps(nonce), json.dumps(action), json.dumps(bundle),
+        json.dumps(json.dumps(cfg)), json.dumps(json.dumps(request or {})))
     code = ('# gpumem-inject %s\n__import__("builtins").exec(%s, {"__builtins__": __import__("builtins"), '
             '"__name__": "_gpumem_bootstrap", "_ARGS": %s})' % (nonce, json.dumps(bootstrap), args))
     expr = '__import__("sys").modules.pop("_gpumem_report_%s", None)' % nonce
@@ -571,8 +587,8 @@ def main():
         child_main()
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("magics", help="path of magics/gpumem_magics.py")
-    ap.add_argument("--bootstrap", help="path of bootstrap.py (default: beside the magics)")
+    ap.add_argument("magics", help="path of magics/py (the gpumem_magics package and bootstrap.py)")
+    ap.add_argument("--bootstrap", help="path of bootstrap.py (default: in the magics path)")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu for a local smoke run")
     ap.add_argument("--mode", default="kernel", choices=("kernel", "inprocess"))
     ap.add_argument("--scenarios", default="noinit,noimport,torch,cupy,jax,jax-platform,cell,jax-prealloc")
@@ -581,8 +597,9 @@ def main():
     ap.add_argument("--notebook", help="also run this notebook's cells (e.g. examples/leaks.ipynb) ...")
     ap.add_argument("--notebook-out", help="... and write it with its outputs here")
     args = ap.parse_args()
-    args.source = open(args.magics).read()
-    args.bootstrap = open(args.bootstrap or os.path.join(os.path.dirname(os.path.abspath(args.magics)), "bootstrap.py")).read()
+    args.source = read_bundle(args.magics)
+    with open(args.bootstrap or os.path.join(args.magics, "bootstrap.py")) as f:
+        args.bootstrap = f.read()
     print("gpu_check: python %s, mode %s, device %s, %s" % (sys.version.split()[0], args.mode, args.device,
                                                           time.strftime("%Y-%m-%d %H:%M:%S")))
     if args.mode == "kernel" and not (importable("ipykernel") and importable("jupyter_client")):
