@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/nvml"
+	"github.com/gpumem/gpumem/nvml/driver"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/procs"
@@ -175,7 +176,7 @@ func newLsSampler(env Env, dirs []string) (*lsSampler, error) {
 	s := &lsSampler{env: env, dirs: dirs, fs: &procs.FS{Root: env.procRoot()}, opened: make(chan struct{})}
 	go func() {
 		defer close(s.opened)
-		s.gpus, s.openErr = nvml.Open(nvml.Options{FakeGPUFile: env.getenv("GPUMEM_FAKE_GPU")})
+		s.gpus, s.openErr = driver.Open(driver.Options{FakeGPUFile: env.getenv("GPUMEM_FAKE_GPU")})
 	}()
 	return s, nil
 }

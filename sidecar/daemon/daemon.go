@@ -24,6 +24,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gpumem/gpumem/nvml"
+	"github.com/gpumem/gpumem/nvml/driver"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/discovery"
 	"github.com/gpumem/gpumem/sidecar/metrics"
@@ -137,7 +138,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	gpus, err := nvml.Open(nvml.Options{FakeGPUFile: d.cfg.FakeGPUFile})
+	gpus, err := driver.Open(driver.Options{FakeGPUFile: d.cfg.FakeGPUFile})
 	if err != nil {
 		ln.Close()
 		return err

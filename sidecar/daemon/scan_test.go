@@ -9,7 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/gpumem/gpumem/nvml"
+	"github.com/gpumem/gpumem/nvml/driver"
 )
 
 // TestScanShutdownOnlyWhenFileDeleted: a connection file that a scan meets
@@ -25,7 +25,7 @@ func TestScanShutdownOnlyWhenFileDeleted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.gpus, err = nvml.Open(nvml.Options{FakeGPUFile: gpuFile})
+	d.gpus, err = driver.Open(driver.Options{FakeGPUFile: gpuFile})
 	if err != nil {
 		t.Fatal(err)
 	}
