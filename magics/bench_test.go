@@ -11,7 +11,7 @@ import (
 	"github.com/gpumem/gpumem/protocol"
 )
 
-// The benchmarks run against a real kernel; see BENCH_RESULTS.txt for the
+// The benchmarks run against a real kernel; see docs/benchmarks/magics.txt for the
 // numbers and the command. Budgets: %gpumem and %gpumem vars in a
 // kernel with 10,000 user variables < 100 ms; %gpumem free's overhead over
 // gc.collect() + empty_cache() < 50 ms; attach + inject < 200 ms.
