@@ -150,7 +150,7 @@ func TestFreeDisplayedAndTraceback(t *testing.T) {
 	if r := s.cell("f(b)", false); r.Status() != "error" {
 		t.Fatalf("re-raise: %s", r.Status())
 	}
-	data, text = s.magic("%gpumem free a b")
+	_, text = s.magic("%gpumem free a b")
 	var after idsState
 	s.probe(idsProbe, &after)
 	if after.A || after.B || after.WA || after.WB || after.WY {

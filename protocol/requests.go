@@ -194,7 +194,7 @@ type expressionContent struct {
 }
 
 func (e expressionContent) result() ExpressionResult {
-	return ExpressionResult{Status: e.Status, Data: e.Data, EName: e.EName, EValue: e.EValue, Traceback: e.Traceback}
+	return ExpressionResult(e)
 }
 
 // Execute sends execute_request on the shell channel and waits, within ctx,

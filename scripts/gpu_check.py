@@ -84,10 +84,16 @@ def inject_request(bundle, bootstrap, action="inject", config=None, request=None
     cfg = dict(config or {})
     cfg.setdefault("version", "gpu_check")
     args = '{"nonce": %s, "action": %s, "bundle": %s, "config": %s, "request": %s}' % (
-        json.dumps(nonce), json.dumps(action), json.dumps(bundle),
-        json.dumps(json.dumps(cfg)), json.dumps(json.dumps(request or {})))
-    code = ('# gpumem-inject %s\n__import__("builtins").exec(%s, {"__builtins__": __import__("builtins"), '
-            '"__name__": "_gpumem_bootstrap", "_ARGS": %s})' % (nonce, json.dumps(bootstrap), args))
+        json.dumps(nonce),
+        json.dumps(action),
+        json.dumps(bundle),
+        json.dumps(json.dumps(cfg)),
+        json.dumps(json.dumps(request or {})),
+    )
+    code = (
+        '# gpumem-inject %s\n__import__("builtins").exec(%s, {"__builtins__": __import__("builtins"), '
+        '"__name__": "_gpumem_bootstrap", "_ARGS": %s})' % (nonce, json.dumps(bootstrap), args)
+    )
     expr = '__import__("sys").modules.pop("_gpumem_report_%s", None)' % nonce
     return code, expr
 
@@ -125,8 +131,9 @@ class KernelDriver(object):
         import queue
 
         deadline = time.monotonic() + timeout
-        msg_id = self.kc.execute(code, silent=silent, store_history=store_history,
-                                 user_expressions=user_expressions or {}, allow_stdin=False)
+        msg_id = self.kc.execute(
+            code, silent=silent, store_history=store_history, user_expressions=user_expressions or {}, allow_stdin=False
+        )
 
         def nxt(get):
             left = deadline - time.monotonic()
@@ -135,7 +142,7 @@ class KernelDriver(object):
             try:
                 return get(timeout=left)
             except queue.Empty:
-                raise TimeoutError("kernel did not answer within %ss" % timeout)
+                raise TimeoutError("kernel did not answer within %ss" % timeout) from None
 
         while True:
             m = nxt(self.kc.get_shell_msg)
@@ -169,8 +176,13 @@ class InprocDriver(object):
         cenv = dict(os.environ)
         cenv.update(env)
         cenv["PYTHONUNBUFFERED"] = "1"
-        self.p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child"], env=cenv,
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.p = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--child"],
+            env=cenv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.pid = self.p.pid
         self._call({"op": "ping"}, timeout)
 
@@ -189,8 +201,16 @@ class InprocDriver(object):
         return json.loads(line)
 
     def execute(self, code, silent=False, store_history=True, user_expressions=None, timeout=600):
-        return self._call({"op": "execute", "code": code, "silent": silent, "store_history": store_history,
-                           "user_expressions": user_expressions or {}}, timeout)
+        return self._call(
+            {
+                "op": "execute",
+                "code": code,
+                "silent": silent,
+                "store_history": store_history,
+                "user_expressions": user_expressions or {},
+            },
+            timeout,
+        )
 
     def close(self):
         try:
@@ -216,8 +236,12 @@ def child_main():
     shell.display_pub.publish = publish
 
     def write_format_data(format_dict, md_dict=None):
-        outputs.append({"type": "execute_result", "content": {"data": format_dict, "metadata": md_dict or {},
-                                                             "execution_count": shell.execution_count}})
+        outputs.append(
+            {
+                "type": "execute_result",
+                "content": {"data": format_dict, "metadata": md_dict or {}, "execution_count": shell.execution_count},
+            }
+        )
 
     def showtraceback(etype, evalue, stb):
         outputs.append({"type": "error", "content": {"ename": etype.__name__, "evalue": str(evalue), "traceback": stb}})
@@ -243,8 +267,7 @@ def child_main():
         outs = list(outputs)
         if buf.getvalue():
             outs.insert(0, {"type": "stream", "content": {"name": "stdout", "text": buf.getvalue()}})
-        reply = {"status": "ok" if res.success else "error", "user_expressions": ue,
-                 "execution_count": res.execution_count}
+        reply = {"status": "ok" if res.success else "error", "user_expressions": ue, "execution_count": res.execution_count}
         if not res.success:
             err = res.error_in_exec or res.error_before_exec
             reply.update(ename=type(err).__name__, evalue=str(err))
@@ -260,8 +283,12 @@ def nvml_mib(pid):
     """The driver's figure for pid in MiB (0 when the process has no GPU
     entry), or None without nvidia-smi."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
@@ -326,7 +353,11 @@ def inject(drv, args):
     ms = (time.perf_counter() - t0) * 1000
     rep = r["reply"].get("user_expressions", {}).get("gpumem", {}).get("data", {}).get("application/json")
     ok = bool(rep and rep.get("ok"))
-    check(ok, "inject", "%.0f ms, report %s" % (ms, rep if not ok else {k: rep[k] for k in ("ipython", "python", "frameworks_loaded")}))
+    check(
+        ok,
+        "inject",
+        "%.0f ms, report %s" % (ms, rep if not ok else {k: rep[k] for k in ("ipython", "python", "frameworks_loaded")}),
+    )
     return ok
 
 
@@ -413,15 +444,21 @@ def scenario_leaks(args, fw, env, name=None):
                 check(False, "%s: the trap cell raised" % name)
         before = stats(drv, fw) if gpu or fw != "torch" else {"used": 0, "held": 0}
         nv_before = nvml_mib(drv.pid) if gpu else None
-        result("INFO", "%s: before free: %s in use, %s held; NVML %s MiB for pid %d" % (
-            name, before["used"], before["held"], nv_before, drv.pid))
+        result(
+            "INFO",
+            "%s: before free: %s in use, %s held; NVML %s MiB for pid %d"
+            % (name, before["used"], before["held"], nv_before, drv.pid),
+        )
         print_outputs("%gpumem", cell(drv, "%gpumem"))
         rv = cell(drv, "%gpumem vars" + ("" if gpu else " --all-devices"))
         print_outputs("%gpumem vars" + ("" if gpu else " --all-devices"), rv)
         vd = gpumem_data(rv) or {}
         hidden = [row["name"] for row in vd.get("rows", []) if row.get("hidden")]
-        check(any(h.startswith("Out[") for h in hidden) and any("traceback" in h for h in hidden),
-              "%s: %%gpumem vars shows the Out and traceback holders" % name, ", ".join(hidden))
+        check(
+            any(h.startswith("Out[") for h in hidden) and any("traceback" in h for h in hidden),
+            "%s: %%gpumem vars shows the Out and traceback holders" % name,
+            ", ".join(hidden),
+        )
         line = "%gpumem free --all" + ("" if gpu else " --all-devices")
         t0 = time.monotonic()
         rf = cell(drv, line)
@@ -442,14 +479,21 @@ def scenario_leaks(args, fw, env, name=None):
         ok = mib is not None and mib <= limit
         expect_pool = fw == "jax" and env.get("XLA_PYTHON_CLIENT_ALLOCATOR") != "platform"
         if expect_pool:
-            result("INFO", "%s: NVML %s -> %s MiB (JAX's BFC allocator keeps its pool; free took %.2f s)" % (
-                name, nv_before, mib, free_s))
+            result(
+                "INFO",
+                "%s: NVML %s -> %s MiB (JAX's BFC allocator keeps its pool; free took %.2f s)" % (name, nv_before, mib, free_s),
+            )
             fd = gpumem_data(rf) or {}
-            check(any("keeps freed memory in its pool" in x for x in fd.get("notes", [])),
-                  "%s: free says that JAX keeps its pool" % name)
+            check(
+                any("keeps freed memory in its pool" in x for x in fd.get("notes", [])),
+                "%s: free says that JAX keeps its pool" % name,
+            )
         else:
-            check(ok, "%s: NVML for the kernel <= %d MiB (the CUDA context) within 1 s of free" % (name, limit),
-                  "%s -> %s MiB, %.2f s after a free that took %.2f s" % (nv_before, mib, waited, free_s))
+            check(
+                ok,
+                "%s: NVML for the kernel <= %d MiB (the CUDA context) within 1 s of free" % (name, limit),
+                "%s -> %s MiB, %.2f s after a free that took %.2f s" % (nv_before, mib, waited, free_s),
+            )
         print_outputs("%gpumem (after)", cell(drv, "%gpumem"))
     finally:
         drv.close()
@@ -467,8 +511,15 @@ def scenario_noinit(args):
         result("INFO", "noinit: imported %s" % ", ".join(have))
         if not inject(drv, args):
             return
-        for line in ("%gpumem", "%gpumem vars", "%gpumem vars --all-devices", "%gpumem free", "%gpumem free --all",
-                     "%gpumem free --dry-run --all", "%%gpumem\nx = 1"):
+        for line in (
+            "%gpumem",
+            "%gpumem vars",
+            "%gpumem vars --all-devices",
+            "%gpumem free",
+            "%gpumem free --all",
+            "%gpumem free --dry-run --all",
+            "%%gpumem\nx = 1",
+        ):
             r = cell(drv, line)
             if line == "%gpumem":
                 print_outputs(line, r)
@@ -477,8 +528,11 @@ def scenario_noinit(args):
         if mib is None:
             result("SKIP", "noinit: no nvidia-smi")
         else:
-            check(mib == 0, "noinit: no CUDA context created by the magics (nvidia-smi has no entry for pid %d)" % drv.pid,
-                  "%s MiB" % mib)
+            check(
+                mib == 0,
+                "noinit: no CUDA context created by the magics (nvidia-smi has no entry for pid %d)" % drv.pid,
+                "%s MiB" % mib,
+            )
         if "torch" in have:
             check(expr_value(drv, "__import__('torch').cuda.is_initialized()") is False, "noinit: torch CUDA still uninitialised")
     finally:
@@ -507,8 +561,11 @@ def scenario_cell(args):
         if not inject(drv, args):
             return
         cell(drv, "import torch\nkeep = torch.ones(%d, device='cuda')" % (GIB // 4))
-        r = cell(drv, "%%%%gpumem\ntmp = torch.ones(%d, device='cuda')\ny = torch.ones(%d, device='cuda')\ndel tmp\ny.sum().item()"
-                 % (GIB // 2, GIB // 4))
+        r = cell(
+            drv,
+            "%%%%gpumem\ntmp = torch.ones(%d, device='cuda')\ny = torch.ones(%d, device='cuda')\ndel tmp\ny.sum().item()"
+            % (GIB // 2, GIB // 4),
+        )
         print_outputs("%%gpumem", r)
         d = gpumem_data(r) or {}
         rows = [x for x in d.get("frameworks", []) if x.get("name") == "torch"]
@@ -530,7 +587,9 @@ def scenario_jax_prealloc(args):
         r = cell(drv, "%gpumem")
         print_outputs("%gpumem", r)
         d = gpumem_data(r) or {}
-        check("preallocated" in (d.get("advice") or ""), "jax-prealloc: %gpumem advises about preallocation", str(d.get("advice")))
+        check(
+            "preallocated" in (d.get("advice") or ""), "jax-prealloc: %gpumem advises about preallocation", str(d.get("advice"))
+        )
     finally:
         drv.close()
 
@@ -558,10 +617,18 @@ def run_notebook(args, path, out):
                 elif o["type"] == "display_data":
                     outs.append({"output_type": "display_data", "data": oc.get("data", {}), "metadata": oc.get("metadata") or {}})
                 elif o["type"] == "execute_result":
-                    outs.append({"output_type": "execute_result", "data": oc.get("data", {}), "metadata": oc.get("metadata") or {},
-                                 "execution_count": oc.get("execution_count")})
+                    outs.append(
+                        {
+                            "output_type": "execute_result",
+                            "data": oc.get("data", {}),
+                            "metadata": oc.get("metadata") or {},
+                            "execution_count": oc.get("execution_count"),
+                        }
+                    )
                 elif o["type"] == "error":
-                    outs.append({"output_type": "error", "ename": oc["ename"], "evalue": oc["evalue"], "traceback": oc["traceback"]})
+                    outs.append(
+                        {"output_type": "error", "ename": oc["ename"], "evalue": oc["evalue"], "traceback": oc["traceback"]}
+                    )
             c["outputs"] = outs
             c["execution_count"] = r["reply"].get("execution_count")
             print_outputs(src.splitlines()[0][:60], r)
@@ -600,14 +667,20 @@ def main():
     args.source = read_bundle(args.magics)
     with open(args.bootstrap or os.path.join(args.magics, "bootstrap.py")) as f:
         args.bootstrap = f.read()
-    print("gpu_check: python %s, mode %s, device %s, %s" % (sys.version.split()[0], args.mode, args.device,
-                                                          time.strftime("%Y-%m-%d %H:%M:%S")))
+    print(
+        "gpu_check: python %s, mode %s, device %s, %s"
+        % (sys.version.split()[0], args.mode, args.device, time.strftime("%Y-%m-%d %H:%M:%S"))
+    )
     if args.mode == "kernel" and not (importable("ipykernel") and importable("jupyter_client")):
         result("FAIL", "ipykernel and jupyter_client are needed for --mode kernel (or use --mode inprocess)")
         return 1
     try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout.strip()
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.strip()
         print("gpu: %s" % smi)
     except (OSError, subprocess.TimeoutExpired):
         print("gpu: no nvidia-smi")

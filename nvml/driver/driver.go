@@ -50,7 +50,8 @@ func openLibrary(lib gonvml.Interface) (*nvml.Source, *real) {
 	if ret := lib.Init(); ret != gonvml.SUCCESS {
 		// Deliberately no other call on lib from here on, not even
 		// ErrorString or Shutdown: after a failed Init any NVML call may kill
-		// the process with an undefined-symbol error (FIELD-NOTES).
+		// the process with an undefined-symbol error (measured: the dynamic
+		// linker aborts, no Go panic to recover).
 		return nvml.NoDriver(InitError{Return: ret}), nil
 	}
 	r := newReal(lib)

@@ -273,7 +273,7 @@ func mergeProcesses(infos []gonvml.ProcessInfo, total uint64) ([]nvml.Process, [
 		known := in.UsedGpuMemory != nvml.UnknownMemory
 		switch {
 		case in.Pid == 0:
-			// Drivers 535.43-535.86 returned scrambled entries (go-nvml #75).
+			// Drivers 535.43-535.86 returned scrambled entries (reported against go-nvml).
 			errs = append(errs, fmt.Errorf("dropped a process entry with pid 0 (%d bytes): scrambled NVML entry", in.UsedGpuMemory))
 			continue
 		case known && total > 0 && in.UsedGpuMemory > total:
