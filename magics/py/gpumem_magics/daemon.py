@@ -6,11 +6,12 @@ import os
 from . import state
 
 
-def driver_usage(timeout=0.5):
+def driver_usage(timeout=0.5, fresh=False):
     """Asks gpumem serve (its unix socket API) for this kernel's processes'
     GPU memory: GET /api/v1/kernels/<id> when the Go side passed the kernel
     id (the only request a kernel may make in shared mode), else GET
-    /api/v1/notebooks matched by pid.
+    /api/v1/notebooks matched by pid. fresh asks for a reading taken now
+    rather than the last sample (a report before and after a free).
 
     Returns None when no sidecar is configured, else a dict with bytes,
     per_gpu and pids, or with error."""
@@ -32,7 +33,7 @@ def driver_usage(timeout=0.5):
         if kid:
             from urllib.parse import quote
 
-            status, body = get("/api/v1/kernels/" + quote(kid, safe=""))
+            status, body = get("/api/v1/kernels/" + quote(kid, safe="") + ("?fresh=1" if fresh else ""))
             if status == 404:
                 return {"error": "gpumem serve does not know this kernel (%s) yet" % kid}
             if status != 200:

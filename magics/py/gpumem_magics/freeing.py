@@ -112,7 +112,7 @@ def free_data(names=(), all_=False, keep=(), dry_run=False, all_devices=False, a
     data["cache_only"] = not names and not all_
     notes = []
     before = probes.frameworks()
-    drv_before = daemon.driver_usage() if ask_daemon and not dry_run else None
+    drv_before = daemon.driver_usage(fresh=True) if ask_daemon and not dry_run else None
 
     plan = _plan_free(shell, names, all_, keep, all_devices)
     data["deleted"] = plan["deleted"]
@@ -135,7 +135,7 @@ def free_data(names=(), all_=False, keep=(), dry_run=False, all_devices=False, a
         after = probes.frameworks()
         data["frameworks"] = probes.before_after(before, after)
         if drv_before is not None:
-            drv_after = daemon.driver_usage()
+            drv_after = daemon.driver_usage(fresh=True)
             if not drv_before.get("error") and drv_after and not drv_after.get("error"):
                 data["driver"] = {"before": drv_before["bytes"], "after": drv_after["bytes"]}
     else:
