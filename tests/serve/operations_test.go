@@ -22,7 +22,7 @@ import (
 // dashboard relies on, with the labels it groups by.
 func TestServeMetrics(t *testing.T) {
 	testenv.Require(t, "notebook", "ipykernel")
-	srv := testenv.StartServer(t, testenv.Notebook6)
+	srv := testenv.StartServer(t, testenv.NotebookServer())
 	gpu := newFakeGPU(t)
 	port := testenv.FreePort(t)
 	d := startDaemon(t, srv, gpu, "--listen=127.0.0.1:"+strconv.Itoa(port))
@@ -98,7 +98,7 @@ func TestServeSharedModePeerCredentials(t *testing.T) {
 		}
 		t.Skip("needs root to run a process as a second uid")
 	}
-	srv := testenv.StartServer(t, testenv.Notebook6)
+	srv := testenv.StartServer(t, testenv.NotebookServer())
 	gpu := newFakeGPU(t)
 	// A socket where uid 65534 can reach it (test dirs are 0700 root's).
 	sockDir, err := os.MkdirTemp("", "gpumem-shared")
@@ -138,7 +138,7 @@ print(s.recv(100).split(b"\r\n")[0].decode())`
 // leaves kernels untouched; after SIGKILL a new daemon rebuilds its view.
 func TestServeLifecycle(t *testing.T) {
 	testenv.Require(t, "notebook", "ipykernel")
-	srv := testenv.StartServer(t, testenv.Notebook6)
+	srv := testenv.StartServer(t, testenv.NotebookServer())
 	gpu := newFakeGPU(t)
 	d := startDaemon(t, srv, gpu)
 	nb := openNotebook(t, srv, "life.ipynb")
