@@ -158,7 +158,9 @@ func BenchmarkPhases20Kernels(b *testing.B) {
 		}
 		var inodes []uint64
 		for _, p := range shellPorts {
-			inodes = append(inodes, ports[p])
+			for _, l := range ports[p] {
+				inodes = append(inodes, l.Inode)
+			}
 		}
 		for b.Loop() {
 			if _, err := fs.SocketOwners(inodes); err != nil {
