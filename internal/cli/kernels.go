@@ -103,6 +103,7 @@ func discoverKernels(ctx context.Context, env Env, extraDirs []string) discovery
 	return discovery.Discover(ctx, discovery.Options{
 		RuntimeDirs: discovery.RuntimeDirs(env.getenv, extraDirs),
 		Procs:       discovery.NewProcFinder(env.procRoot()),
+		ServerToken: env.getenv("GPUMEM_SERVER_TOKEN"),
 	})
 }
 

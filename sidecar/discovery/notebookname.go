@@ -1,0 +1,95 @@
+package discovery
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/gpumem/gpumem/internal/safefile"
+)
+
+// A kernel that no server's session names may still say its notebook:
+//   - JPY_SESSION_NAME in its environment: jupyter_server 2 sets it to the
+//     notebook's absolute path (stale after a rename), VS Code's Jupyter
+//     extension sets it too; nbclient, papermill, jupyter console and
+//     KernelManager do not (measured: nbclient 0.11, papermill 2.7).
+//   - papermill's command line: its kernel's parent is `papermill IN OUT`,
+//     and IN is the notebook it runs.
+// Both are read only for a proven kernel process, so a planted file cannot
+// name a notebook.
+
+// batchNamer is a ProcessFinder that can read a kernel's parent's argv.
+type batchNamer interface {
+	ParentNotebook(ppid int) string
+}
+
+// nameNotebooks fills Notebook for proven kernels that have none.
+func nameNotebooks(pf ProcessFinder, kernels []Kernel) {
+	bn, _ := pf.(batchNamer)
+	for i := range kernels {
+		k := &kernels[i]
+		if k.Notebook != "" || !k.PIDProven {
+			continue
+		}
+		if k.sessionName != "" {
+			k.Notebook, k.NotebookFrom = k.sessionName, "JPY_SESSION_NAME"
+			continue
+		}
+		if bn != nil && k.ppid > 1 {
+			if nb := bn.ParentNotebook(k.ppid); nb != "" {
+				k.Notebook, k.NotebookFrom = nb, "papermill"
+			}
+		}
+	}
+}
+
+// ParentNotebook implements batchNamer: the input notebook of a papermill
+// process (its first .ipynb argument), made absolute against its cwd; ""
+// when ppid is not papermill.
+func (f *ProcFinder) ParentNotebook(ppid int) string {
+	dir := filepath.Join(f.procRoot(), strconv.Itoa(ppid))
+	data, _, err := safefile.Read(filepath.Join(dir, "cmdline"), 64<<10)
+	if err != nil {
+		return ""
+	}
+	argv := strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
+	return papermillInput(argv, func() string {
+		cwd, _ := os.Readlink(filepath.Join(dir, "cwd"))
+		return cwd
+	})
+}
+
+// papermillInput is the first .ipynb argument of a papermill command line
+// (`papermill …`, `python -m papermill …`, `…/bin/papermill …`), made
+// absolute with cwd(); "" for any other command.
+func papermillInput(argv []string, cwd func() string) string {
+	start := -1
+	for i, a := range argv {
+		if filepath.Base(a) == "papermill" && (i == 0 || i == 1 || (i == 2 && argv[1] == "-m")) {
+			start = i + 1
+			break
+		}
+	}
+	if start < 0 {
+		return ""
+	}
+	for i := start; i < len(argv); i++ {
+		a := argv[i]
+		if strings.HasPrefix(a, "-") {
+			continue
+		}
+		if !strings.HasSuffix(a, ".ipynb") || strings.Contains(a, "://") {
+			continue
+		}
+		if !filepath.IsAbs(a) {
+			c := cwd()
+			if c == "" {
+				return ""
+			}
+			a = filepath.Join(c, a)
+		}
+		return filepath.Clean(a)
+	}
+	return ""
+}
