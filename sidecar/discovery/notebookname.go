@@ -11,8 +11,9 @@ import (
 
 // A kernel that no server's session names may still say its notebook:
 //   - JPY_SESSION_NAME in its environment: jupyter_server 2 sets it to the
-//     notebook's absolute path (stale after a rename), VS Code's Jupyter
-//     extension sets it too; nbclient, papermill, jupyter console and
+//     notebook's absolute path (stale after a rename; jupyter_server 1 to a
+//     path relative to its root, which is not used), VS Code's Jupyter
+//     extension sets it too (its issue 16307); nbclient, papermill, jupyter console and
 //     KernelManager do not (measured: nbclient 0.11, papermill 2.7).
 //   - papermill's command line: its kernel's parent is `papermill IN OUT`,
 //     and IN is the notebook it runs.
@@ -32,7 +33,9 @@ func nameNotebooks(pf ProcessFinder, kernels []Kernel) {
 		if k.Notebook != "" || !k.PIDProven {
 			continue
 		}
-		if k.sessionName != "" {
+		// jupyter_server 1 sets a path relative to its root (measured:
+		// 1.23): nothing here anchors it, so it names nothing.
+		if filepath.IsAbs(k.sessionName) {
 			k.Notebook, k.NotebookFrom = k.sessionName, "JPY_SESSION_NAME"
 			continue
 		}
