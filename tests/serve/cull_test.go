@@ -1,0 +1,121 @@
+package serve
+
+import (
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/gpumem/gpumem/internal/testenv"
+)
+
+// kernelModel is the server's GET /api/kernels/<id>.
+type kernelModel struct {
+	ID             string `json:"id"`
+	LastActivity   string `json:"last_activity"`
+	ExecutionState string `json:"execution_state"`
+}
+
+// getKernel returns the server's model of a kernel, or false once the
+// server no longer has it (404).
+func getKernel(t *testing.T, srv *testenv.Server, id string) (kernelModel, bool) {
+	t.Helper()
+	resp, err := srv.Do(http.MethodGet, "api/kernels/"+id, nil)
+	if err != nil {
+		t.Fatalf("GET api/kernels/%s: %v", id, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return kernelModel{}, false
+	}
+	var m kernelModel
+	srv.JSON(t, http.MethodGet, "api/kernels/"+id, nil, &m)
+	return m, true
+}
+
+func parseActivity(t *testing.T, s string) time.Time {
+	t.Helper()
+	at, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		t.Fatalf("last_activity %q: %v", s, err)
+	}
+	return at
+}
+
+// TestServeKeepsIdleCulling: Jupyter's idle culler still ends an idle
+// kernel on time while gpumem serve is attached to it. The daemon's one
+// inject may count as activity (it is an execute_request); its heartbeats
+// and its attach must not, and the server must see the kernel idle (what
+// JupyterLab's indicator shows) all the while.
+func TestServeKeepsIdleCulling(t *testing.T) {
+	testenv.Require(t, "notebook", "ipykernel")
+	const idle, interval = 8 * time.Second, time.Second
+	srv := testenv.StartServerWith(t, testenv.NotebookServer(), testenv.ServerOptions{Args: []string{
+		"--MappingKernelManager.cull_idle_timeout=" + strconv.Itoa(int(idle.Seconds())),
+		"--MappingKernelManager.cull_interval=" + strconv.Itoa(int(interval.Seconds())),
+	}})
+	sess := srv.CreateSession(t, "idle.ipynb")
+	id := sess.Kernel.ID
+	// A first cell, as a user's: the kernel is then up, and the server has
+	// seen it busy and idle.
+	testenv.WaitKernelListening(t, srv.ConnectionFile(id), 60*time.Second)
+	testenv.RunCell(t, srv.ConnectionFile(id), "pass", 60*time.Second)
+	var before kernelModel
+	testenv.Poll(t, 60*time.Second, "the new kernel to be idle", func() bool {
+		m, ok := getKernel(t, srv, id)
+		if !ok {
+			t.Fatalf("kernel %s culled before the daemon started", id)
+		}
+		before = m
+		return m.ExecutionState == "idle"
+	})
+
+	d := startDaemon(t, srv, newFakeGPU(t))
+	testenv.Poll(t, 30*time.Second, "the daemon to inject the magics", func() bool {
+		_, ok := d.findLog("magics injected", map[string]any{"kernel_id": id})
+		return ok
+	})
+	// The inject's idle status reaches the server right after its reply.
+	var after kernelModel
+	testenv.Poll(t, 10*time.Second, "the server to see the kernel idle after the inject", func() bool {
+		m, ok := getKernel(t, srv, id)
+		if !ok {
+			t.Fatalf("kernel %s culled right after the inject", id)
+		}
+		after = m
+		return m.ExecutionState == "idle"
+	})
+	injectCounts := after.LastActivity != before.LastActivity
+	t.Logf("the inject counts as activity: %v (last_activity %s -> %s)", injectCounts, before.LastActivity, after.LastActivity)
+
+	// From now on nothing may touch the kernel's activity: the daemon only
+	// sends heartbeats. Poll until the culler ends it.
+	last := parseActivity(t, after.LastActivity)
+	samples := 0
+	var culled time.Time
+	testenv.Poll(t, idle+interval+30*time.Second, "the culler to end the idle kernel", func() bool {
+		m, ok := getKernel(t, srv, id)
+		if !ok {
+			culled = time.Now()
+			return true
+		}
+		samples++
+		if m.LastActivity != after.LastActivity {
+			t.Fatalf("last_activity moved from %s to %s while only gpumem serve was attached", after.LastActivity, m.LastActivity)
+		}
+		if m.ExecutionState != "idle" {
+			t.Fatalf("the server sees the kernel %q while nothing runs in it", m.ExecutionState)
+		}
+		return false
+	})
+	if _, ok := d.findLog("magics injected", map[string]any{"kernel_id": id}); !ok || d.exited() {
+		t.Fatalf("the daemon was not attached all along\n%s", d.output())
+	}
+	waited := culled.Sub(last)
+	t.Logf("culled %v after the last activity (cull_idle_timeout %v, cull_interval %v; %d samples, all idle)", waited.Round(10*time.Millisecond), idle, interval, samples)
+	// The server culls at its first check past the timeout; a server busy on
+	// a loaded machine may check a little late.
+	if waited < idle-interval || waited > idle+2*interval+5*time.Second {
+		t.Errorf("culled %v after the last activity, want about %v (+ up to %v)", waited, idle, interval)
+	}
+}
