@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 . scripts/lib.sh
-install_missing python3-ipykernel python3-jupyter-client jupyter-notebook python3-jupyter-server python3-torch python3-venv
+install_missing python3-ipykernel python3-jupyter-client jupyter-notebook python3-jupyter-server python3-torch python3-nbclient python3-venv
 command -v go >/dev/null || { echo "go not found: install Go 1.26 or newer"; exit 1; }
 command -v gcc >/dev/null || { echo "gcc not found (cgo builds the NVML bindings): apt-get install gcc"; exit 1; }
 make_venv current requirements/current.txt
