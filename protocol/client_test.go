@@ -558,7 +558,7 @@ func testRestartThroughServer(t *testing.T, kind testenv.ServerKind) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	oldSession := c.Session()
+	oldSession, oldInfo := c.Session(), c.Info()
 
 	s.JSON(t, http.MethodPost, "api/kernels/"+sess.Kernel.ID+"/restart", nil, nil)
 	ev := waitEvent(t, c, EventRestarted, 30*time.Second)
@@ -579,7 +579,13 @@ func testRestartThroughServer(t *testing.T, kind testenv.ServerKind) {
 	if got.PID != newPID {
 		t.Fatalf("execute after restart ran in pid %d, want %d", got.PID, newPID)
 	}
-	t.Logf("restart: pid %d → %d, session %s → %s", oldPID, newPID, oldSession, ev.Session)
+	// A restart through the server keeps the connection file, its ports and
+	// its key (jupyter_client 7.4 and 8.10 alike, measured here).
+	if ni := c.Info(); ni.ShellPort != oldInfo.ShellPort || ni.IOPubPort != oldInfo.IOPubPort || ni.ControlPort != oldInfo.ControlPort ||
+		ni.HBPort != oldInfo.HBPort || ni.Key != oldInfo.Key {
+		t.Errorf("restart changed the connection: %+v → %+v", oldInfo, ni)
+	}
+	t.Logf("restart: pid %d → %d, session %s → %s, same ports and key", oldPID, newPID, oldSession, ev.Session)
 
 	// Shutting the kernel down deletes its connection file: the client stops.
 	resp, err := s.Do(http.MethodDelete, "api/sessions/"+sess.ID, nil)

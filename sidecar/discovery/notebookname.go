@@ -63,9 +63,19 @@ func (f *ProcFinder) ParentNotebook(ppid int) string {
 	})
 }
 
-// papermillInput is the first .ipynb argument of a papermill command line
-// (`papermill …`, `python -m papermill …`, `…/bin/papermill …`), made
-// absolute with cwd(); "" for any other command.
+// papermill options that take one or two values (papermill 2.x's CLI).
+var papermillOptionValues = map[string]int{
+	"-k": 1, "--kernel": 1, "-f": 1, "--parameters_file": 1, "-y": 1, "--parameters_yaml": 1,
+	"-b": 1, "--parameters_base64": 1, "--cwd": 1, "--language": 1, "--engine": 1,
+	"--start-timeout": 1, "--start_timeout": 1, "--execution-timeout": 1, "--log-level": 1,
+	"-p": 2, "--parameters": 2, "-r": 2, "--parameters_raw": 2,
+}
+
+// papermillInput is the input notebook of a papermill command line
+// (`papermill …`, `python -m papermill …`, `…/bin/papermill …`): its first
+// positional argument, made absolute with cwd(). "" for any other command,
+// and when the input is not a local .ipynb (a URL, "-" for stdin): the
+// output path is never taken for it.
 func papermillInput(argv []string, cwd func() string) string {
 	start := -1
 	for i, a := range argv {
@@ -79,11 +89,14 @@ func papermillInput(argv []string, cwd func() string) string {
 	}
 	for i := start; i < len(argv); i++ {
 		a := argv[i]
-		if strings.HasPrefix(a, "-") {
+		if strings.HasPrefix(a, "-") && a != "-" {
+			if !strings.Contains(a, "=") {
+				i += papermillOptionValues[a]
+			}
 			continue
 		}
 		if !strings.HasSuffix(a, ".ipynb") || strings.Contains(a, "://") {
-			continue
+			return ""
 		}
 		if !filepath.IsAbs(a) {
 			c := cwd()
