@@ -23,11 +23,6 @@ type Kernel struct {
 	ConnectionFile string
 	Connection     protocol.ConnectionInfo
 	Notebook       string // absolute path; "" when nothing names it
-	// NotebookFrom says where Notebook came from: "server" (its
-	// /api/sessions), "JPY_SESSION_NAME" (the kernel's environment, set by
-	// jupyter_server 2 and VS Code; stale after a rename) or "papermill" (the
-	// input notebook on its parent's command line).
-	NotebookFrom string
 	ServerURL      string // "" without a server
 	KernelName     string // kernelspec name, when known
 	FileUID        uint32 // owner of the connection file
@@ -43,6 +38,12 @@ type Kernel struct {
 	// file's key can still prove it.
 	PIDUIDMatch bool
 	Unproven    string
+
+	// NotebookFrom says where Notebook came from: "server" (its
+	// /api/sessions), "JPY_SESSION_NAME" (the kernel's environment, set by
+	// jupyter_server 2 and VS Code; stale after a rename) or "papermill" (the
+	// input notebook on its parent's command line).
+	NotebookFrom string
 
 	outside     bool   // found from a process's argv, not in a runtime dir
 	sessionName string // JPY_SESSION_NAME of the proven process
@@ -104,8 +105,7 @@ type Options struct {
 	HTTPClient  *http.Client // default: 5 s timeout
 	Procs       ProcessFinder
 	// ServerToken is sent to servers whose info file holds no token (a
-	// password or external login, such as JupyterHub's): --server-token or
-	// GPUMEM_SERVER_TOKEN.
+	// password or external login, such as JupyterHub's): GPUMEM_SERVER_TOKEN.
 	ServerToken string
 }
 
