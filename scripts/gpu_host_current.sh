@@ -6,9 +6,14 @@
 # Runs ON the lent GPU host (Python 3.12 with torch/CUDA at
 # /opt/torch/.venv/bin/python3, no network), from the copied checkout's root.
 # Needs, carried with the checkout:
-#   .whl/          cp312 manylinux wheels of that stack and every dependency,
-#                  one version each (fetched here with pip download; see the
-#                  report that added this script for the list)
+#   .whl/          cp312 manylinux wheels of requirements/gpu-host-current.txt
+#                  (that stack and every dependency, one version each),
+#                  fetched on a machine with network, in the checkout's root:
+#     echo /.whl/ >> .git/info/exclude
+#     grep -o '^[a-z0-9._-]*==[^ ]*' requirements/gpu-host-current.txt | xargs -n1 \
+#       python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+#       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#       --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl
 #   .gpukit/gpumem a cgo build of gpumem (go build -o .gpukit/gpumem ./cmd/gpumem)
 #
 # It installs the wheels into a private prefix (never into the system
