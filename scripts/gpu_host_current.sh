@@ -12,7 +12,8 @@
 #     echo /.whl/ >> .git/info/exclude
 #     grep -o '^[a-z0-9._-]*==[^ ]*' requirements/gpu-host-current.txt | xargs -n1 \
 #       python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-#       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#       --implementation cp --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 \
+#       --platform manylinux_2_17_x86_64 \
 #       --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl
 #   .gpukit/gpumem a cgo build of gpumem (go build -o .gpukit/gpumem ./cmd/gpumem)
 #
