@@ -150,6 +150,14 @@ func TestKernelsWithoutServer(t *testing.T) {
 		if !found {
 			t.Errorf("kernel %s (pid %d) not listed alive with its pid\n%s", cf, pid, res)
 		}
+		// Another Jupyter environment (another runtime dir: another user, or
+		// another test) does not see it.
+		res = runGpumem(t, gpumemEnv(t.TempDir()), "kernels", "--json")
+		for _, k := range decodeKernels(t, res) {
+			if k.ConnectionFile == cf || k.PID == pid {
+				t.Errorf("kernel %s listed by gpumem in another runtime dir\n%s", cf, res)
+			}
+		}
 
 		res = runGpumem(t, gpumemEnv(dir), "attach", cf)
 		if res.Code != 0 || !strings.Contains(res.Stdout, "inject") {

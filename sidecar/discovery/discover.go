@@ -171,7 +171,7 @@ func Discover(ctx context.Context, opts Options) Result {
 	}
 	res.Servers = dedupeServers(res.Servers)
 	if lister, ok := opts.Procs.(ConnectionFileLister); ok {
-		addLaunchedKernels(&res, lister, seenFile)
+		addLaunchedKernels(&res, lister, opts.RuntimeDirs, seenFile)
 	}
 	for i := range res.Servers {
 		if res.Servers[i].Token == "" && opts.ServerToken != "" {

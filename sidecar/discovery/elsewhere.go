@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gpumem/gpumem/internal/safefile"
 	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
@@ -13,30 +14,41 @@ import (
 // jupyter console, KernelManager in scripts, VS Code) write their connection
 // files wherever their client chose, often jupyter_client's temp files
 // (/tmp/tmpXXXX.json). Such a kernel is found from its process's argv: the
-// file it was launched with (-f FILE). Since "-f x.json" is a common flag of
-// unrelated programs and a file proves nothing by itself, such a kernel is
-// listed only when FindKernels proves its process (port, owner, file named).
+// file it was launched with (-f FILE). Such a kernel belongs to the Jupyter
+// whose runtime dirs are scanned when its own environment names one of them
+// as its runtime dir (JUPYTER_RUNTIME_DIR, else XDG_DATA_HOME's or HOME's, as
+// DefaultRuntimeDir computes it): jobs inherit their user's environment, so
+// this scopes them exactly as the runtime dirs scope server kernels, and
+// another user's or another environment's jobs stay out. Since "-f x.json"
+// is a common flag of unrelated programs and a file proves nothing by
+// itself, such a kernel is listed only when FindKernels then proves its
+// process (port, owner, file named).
 
 // ConnectionFileLister is a ProcessFinder that can also list the connection
 // files kernels were launched with. Discover uses it, when Options.Procs
 // implements it, to find kernels outside the runtime dirs.
 type ConnectionFileLister interface {
-	LaunchedConnectionFiles() ([]string, error)
+	LaunchedConnectionFiles(runtimeDirs []string) ([]string, error)
 }
 
 // LaunchedConnectionFiles implements ConnectionFileLister: every file that a
 // process passes as a kernel's connection file ("-f FILE", "--f=FILE",
-// "--connection-file=FILE"), made absolute against that process's cwd.
-func (f *ProcFinder) LaunchedConnectionFiles() ([]string, error) {
+// "--connection-file=FILE"), made absolute against that process's cwd, when
+// that process's runtime dir is one of runtimeDirs.
+func (f *ProcFinder) LaunchedConnectionFiles(runtimeDirs []string) ([]string, error) {
 	cmdlines, err := f.fs.Cmdlines()
 	if err != nil {
 		return nil, err
+	}
+	ours := map[string]bool{}
+	for _, d := range runtimeDirs {
+		ours[filepath.Clean(d)] = true
 	}
 	seen := map[string]bool{}
 	var out []string
 	for pid, argv := range cmdlines {
 		arg := flaggedConnectionFile(argv)
-		if arg == "" {
+		if arg == "" || !ours[f.processRuntimeDir(pid)] {
 			continue
 		}
 		if !filepath.IsAbs(arg) {
@@ -77,8 +89,8 @@ func flaggedConnectionFile(argv []string) string {
 // addLaunchedKernels appends the kernels launched with connection files
 // outside the runtime dirs (see ConnectionFileLister). Files it cannot read
 // are skipped quietly: most are not kernels' at all.
-func addLaunchedKernels(res *Result, lister ConnectionFileLister, seenFile map[string]bool) {
-	files, err := lister.LaunchedConnectionFiles()
+func addLaunchedKernels(res *Result, lister ConnectionFileLister, runtimeDirs []string, seenFile map[string]bool) {
+	files, err := lister.LaunchedConnectionFiles(runtimeDirs)
 	if err != nil {
 		return // FindKernels reports an unreadable /proc
 	}
@@ -112,6 +124,25 @@ func dropUnprovenOutside(kernels []Kernel) []Kernel {
 		out = append(out, k)
 	}
 	return out
+}
+
+// processRuntimeDir is the Jupyter runtime dir process pid would use, from
+// its environment (readable by its user or root); "" when unreadable.
+func (f *ProcFinder) processRuntimeDir(pid int) string {
+	data, _, err := safefile.Read(filepath.Join(f.procRoot(), strconv.Itoa(pid), "environ"), 1<<20)
+	if err != nil {
+		return ""
+	}
+	env := map[string]string{}
+	for _, kv := range strings.Split(string(data), "\x00") {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	if env["JUPYTER_RUNTIME_DIR"] == "" && env["XDG_DATA_HOME"] == "" && env["HOME"] == "" {
+		return "" // DefaultRuntimeDir would fall back to our own home
+	}
+	return filepath.Clean(DefaultRuntimeDir(func(k string) string { return env[k] }))
 }
 
 func (f *ProcFinder) procRoot() string {

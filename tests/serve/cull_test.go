@@ -1,7 +1,9 @@
 package serve
 
 import (
+	"fmt"
 	"net/http"
+	"os/exec"
 	"strconv"
 	"testing"
 	"time"
@@ -117,5 +119,83 @@ func TestServeKeepsIdleCulling(t *testing.T) {
 	// a loaded machine may check a little late.
 	if waited < idle-interval || waited > idle+2*interval+5*time.Second {
 		t.Errorf("culled %v after the last activity, want about %v (+ up to %v)", waited, idle, interval)
+	}
+}
+
+// TestServeBusyOnlyWhileFreeing: what JupyterLab's kernel indicator shows
+// (the server's execution_state, fed by the kernel's IOPub status) is busy
+// only while gpumem's request runs: a `gpumem free` through the daemon
+// leaves the kernel idle as soon as it returns, and nothing else makes it
+// busy while the daemon stays attached.
+func TestServeBusyOnlyWhileFreeing(t *testing.T) {
+	testenv.Require(t, "notebook", "ipykernel")
+	srv := testenv.StartServer(t, testenv.NotebookServer())
+	gpu := newFakeGPU(t)
+	d := startDaemon(t, srv, gpu)
+	nb := openNotebook(t, srv, "busy.ipynb")
+	nb.waitMagic(t, 30*time.Second)
+	id := nb.sess.Kernel.ID
+
+	type sample struct {
+		at    time.Time
+		state string
+	}
+	var samples []sample
+	record := func() {
+		m, ok := getKernel(t, srv, id)
+		if !ok {
+			t.Fatalf("kernel %s gone", id)
+		}
+		samples = append(samples, sample{time.Now(), m.ExecutionState})
+	}
+	testenv.Poll(t, 10*time.Second, "the kernel to be idle", func() bool {
+		m, _ := getKernel(t, srv, id)
+		return m.ExecutionState == "idle"
+	})
+	// The free runs in a goroutine; the test samples the server meanwhile.
+	done := make(chan error, 1)
+	var freeStart, freeEnd time.Time
+	freeStart = time.Now()
+	go func() {
+		cmd := exec.Command(gpumemBin, "free", id)
+		cmd.Env = testenv.Env(srv.Dir, "GPUMEM_FAKE_GPU="+gpu.path)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			err = fmt.Errorf("%w: %s", err, out)
+		}
+		done <- err
+	}()
+	for freeEnd.IsZero() {
+		select {
+		case err := <-done:
+			freeEnd = time.Now()
+			if err != nil {
+				t.Fatalf("gpumem free: %v", err)
+			}
+		default:
+			record()
+		}
+	}
+	// After the free, idle at once and for the next second.
+	settle := time.Now().Add(time.Second)
+	for time.Now().Before(settle) {
+		record()
+	}
+	busy := 0
+	for _, s := range samples {
+		if s.state == "busy" {
+			busy++
+			// The server learns of idle a moment after the reply: allow 500 ms.
+			if s.at.After(freeEnd.Add(500 * time.Millisecond)) {
+				t.Errorf("busy %v after the free returned", s.at.Sub(freeEnd))
+			}
+		}
+	}
+	if last := samples[len(samples)-1]; last.state != "idle" {
+		t.Errorf("state %q a second after the free", last.state)
+	}
+	t.Logf("gpumem free took %v; %d of %d samples busy, all during it", freeEnd.Sub(freeStart).Round(time.Millisecond), busy, len(samples))
+	if d.exited() {
+		t.Fatalf("daemon exited\n%s", d.output())
 	}
 }
