@@ -165,6 +165,10 @@ func TestServeBusyOnlyWhileFreeing(t *testing.T) {
 		}
 		done <- err
 	}()
+	// One sample every 10 ms: often enough to see a busy of a few tens
+	// of ms, rarely enough not to load the server.
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
 	for freeEnd.IsZero() {
 		select {
 		case err := <-done:
@@ -172,13 +176,14 @@ func TestServeBusyOnlyWhileFreeing(t *testing.T) {
 			if err != nil {
 				t.Fatalf("gpumem free: %v", err)
 			}
-		default:
+		case <-tick.C:
 			record()
 		}
 	}
 	// After the free, idle at once and for the next second.
 	settle := time.Now().Add(time.Second)
 	for time.Now().Before(settle) {
+		<-tick.C
 		record()
 	}
 	busy := 0
