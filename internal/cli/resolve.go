@@ -9,13 +9,15 @@ import (
 	"strings"
 
 	"github.com/gpumem/gpumem/sidecar/discovery"
+	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
 // resolveKernel finds the one kernel that arg names: a connection file, a
 // kernel id or a unique prefix of one, or a notebook path (absolute, relative
 // to the working directory, or a unique suffix such as "train.ipynb").
 func resolveKernel(ctx context.Context, env Env, arg string, dirs []string) (discovery.Kernel, error) {
-	res := discoverKernels(ctx, env, dirs)
+	fs := env.procFS()
+	res := discoverKernels(ctx, env, fs, dirs)
 	if arg == "" {
 		return discovery.Kernel{}, fmt.Errorf("%w: name a kernel: its id (or a unique prefix), its notebook, or its connection file", errUsage)
 	}
@@ -32,7 +34,7 @@ func resolveKernel(ctx context.Context, env Env, arg string, dirs []string) (dis
 				}
 			}
 			if _, err := os.Stat(abs); err == nil {
-				return connectionFileKernel(env, abs)
+				return connectionFileKernel(fs, abs)
 			}
 		}
 	}
@@ -82,12 +84,12 @@ func candidates(ks []discovery.Kernel) string {
 // runtime dirs: the file read and validated (an error names it), its
 // process found as discovery finds any kernel's, its notebook named where
 // the kernel's environment says it.
-func connectionFileKernel(env Env, path string) (discovery.Kernel, error) {
+func connectionFileKernel(fs *procs.FS, path string) (discovery.Kernel, error) {
 	k, err := discovery.ReadKernelFile(path)
 	if err != nil {
 		return discovery.Kernel{}, err
 	}
 	ks := []discovery.Kernel{k}
-	discovery.ResolveProcesses(discovery.NewProcFinder(env.procRoot()), ks)
+	discovery.ResolveProcesses(discovery.NewProcFinder(fs), ks)
 	return ks[0], nil
 }
