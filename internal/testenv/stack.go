@@ -91,13 +91,14 @@ func stackHint() string {
 	return fmt.Sprintf("run the README's test command (it builds .venv/%s from requirements/%s.txt)", CurrentStack(), CurrentStack())
 }
 
-// NotebookServer is the stack's `jupyter notebook`: Notebook 6 on Debian 12
-// (nbserver-*.json), Notebook 7 on jupyter_server 2 elsewhere (jpserver-*.json).
+// NotebookServer is the stack's `jupyter notebook`: Notebook 7 on
+// jupyter_server 2 on the current stack (jpserver-*.json), Debian's Notebook
+// 6 elsewhere (nbserver-*.json; the ipykernel6 virtualenv sees it).
 func NotebookServer() ServerKind {
-	if CurrentStack() == Debian12 {
-		return Notebook6
+	if CurrentStack() == Current {
+		return Notebook7
 	}
-	return Notebook7
+	return Notebook6
 }
 
 // ServerKinds is every server the stack offers: Notebook 6 and

@@ -331,7 +331,7 @@ func StartServer(t testing.TB, kind ServerKind, extraEnv ...string) *Server {
 func StartServerWith(t testing.TB, kind ServerKind, o ServerOptions) *Server {
 	t.Helper()
 	Require(t, "ipykernel", "jupyter_client", kind.module())
-	if (kind == Notebook6) != (CurrentStack() == Debian12 && kind.module() == "notebook") {
+	if (kind == Notebook6 || kind == Notebook7) && kind != NotebookServer() {
 		t.Fatalf("stack %s has no %s server (its `jupyter notebook` is %s)", CurrentStack(), kind, NotebookServer())
 	}
 	dir := t.TempDir()
