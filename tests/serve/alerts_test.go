@@ -13,7 +13,7 @@ import (
 // holders, once; %gpumem top lists who holds the GPU.
 func TestServeNotebookAlerts(t *testing.T) {
 	testenv.Require(t, "notebook", "ipykernel")
-	srv := testenv.StartServer(t, testenv.Notebook6)
+	srv := testenv.StartServer(t, testenv.NotebookServer())
 	gpu := testenv.NewFakeGPU(t)
 	d := startDaemon(t, srv, gpu, "--alert-threshold=0.5")
 	nb := openNotebook(t, srv, "big/model.ipynb")

@@ -23,7 +23,7 @@ import (
 // dashboard relies on, with the labels it groups by.
 func TestServeMetrics(t *testing.T) {
 	testenv.Require(t, "notebook", "ipykernel")
-	srv := testenv.StartServer(t, testenv.Notebook6)
+	srv := testenv.StartServer(t, testenv.NotebookServer())
 	gpu := testenv.NewFakeGPU(t)
 	port := testenv.FreePort(t)
 	d := startDaemon(t, srv, gpu, "--listen=127.0.0.1:"+strconv.Itoa(port))
@@ -99,7 +99,7 @@ func TestServeSharedModePeerCredentials(t *testing.T) {
 		}
 		t.Skip("needs root to run a process as a second uid")
 	}
-	srv := testenv.StartServer(t, testenv.Notebook6)
+	srv := testenv.StartServer(t, testenv.NotebookServer())
 	gpu := testenv.NewFakeGPU(t)
 	// A socket where uid 65534 can reach it (test dirs are 0700 root's).
 	sockDir, err := os.MkdirTemp("", "gpumem-shared")
@@ -139,7 +139,7 @@ print(s.recv(100).split(b"\r\n")[0].decode())`
 // leaves kernels untouched; after SIGKILL a new daemon rebuilds its view.
 func TestServeLifecycle(t *testing.T) {
 	testenv.Require(t, "notebook", "ipykernel")
-	srv := testenv.StartServer(t, testenv.Notebook6)
+	srv := testenv.StartServer(t, testenv.NotebookServer())
 	gpu := testenv.NewFakeGPU(t)
 	d := startDaemon(t, srv, gpu)
 	nb := openNotebook(t, srv, "life.ipynb")

@@ -118,7 +118,7 @@ func waitNotebookHas(t *testing.T, d *testenv.Daemon, kernelID string, pid int) 
 
 func TestServeInjectsNewKernels(t *testing.T) {
 	testenv.Require(t, "notebook", "ipykernel")
-	srv := testenv.StartServer(t, testenv.Notebook6)
+	srv := testenv.StartServer(t, testenv.NotebookServer())
 	gpu := testenv.NewFakeGPU(t)
 	d := startDaemon(t, srv, gpu)
 	if fi, err := os.Stat(d.Socket); err != nil || fi.Mode().Perm() != 0o600 {
@@ -137,20 +137,31 @@ func TestServeInjectsNewKernels(t *testing.T) {
 		t.Errorf("no 'magics injected' log for %s", nb.sess.Kernel.ID)
 	}
 
-	// gpumem kernels answers from the daemon: same rows, same keys.
-	cmd := exec.Command(gpumemBin, "kernels", "--json")
-	cmd.Env = testenv.Env(srv.Dir)
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("gpumem kernels: %v", err)
-	}
-	var rows []map[string]any
-	if err := json.Unmarshal(out, &rows); err != nil || len(rows) != 1 {
-		t.Fatalf("gpumem kernels --json = %s (%v), want one kernel", out, err)
-	}
+	// gpumem kernels answers from the daemon: same rows, same keys. On
+	// jupyter_server 2 the kernel's file comes before its session and its
+	// ports: the daemon names the notebook at its next scan (5 s at most).
 	want := map[string]any{"kernel_id": nb.sess.Kernel.ID, "notebook": srv.RootDir + "/projects/train.ipynb",
 		"pid": float64(nb.pid), "language": "python", "alive": true, "connection_file": srv.ConnectionFile(nb.sess.Kernel.ID),
 		"server_url": srv.URL}
+	var rows []map[string]any
+	var out []byte
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		cmd := exec.Command(gpumemBin, "kernels", "--json")
+		cmd.Env = testenv.Env(srv.Dir)
+		var err error
+		out, err = cmd.Output()
+		if err != nil {
+			t.Fatalf("gpumem kernels: %v", err)
+		}
+		if err := json.Unmarshal(out, &rows); err != nil || len(rows) != 1 {
+			t.Fatalf("gpumem kernels --json = %s (%v), want one kernel", out, err)
+		}
+		if rows[0]["server_url"] == want["server_url"] && rows[0]["pid"] == want["pid"] || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if len(rows[0]) != len(want) {
 		t.Errorf("keys %v, want exactly %v", rows[0], want)
 	}
@@ -168,7 +179,7 @@ func TestServeReclaimsOrphans(t *testing.T) {
 	testenv.Require(t, "notebook", "ipykernel")
 	for _, how := range []string{"restart", "shutdown"} {
 		t.Run(how, func(t *testing.T) {
-			srv := testenv.StartServer(t, testenv.Notebook6)
+			srv := testenv.StartServer(t, testenv.NotebookServer())
 			gpu := testenv.NewFakeGPU(t)
 			d := startDaemon(t, srv, gpu)
 			nb := openNotebook(t, srv, "work/"+how+".ipynb")
