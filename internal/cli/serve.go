@@ -6,11 +6,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
+	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/nvml/driver"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/daemon"
@@ -33,6 +35,12 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	threshold := fs.Float64("alert-threshold", 0.8, "warn when a GPU's used memory passes this fraction of its total (0 disables)")
 	noNotebookAlerts := fs.Bool("no-notebook-alerts", false, "don't print alerts in notebooks")
 	noInject := fs.Bool("no-inject", false, "don't inject the %gpumem magics into kernels")
+	cullIdle := fs.Duration("cull-idle", 0, "cull kernels idle this long (by their server's last_activity) that hold GPU memory (0: off)")
+	cullMin := fs.String("cull-min-memory", "1GiB", "cull only kernels holding at least this much GPU memory (children included)")
+	cullAction := fs.String("cull-action", daemon.CullReport, "what culling does: report (log and count), free (cache-only free) or shutdown (through the kernel's server)")
+	cullWarn := fs.Duration("cull-warn", 10*time.Minute, "warn in the notebook this long before culling; any use cancels")
+	cullUsers := fs.String("cull-users", "", "in shared mode, cull only these users' kernels (comma-separated; default all)")
+	cullExempt := fs.String("cull-exempt-users", "", "never cull these users' kernels (comma-separated)")
 	logFormat := fs.String("log-format", "auto", "auto (readable on a terminal, JSON otherwise), json or console")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if _, err := parseFlags(fs, args); err != nil {
@@ -44,6 +52,15 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	}
 	if *threshold < 0 || *threshold > 1 {
 		return fmt.Errorf("%w: --alert-threshold=%v: want a fraction between 0 and 1", errUsage, *threshold)
+	}
+	minBytes, err := units.ParseBytes(*cullMin)
+	if err != nil {
+		return fmt.Errorf("%w: --cull-min-memory: %v", errUsage, err)
+	}
+	cull := daemon.CullConfig{Idle: *cullIdle, MinMemory: minBytes, Action: *cullAction, Warn: *cullWarn,
+		Users: splitList(*cullUsers), ExemptUsers: splitList(*cullExempt)}
+	if err := cull.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	log, err := newLogger(env.Stderr, *logFormat, *logLevel)
 	if err != nil {
@@ -78,6 +95,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		AlertThreshold:     *threshold,
 		NotebookAlerts:     !*noNotebookAlerts,
 		InjectMagics:       !*noInject,
+		Cull:               cull,
 	}, daemon.Deps{GPUs: gpus, Procs: proc, Finder: discovery.NewProcFinder(proc)}, log)
 	if err != nil {
 		return err
@@ -102,4 +120,15 @@ func newLogger(w io.Writer, format, level string) (zerolog.Logger, error) {
 		return zerolog.Logger{}, fmt.Errorf("--log-format=%q: want auto, json or console", format)
 	}
 	return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), nil
+}
+
+// splitList splits a comma-separated flag, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
 }

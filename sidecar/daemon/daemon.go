@@ -49,6 +49,8 @@ type Config struct {
 	NotebookAlerts bool
 
 	InjectMagics bool
+
+	Cull CullConfig
 }
 
 // Deps are the daemon's windows on the system, built by its caller (the
@@ -126,6 +128,9 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 	if cfg.ReclaimAllUsers && os.Geteuid() != 0 {
 		return nil, errors.New("--reclaim-all-users needs root: only root may end other users' processes")
 	}
+	if err := cfg.Cull.Validate(); err != nil {
+		return nil, err
+	}
 	if deps.GPUs == nil || deps.Procs == nil || deps.Finder == nil {
 		return nil, errors.New("daemon: GPUs, Procs and Finder are required")
 	}
@@ -201,7 +206,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go func() { defer parts.Done(); _ = w.Run(ctx) }()
 
 	d.log.Info().Strs("runtime_dirs", d.cfg.RuntimeDirs).Str("socket", d.socket).
-		Dur("interval", d.cfg.Interval).Bool("reclaim", d.cfg.Reclaim).Msg("gpumem serve started")
+		Dur("interval", d.cfg.Interval).Bool("reclaim", d.cfg.Reclaim).Str("cull", d.cfg.Cull.summary()).Msg("gpumem serve started")
 
 	ticker := time.NewTicker(d.cfg.Interval)
 	defer ticker.Stop()
@@ -308,6 +313,8 @@ func (d *Daemon) scan(ctx context.Context) {
 			ks.serverURL = k.ServerURL
 		}
 		ks.fileUID, ks.fileID = k.FileUID, k.FileID
+		// Zero when no server answered for it now: nothing stale is judged.
+		ks.server, ks.execState, ks.lastActivity = k.Server, k.ExecutionState, k.LastActivity
 		if k.PID > 0 && k.PIDProven {
 			d.setKernelProcessLocked(ks, procID{k.PID, k.PIDStart})
 		}

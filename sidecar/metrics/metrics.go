@@ -76,6 +76,11 @@ var (
 		"1 when the last sample of GPU memory succeeded, else 0.", nil, nil)
 	descSampleTime = prometheus.NewDesc("gpumem_last_sample_timestamp_seconds",
 		"Unix time of the last successful sample of GPU memory.", nil, nil)
+	idleLabels    = []string{"kernel_id", "notebook", "user"}
+	descIdleBytes = prometheus.NewDesc("gpumem_idle_gpu_memory_bytes",
+		"GPU memory held by an idle kernel (its server reports it idle), in bytes.", idleLabels, nil)
+	descIdleSeconds = prometheus.NewDesc("gpumem_kernel_idle_seconds",
+		"How long a kernel that holds GPU memory has been idle, by its server's last_activity, in seconds.", idleLabels, nil)
 	descSimulated = prometheus.NewDesc("gpumem_simulated",
 		"1 when the GPU figures come from a simulated-GPU file, not from the driver.", nil, nil)
 )
@@ -88,7 +93,8 @@ type snapshotCollector struct {
 
 func (c snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descGPUTotal, descGPUUsed, descNotebook, descOther, descAlert,
-		descThreshold, descAttached, descSampleDuration, descSampleSuccess, descSampleTime, descSimulated} {
+		descThreshold, descAttached, descSampleDuration, descSampleSuccess, descSampleTime, descSimulated,
+		descIdleBytes, descIdleSeconds} {
 		ch <- d
 	}
 }
@@ -137,6 +143,18 @@ func (c snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descNotebook, float64(bytes[k]), k.kernelID, k.notebook, strconv.Itoa(k.gpu), k.user)
 	}
 
+	// Idle GPU holders: what GPU-aware culling acts on.
+	seenIdle := map[string]bool{}
+	for _, nb := range rep.Notebooks {
+		a := nb.Activity
+		if a == nil || a.ExecutionState != "idle" || nb.GPUMemoryBytes == 0 || seenIdle[nb.KernelID] {
+			continue
+		}
+		seenIdle[nb.KernelID] = true
+		gauge(descIdleBytes, float64(nb.GPUMemoryBytes), nb.KernelID, nb.Notebook, nb.User)
+		gauge(descIdleSeconds, a.IdleSeconds, nb.KernelID, nb.Notebook, nb.User)
+	}
+
 	threshold := snap.AlertThreshold
 	if threshold < 0 {
 		threshold = 0
@@ -165,6 +183,7 @@ type Metrics struct {
 	log            zerolog.Logger
 	reclaimedBytes prometheus.Counter
 	reclaimedProcs prometheus.Counter
+	culled         *prometheus.CounterVec
 }
 
 // New registers a collector over src, the reclaim counters and the Go and
@@ -181,11 +200,16 @@ func New(src Source, log zerolog.Logger) *Metrics {
 			Name: "gpumem_reclaimed_processes_total",
 			Help: "Orphaned processes of restarted or shut-down kernels that the daemon ended.",
 		}),
+		culled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpumem_culled_kernels_total",
+			Help: "Idle kernels holding GPU memory that GPU-aware culling acted on, by action (report, free, shutdown).",
+		}, []string{"action"}),
 	}
 	m.reg.MustRegister(
 		snapshotCollector{src: src},
 		m.reclaimedBytes,
 		m.reclaimedProcs,
+		m.culled,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -199,6 +223,9 @@ func (m *Metrics) AddReclaimed(processes int, bytes uint64) {
 	}
 	m.reclaimedBytes.Add(float64(bytes))
 }
+
+// AddCulled counts one culling action.
+func (m *Metrics) AddCulled(action string) { m.culled.WithLabelValues(action).Inc() }
 
 // Registry is where the daemon may register collectors of its own.
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
