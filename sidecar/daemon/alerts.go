@@ -71,7 +71,7 @@ func (d *Daemon) checkAlerts(rep attribution.Report, culls []notebookAlert) {
 
 // notebookAlert is one entry of the alert file the injected magics read.
 type notebookAlert struct {
-	ID      string   `json:"id"` // new for each crossing: shown once per kernel
+	ID      string   `json:"id"`  // new for each crossing: shown once per kernel
 	GPU     int      `json:"gpu"` // -1 for a kernel's own alert (a cull warning)
 	Message string   `json:"message"`
 	Kernels []string `json:"kernels"` // the kernels using that GPU
