@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -75,9 +76,16 @@ func TestGPUCullShutdown(t *testing.T) {
 
 // The user running a cell during the warning cancels it; nothing is done.
 func TestGPUCullCancelledByUse(t *testing.T) {
-	_, nb, d, _ := cullSetup(t, "shutdown", 2<<30)
+	srv, nb, d, _ := cullSetup(t, "shutdown", 2<<30, "--cull-warn=5s")
 	kid := nb.sess.Kernel.ID
 	d.WaitLog(t, 60*time.Second, "idle kernel holds GPU memory: warned", map[string]any{"kernel_id": kid})
+	// gpumem ls --idle (through the daemon) shows the warning's plan.
+	cmd := exec.Command(gpumemBin, "ls", "--idle")
+	cmd.Env = testenv.Env(srv.Dir)
+	ls, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(ls), "cull/idle.ipynb") || !strings.Contains(string(ls), "shutdown in") {
+		t.Errorf("gpumem ls --idle: %v\n%s", err, ls)
+	}
 	out := nb.front.Cell(t, "print('still here')").Text()
 	if !strings.Contains(out, "still here") {
 		t.Fatalf("cell output %q", out)
