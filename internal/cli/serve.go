@@ -28,6 +28,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	socketMode := fs.String("socket-mode", "private", "private (0600, this user only) or shared (0666, callers identified by SO_PEERCRED)")
 	listen := fs.String("listen", "", "serve Prometheus /metrics on this address (e.g. 127.0.0.1:9464)")
 	allowRemote := fs.Bool("listen-allow-remote", false, "allow --listen on an address that is not loopback")
+	notebookLabel := fs.Bool("metrics-notebook-label", true, "export per-notebook series (kernel_id, notebook labels); false keeps only per-user series, for large fleets")
 	threshold := fs.Float64("alert-threshold", 0.8, "warn when a GPU's used memory passes this fraction of its total (0 disables)")
 	noNotebookAlerts := fs.Bool("no-notebook-alerts", false, "don't print alerts in notebooks")
 	noInject := fs.Bool("no-inject", false, "don't inject the %gpumem magics into kernels")
@@ -65,6 +66,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		SocketMode:         mode,
 		MetricsAddr:        *listen,
 		MetricsAllowRemote: *allowRemote,
+		MetricsNoNotebook:  !*notebookLabel,
 		AlertThreshold:     *threshold,
 		NotebookAlerts:     !*noNotebookAlerts,
 		InjectMagics:       !*noInject,

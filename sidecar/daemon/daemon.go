@@ -45,6 +45,7 @@ type Config struct {
 
 	MetricsAddr        string // "" = no metrics listener
 	MetricsAllowRemote bool
+	MetricsNoNotebook  bool // no per-notebook series (kernel_id, notebook labels); per-user ones remain
 
 	AlertThreshold float64 // fraction of a GPU's memory; <= 0 disables
 	NotebookAlerts bool
@@ -124,7 +125,7 @@ func New(cfg Config, log zerolog.Logger) (*Daemon, error) {
 		sampleNow:    make(chan struct{}, 1),
 		rescan:       func() {},
 	}
-	d.metrics = metrics.New(d, log)
+	d.metrics = metrics.New(d, log, metrics.PerNotebook(!cfg.MetricsNoNotebook))
 	return d, nil
 }
 
