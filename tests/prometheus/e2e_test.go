@@ -152,10 +152,12 @@ func sumSeries(counts map[string]int, prefix string) int {
 
 func approx(a, b float64) bool { return math.Abs(a-b) <= 1e-9*math.Max(1, math.Abs(b)) }
 
-// TestPrometheusEndToEnd: two real kernels and an orphan on two simulated
-// GPUs; one daemon exports per-notebook series, a second the per-user ones
-// only (--metrics-notebook-label=false); a real Prometheus scrapes both,
-// evaluates the shipped rules and answers the dashboard's queries.
+// TestPrometheusEndToEnd: two "hosts", each a real Notebook server with two
+// real kernels on two simulated GPUs and its own daemon. The first exports
+// per-notebook series and has an orphan to reclaim; the second exports
+// per-user ones only (--metrics-notebook-label=false). A real Prometheus
+// scrapes both, evaluates the shipped rules and answers the dashboard's
+// queries.
 func TestPrometheusEndToEnd(t *testing.T) {
 	requireTool(t, "prometheus")
 	promtool := requireTool(t, "promtool")
@@ -197,8 +199,18 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	full, fullAddr := startServe(t, srv, gpuFile)
 	fullText := waitMetrics(t, full, fullAddr, sessA.Kernel.ID, sessB.Kernel.ID,
 		fmt.Sprintf(`gpumem_notebook_gpu_memory_bytes{gpu="0",kernel_id=%q,notebook=%q,user=%q} 7.0866960384e+10`, sessA.Kernel.ID, nbA, me.Username))
-	lean, leanAddr := startServe(t, srv, gpuFile, "--metrics-notebook-label=false", "--reclaim=false",
-		"--no-inject", "--no-notebook-alerts", "--socket="+filepath.Join(t.TempDir(), "lean.sock"))
+	// The second "host": one daemon per runtime dir, so its own server, with
+	// the same layout (C in place of A and its orphan, D of B).
+	srv2 := testenv.StartServer(t, testenv.Notebook6)
+	pidC := kernelPID(t, srv2.ConnectionFile(srv2.CreateSession(t, "c.ipynb").Kernel.ID))
+	pidD := kernelPID(t, srv2.ConnectionFile(srv2.CreateSession(t, "d.ipynb").Kernel.ID))
+	unrelated2 := testenv.Start(t, testenv.Env(srv2.Dir), srv2.Dir, "/bin/sleep", "600")
+	gpuFile2 := filepath.Join(t.TempDir(), "gpus.json")
+	writeGPUs(t, gpuFile2, []simGPU{
+		{Name: "Simulated H200", UUID: "GPU-sim-0", MemoryTotalBytes: 80 * gib, Processes: []simProc{{pidC, 66 * gib}, {pidD, 4 * gib}}},
+		{Name: "Simulated H200", UUID: "GPU-sim-1", MemoryTotalBytes: 80 * gib, Processes: []simProc{{pidD, 2 * gib}, {unrelated2.Cmd.Process.Pid, 1 * gib}}},
+	})
+	lean, leanAddr := startServe(t, srv2, gpuFile2, "--metrics-notebook-label=false")
 	leanText := waitMetrics(t, lean, leanAddr, fmt.Sprintf(`gpumem_user_gpu_memory_bytes{gpu="0",user=%q} 7.516192768e+10`, me.Username))
 
 	t.Run("promtool check metrics", func(t *testing.T) {
@@ -340,8 +352,8 @@ func TestPrometheusEndToEnd(t *testing.T) {
 		}
 	})
 
-	// Restarting kernel A leaves its orphan; the full daemon ends it and
-	// counts it; the other daemon (--reclaim=false) does not.
+	// Restarting kernel A leaves its orphan; the first host's daemon ends it
+	// and counts it; the other host's counts nothing.
 	srv.JSON(t, http.MethodPost, "api/kernels/"+sessA.Kernel.ID+"/restart", nil, nil)
 	testenv.Poll(t, 10*time.Second, "orphan "+strconv.Itoa(orphan)+" ended", func() bool { return !testenv.Alive(orphan) })
 	if !testenv.Alive(unrelated.Cmd.Process.Pid) {
@@ -357,7 +369,7 @@ func TestPrometheusEndToEnd(t *testing.T) {
 			t.Errorf("reclaimed processes %v, want 1", v)
 		}
 		if v := prom.query(t, "gpumem_reclaimed_bytes_total"+sel(leanAddr, "")); len(v) != 1 || v[0].Value != 0 {
-			t.Errorf("daemon with --reclaim=false counted %v", v)
+			t.Errorf("the other host's daemon counted %v", v)
 		}
 		var alerts []alertView
 		testenv.Poll(t, 30*time.Second, "GPUMemoryOrphansReclaimed firing", func() bool {
