@@ -25,6 +25,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	reclaim := fs.Bool("reclaim", true, "end orphans of a restarted or shut-down kernel that still hold GPU memory (false: only report them)")
 	grace := fs.Duration("reclaim-grace", 5*time.Second, "time between SIGTERM and SIGKILL when reclaiming")
 	allUsers := fs.Bool("reclaim-all-users", false, "as root, also reclaim other users' orphans")
+	everyUser := fs.Bool("all-users", false, "as root, find and watch every user's kernels (their runtime dirs, kernel processes, Jupyter servers); rescans every 2s unless --rescan says otherwise")
 	socket := fs.String("socket", "", "the local API's unix socket (default gpumem.sock in the runtime dir)")
 	socketMode := fs.String("socket-mode", "private", "private (0600, this user only) or shared (0666, callers identified by SO_PEERCRED)")
 	listen := fs.String("listen", "", "serve Prometheus /metrics on this address (e.g. 127.0.0.1:9464)")
@@ -37,6 +38,9 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *everyUser && !flagGiven(fs, "rescan") {
+		*rescan = 2 * time.Second // a user who logs in is served within 5 s
 	}
 	mode, err := api.ParseMode(*socketMode)
 	if err != nil {
@@ -64,6 +68,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		Reclaim:            *reclaim,
 		ReclaimGrace:       *grace,
 		ReclaimAllUsers:    *allUsers,
+		AllUsers:           *everyUser,
 		SocketPath:         sock,
 		SocketMode:         mode,
 		MetricsAddr:        *listen,

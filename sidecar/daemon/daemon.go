@@ -39,6 +39,7 @@ type Config struct {
 	Reclaim         bool
 	ReclaimGrace    time.Duration
 	ReclaimAllUsers bool
+	AllUsers        bool // as root, also find and watch every user's runtime dirs
 
 	SocketPath string
 	SocketMode api.Mode
@@ -112,6 +113,9 @@ func New(cfg Config, log zerolog.Logger) (*Daemon, error) {
 	cfg.defaults()
 	if len(cfg.RuntimeDirs) == 0 {
 		return nil, errors.New("no runtime dir to watch")
+	}
+	if err := checkAllUsers(cfg); err != nil {
+		return nil, err
 	}
 	if cfg.ReclaimAllUsers && os.Geteuid() != 0 {
 		return nil, errors.New("--reclaim-all-users needs root: only root may end other users' processes")
@@ -234,6 +238,7 @@ const missingGrace = 300 * time.Millisecond
 // is: until then its tree stays its own, protected and attributed (sample
 // retires it when the process exits).
 func (d *Daemon) scan(ctx context.Context) {
+	d.addUserDirs()
 	res := discovery.Discover(ctx, discovery.Options{RuntimeDirs: d.watchedDirs(), Procs: knownFinder{d}})
 	for _, p := range res.Problems {
 		d.problem(p)
