@@ -26,6 +26,8 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	grace := fs.Duration("reclaim-grace", 5*time.Second, "time between SIGTERM and SIGKILL when reclaiming")
 	allUsers := fs.Bool("reclaim-all-users", false, "as root, also reclaim other users' orphans")
 	everyUser := fs.Bool("all-users", false, "as root, find and watch every user's kernels (their runtime dirs, kernel processes, Jupyter servers); rescans every 2s unless --rescan says otherwise")
+	var onlyUsers stringList
+	fs.Var(&onlyUsers, "users", "with --all-users, only this user's kernels (repeatable)")
 	socket := fs.String("socket", "", "the local API's unix socket (default gpumem.sock in the runtime dir)")
 	socketMode := fs.String("socket-mode", "private", "private (0600, this user only) or shared (0666, callers identified by SO_PEERCRED)")
 	listen := fs.String("listen", "", "serve Prometheus /metrics on this address (e.g. 127.0.0.1:9464)")
@@ -69,6 +71,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		ReclaimGrace:       *grace,
 		ReclaimAllUsers:    *allUsers,
 		AllUsers:           *everyUser,
+		Users:              onlyUsers,
 		SocketPath:         sock,
 		SocketMode:         mode,
 		MetricsAddr:        *listen,

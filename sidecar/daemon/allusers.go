@@ -12,6 +12,9 @@ import (
 var errAllUsersNotRoot = errors.New("--all-users needs root: only root may read other users' runtime dirs and connection keys")
 
 func checkAllUsers(cfg Config) error {
+	if len(cfg.Users) > 0 && !cfg.AllUsers {
+		return errors.New("--users names whose kernels --all-users serves: give --all-users too")
+	}
 	if cfg.AllUsers && os.Geteuid() != 0 {
 		return errAllUsersNotRoot
 	}
@@ -26,7 +29,7 @@ func (d *Daemon) addUserDirs() {
 	if !d.cfg.AllUsers {
 		return
 	}
-	found, problems := discovery.FindUserRuntimeDirs(discovery.UserDirsOptions{ProcRoot: d.cfg.ProcRoot})
+	found, problems := discovery.FindUserRuntimeDirs(discovery.UserDirsOptions{ProcRoot: d.cfg.ProcRoot, Users: d.cfg.Users})
 	for _, p := range problems {
 		d.problem(p)
 	}

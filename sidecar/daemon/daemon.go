@@ -39,7 +39,8 @@ type Config struct {
 	Reclaim         bool
 	ReclaimGrace    time.Duration
 	ReclaimAllUsers bool
-	AllUsers        bool // as root, also find and watch every user's runtime dirs
+	AllUsers        bool     // as root, also find and watch every user's runtime dirs
+	Users           []string // with AllUsers: only these users
 
 	SocketPath string
 	SocketMode api.Mode

@@ -23,9 +23,12 @@ type UserDirsOptions struct {
 	// Passwd is the account database ("" = /etc/passwd).
 	Passwd string
 	// MinUID is the lowest uid counted as a person's account (0 = 1000, as
-	// Debian's login.defs has it); system accounts below it are found only
-	// through their processes.
+	// Debian's login.defs has it). Dirs of lower uids (root, system
+	// accounts) are never returned, whatever found them: the daemon's own
+	// runtime dirs and --runtime-dir cover those.
 	MinUID uint32
+	// Users, when not empty, limits the result to these account names.
+	Users []string
 }
 
 // UserDir is a runtime dir found for a user.
@@ -37,8 +40,9 @@ type UserDir struct {
 	From string
 }
 
-// FindUserRuntimeDirs finds the Jupyter runtime dirs of every user, for a
-// daemon run as root that serves the whole machine:
+// FindUserRuntimeDirs finds the Jupyter runtime dirs of every user (each
+// account from MinUID up, or those named in Users), for a daemon run as
+// root that serves the whole machine:
 //   - the dir of each connection file a running process passes with -f
 //     (every kernel running now, however it was started);
 //   - the runtime dir each running Jupyter server (JupyterLab, Notebook,
@@ -65,6 +69,28 @@ func FindUserRuntimeDirs(opts UserDirsOptions) ([]UserDir, []error) {
 	}
 	var cands []UserDir
 	var problems []error
+	accounts, err := readPasswd(opts.Passwd)
+	if err != nil {
+		problems = append(problems, err)
+	}
+	allowed := func(uid uint32) bool { return uid >= opts.MinUID && uid != 65534 }
+	if len(opts.Users) > 0 {
+		want := map[string]bool{}
+		for _, u := range opts.Users {
+			want[u] = true
+		}
+		uids := map[uint32]bool{}
+		for _, a := range accounts {
+			if want[a.name] {
+				uids[a.uid] = true
+				delete(want, a.name)
+			}
+		}
+		for name := range want {
+			problems = append(problems, fmt.Errorf("user %s: no such account in %s", name, opts.Passwd))
+		}
+		allowed = func(uid uint32) bool { return uids[uid] }
+	}
 
 	fs := &procs.FS{Root: opts.ProcRoot}
 	cmdlines, err := fs.Cmdlines()
@@ -84,7 +110,7 @@ func FindUserRuntimeDirs(opts UserDirsOptions) ([]UserDir, []error) {
 			continue
 		}
 		uid, ok := procUID(opts.ProcRoot, pid)
-		if !ok {
+		if !ok || !allowed(uid) {
 			continue
 		}
 		if file != "" {
@@ -114,12 +140,8 @@ func FindUserRuntimeDirs(opts UserDirsOptions) ([]UserDir, []error) {
 		}
 	}
 
-	accounts, err := readPasswd(opts.Passwd)
-	if err != nil {
-		problems = append(problems, err)
-	}
 	for _, a := range accounts {
-		if a.uid < opts.MinUID || a.uid == 65534 || a.home == "" || a.home == "/" {
+		if !allowed(a.uid) || a.home == "" || a.home == "/" {
 			continue
 		}
 		cands = append(cands, UserDir{Path: filepath.Join(a.home, ".local", "share", "jupyter", "runtime"), UID: a.uid, From: "home"})

@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -100,6 +101,15 @@ func TestFindUserRuntimeDirs(t *testing.T) {
 	f.process(13, []string{"python3", "-m", "jupyter_server"}, []string{"HOME=" + filepath.Join(f.base, "alice", "envhome")}, "")
 	// A kernel whose file lies in a dir its user does not own.
 	f.process(14, []string{"python3", "-m", "ipykernel_launcher", "-f", filepath.Join(f.stranger, "kernel-3.json")}, nil, "")
+	// A kernel of an account below MinUID (root's own, a service's): left
+	// out. Only as root can the fixture make one.
+	if os.Getuid() == 0 {
+		rootDir := f.mkdir("root-kernels", 0)
+		f.process(16, []string{"python3", "-m", "ipykernel_launcher", "-f", filepath.Join(rootDir, "kernel-4.json")}, nil, "")
+		if err := os.Lchown(filepath.Join(f.proc, "16"), 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// Neither a kernel nor a server: its environment is not read.
 	f.process(15, []string{"bash"}, []string{"JUPYTER_RUNTIME_DIR=" + f.mkdir("alice/ignored", f.uid)}, "")
 
@@ -149,6 +159,15 @@ func TestFindUserRuntimeDirs(t *testing.T) {
 	}
 	if !strangerProblem {
 		t.Errorf("the kernel file in a dir of another uid was not reported: %v", problems)
+	}
+
+	// Limited to a user who is not alice: nothing of alice's.
+	only, problems := FindUserRuntimeDirs(UserDirsOptions{ProcRoot: f.proc, Passwd: passwd, MinUID: opts.MinUID, Users: []string{"carol", "nosuch"}})
+	if len(only) != 0 {
+		t.Errorf("Users [carol]: got %+v, want nothing (carol has no dir yet)", only)
+	}
+	if len(problems) == 0 || !strings.Contains(fmt.Sprint(problems), "user nosuch: no such account") {
+		t.Errorf("an unknown user was not reported: %v", problems)
 	}
 
 	// carol logs in later: her runtime dir appears, and the next call finds it.
