@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -183,6 +184,42 @@ print(r.status, r.read().decode()[:200])
 		if m, ok := d.FindLog("free", map[string]any{"kernel_id": nbA.kernelID}); ok {
 			t.Errorf("the daemon freed alice's kernel: %v", m)
 		}
+	})
+
+	t.Run("a connection file bob plants naming alice's kernel proves nothing", func(t *testing.T) {
+		raw, err := os.ReadFile(nbA.connFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var conn map[string]any
+		if err := json.Unmarshal(raw, &conn); err != nil {
+			t.Fatal(err)
+		}
+		conn["key"] = testenv.RandomHex(16) // bob does not know alice's key
+		planted := filepath.Join(bob.RuntimeDir(), "kernel-planted-by-bob.json")
+		b, _ := json.Marshal(conn)
+		if err := os.WriteFile(planted, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(planted, bob.UID, bob.GID); err != nil {
+			t.Fatal(err)
+		}
+		// The daemon looks at it (a problem is logged) and never makes it a kernel.
+		d.WaitLog(t, 10*time.Second, "discovery", map[string]any{"error": "~kernel-planted-by-bob.json"})
+		if m, ok := d.FindLog("attached", map[string]any{"kernel_id": "planted-by-bob"}); ok {
+			t.Errorf("the daemon attached to bob's planted file: %v", m)
+		}
+		for _, nb := range d.Report(t).Notebooks {
+			// Listed at most as a file without a process: no pid, no memory.
+			if nb.KernelID == "planted-by-bob" && (len(nb.PIDs) > 0 || nb.GPUMemoryBytes > 0) {
+				t.Errorf("bob's planted file got alice's kernel's processes: %+v", nb)
+			}
+			if nb.KernelID == nbA.kernelID && nb.User != alice.Name {
+				t.Errorf("alice's kernel now belongs to %s", nb.User)
+			}
+		}
+		m, _ := d.FindLog("discovery", map[string]any{"error": "~kernel-planted-by-bob.json"})
+		t.Logf("daemon: %v", m["error"])
 	})
 
 	t.Run("restarting alice's kernel reclaims only alice's orphan", func(t *testing.T) {
