@@ -171,7 +171,7 @@ type lsSampler struct {
 }
 
 func newLsSampler(env Env, dirs []string) (*lsSampler, error) {
-	s := &lsSampler{env: env, dirs: dirs, fs: &procs.FS{Root: env.procRoot()}, opened: make(chan struct{})}
+	s := &lsSampler{env: env, dirs: dirs, fs: env.procFS(), opened: make(chan struct{})}
 	go func() {
 		defer close(s.opened)
 		s.gpus, s.openErr = nvml.Open(nvml.Options{FakeGPUFile: env.getenv("GPUMEM_FAKE_GPU")})
@@ -201,12 +201,11 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 		snap, err := s.gpus.Sample(ctx)
 		gpuc <- sampled{snap, err}
 	}()
-	res := discoverKernels(ctx, s.env, s.dirs)
+	res := discoverKernels(ctx, s.env, s.fs, s.dirs)
 	g := <-gpuc
 	if g.err != nil {
 		return attribution.Report{}, g.err
 	}
-	snap := g.snap
 	kernels := make([]attribution.Kernel, 0, len(res.Kernels))
 	for _, k := range res.Kernels {
 		kernel := attribution.Kernel{ID: k.ID, Notebook: k.Notebook}
@@ -215,11 +214,11 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 		}
 		kernels = append(kernels, kernel)
 	}
-	table, err := s.fs.ScanTree(attribution.DetailPIDs(snap, kernels))
+	obs, err := attribution.ObserveSnapshot(g.snap, s.fs, kernels)
 	if err != nil {
-		return attribution.Report{}, fmt.Errorf("reading processes: %w", err)
+		return attribution.Report{}, err
 	}
-	rep := attribution.Attribute(snap, table, kernels)
+	rep := obs.Report
 	for _, p := range res.Problems {
 		rep.Warnings = append(rep.Warnings, p.Error())
 	}

@@ -14,9 +14,9 @@ type ProcFinder struct {
 	fs *procs.FS
 }
 
-// NewProcFinder reads the /proc at root ("" = /proc).
-func NewProcFinder(root string) *ProcFinder {
-	return &ProcFinder{fs: &procs.FS{Root: root}}
+// NewProcFinder reads processes through fs.
+func NewProcFinder(fs *procs.FS) *ProcFinder {
+	return &ProcFinder{fs: fs}
 }
 
 // FindKernels implements ProcessFinder. A connection file proves nothing by
