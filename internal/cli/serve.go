@@ -42,6 +42,9 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	if len(onlyUsers) > 0 && !*everyUser {
+		return fmt.Errorf("%w: --users limits --all-users: give --all-users too", errUsage)
+	}
 	if *everyUser && !flagGiven(fs, "rescan") {
 		*rescan = 2 * time.Second // a user who logs in is served within 5 s
 	}
@@ -71,6 +74,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	}
 	defer gpus.Close()
 	proc := env.procFS()
+	userDirs := allUserDirs(*everyUser, onlyUsers, proc)
 	d, err := daemon.New(daemon.Config{
 		RuntimeDirs:        runtimeDirs,
 		Interval:           *interval,
@@ -79,7 +83,6 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		ReclaimGrace:       *grace,
 		ReclaimAllUsers:    *allUsers,
 		AllUsers:           *everyUser,
-		Users:              onlyUsers,
 		SocketPath:         sock,
 		SocketMode:         mode,
 		MetricsAddr:        *listen,
@@ -88,7 +91,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		AlertThreshold:     *threshold,
 		NotebookAlerts:     !*noNotebookAlerts,
 		InjectMagics:       !*noInject,
-	}, daemon.Deps{GPUs: gpus, Procs: proc, Finder: discovery.NewProcFinder(proc)}, log)
+	}, daemon.Deps{GPUs: gpus, Procs: proc, Finder: discovery.NewProcFinder(proc), UserDirs: userDirs}, log)
 	if err != nil {
 		return err
 	}

@@ -3,8 +3,6 @@ package daemon
 import (
 	"errors"
 	"os"
-
-	"github.com/gpumem/gpumem/sidecar/discovery"
 )
 
 // errAllUsersNotRoot: only root can read other users' runtime dirs and
@@ -12,9 +10,6 @@ import (
 var errAllUsersNotRoot = errors.New("--all-users needs root: only root may read other users' runtime dirs and connection keys")
 
 func checkAllUsers(cfg Config) error {
-	if len(cfg.Users) > 0 && !cfg.AllUsers {
-		return errors.New("--users names whose kernels --all-users serves: give --all-users too")
-	}
 	if cfg.AllUsers && os.Geteuid() != 0 {
 		return errAllUsersNotRoot
 	}
@@ -26,10 +21,10 @@ func checkAllUsers(cfg Config) error {
 // who logs in later is served from the next rescan on. A dir another
 // daemon holds (the user's own gpumem serve) stays that daemon's.
 func (d *Daemon) addUserDirs() {
-	if !d.cfg.AllUsers {
+	if !d.cfg.AllUsers || d.userDirs == nil {
 		return
 	}
-	found, problems := discovery.FindUserRuntimeDirs(discovery.UserDirsOptions{ProcRoot: d.cfg.ProcRoot, Users: d.cfg.Users})
+	found, problems := d.userDirs()
 	for _, p := range problems {
 		d.problem(p)
 	}

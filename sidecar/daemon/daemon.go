@@ -38,8 +38,7 @@ type Config struct {
 	Reclaim         bool
 	ReclaimGrace    time.Duration
 	ReclaimAllUsers bool
-	AllUsers        bool     // as root, also find and watch every user's runtime dirs
-	Users           []string // with AllUsers: only these users
+	AllUsers        bool // as root, also watch every user's runtime dirs (Deps.UserDirs finds them)
 
 	SocketPath string
 	SocketMode api.Mode
@@ -63,6 +62,8 @@ type Deps struct {
 	Procs attribution.ProcScanner
 	// Finder proves which process serves a connection file.
 	Finder discovery.ProcessFinder
+	// UserDirs finds every user's runtime dirs (AllUsers); nil: none.
+	UserDirs func() ([]discovery.UserDir, []error)
 	// Terminate ends a process (SIGTERM, then SIGKILL after grace) if its
 	// start time is still start; nil means the real one, through a pidfd.
 	Terminate func(ctx context.Context, pid int, start uint64, grace time.Duration) (killed bool, err error)
@@ -92,6 +93,7 @@ type Daemon struct {
 	fs        attribution.ProcScanner
 	finder    discovery.ProcessFinder
 	terminate func(ctx context.Context, pid int, start uint64, grace time.Duration) (bool, error)
+	userDirs  func() ([]discovery.UserDir, []error)
 	metrics   *metrics.Metrics
 	socket    string
 
@@ -148,6 +150,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 		fs:           deps.Procs,
 		finder:       deps.Finder,
 		terminate:    deps.Terminate,
+		userDirs:     deps.UserDirs,
 		kernels:      map[string]*kernelState{},
 		alerted:      map[int]bool{},
 		alertEpisode: map[int]int{},

@@ -18,8 +18,8 @@ import (
 
 // UserDirsOptions says where FindUserRuntimeDirs looks.
 type UserDirsOptions struct {
-	// ProcRoot is the /proc to read ("" = /proc).
-	ProcRoot string
+	// Procs reads the process table (nil = /proc).
+	Procs *procs.FS
 	// Passwd is the account database ("" = /etc/passwd).
 	Passwd string
 	// MinUID is the lowest uid counted as a person's account (0 = 1000, as
@@ -58,8 +58,12 @@ type UserDir struct {
 // process (the port owner, running as the file's owner, naming the file).
 // Problems are returned, not fatal: a dir that cannot be read is skipped.
 func FindUserRuntimeDirs(opts UserDirsOptions) ([]UserDir, []error) {
-	if opts.ProcRoot == "" {
-		opts.ProcRoot = "/proc"
+	if opts.Procs == nil {
+		opts.Procs = &procs.FS{}
+	}
+	procRoot := opts.Procs.Root
+	if procRoot == "" {
+		procRoot = "/proc"
 	}
 	if opts.Passwd == "" {
 		opts.Passwd = "/etc/passwd"
@@ -92,8 +96,7 @@ func FindUserRuntimeDirs(opts UserDirsOptions) ([]UserDir, []error) {
 		allowed = func(uid uint32) bool { return uids[uid] }
 	}
 
-	fs := &procs.FS{Root: opts.ProcRoot}
-	cmdlines, err := fs.Cmdlines()
+	cmdlines, err := opts.Procs.Cmdlines()
 	if err != nil {
 		problems = append(problems, err)
 	}
@@ -109,13 +112,13 @@ func FindUserRuntimeDirs(opts UserDirsOptions) ([]UserDir, []error) {
 		if file == "" && !server {
 			continue
 		}
-		uid, ok := procUID(opts.ProcRoot, pid)
+		uid, ok := procUID(procRoot, pid)
 		if !ok || !allowed(uid) {
 			continue
 		}
 		if file != "" {
 			if !filepath.IsAbs(file) {
-				cwd, err := os.Readlink(filepath.Join(opts.ProcRoot, strconv.Itoa(pid), "cwd"))
+				cwd, err := os.Readlink(filepath.Join(procRoot, strconv.Itoa(pid), "cwd"))
 				if err != nil {
 					continue
 				}
@@ -124,13 +127,13 @@ func FindUserRuntimeDirs(opts UserDirsOptions) ([]UserDir, []error) {
 			cands = append(cands, UserDir{Path: filepath.Dir(file), UID: uid, From: "kernel argv"})
 			continue
 		}
-		env, err := readEnviron(filepath.Join(opts.ProcRoot, strconv.Itoa(pid), "environ"))
+		env, err := readEnviron(filepath.Join(procRoot, strconv.Itoa(pid), "environ"))
 		if err != nil {
 			continue // gone, or not ours to read
 		}
 		if dir := jupyterRuntimeDir(env); dir != "" {
 			if !filepath.IsAbs(dir) {
-				cwd, err := os.Readlink(filepath.Join(opts.ProcRoot, strconv.Itoa(pid), "cwd"))
+				cwd, err := os.Readlink(filepath.Join(procRoot, strconv.Itoa(pid), "cwd"))
 				if err != nil {
 					continue
 				}

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
 // userDirsFixture builds a /proc tree, a passwd file and homes under a temp
@@ -125,7 +127,7 @@ func TestFindUserRuntimeDirs(t *testing.T) {
 	if err := os.WriteFile(passwd, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	opts := UserDirsOptions{ProcRoot: f.proc, Passwd: passwd, MinUID: uint32(min(f.uid, 1000))}
+	opts := UserDirsOptions{Procs: &procs.FS{Root: f.proc}, Passwd: passwd, MinUID: uint32(min(f.uid, 1000))}
 
 	got, problems := FindUserRuntimeDirs(opts)
 	want := map[string]string{byArgv: "kernel argv", byRelArgv: "kernel argv", byEnv: "server environment",
@@ -162,7 +164,7 @@ func TestFindUserRuntimeDirs(t *testing.T) {
 	}
 
 	// Limited to a user who is not alice: nothing of alice's.
-	only, problems := FindUserRuntimeDirs(UserDirsOptions{ProcRoot: f.proc, Passwd: passwd, MinUID: opts.MinUID, Users: []string{"carol", "nosuch"}})
+	only, problems := FindUserRuntimeDirs(UserDirsOptions{Procs: &procs.FS{Root: f.proc}, Passwd: passwd, MinUID: opts.MinUID, Users: []string{"carol", "nosuch"}})
 	if len(only) != 0 {
 		t.Errorf("Users [carol]: got %+v, want nothing (carol has no dir yet)", only)
 	}
@@ -186,7 +188,7 @@ func TestFindUserRuntimeDirs(t *testing.T) {
 }
 
 func TestFindUserRuntimeDirsUnreadable(t *testing.T) {
-	got, problems := FindUserRuntimeDirs(UserDirsOptions{ProcRoot: "/nonexistent/proc", Passwd: "/nonexistent/passwd"})
+	got, problems := FindUserRuntimeDirs(UserDirsOptions{Procs: &procs.FS{Root: "/nonexistent/proc"}, Passwd: "/nonexistent/passwd"})
 	if len(got) != 0 || len(problems) != 2 {
 		t.Fatalf("got %v, problems %v; want none and 2 problems", got, problems)
 	}
