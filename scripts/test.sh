@@ -20,5 +20,19 @@ install_missing prometheus
 command -v go >/dev/null || { echo "go not found: install Go 1.26 or newer"; exit 1; }
 command -v gcc >/dev/null || { echo "gcc not found (cgo builds the NVML bindings): apt-get install gcc"; exit 1; }
 
+# go-nvml's cgo bindings wrap every NVML function, the deprecated ones too,
+# and gcc warns about each (about 30 lines, none about gpumem's own code):
+# keep the build quiet.
+export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations"
+
+# --- static checks (gofmt, staticcheck, ruff) and the injected Python's unit tests ---
+unformatted=$(gofmt -l .)
+[ -z "$unformatted" ] || { printf 'gofmt -l lists files that need `gofmt -w`:\n%s\n' "$unformatted"; exit 1; }
+go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+[ -x .venv/current/bin/ruff ] || { echo ".venv/current has no ruff: build it with make_venv current requirements/current.txt"; exit 1; }
+.venv/current/bin/ruff check .
+.venv/current/bin/python -m pytest -q -p no:cacheprovider magics/py/tests
+# --- end of static checks ---
+
 go vet ./...
 go test -race -count=1 -timeout 15m ./...

@@ -11,7 +11,7 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
-	"github.com/gpumem/gpumem/nvml"
+	"github.com/gpumem/gpumem/nvml/driver"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/daemon"
 	"github.com/gpumem/gpumem/sidecar/discovery"
@@ -68,7 +68,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		}
 	}
 	// The real dependencies, built once here.
-	gpus, err := nvml.Open(nvml.Options{FakeGPUFile: env.getenv("GPUMEM_FAKE_GPU")})
+	gpus, err := driver.Open(driver.Options{FakeGPUFile: env.getenv("GPUMEM_FAKE_GPU")})
 	if err != nil {
 		return err
 	}

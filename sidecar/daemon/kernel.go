@@ -80,7 +80,7 @@ func (ks *kernelState) observe(table *procs.Table) bool {
 		}
 		rec := ks.recorded[id]
 		if p.Detailed {
-			rec = recordedProc{UID: p.UID, Argv: procs.CommandLine(p.Argv, 200)}
+			rec = recordedProc{UID: p.UID, Argv: procs.CommandLine(p.Argv, p.Comm, 200)}
 		}
 		ks.recorded[id] = rec
 	}

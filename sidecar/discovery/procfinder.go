@@ -173,12 +173,7 @@ func listenerFor(ls []procs.Listener, ip string) (uint64, bool) {
 	return 0, false
 }
 
-func argvOf(p procs.Proc) string {
-	if len(p.Argv) == 0 {
-		return p.Comm
-	}
-	return procs.CommandLine(p.Argv, 120)
-}
+func argvOf(p procs.Proc) string { return procs.CommandLine(p.Argv, p.Comm, 120) }
 
 // argvMentions maps each file's name to the processes whose argv passes it
 // as a kernel's connection file: "-f FILE", "--f=FILE", "--connection-file=FILE"
