@@ -222,6 +222,33 @@ print(r.status, r.read().decode()[:200])
 		t.Logf("daemon: %v", m["error"])
 	})
 
+	// JupyterHub's idle culler goes by the servers' last_activity: the
+	// daemon's polling of a server (GET /api/sessions with the user's
+	// token, every rescan) must not count as the user's activity.
+	t.Run("the daemon's polling is not activity", func(t *testing.T) {
+		status := func() string {
+			var st struct {
+				LastActivity string `json:"last_activity"`
+			}
+			h.json(t, http.MethodGet, "user/"+bob.Name+"/api/status", nil, &st) // /api/status is not tracked
+			return st.LastActivity
+		}
+		polls := func() int {
+			n := 0
+			for _, line := range strings.Split(h.proc.Output(), "\n") {
+				if strings.Contains(line, "GET /user/"+bob.Name+"/api/sessions") && strings.Contains(line, "("+bob.Name+"@") {
+					n++
+				}
+			}
+			return n
+		}
+		before, n := status(), polls()
+		testenv.Poll(t, 20*time.Second, "three polls of bob's server by the daemon", func() bool { return polls() >= n+3 })
+		if after := status(); after != before {
+			t.Errorf("bob's server's last_activity moved from %s to %s while only the daemon polled it", before, after)
+		}
+	})
+
 	t.Run("restarting alice's kernel reclaims only alice's orphan", func(t *testing.T) {
 		h.json(t, http.MethodPost, "user/"+alice.Name+"/api/kernels/"+nbA.kernelID+"/restart", nil, nil)
 		testenv.Poll(t, 10*time.Second, "alice's orphan ended", func() bool { return !testenv.Alive(orphanA) })
