@@ -7,7 +7,8 @@ import (
 	"testing"
 )
 
-// The shipped rules pass promtool's checks and their unit tests.
+// The shipped configuration and rules pass promtool's checks, and the rules
+// their unit tests.
 func TestPromtoolRules(t *testing.T) {
 	promtool := requireTool(t, "promtool")
 	rules := repoPath(t, "deploy/prometheus/gpumem-rules.yml")
@@ -16,6 +17,7 @@ func TestPromtoolRules(t *testing.T) {
 		t.Fatalf("no rule unit tests under deploy/prometheus/tests (%v)", err)
 	}
 	for _, args := range [][]string{
+		{"check", "config", repoPath(t, "deploy/prometheus/prometheus.yml")},
 		{"check", "rules", rules},
 		append([]string{"test", "rules"}, tests...),
 	} {
