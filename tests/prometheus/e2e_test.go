@@ -167,7 +167,7 @@ func TestPrometheusEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	srv := testenv.StartServer(t, testenv.Notebook6)
+	srv := testenv.StartServer(t, testenv.NotebookServer())
 	sessA := srv.CreateSession(t, "team/a.ipynb")
 	sessB := srv.CreateSession(t, "b.ipynb")
 	cfA, cfB := srv.ConnectionFile(sessA.Kernel.ID), srv.ConnectionFile(sessB.Kernel.ID)
@@ -201,7 +201,7 @@ func TestPrometheusEndToEnd(t *testing.T) {
 		fmt.Sprintf(`gpumem_notebook_gpu_memory_bytes{gpu="0",kernel_id=%q,notebook=%q,user=%q} 7.0866960384e+10`, sessA.Kernel.ID, nbA, me.Username))
 	// The second "host": one daemon per runtime dir, so its own server, with
 	// the same layout (C in place of A and its orphan, D of B).
-	srv2 := testenv.StartServer(t, testenv.Notebook6)
+	srv2 := testenv.StartServer(t, testenv.NotebookServer())
 	pidC := kernelPID(t, srv2.ConnectionFile(srv2.CreateSession(t, "c.ipynb").Kernel.ID))
 	pidD := kernelPID(t, srv2.ConnectionFile(srv2.CreateSession(t, "d.ipynb").Kernel.ID))
 	unrelated2 := testenv.Start(t, testenv.Env(srv2.Dir), srv2.Dir, "/bin/sleep", "600")

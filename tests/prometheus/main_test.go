@@ -1,9 +1,9 @@
 // Package prometheus holds end-to-end scenarios of gpumem with a real
 // Prometheus: Debian's prometheus binary scraping the real `gpumem serve`
-// binary (real Notebook 6 server, real kernels, a simulated-GPU file listing
-// their pids), loading deploy/prometheus's rules, and answering every query
-// of deploy/grafana's dashboard. It also runs promtool over the rules and
-// their unit tests and over a live /metrics.
+// binary (the test stack's Notebook server, real kernels, a simulated-GPU
+// file listing their pids), loading deploy/prometheus's rules, and answering
+// every query of deploy/grafana's dashboard. It also runs promtool over the
+// rules and their unit tests and over a live /metrics.
 //
 // Under CI=true a missing prometheus or promtool fails; elsewhere it skips.
 package prometheus
