@@ -183,6 +183,12 @@ c.JupyterHub.load_roles = [{
 		t.Fatal(err)
 	}
 	env := []string{"PATH=" + filepath.Dir(jupyterhub) + ":/usr/local/bin:/usr/bin:/bin", "HOME=" + dir, "LANG=C.UTF-8"}
+	// The hub starts the proxy in a session of its own: killing the hub's
+	// process group leaves it. Registered first, this runs after the hub
+	// is killed, and ends the proxy the hub's pid file names, once its
+	// argv shows it is this hub's (its API port).
+	proxyPID := filepath.Join(dir, "proxy.pid")
+	t.Cleanup(func() { killProxy(t, proxyPID, apiPort) })
 	proc := testenv.Start(t, env, dir, jupyterhub, "-f", cfg, "--log-level=WARN")
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -327,4 +333,25 @@ func (nb *notebook) childInOwnSession(t *testing.T) int {
 		t.Fatalf("child pid: %q", out)
 	}
 	return pid
+}
+
+// killProxy ends the configurable-http-proxy whose pid is in pidFile if its
+// argv names apiPort, and waits (10 s) until it is gone.
+func killProxy(t *testing.T, pidFile string, apiPort int) {
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return // never started
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Errorf("proxy pid file %s: %q", pidFile, b)
+		return
+	}
+	argv, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || !strings.Contains(string(argv), "configurable-http-proxy") ||
+		!strings.Contains(string(argv), "\x00--api-port\x00"+strconv.Itoa(apiPort)+"\x00") {
+		return // gone already, or the pid is another process's now
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	testenv.Poll(t, 10*time.Second, "the proxy ended", func() bool { return !testenv.Alive(pid) })
 }
