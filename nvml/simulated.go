@@ -7,7 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
+
+	"github.com/gpumem/gpumem/internal/safefile"
 )
 
 // The simulated-GPU file (GPUMEM_FAKE_GPU), for machines without a GPU:
@@ -47,7 +48,9 @@ type simulated struct{ path string }
 func (s *simulated) Close() error { return nil }
 
 func (s *simulated) Sample(context.Context) (Snapshot, error) {
-	data, err := os.ReadFile(s.path)
+	// Read as any file another may control: never a FIFO's wait, never
+	// more than a large simulated host's worth.
+	data, _, err := safefile.Read(s.path, 64<<20)
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("simulated GPU file (GPUMEM_FAKE_GPU): %w", err)
 	}

@@ -173,7 +173,7 @@ type lsSampler struct {
 }
 
 func newLsSampler(env Env, dirs []string) (*lsSampler, error) {
-	s := &lsSampler{env: env, dirs: dirs, fs: &procs.FS{Root: env.procRoot()}, opened: make(chan struct{})}
+	s := &lsSampler{env: env, dirs: dirs, fs: env.procFS(), opened: make(chan struct{})}
 	go func() {
 		defer close(s.opened)
 		s.gpus, s.openErr = driver.Open(driver.Options{FakeGPUFile: env.getenv("GPUMEM_FAKE_GPU")})
@@ -203,7 +203,7 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 		snap, err := s.gpus.Sample(ctx)
 		gpuc <- sampled{snap, err}
 	}()
-	res := discoverKernels(ctx, s.env, s.dirs)
+	res := discoverKernels(ctx, s.env, s.fs, s.dirs)
 	g := <-gpuc
 	if g.err != nil {
 		return attribution.Report{}, g.err

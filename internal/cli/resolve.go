@@ -15,7 +15,8 @@ import (
 // kernel id or a unique prefix of one, or a notebook path (absolute, relative
 // to the working directory, or a unique suffix such as "train.ipynb").
 func resolveKernel(ctx context.Context, env Env, arg string, dirs []string) (discovery.Kernel, error) {
-	res := discoverKernels(ctx, env, dirs)
+	fs := env.procFS()
+	res := discoverKernels(ctx, env, fs, dirs)
 	if arg == "" {
 		return discovery.Kernel{}, fmt.Errorf("%w: name a kernel: its id (or a unique prefix), its notebook, or its connection file", errUsage)
 	}
@@ -28,7 +29,7 @@ func resolveKernel(ctx context.Context, env Env, arg string, dirs []string) (dis
 				}
 			}
 			if _, err := os.Stat(abs); err == nil {
-				extra := discovery.Discover(ctx, discovery.Options{RuntimeDirs: []string{filepath.Dir(abs)}, Procs: discovery.NewProcFinder(env.procRoot())})
+				extra := discovery.Discover(ctx, discovery.Options{RuntimeDirs: []string{filepath.Dir(abs)}, Procs: discovery.NewProcFinder(fs)})
 				for _, k := range extra.Kernels {
 					if k.ConnectionFile == abs {
 						return k, nil

@@ -11,6 +11,7 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
+	"github.com/gpumem/gpumem/nvml/driver"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/daemon"
 	"github.com/gpumem/gpumem/sidecar/discovery"
@@ -56,6 +57,13 @@ func runServe(ctx context.Context, env Env, args []string) error {
 			return fmt.Errorf("runtime dir %s: %w", runtimeDirs[0], err)
 		}
 	}
+	// The real dependencies, built once here.
+	gpus, err := driver.Open(driver.Options{FakeGPUFile: env.getenv("GPUMEM_FAKE_GPU")})
+	if err != nil {
+		return err
+	}
+	defer gpus.Close()
+	proc := env.procFS()
 	d, err := daemon.New(daemon.Config{
 		RuntimeDirs:        runtimeDirs,
 		Interval:           *interval,
@@ -70,9 +78,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		AlertThreshold:     *threshold,
 		NotebookAlerts:     !*noNotebookAlerts,
 		InjectMagics:       !*noInject,
-		FakeGPUFile:        env.getenv("GPUMEM_FAKE_GPU"),
-		ProcRoot:           env.ProcRoot,
-	}, log)
+	}, daemon.Deps{GPUs: gpus, Procs: proc, Finder: discovery.NewProcFinder(proc)}, log)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gpumem/gpumem/internal/testenv"
+	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
 func TestParseServerFile(t *testing.T) {
@@ -113,7 +114,7 @@ func TestDiscoverRealServers(t *testing.T) {
 
 			res := Discover(context.Background(), Options{
 				RuntimeDirs: []string{srv.RuntimeDir()},
-				Procs:       NewProcFinder("/proc"),
+				Procs:       NewProcFinder(&procs.FS{}),
 			})
 			if len(res.Problems) > 0 {
 				t.Fatalf("problems: %v", res.Problems)

@@ -41,7 +41,7 @@ func BenchmarkPhases20Kernels(b *testing.B) {
 		testenv.WaitKernelListening(b, srv.ConnectionFile(id), 2*time.Minute)
 	}
 	ctx := context.Background()
-	opts := discovery.Options{RuntimeDirs: []string{srv.RuntimeDir()}, Procs: discovery.NewProcFinder("/proc")}
+	opts := discovery.Options{RuntimeDirs: []string{srv.RuntimeDir()}, Procs: discovery.NewProcFinder(&procs.FS{})}
 	var res discovery.Result
 	testenv.Poll(b, 2*time.Minute, "20 kernels with pids", func() bool {
 		res = discovery.Discover(ctx, opts)
@@ -158,7 +158,9 @@ func BenchmarkPhases20Kernels(b *testing.B) {
 		}
 		var inodes []uint64
 		for _, p := range shellPorts {
-			inodes = append(inodes, ports[p])
+			for _, l := range ports[p] {
+				inodes = append(inodes, l.Inode)
+			}
 		}
 		for b.Loop() {
 			if _, err := fs.SocketOwners(inodes); err != nil {
@@ -167,10 +169,10 @@ func BenchmarkPhases20Kernels(b *testing.B) {
 		}
 	})
 	b.Run("find_kernels", func(b *testing.B) { // cmdlines + net/tcp + candidates' fds + ScanTree
-		pf := discovery.NewProcFinder("/proc")
+		pf := discovery.NewProcFinder(&procs.FS{})
 		var files []discovery.KernelFile
 		for _, k := range res.Kernels {
-			files = append(files, discovery.KernelFile{Name: filepath.Base(k.ConnectionFile), ShellPort: k.Connection.ShellPort})
+			files = append(files, discovery.KernelFileOf(k))
 		}
 		for b.Loop() {
 			if _, err := pf.FindKernels(files); err != nil {
