@@ -534,6 +534,12 @@ func (c *Client) readIOPub(g *generation) {
 			continue
 		}
 		msg, err := Decode(zm.Frames, g.key, c.limits)
+		if err == nil && msg.Header.MsgType == "iopub_welcome" {
+			// ipykernel >= 7's XPUB greets every new subscription (JEP 65),
+			// on the subscribed topic: ours is a status topic.
+			c.iopubOther.Add(1)
+			continue
+		}
 		if err != nil || msg.Header.MsgType != "status" {
 			c.decodeErrors.Add(1)
 			continue

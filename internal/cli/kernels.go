@@ -104,6 +104,7 @@ func discoverKernels(ctx context.Context, env Env, fs *procs.FS, extraDirs []str
 	return discovery.Discover(ctx, discovery.Options{
 		RuntimeDirs: discovery.RuntimeDirs(env.getenv, extraDirs),
 		Procs:       discovery.NewProcFinder(fs),
+		ServerToken: env.getenv("GPUMEM_SERVER_TOKEN"),
 	})
 }
 

@@ -98,7 +98,7 @@ func kernelPID(t *testing.T, connFile string) int {
 // TestDiscoverRealServers runs Notebook 6 and jupyter_server with sessions in
 // nested folders, plus a kernel without a server in the same runtime dir.
 func TestDiscoverRealServers(t *testing.T) {
-	for _, kind := range []testenv.ServerKind{testenv.Notebook6, testenv.JupyterServer} {
+	for _, kind := range testenv.ServerKinds() {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
 			srv := testenv.StartServer(t, kind)

@@ -96,7 +96,7 @@ func (f *ProcFinder) FindKernels(files []KernelFile) (map[string]Owner, error) {
 		if !ok {
 			continue
 		}
-		o := Owner{PID: pid, Start: p.StartTime, FromPort: true}
+		o := Owner{PID: pid, Start: p.StartTime, FromPort: true, SessionName: p.SessionName, PPID: p.PPID}
 		switch {
 		case !p.Detailed:
 			o.Why = fmt.Sprintf("port %d is served by pid %d, whose owner cannot be read", kf.ShellPort, pid)

@@ -32,7 +32,7 @@ import (
 
 func BenchmarkPhases20Kernels(b *testing.B) {
 	const kernels = 20
-	srv := testenv.StartServer(b, testenv.Notebook6)
+	srv := testenv.StartServer(b, testenv.NotebookServer())
 	var ids []string
 	for i := range kernels {
 		ids = append(ids, srv.CreateSession(b, fmt.Sprintf("bench/nb%02d.ipynb", i)).Kernel.ID)

@@ -138,7 +138,7 @@ func BenchmarkServe50Kernels(b *testing.B) {
 		steady  = 30 * time.Second
 	)
 	testenv.Require(b, "notebook", "ipykernel", "jupyter_client")
-	srv := testenv.StartServer(b, testenv.Notebook6)
+	srv := testenv.StartServer(b, testenv.NotebookServer())
 	reap := testenv.NewReaper(b, srv)
 	gpu := newFakeGPU(b)
 	port := strconv.Itoa(testenv.FreePort(b))
@@ -307,7 +307,7 @@ func (cw *connFileWatch) appeared(b *testing.B, connFile string) time.Time {
 func BenchmarkKernelStartToMagic(b *testing.B) {
 	const samples = 20
 	testenv.Require(b, "notebook", "ipykernel", "jupyter_client")
-	srv := testenv.StartServer(b, testenv.Notebook6)
+	srv := testenv.StartServer(b, testenv.NotebookServer())
 	testenv.NewReaper(b, srv)
 	gpu := newFakeGPU(b)
 	d := startDaemon(b, srv, gpu, "--log-level=debug") // debug: attach retries are logged
@@ -386,7 +386,7 @@ func sigtermIgnored(pid int) bool {
 func BenchmarkRestartOrphansGone(b *testing.B) {
 	const samples = 5
 	testenv.Require(b, "notebook", "ipykernel", "jupyter_client")
-	srv := testenv.StartServer(b, testenv.Notebook6)
+	srv := testenv.StartServer(b, testenv.NotebookServer())
 	reap := testenv.NewReaper(b, srv)
 	gpu := newFakeGPU(b)
 	d := startDaemon(b, srv, gpu, "--log-level=debug")
