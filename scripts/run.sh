@@ -38,12 +38,15 @@ ext_stamp=$( (git ls-files -s labextension 2>/dev/null; git diff HEAD -- labexte
 if [ "$(cat .venv/current/.gpumem-ext-stamp 2>/dev/null)" != "$ext_stamp" ] || ! "$lab_py" -c 'import jupyterlab_gpumem' 2>/dev/null; then
   echo "building the JupyterLab extension (labextension/)"
   bash labextension/scripts/build.sh "$lab_py" >"$state/ext-build.log" 2>&1 \
-    || { echo "building the extension failed: see $state.ext-build.log"; exit 1; }
+    || { echo "building the extension failed: see $state/ext-build.log"; exit 1; }
   echo "$ext_stamp" > .venv/current/.gpumem-ext-stamp
 fi
 
 mkdir -p "$state/runtime" bin
 chmod 700 "$state/runtime"
+# go-nvml's cgo bindings wrap every NVML function, the deprecated ones too,
+# and gcc warns about each: keep the build quiet.
+export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations"
 go build -o bin/gpumem ./cmd/gpumem
 stop >/dev/null 2>&1 || true
 

@@ -23,11 +23,10 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/gpumem/gpumem/nvml"
 	"github.com/gpumem/gpumem/sidecar/api"
+	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/discovery"
 	"github.com/gpumem/gpumem/sidecar/metrics"
-	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
 // Config is `gpumem serve`'s flags.
@@ -39,20 +38,37 @@ type Config struct {
 	Reclaim         bool
 	ReclaimGrace    time.Duration
 	ReclaimAllUsers bool
+	AllUsers        bool // as root, also watch every user's runtime dirs (Deps.UserDirs finds them)
 
 	SocketPath string
 	SocketMode api.Mode
 
 	MetricsAddr        string // "" = no metrics listener
 	MetricsAllowRemote bool
+	MetricsNoNotebook  bool // no per-notebook series (kernel_id, notebook labels); per-user ones remain
 
 	AlertThreshold float64 // fraction of a GPU's memory; <= 0 disables
 	NotebookAlerts bool
 
 	InjectMagics bool
 
-	FakeGPUFile string // GPUMEM_FAKE_GPU
-	ProcRoot    string // "" = /proc
+	Cull CullConfig
+}
+
+// Deps are the daemon's windows on the system, built by its caller (the
+// composition root) and faked at these seams in unit tests.
+type Deps struct {
+	// GPUs reads GPU memory per process: NVML, or the simulated GPU.
+	GPUs attribution.GPUSampler
+	// Procs reads the process table.
+	Procs attribution.ProcScanner
+	// Finder proves which process serves a connection file.
+	Finder discovery.ProcessFinder
+	// UserDirs finds every user's runtime dirs (AllUsers); nil: none.
+	UserDirs func() ([]discovery.UserDir, []error)
+	// Terminate ends a process (SIGTERM, then SIGKILL after grace) if its
+	// start time is still start; nil means the real one, through a pidfd.
+	Terminate func(ctx context.Context, pid int, start uint64, grace time.Duration) (killed bool, err error)
 }
 
 func (c *Config) defaults() {
@@ -65,21 +81,23 @@ func (c *Config) defaults() {
 	if c.ReclaimGrace <= 0 {
 		c.ReclaimGrace = 5 * time.Second
 	}
-	if c.ProcRoot == "" {
-		c.ProcRoot = "/proc"
+	if c.SocketMode == "" {
+		c.SocketMode = api.ModePrivate
 	}
 }
 
 // Daemon is one `gpumem serve`.
 type Daemon struct {
-	cfg     Config
-	log     zerolog.Logger
-	selfUID uint32
-	gpus    *nvml.Source
-	fs      *procs.FS
-	finder  *discovery.ProcFinder
-	metrics *metrics.Metrics
-	socket  string
+	cfg       Config
+	log       zerolog.Logger
+	selfUID   uint32
+	gpus      attribution.GPUSampler
+	fs        attribution.ProcScanner
+	finder    discovery.ProcessFinder
+	terminate func(ctx context.Context, pid int, start uint64, grace time.Duration) (bool, error)
+	userDirs  func() ([]discovery.UserDir, []error)
+	metrics   *metrics.Metrics
+	socket    string
 
 	mu           sync.Mutex
 	kernels      map[string]*kernelState // by connection file
@@ -108,21 +126,38 @@ func (d *Daemon) sampleSoon() {
 	}
 }
 
-// New checks cfg and prepares a Daemon; Run starts it.
-func New(cfg Config, log zerolog.Logger) (*Daemon, error) {
+// New checks cfg and prepares a Daemon over deps; Run starts it.
+func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 	cfg.defaults()
 	if len(cfg.RuntimeDirs) == 0 {
 		return nil, errors.New("no runtime dir to watch")
 	}
+	if err := checkAllUsers(cfg); err != nil {
+		return nil, err
+	}
 	if cfg.ReclaimAllUsers && os.Geteuid() != 0 {
 		return nil, errors.New("--reclaim-all-users needs root: only root may end other users' processes")
+	}
+	if err := cfg.Cull.Validate(); err != nil {
+		return nil, err
+	}
+	if deps.GPUs == nil || deps.Procs == nil || deps.Finder == nil {
+		return nil, errors.New("daemon: GPUs, Procs and Finder are required")
+	}
+	if deps.Terminate == nil {
+		deps.Terminate = func(ctx context.Context, pid int, start uint64, grace time.Duration) (bool, error) {
+			return terminate(ctx, deps.Procs, procID{pid, start}, grace)
+		}
 	}
 	d := &Daemon{
 		cfg:          cfg,
 		log:          log,
 		selfUID:      uint32(os.Geteuid()),
-		fs:           &procs.FS{Root: cfg.ProcRoot},
-		finder:       discovery.NewProcFinder(cfg.ProcRoot),
+		gpus:         deps.GPUs,
+		fs:           deps.Procs,
+		finder:       deps.Finder,
+		terminate:    deps.Terminate,
+		userDirs:     deps.UserDirs,
 		kernels:      map[string]*kernelState{},
 		alerted:      map[int]bool{},
 		alertEpisode: map[int]int{},
@@ -132,7 +167,7 @@ func New(cfg Config, log zerolog.Logger) (*Daemon, error) {
 		locks:        newDirLocks(cfg.RuntimeDirs),
 		problems:     map[string]time.Time{},
 	}
-	d.metrics = metrics.New(d, log)
+	d.metrics = metrics.New(d, log, metrics.PerNotebook(!cfg.MetricsNoNotebook))
 	d.hist = newHistoryParts(cfg.Interval)
 	return d, nil
 }
@@ -150,14 +185,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	gpus, err := nvml.Open(nvml.Options{FakeGPUFile: d.cfg.FakeGPUFile})
-	if err != nil {
-		ln.Close()
-		return err
-	}
-	d.gpus = gpus
-	defer gpus.Close()
-
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var ms *metrics.Server
@@ -191,7 +218,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go func() { defer parts.Done(); _ = w.Run(ctx) }()
 
 	d.log.Info().Strs("runtime_dirs", d.cfg.RuntimeDirs).Str("socket", d.socket).
-		Dur("interval", d.cfg.Interval).Bool("reclaim", d.cfg.Reclaim).Msg("gpumem serve started")
+		Dur("interval", d.cfg.Interval).Bool("reclaim", d.cfg.Reclaim).Str("cull", d.cfg.Cull.summary()).Msg("gpumem serve started")
 
 	ticker := time.NewTicker(d.cfg.Interval)
 	defer ticker.Stop()
@@ -236,6 +263,7 @@ const missingGrace = 300 * time.Millisecond
 // is: until then its tree stays its own, protected and attributed (sample
 // retires it when the process exits).
 func (d *Daemon) scan(ctx context.Context) {
+	d.addUserDirs()
 	res := discovery.Discover(ctx, discovery.Options{RuntimeDirs: d.watchedDirs(), Procs: knownFinder{d}})
 	for _, p := range res.Problems {
 		d.problem(p)
@@ -298,6 +326,8 @@ func (d *Daemon) scan(ctx context.Context) {
 			ks.serverURL = k.ServerURL
 		}
 		ks.fileUID, ks.fileID = k.FileUID, k.FileID
+		// Zero when no server answered for it now: nothing stale is judged.
+		ks.server, ks.execState, ks.lastActivity = k.Server, k.ExecutionState, k.LastActivity
 		if k.PID > 0 && k.PIDProven {
 			d.setKernelProcessLocked(ks, procID{k.PID, k.PIDStart})
 		}

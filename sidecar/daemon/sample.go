@@ -85,6 +85,7 @@ func (d *Daemon) sample(ctx context.Context) {
 		d.resolveKernelProcesses(ctx, unknown)
 	}
 
+	culls := d.cull(ctx, &rep)
 	sampledAt := d.recordHistory(time.Now(), &rep)
 	elapsed := time.Since(start)
 	d.mu.Lock()
@@ -98,7 +99,7 @@ func (d *Daemon) sample(ctx context.Context) {
 		SampleSuccess: true, SampledAt: time.Now(), AlertThreshold: d.cfg.AlertThreshold}
 	d.mu.Unlock()
 	d.historySampled(sampledAt)
-	d.checkAlerts(rep)
+	d.checkAlerts(rep, culls)
 }
 
 // resolveKernelProcesses finds the process of kernels whose process is not

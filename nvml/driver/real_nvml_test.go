@@ -1,0 +1,120 @@
+package driver
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// Tests against the real driver run only where asked (a GPU host):
+//
+//	GPUMEM_TEST_REAL_NVML=1 [GPUMEM_TEST_GPU_PID=<pid holding GPU memory>] go test -run RealNVML ./nvml/driver
+func requireRealNVML(tb testing.TB) {
+	tb.Helper()
+	if os.Getenv("GPUMEM_TEST_REAL_NVML") == "" {
+		tb.Skip("set GPUMEM_TEST_REAL_NVML=1 on a host with an NVIDIA GPU")
+	}
+}
+
+func TestRealNVML(t *testing.T) {
+	requireRealNVML(t)
+	start := time.Now()
+	src, r := openLibrary(gonvml.New())
+	defer src.Close()
+	t.Logf("Open (Init + probes): %v", time.Since(start))
+	if err := src.InitErr(); err != nil {
+		t.Fatalf("no driver: %v", err)
+	}
+	t.Logf("probes: memory info v2 %v, MPS %v, MIG %v; driver %s", r.memV2, r.mps, r.mig, r.driverVersion)
+
+	start = time.Now()
+	snap, err := src.Sample(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Sample: %v", time.Since(start))
+	if len(snap.Devices) == 0 {
+		t.Fatal("no devices")
+	}
+	for _, w := range snap.Warnings {
+		t.Logf("warning: %s", w)
+	}
+	for _, d := range snap.Devices {
+		t.Logf("gpu %d %s %s: total %d used %d reserved %d MIG %v, %d processes",
+			d.Index, d.UUID, d.Name, d.MemoryTotalBytes, d.MemoryUsedBytes, d.MemoryReservedBytes, d.MIGEnabled, len(d.Processes))
+		for _, p := range d.Processes {
+			t.Logf("  pid %d used %d (known %v) gi %#x ci %#x", p.PID, p.UsedBytes, p.UsedKnown, p.GPUInstanceID, p.ComputeInstanceID)
+		}
+		if d.MemoryTotalBytes == 0 || d.UUID == "" || d.Name == "" || d.DriverVersion == "" {
+			t.Errorf("gpu %d: incomplete %+v", d.Index, d)
+		}
+		if r.memV2 && d.MemoryReservedBytes == 0 {
+			t.Errorf("gpu %d: memory info v2 but no reserved memory", d.Index)
+		}
+	}
+
+	// Per-pid figures must equal nvidia-smi's (MiB).
+	smi, err := exec.Command("nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits").Output()
+	if err != nil {
+		t.Logf("nvidia-smi: %v (comparison skipped)", err)
+	} else {
+		t.Logf("nvidia-smi --query-compute-apps=pid,used_memory:\n%s", smi)
+		ours := map[int]uint64{}
+		for _, d := range snap.Devices {
+			for _, p := range d.Processes {
+				ours[p.PID] += p.UsedBytes
+			}
+		}
+		for _, line := range strings.Split(string(bytes.TrimSpace(smi)), "\n") {
+			f := strings.Split(line, ",")
+			if len(f) != 2 {
+				continue
+			}
+			pid, _ := strconv.Atoi(strings.TrimSpace(f[0]))
+			mib, _ := strconv.ParseUint(strings.TrimSpace(f[1]), 10, 64)
+			if got := ours[pid] >> 20; got != mib {
+				t.Errorf("pid %d: nvml %d MiB, nvidia-smi %d MiB", pid, got, mib)
+			}
+		}
+	}
+
+	if s := os.Getenv("GPUMEM_TEST_GPU_PID"); s != "" {
+		want, _ := strconv.Atoi(s)
+		var found bool
+		for _, d := range snap.Devices {
+			for _, p := range d.Processes {
+				if p.PID == want {
+					found = true
+					if !p.UsedKnown || p.UsedBytes < 512<<20 {
+						t.Errorf("pid %d: %+v, want ≥ 512 MiB known", want, p)
+					}
+				}
+			}
+		}
+		if !found {
+			t.Errorf("pid %d holds GPU memory but is not listed", want)
+		}
+	}
+}
+
+func BenchmarkRealSample(b *testing.B) {
+	requireRealNVML(b)
+	src, err := Open(Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer src.Close()
+	ctx := context.Background()
+	for b.Loop() {
+		if _, err := src.Sample(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
