@@ -38,9 +38,7 @@ class _Base(APIHandler):
         one status line for the browser, never an HTTP error but a 404 of a
         kernel."""
         try:
-            data = await self.daemon.request(
-                method, path, params=params, timeout=timeout
-            )
+            data = await self.daemon.request(method, path, params=params, timeout=timeout)
             return data, None
         except NoDaemon:
             return None, (200, view.no_daemon(self.daemon.path))
@@ -57,9 +55,7 @@ class _Base(APIHandler):
 
     async def call_daemon(self, method, path, params=None, timeout=None):
         """The daemon's JSON, or None after replying with the status line."""
-        data, failed = await self.daemon_json(
-            method, path, params=params, timeout=timeout
-        )
+        data, failed = await self.daemon_json(method, path, params=params, timeout=timeout)
         if failed:
             self.reply(*failed)
         return data
@@ -121,9 +117,7 @@ class KernelHandler(_Base):
 
     def check_own(self, kernel_id):
         if kernel_id not in self.own_kernel_ids():
-            raise tornado.web.HTTPError(
-                403, f"kernel {kernel_id} is not one of this server's kernels"
-            )
+            raise tornado.web.HTTPError(403, f"kernel {kernel_id} is not one of this server's kernels")
 
 
 class FreeHandler(KernelHandler):
@@ -133,9 +127,7 @@ class FreeHandler(KernelHandler):
     async def post(self, kernel_id):
         self.check_own(kernel_id)
         # No body is sent: the daemon then frees caches only.
-        rep = await self.call_daemon(
-            "POST", f"/api/v1/kernels/{kernel_id}/free", timeout=60
-        )
+        rep = await self.call_daemon("POST", f"/api/v1/kernels/{kernel_id}/free", timeout=60)
         if rep is not None:
             self.reply(200, {"status": "ok", "free": rep})
 
@@ -146,14 +138,8 @@ class QueryHandler(KernelHandler):
     @tornado.web.authenticated
     async def get(self, kernel_id, what):
         self.check_own(kernel_id)
-        params = (
-            {"all_devices": "1"}
-            if what == "vars" and self.get_argument("all_devices", "") == "1"
-            else None
-        )
-        rep = await self.call_daemon(
-            "GET", f"/api/v1/kernels/{kernel_id}/{what}", params=params, timeout=30
-        )
+        params = {"all_devices": "1"} if what == "vars" and self.get_argument("all_devices", "") == "1" else None
+        rep = await self.call_daemon("GET", f"/api/v1/kernels/{kernel_id}/{what}", params=params, timeout=30)
         if rep is not None:
             self.reply(200, {"status": "ok", what: rep})
 

@@ -48,9 +48,7 @@ def server_view(history, own_kernels, paths):
             u["per_gpu"][idx] = u["per_gpu"].get(idx, 0) + b
     users = sorted(others.values(), key=lambda u: (-u["bytes"], u["user"]))
     for u in users:
-        u["per_gpu"] = [
-            {"index": i, "bytes": b} for i, b in sorted(u["per_gpu"].items())
-        ]
+        u["per_gpu"] = [{"index": i, "bytes": b} for i, b in sorted(u["per_gpu"].items())]
     return {
         "status": "ok",
         "now": history.get("now", 0),
@@ -62,13 +60,9 @@ def server_view(history, own_kernels, paths):
         "warnings": report.get("warnings") or [],
         "series": {
             "gpus": history.get("gpus") or [],
-            "notebooks": [
-                s for s in history.get("notebooks") or [] if s.get("id") in own_kernels
-            ],
+            "notebooks": [s for s in history.get("notebooks") or [] if s.get("id") in own_kernels],
         },
-        "events": [
-            e for e in history.get("events") or [] if e.get("kernel_id") in own_kernels
-        ],
+        "events": [e for e in history.get("events") or [] if e.get("kernel_id") in own_kernels],
         "last_event": history.get("last_event", 0),
     }
 
@@ -83,10 +77,7 @@ def no_daemon(socket):
 
 def daemon_error(status, message, socket):
     if status == 403:
-        text = (
-            f"gpumem serve at {socket} refused this server ({message}): run gpumem serve as the user "
-            "who runs JupyterLab."
-        )
+        text = f"gpumem serve at {socket} refused this server ({message}): run gpumem serve as the user who runs JupyterLab."
     else:
         text = "gpumem serve at %s answered %d: %s" % (socket, status, message)
     return {"status": "error", "message": text}

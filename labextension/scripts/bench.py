@@ -51,40 +51,20 @@ async def tabs(lab, n, seconds):
                 await asyncio.sleep(1)
                 continue
             after = st["last_event"]
-            last = max(
-                [
-                    p[0]
-                    for s in st["series"]["gpus"] + st["series"]["notebooks"]
-                    for p in s["points"]
-                ]
-                or [0]
-            )
+            last = max([p[0] for s in st["series"]["gpus"] + st["series"]["notebooks"] for p in s["points"]] or [0])
             since = max(since, last + 1) if last else 0
             if not last:
                 await asyncio.sleep(1)
 
     limits = httpx.Limits(max_connections=n + 10, max_keepalive_connections=n + 10)
-    async with httpx.AsyncClient(
-        headers=lab.headers(), timeout=30, limits=limits
-    ) as client:
-        first = (await client.get(lab.url + "gpumem/api/v1/state")).json()[
-            "daemon_requests"
-        ]
+    async with httpx.AsyncClient(headers=lab.headers(), timeout=30, limits=limits) as client:
+        first = (await client.get(lab.url + "gpumem/api/v1/state")).json()["daemon_requests"]
         # Warm-up: every tab's first (full) reply, not measured.
-        await asyncio.gather(
-            *(
-                client.get(
-                    lab.url + "gpumem/api/v1/state", params={"events_after": "0"}
-                )
-                for _ in range(n)
-            )
-        )
+        await asyncio.gather(*(client.get(lab.url + "gpumem/api/v1/state", params={"events_after": "0"}) for _ in range(n)))
         start = time.monotonic()
         await asyncio.gather(*(tab(i, client, start + seconds) for i in range(n)))
         wall = time.monotonic() - start
-        last = (await client.get(lab.url + "gpumem/api/v1/state")).json()[
-            "daemon_requests"
-        ]
+        last = (await client.get(lab.url + "gpumem/api/v1/state")).json()["daemon_requests"]
     return counts, wall, errors, last - first - 1 - n
 
 
@@ -96,16 +76,10 @@ def load_times(stack, lab, loads):
     page_config = cfg / "page_config.json"
     out = {"with": [], "without": [], "files": []}
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path="/usr/bin/chromium", headless=True, args=["--no-sandbox"]
-        )
+        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=["--no-sandbox"])
         for i in range(loads * 2 + 2):
             which = "with" if i % 2 == 0 else "without"
-            page_config.write_text(
-                json.dumps(
-                    {"disabledExtensions": {"jupyterlab-gpumem": which == "without"}}
-                )
-            )
+            page_config.write_text(json.dumps({"disabledExtensions": {"jupyterlab-gpumem": which == "without"}}))
             ctx = browser.new_context(viewport={"width": 1400, "height": 800})
             page = ctx.new_page()
             t0 = time.monotonic()
@@ -113,9 +87,7 @@ def load_times(stack, lab, loads):
             page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for(timeout=120_000)
             el = time.monotonic() - t0
             has = page.locator(".jp-gpumem-status").count() > 0
-            assert has == (which == "with"), (
-                f"extension {which} but status item present={has}"
-            )
+            assert has == (which == "with"), f"extension {which} but status item present={has}"
             # The extension's own files: from the first request's start to the last one's end.
             span = page.evaluate("""() => {
                 const rs = performance.getEntriesByType('resource').filter(r => r.name.includes('jupyterlab-gpumem'));
@@ -137,9 +109,7 @@ def main():
     ap.add_argument("--kernels", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--loads", type=int, default=7)
-    ap.add_argument(
-        "--out", default=str(REPO / "docs" / "benchmarks" / "jupyterlab-extension.md")
-    )
+    ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks" / "jupyterlab-extension.md"))
     a = ap.parse_args()
     n_tabs = a.tabs
 
@@ -152,18 +122,14 @@ def main():
             lab.notebook("nb%d.ipynb" % i)
             kernels.append(lab.start_session("nb%d.ipynb" % i))
         lab.notebook("bench.ipynb")
-        stack.set_gpu(
-            {stack.kernel_pid(k): (i + 1) * GiB for i, k in enumerate(kernels)}
-        )
+        stack.set_gpu({stack.kernel_pid(k): (i + 1) * GiB for i, k in enumerate(kernels)})
         dpid = stack.daemon.p.pid
         # The daemon alone, no tab: its own sampling cost.
         c0, t0 = cpu_seconds(dpid), time.monotonic()
         time.sleep(min(a.seconds, 20))
         idle = (cpu_seconds(dpid) - c0) / (time.monotonic() - t0)
         c0, s0 = cpu_seconds(dpid), cpu_seconds(lab.proc.p.pid)
-        counts, wall, errors, daemon_requests = asyncio.run(
-            tabs(lab, a.tabs, a.seconds)
-        )
+        counts, wall, errors, daemon_requests = asyncio.run(tabs(lab, a.tabs, a.seconds))
         busy = (cpu_seconds(dpid) - c0) / wall
         server = (cpu_seconds(lab.proc.p.pid) - s0) / wall
         per_tab = [c / wall for c in counts]
@@ -189,38 +155,32 @@ def main():
         "",
         "## Open tabs",
         "",
-        "%d simulated tabs, each polling as the extension does (long poll: answered after the daemon's next"
-        % a.tabs,
+        "%d simulated tabs, each polling as the extension does (long poll: answered after the daemon's next" % a.tabs,
         f"sample), for {wall:.0f} s. The server extension shares one daemon request among the tabs that",
         "ask the same question at the same time.",
         "",
         "| figure | value |",
         "|---|---|",
-        f"| requests per tab per second to the server extension (mean; min-max) | {statistics.mean(per_tab):.2f}; {min(per_tab):.2f}-{max(per_tab):.2f} |",
+        "| requests per tab per second to the server extension (mean; min-max) | "
+        f"{statistics.mean(per_tab):.2f}; {min(per_tab):.2f}-{max(per_tab):.2f} |",
         f"| requests to the daemon per second, all tabs | {daemon_requests / wall:.2f} |",
         f"| requests to the daemon per tab per second | {daemon_requests / wall / n_tabs:.3f} |",
         "| daemon CPU, no tab (sampling alone) | %.2f%% of a core |" % (100 * idle),
         "| daemon CPU, %d tabs | %.2f%% of a core |" % (a.tabs, 100 * busy),
-        "| JupyterLab server CPU, %d tabs (server extension + Jupyter) | %.1f%% of a core |"
-        % (a.tabs, 100 * server),
+        "| JupyterLab server CPU, %d tabs (server extension + Jupyter) | %.1f%% of a core |" % (a.tabs, 100 * server),
         "| replies that were not ok | %d |" % len(errors),
         "",
         "## JupyterLab load",
         "",
-        "Time from navigation to a notebook's first cell shown, in chromium, %d loads each (after a warm-up pair),"
-        % a.loads,
+        "Time from navigation to a notebook's first cell shown, in chromium, %d loads each (after a warm-up pair)," % a.loads,
         "alternating with and without the extension (disabled through page_config). The machine is shared:",
         "the spread of each row is the noise to read the difference against. The extension's own files",
         "(its remoteEntry and chunks, fetched in parallel with JupyterLab's) are timed by the Performance API.",
         "",
         "| | median | all (s) |",
         "|---|---|---|",
-        "| with the extension | {:.0f} ms | {} |".format(
-            1000 * med_with, ", ".join(f"{x:.2f}" for x in loads["with"])
-        ),
-        "| without | {:.0f} ms | {} |".format(
-            1000 * med_without, ", ".join(f"{x:.2f}" for x in loads["without"])
-        ),
+        "| with the extension | {:.0f} ms | {} |".format(1000 * med_with, ", ".join(f"{x:.2f}" for x in loads["with"])),
+        "| without | {:.0f} ms | {} |".format(1000 * med_without, ", ".join(f"{x:.2f}" for x in loads["without"])),
         "| difference | %+.0f ms | |" % (1000 * (med_with - med_without)),
         "| the extension's files, first request to last byte | {:.0f} ms | {} |".format(
             1000 * statistics.median(loads["files"]),

@@ -11,21 +11,15 @@ from playwright.sync_api import sync_playwright
 
 def main(url, out):
     with sync_playwright() as pw:
-        b = pw.chromium.launch(
-            executable_path="/usr/bin/chromium", headless=True, args=["--no-sandbox"]
-        )
+        b = pw.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=["--no-sandbox"])
         page = b.new_page(viewport={"width": 1400, "height": 800})
         page.goto(url)
-        page.locator(".jp-gpumem-status-label", has_text="GiB").wait_for(
-            timeout=120_000
-        )
+        page.locator(".jp-gpumem-status-label", has_text="GiB").wait_for(timeout=120_000)
         page.locator(".jp-SideBar.jp-mod-right li[data-id='jp-gpumem-panel']").click()
         page.locator("tr[data-gpumem='notebook-row']").first.wait_for(timeout=30_000)
         page.locator(".jp-gpumem-gpu canvas").first.wait_for(timeout=30_000)
         # Wider than the default sidebar (drag its handle), so that the table shows whole.
-        handle = page.locator(
-            "#jp-main-split-panel > .lm-SplitPanel-handle:not(.lm-mod-hidden)"
-        ).last
+        handle = page.locator("#jp-main-split-panel > .lm-SplitPanel-handle:not(.lm-mod-hidden)").last
         box = handle.bounding_box()
         page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 200)
         page.mouse.down()

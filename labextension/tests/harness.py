@@ -43,9 +43,7 @@ def wait_for(what, check, timeout=30.0, every=0.1):
         except Exception as e:  # noqa: BLE001  (the thing is not up yet: any error)
             last = e
         if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout:.0f} s waiting for {what} (last error: {last!r})"
-            )
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last error: {last!r})")
         time.sleep(every)
 
 
@@ -126,9 +124,7 @@ class Server:
                 "--LabApp.workspaces_dir=" + str(stack.tmp / ("ws-%d" % self.port)),
                 "--LabApp.user_settings_dir=" + str(stack.settings),
             ]
-        self.proc = Proc(
-            argv, stack.env, str(stack.tmp / ("%s-%d.log" % (app, self.port)))
-        )
+        self.proc = Proc(argv, stack.env, str(stack.tmp / ("%s-%d.log" % (app, self.port))))
         wait_for(
             f"{app} on {self.url}",
             lambda: self.get("api/status").status_code == 200,
@@ -139,9 +135,7 @@ class Server:
         return {"Authorization": "token " + self.token}
 
     def get(self, path, **kw):
-        return httpx.get(
-            self.url + path, headers=kw.pop("headers", self.headers()), timeout=30, **kw
-        )
+        return httpx.get(self.url + path, headers=kw.pop("headers", self.headers()), timeout=30, **kw)
 
     def post(self, path, body=None, **kw):
         return httpx.post(
@@ -222,9 +216,7 @@ class Stack:
         self.settings = self.tmp / "settings"
         nf = self.settings / "@jupyterlab" / "apputils-extension"
         nf.mkdir(parents=True)
-        (nf / "notification.jupyterlab-settings").write_text(
-            json.dumps({"fetchNews": "false"})
-        )
+        (nf / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
         self.bin = gpumem_binary(str(self.tmp))
         self.set_gpu({})
 
@@ -294,9 +286,7 @@ class Stack:
                 if k["kernel_id"] == kernel_id and k["pid"] > 0 and k["alive"]:
                     return k["pid"]
 
-        return wait_for(
-            f"gpumem serve to follow kernel {kernel_id}", find, timeout=timeout
-        )
+        return wait_for(f"gpumem serve to follow kernel {kernel_id}", find, timeout=timeout)
 
     def close(self):
         self.stop_daemon()

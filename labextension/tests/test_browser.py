@@ -45,9 +45,7 @@ def worker_ended(pid):
 
 
 def artifacts_dir():
-    d = os.environ.get("GPUMEM_ARTIFACTS") or tempfile.mkdtemp(
-        prefix="gpumem-ext-artifacts-"
-    )
+    d = os.environ.get("GPUMEM_ARTIFACTS") or tempfile.mkdtemp(prefix="gpumem-ext-artifacts-")
     Path(d).mkdir(parents=True, exist_ok=True)
     return Path(d)
 
@@ -62,9 +60,7 @@ def run_cell(page, index, expect_text, timeout=60):
     # blank): ask again until the prompt shows the cell queued or run.
     for attempt in range(8):
         cell.locator(".jp-InputPrompt").click()
-        page.locator(
-            ".jp-NotebookPanel:visible .jp-Toolbar [data-command='notebook:run-cell-and-select-next']"
-        ).click()
+        page.locator(".jp-NotebookPanel:visible .jp-Toolbar [data-command='notebook:run-cell-and-select-next']").click()
         try:
             page.wait_for_function(
                 "([el, before]) => /\\[(\\*|\\d+)\\]/.test(el.innerText) && el.innerText !== before",
@@ -75,9 +71,7 @@ def run_cell(page, index, expect_text, timeout=60):
         except Exception:
             if attempt == 7:
                 raise
-    cell.locator(".jp-OutputArea-output", has_text=expect_text).wait_for(
-        timeout=timeout * 1000
-    )
+    cell.locator(".jp-OutputArea-output", has_text=expect_text).wait_for(timeout=timeout * 1000)
     return cell.locator(".jp-OutputArea-output").inner_text()
 
 
@@ -98,9 +92,7 @@ def test_user_journey(stack):
 
     console = []  # (type, text, when)
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=["--no-sandbox"]
-        )
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1500, "height": 900})
         page.on("console", lambda m: console.append((m.type, m.text, time.monotonic())))
         page.on(
@@ -110,10 +102,7 @@ def test_user_journey(stack):
         state_requests = []
         page.on(
             "request",
-            lambda r: (
-                "gpumem/api/v1/state" in r.url
-                and state_requests.append(time.monotonic())
-            ),
+            lambda r: "gpumem/api/v1/state" in r.url and state_requests.append(time.monotonic()),
         )
         try:
             _journey(stack, lab, other, page, out, console, state_requests)
@@ -126,10 +115,7 @@ def test_user_journey(stack):
             for pid in spawned:
                 try:
                     # Still our worker (not a reused pid)?
-                    if (
-                        Path("/proc/%d/cmdline" % pid).read_bytes()
-                        == b"sleep\x00600\x00"
-                    ):
+                    if Path("/proc/%d/cmdline" % pid).read_bytes() == b"sleep\x00600\x00":
                         os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, FileNotFoundError):
                     pass
@@ -138,9 +124,7 @@ def test_user_journey(stack):
 def _journey(stack, lab, other, page, out, console, state_requests):
     page.goto(lab.url + "lab/tree/train.ipynb?token=" + lab.token)
     page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for(timeout=120_000)
-    page.locator(
-        ".jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status='idle']"
-    ).wait_for(timeout=120_000)
+    page.locator(".jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=120_000)
 
     # Open a notebook and run a cell: the status bar shows the simulated figure.
     run_cell(page, 0, "ready")
@@ -175,22 +159,16 @@ def _journey(stack, lab, other, page, out, console, state_requests):
         timeout=5,
     )
     t_plot = time.monotonic() - t0
-    (out / "latency.txt").write_text(
-        f"status bar {t_status:.2f} s, plot {t_plot:.2f} s after the file changed\n"
-    )
+    (out / "latency.txt").write_text(f"status bar {t_status:.2f} s, plot {t_plot:.2f} s after the file changed\n")
     print(f"status bar followed in {t_status:.2f} s, plot in {t_plot:.2f} s")
-    assert t_status <= 2.0 and t_plot <= 2.0, (
-        f"status bar {t_status:.2f} s, plot {t_plot:.2f} s: over 2 s"
-    )
+    assert t_status <= 2.0 and t_plot <= 2.0, f"status bar {t_status:.2f} s, plot {t_plot:.2f} s: over 2 s"
     page.screenshot(path=str(out / "02-panel.png"))
 
     # Free cache reaches the kernel: its gc.collect() finds the marker cycle.
     assert "collected: False" in run_cell(page, 1, "collected:")
     row = page.locator(f"tr[data-gpumem='notebook-actions'][data-kernel-id='{mine}']")
     row.locator("button[data-action='Free cache']").click()
-    page.locator(".Toastify__toast", has_text="Freed cache in train.ipynb").wait_for(
-        timeout=60_000
-    )
+    page.locator(".Toastify__toast", has_text="Freed cache in train.ipynb").wait_for(timeout=60_000)
     assert "collected: True" in run_cell(page, 1, "collected: True")
 
     # Variables shows the table.
@@ -208,25 +186,19 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     stack.set_gpu({pm: 71 * GiB, po: 1 * GiB})
     label.filter(has_text="GPU 71.0 GiB").wait_for(timeout=10_000)
     for _ in range(2):  # two more polls: the alert stays one
-        page.wait_for_event(
-            "request", lambda r: "gpumem/api/v1/state" in r.url, timeout=10_000
-        )
+        page.wait_for_event("request", lambda r: "gpumem/api/v1/state" in r.url, timeout=10_000)
     assert alert.count() == 1, "the alert was shown %d times" % alert.count()
     page.screenshot(path=str(out / "04-alert.png"))
     if os.environ.get("GPUMEM_UPDATE_SCREENSHOT"):
         (REPO / "docs" / "screenshots").mkdir(parents=True, exist_ok=True)
-        page.screenshot(
-            path=str(REPO / "docs" / "screenshots" / "jupyterlab-gpumem.png")
-        )
+        page.screenshot(path=str(REPO / "docs" / "screenshots" / "jupyterlab-gpumem.png"))
 
     # Restart kernel (JupyterLab's own, with its confirmation): the daemon
     # ends the orphaned worker, and a notification says so once.
     worker = int(run_cell(page, 2, "worker").split()[-1])
     spawned.append(worker)
     stack.set_gpu({pm: 2 * GiB, worker: int(1.5 * GiB), po: 1 * GiB})
-    procs = page.locator(
-        f"tr[data-gpumem='notebook-row'][data-kernel-id='{mine}'] td"
-    ).nth(3)
+    procs = page.locator(f"tr[data-gpumem='notebook-row'][data-kernel-id='{mine}'] td").nth(3)
     wait_for(
         "the worker counted in the notebook",
         lambda: procs.inner_text() == "2",
@@ -252,23 +224,11 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     status.filter(has_text="gpumem serve is not running").wait_for(timeout=10_000)
     assert "gpumem serve" in status.inner_text()
     # The failed poll, then the next one, backed off.
-    page.wait_for_event(
-        "request", lambda r: "gpumem/api/v1/state" in r.url, timeout=15_000
-    )
+    page.wait_for_event("request", lambda r: "gpumem/api/v1/state" in r.url, timeout=15_000)
     gaps = [b - a for a, b in itertools.pairwise(state_requests) if a > stop_at]
-    assert gaps and min(gaps) >= 4.0, (
-        f"polls after the daemon stopped came {gaps} s apart: a tight loop"
-    )
-    bad = [
-        (t, m)
-        for t, m, when in console
-        if when >= stop_at and t in ("error", "pageerror", "warning")
-    ]
+    assert gaps and min(gaps) >= 4.0, f"polls after the daemon stopped came {gaps} s apart: a tight loop"
+    bad = [(t, m) for t, m, when in console if when >= stop_at and t in ("error", "pageerror", "warning")]
     assert not bad, f"console after gpumem serve stopped: {bad}"
-    ours = [
-        (t, m)
-        for t, m, _ in console
-        if t in ("error", "pageerror") and "gpumem" in m.lower()
-    ]
+    ours = [(t, m) for t, m, _ in console if t in ("error", "pageerror") and "gpumem" in m.lower()]
     assert not ours, f"console errors from the extension: {ours}"
     page.screenshot(path=str(out / "06-no-daemon.png"))

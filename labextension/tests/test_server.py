@@ -44,9 +44,7 @@ def test_no_daemon_is_one_clear_status(stack):
 def test_only_this_servers_kernels(stack):
     require_extension()
     lab = stack.server()
-    other = stack.server(
-        app="jupyter_server"
-    )  # another server, same user, same runtime dir
+    other = stack.server(app="jupyter_server")  # another server, same user, same runtime dir
     lab.notebook("mine.ipynb")
     other.notebook("theirs.ipynb")
     mine = lab.start_session("mine.ipynb")
@@ -57,12 +55,7 @@ def test_only_this_servers_kernels(stack):
 
     def view():
         st = lab.state()
-        if (
-            st["status"] == "ok"
-            and st["notebooks"]
-            and st["notebooks"][0]["gpu_memory_bytes"] == 2 * GiB
-            and st["others"]
-        ):
+        if st["status"] == "ok" and st["notebooks"] and st["notebooks"][0]["gpu_memory_bytes"] == 2 * GiB and st["others"]:
             return st
 
     st = wait_for("the state to show both kernels' figures", view, timeout=30)
@@ -70,19 +63,10 @@ def test_only_this_servers_kernels(stack):
     assert st["notebooks"][0]["path"] == "mine.ipynb"
     assert st["notebooks"][0]["peak_bytes"] == 2 * GiB
     # The other server's kernel is only part of its user's total.
-    assert (
-        len(st["others"]) == 1
-        and st["others"][0]["notebooks"] == 1
-        and st["others"][0]["bytes"] == 5 * GiB
-    )
-    assert theirs not in str(st), (
-        "the other server's kernel id must not reach this server's browser"
-    )
+    assert len(st["others"]) == 1 and st["others"][0]["notebooks"] == 1 and st["others"][0]["bytes"] == 5 * GiB
+    assert theirs not in str(st), "the other server's kernel id must not reach this server's browser"
     assert [s["id"] for s in st["series"]["notebooks"]] == [mine]
-    assert (
-        st["gpus"][0]["simulated"] is True
-        and st["gpus"][0]["memory_used_bytes"] == 7 * GiB
-    )
+    assert st["gpus"][0]["simulated"] is True and st["gpus"][0]["memory_used_bytes"] == 7 * GiB
     assert st["alert_threshold"] == 0.8
 
     # Incremental: since=now gives at most the last points.
@@ -103,9 +87,7 @@ def test_only_this_servers_kernels(stack):
     assert r.json()["vars"]["kind"] == "vars", r.json()
 
     # A bad since is the caller's error, not the daemon's.
-    assert (
-        lab.get("gpumem/api/v1/state", params={"since": "yesterday"}).status_code == 400
-    )
+    assert lab.get("gpumem/api/v1/state", params={"since": "yesterday"}).status_code == 400
 
     # The daemon goes away: one status line again, no HTTP error.
     stack.stop_daemon()
