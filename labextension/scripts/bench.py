@@ -56,16 +56,18 @@ async def tabs(lab, n, seconds):
             if not last:
                 await asyncio.sleep(1)
 
-    limits = httpx.Limits(max_connections=n + 10, max_keepalive_connections=n + 10)
-    async with httpx.AsyncClient(headers=lab.headers(), timeout=30, limits=limits) as client:
-        first = (await client.get(lab.url + "gpumem/api/v1/state")).json()["daemon_requests"]
-        # Warm-up: every tab's first (full) reply, not measured.
-        await asyncio.gather(*(client.get(lab.url + "gpumem/api/v1/state", params={"events_after": "0"}) for _ in range(n)))
+    # One client (one connection) a tab, as each browser tab has its own.
+    clients = [httpx.AsyncClient(headers=lab.headers(), timeout=30) for _ in range(n)]
+    try:
+        first = (await clients[0].get(lab.url + "gpumem/api/v1/state")).json()["daemon_requests"]
         start = time.monotonic()
-        await asyncio.gather(*(tab(i, client, start + seconds) for i in range(n)))
+        await asyncio.gather(*(tab(i, clients[i], start + seconds) for i in range(n)))
         wall = time.monotonic() - start
-        last = (await client.get(lab.url + "gpumem/api/v1/state")).json()["daemon_requests"]
-    return counts, wall, errors, last - first - 1 - n
+        last = (await clients[0].get(lab.url + "gpumem/api/v1/state")).json()["daemon_requests"]
+    finally:
+        for c in clients:
+            await c.aclose()
+    return counts, wall, errors, last - first - 1
 
 
 def load_times(stack, lab, loads):
@@ -112,6 +114,7 @@ def main():
     ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks" / "jupyterlab-extension.md"))
     a = ap.parse_args()
     n_tabs = a.tabs
+    assert a.loads > 0, "--loads must be at least 1"
 
     stack = Stack(tempfile.mkdtemp(prefix="gpumem-ext-bench-"))
     try:
