@@ -108,8 +108,10 @@ for p in ("/api/v1/kernels/%s", "/api/v1/users", "/api/v1/notebooks"):
 		if !strings.Contains(users, `"user":"`+alice.Name+`","notebooks":1`) || !strings.Contains(users, `"user":"`+bob.Name+`","notebooks":1`) {
 			t.Errorf("per-user totals: %s", users)
 		}
-		if !strings.HasPrefix(all, "/api/v1/notebooks 403") {
-			t.Errorf("alice listed every notebook: %s", all)
+		// Listing notebooks gives alice hers alone (bob's never appear: the
+		// leak check below covers this line too).
+		if !strings.HasPrefix(all, "/api/v1/notebooks 200") || !strings.Contains(all, "secret-alice.ipynb") {
+			t.Errorf("alice's notebooks: %s", all)
 		}
 		front := testenv.StartFrontend(t, &testenv.Kernel{Dir: t.TempDir(), ConnectionFile: nbA.connFile, ID: nbA.kernelID})
 		top := front.Cell(t, "%gpumem top").Text()
@@ -144,6 +146,18 @@ for p in ("/api/v1/kernels/%s", "/api/v1/users", "/api/v1/notebooks"):
 		for _, leak := range []string{"secret-bob.ipynb", "secret-alice.ipynb", "sleep"} {
 			if strings.Contains(alert, leak) {
 				t.Errorf("alert names %q, want users only: %q", leak, alert)
+			}
+		}
+	})
+
+	t.Run("bob's gpumem ls shows his notebooks only", func(t *testing.T) {
+		stdout, stderr, err := asUser(bob, []string{"GPUMEM_SOCKET=" + sock}, gpumemBin, "ls", "--json")
+		if err != nil || !strings.Contains(stdout, "secret-bob.ipynb") {
+			t.Fatalf("bob: gpumem ls --json: %v\n%s\n%s", err, stdout, stderr)
+		}
+		for _, leak := range []string{"secret-alice.ipynb", nbA.kernelID} {
+			if strings.Contains(stdout, leak) {
+				t.Errorf("bob's gpumem ls shows alice's %q:\n%s", leak, stdout)
 			}
 		}
 	})
