@@ -46,6 +46,15 @@ def server_view(history, own_kernels, paths):
         for idx, b in _bytes_on(p.get("per_gpu")).items():
             u["bytes"] += b
             u["per_gpu"][idx] = u["per_gpu"].get(idx, 0) + b
+    # Other users' totals, when the daemon shows this server's user only
+    # their own notebooks (shared mode).
+    for t in history.get("users") or []:
+        u = other(t.get("user") or "unknown")
+        u["notebooks"] += int(t.get("notebooks", 0))
+        u["processes"] += int(t.get("other_processes", 0))
+        u["bytes"] += int(t.get("gpu_memory_bytes", 0))
+        for idx, b in _bytes_on(t.get("per_gpu")).items():
+            u["per_gpu"][idx] = u["per_gpu"].get(idx, 0) + b
     users = sorted(others.values(), key=lambda u: (-u["bytes"], u["user"]))
     for u in users:
         u["per_gpu"] = [{"index": i, "bytes": b} for i, b in sorted(u["per_gpu"].items())]

@@ -56,6 +56,9 @@ type HistoryResponse struct {
 	Events    []history.Event    `json:"events"`
 	LastEvent uint64             `json:"last_event"`
 	Report    attribution.Report `json:"report"`
+	// Users are the other users' totals, for a caller who may not see their
+	// notebooks (shared mode); absent for admins, whose Report has them all.
+	Users []UserUsage `json:"users,omitempty"`
 }
 
 // HistorySeries is one series' points, [unix seconds, bytes] each.
@@ -68,7 +71,7 @@ type HistorySeries struct {
 
 // extraRoutes adds the endpoints of the optional backend interfaces.
 func (s *Server) extraRoutes(route func(string, access, func(http.ResponseWriter, *http.Request, caller)), allow map[string]string) {
-	route("GET /api/v1/history", accessAdmin, s.serveHistory)
+	route("GET /api/v1/history", accessUser, s.serveHistory)
 	route("GET /api/v1/kernels/{id}/vars", accessOwnKernel, s.kernelQuery(func(b KernelQueryBackend, ctx context.Context, id string, r *http.Request) (json.RawMessage, error) {
 		return b.KernelVars(ctx, id, r.URL.Query().Get("all_devices") == "1")
 	}))
@@ -80,7 +83,7 @@ func (s *Server) extraRoutes(route func(string, access, func(http.ResponseWriter
 	allow["/api/v1/kernels/{id}/summary"] = "GET, HEAD"
 }
 
-func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, _ caller) {
+func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, c caller) {
 	hb, ok := s.backend.(HistoryBackend)
 	if !ok {
 		s.writeError(w, r, http.StatusNotFound, "this daemon keeps no history")
@@ -107,7 +110,41 @@ func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, _ caller) 
 		s.writeError(w, r, http.StatusServiceUnavailable, fmt.Sprintf("history: %v", err))
 		return
 	}
+	if c.role == roleUser {
+		resp = userHistory(resp, c.user)
+	}
 	s.writeJSON(w, r, http.StatusOK, resp)
+}
+
+// userHistory is what a user who is not an admin may see of the history:
+// their own notebooks, series and events, the GPUs, and every other user
+// only as a total (as GET /api/v1/users gives).
+func userHistory(resp HistoryResponse, user string) HistoryResponse {
+	for _, u := range SummarizeUsers(resp.Report) {
+		if u.User != user {
+			resp.Users = append(resp.Users, u)
+		}
+	}
+	resp.Report = ownView(resp.Report, user)
+	own := map[string]bool{}
+	for _, nb := range resp.Report.Notebooks {
+		own[nb.KernelID] = true
+	}
+	series := []HistorySeries{}
+	for _, sr := range resp.Notebooks {
+		if own[sr.ID] {
+			series = append(series, sr)
+		}
+	}
+	resp.Notebooks = series
+	events := []history.Event{}
+	for _, e := range resp.Events {
+		if own[e.KernelID] {
+			events = append(events, e)
+		}
+	}
+	resp.Events = events
+	return resp
 }
 
 func (s *Server) kernelQuery(f func(KernelQueryBackend, context.Context, string, *http.Request) (json.RawMessage, error)) func(http.ResponseWriter, *http.Request, caller) {

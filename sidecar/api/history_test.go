@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/gpumem/gpumem/sidecar/history"
 )
 
 // historyBackend adds the optional history and kernel-query interfaces.
@@ -104,5 +106,41 @@ func TestHistoryWithoutBackendSupport(t *testing.T) {
 		if status, body := rawGet(t, ts.path, "GET", p); status != 404 {
 			t.Errorf("GET %s = %d %s, want 404", p, status, body)
 		}
+	}
+}
+
+func TestUserHistory(t *testing.T) {
+	rep := testReport()
+	if len(rep.Notebooks) < 2 || rep.Notebooks[0].User == rep.Notebooks[1].User {
+		t.Fatalf("testReport needs notebooks of two users: %+v", rep.Notebooks)
+	}
+	me, them := rep.Notebooks[0], rep.Notebooks[1]
+	resp := HistoryResponse{
+		Report:    rep,
+		Notebooks: []HistorySeries{{ID: me.KernelID}, {ID: them.KernelID}},
+		Events:    []history.Event{{Seq: 1, KernelID: them.KernelID}, {Seq: 2, KernelID: me.KernelID}},
+	}
+	got := userHistory(resp, me.User)
+	for _, nb := range got.Report.Notebooks {
+		if nb.User != me.User {
+			t.Errorf("user %s sees notebook %s of %s", me.User, nb.KernelID, nb.User)
+		}
+	}
+	if len(got.Notebooks) != 1 || got.Notebooks[0].ID != me.KernelID {
+		t.Errorf("series = %+v, want only %s", got.Notebooks, me.KernelID)
+	}
+	if len(got.Events) != 1 || got.Events[0].Seq != 2 {
+		t.Errorf("events = %+v, want only seq 2", got.Events)
+	}
+	for _, u := range got.Users {
+		if u.User == me.User {
+			t.Errorf("the caller's own user is among the others: %+v", got.Users)
+		}
+	}
+	if len(got.Users) == 0 {
+		t.Errorf("no other user's total")
+	}
+	if strings.Contains(fmt.Sprint(got.Report), them.KernelID) {
+		t.Errorf("another user's kernel id %s reached the caller", them.KernelID)
 	}
 }
