@@ -128,7 +128,7 @@ class Server:
         wait_for(
             f"{app} on {self.url}",
             lambda: self.get("api/status").status_code == 200,
-            timeout=90,
+            timeout=180,  # a loaded 2-core CI machine starts JupyterLab slowly
         )
 
     def headers(self):
@@ -278,7 +278,7 @@ class Stack:
         ) as c:
             return c.get(path)
 
-    def kernel_pid(self, kernel_id, timeout=60):
+    def kernel_pid(self, kernel_id, timeout=120):
         """The kernel's pid as the daemon found it (the owner of its shell port)."""
 
         def find():
