@@ -99,12 +99,12 @@ export class GpuPanel extends Widget {
     if (!state) {
       this._status.textContent = this._source.unavailable ?? 'Waiting for gpumem serve…';
       this._status.hidden = false;
-      this._gpus.hidden = this._notebooks.hidden = this._others.hidden = true;
+      this._gpus.hidden = this._notebooks.hidden = this._others.hidden = this._vars.hidden = true;
       return;
     }
     this._status.hidden = state.warnings.length === 0;
     this._status.textContent = state.warnings.join('; ');
-    this._gpus.hidden = this._notebooks.hidden = this._others.hidden = false;
+    this._gpus.hidden = this._notebooks.hidden = this._others.hidden = this._vars.hidden = false;
     this._renderGPUs(state);
     this._renderNotebooks(state);
     this._renderOthers(state);
