@@ -654,7 +654,7 @@ func (c *Client) roundTrip(ctx context.Context, control bool, msgType string, co
 			return nil, fmt.Errorf("%s: %w", msgType, ErrClosed)
 		}
 		c.mu.Lock()
-		g, ready, stopErr := c.gen, c.ready, c.stopErr
+		g, ready := c.gen, c.ready
 		c.mu.Unlock()
 		if g != nil {
 			return c.roundTripOn(ctx, g, control, msgType, content)
@@ -665,7 +665,7 @@ func (c *Client) roundTrip(ctx context.Context, control bool, msgType string, co
 			return nil, fmt.Errorf("%s: %w (%w)", msgType, ErrNotConnected, ctx.Err())
 		case <-c.stopped:
 			c.mu.Lock()
-			stopErr = c.stopErr
+			stopErr := c.stopErr
 			c.mu.Unlock()
 			return nil, fmt.Errorf("%s: %w: %w", msgType, ErrClosed, stopErr)
 		case <-c.ctx.Done():

@@ -19,10 +19,33 @@ cd "$(dirname "$0")/.."
 
 . scripts/lib.sh
 install_missing python3-ipykernel python3-jupyter-client jupyter-notebook python3-jupyter-server python3-torch python3-nbclient python3-venv
+# --- Prometheus and JupyterHub (tests/prometheus, tests/hub): Debian's
+# prometheus gives the server the end-to-end test runs on 127.0.0.1 and
+# promtool for the rule unit tests. The tests start the binary themselves on a
+# random port with temporary dirs; they never use the package's service.
+install_missing prometheus
+# tests/hub: configurable-http-proxy for the real JupyterHub (JupyterHub itself
+# comes with .venv/current from requirements/current.txt).
+(cd tests/hub && npm ci --no-audit --no-fund --silent)
+# --- end Prometheus and JupyterHub
 command -v go >/dev/null || { echo "go not found: install Go 1.26 or newer"; exit 1; }
 command -v gcc >/dev/null || { echo "gcc not found (cgo builds the NVML bindings): apt-get install gcc"; exit 1; }
 make_venv current requirements/current.txt
 make_venv ipykernel6 requirements/ipykernel6.txt
+
+# go-nvml's cgo bindings wrap every NVML function, the deprecated ones too,
+# and gcc warns about each (about 30 lines, none about gpumem's own code):
+# keep the build quiet.
+export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations"
+
+# --- static checks (gofmt, staticcheck, ruff) and the injected Python's unit tests ---
+unformatted=$(gofmt -l .)
+[ -z "$unformatted" ] || { printf 'gofmt -l lists files that need `gofmt -w`:\n%s\n' "$unformatted"; exit 1; }
+go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+[ -x .venv/current/bin/ruff ] || { echo ".venv/current has no ruff: build it with make_venv current requirements/current.txt"; exit 1; }
+.venv/current/bin/ruff check .
+.venv/current/bin/python -m pytest -q -p no:cacheprovider magics/py/tests
+# --- end of static checks ---
 
 go vet ./...
 

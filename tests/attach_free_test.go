@@ -18,7 +18,7 @@ import (
 )
 
 // gpumemMIME is the mime type under which the magics display their data
-// (magics/gpumem_magics.py MIME).
+// (MIME in magics/py/gpumem_magics/state.py).
 const gpumemMIME = "application/vnd.gpumem.v1+json"
 
 // TestAttach is `gpumem attach KERNEL` (issue 4, point 2) against a real

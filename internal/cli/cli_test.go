@@ -67,6 +67,19 @@ func TestWriteLsGolden(t *testing.T) {
 	golden(t, "ls_empty.txt", b.Bytes())
 }
 
+func TestWriteIdleGolden(t *testing.T) {
+	now := time.Date(2026, 11, 30, 14, 0, 0, 0, time.UTC)
+	rep := sampleReport()
+	rep.Notebooks[0].Activity = &attribution.Activity{ExecutionState: "idle", LastActivity: now.Add(-3 * time.Hour),
+		IdleSeconds: 3 * 3600, CullAt: now.Add(5 * time.Minute), CullAction: "shutdown"}
+	rep.Notebooks[1].Activity = &attribution.Activity{ExecutionState: "busy", LastActivity: now}
+	var b bytes.Buffer
+	if err := writeIdle(&b, rep, now); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "ls_idle.txt", b.Bytes())
+}
+
 func TestWriteKernelTableGolden(t *testing.T) {
 	var b bytes.Buffer
 	rows := []kernelRow{
@@ -78,15 +91,6 @@ func TestWriteKernelTableGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	golden(t, "kernels.txt", b.Bytes())
-}
-
-func TestHumanBytes(t *testing.T) {
-	for in, want := range map[uint64]string{0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 1536: "1.5 KiB",
-		10*gib + gib/5: "10.2 GiB", 3 << 40: "3.0 TiB"} {
-		if got := HumanBytes(in); got != want {
-			t.Errorf("HumanBytes(%d) = %q, want %q", in, got, want)
-		}
-	}
 }
 
 func TestWatchFlag(t *testing.T) {

@@ -10,7 +10,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/nvml"
+	"github.com/gpumem/gpumem/nvml/driver"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/procs"
@@ -50,8 +52,9 @@ func (w *watchFlag) Set(v string) error {
 }
 
 func runLs(ctx context.Context, env Env, args []string) error {
-	fs := newFlagSet(env, "ls", "[--json] [--watch[=INTERVAL]] [--runtime-dir DIR ...]")
+	fs := newFlagSet(env, "ls", "[--json] [--idle] [--watch[=INTERVAL]] [--runtime-dir DIR ...]")
 	asJSON := fs.Bool("json", false, "print JSON")
+	idle := fs.Bool("idle", false, "idle GPU holders: each kernel's idle time (its server's last_activity) beside its GPU memory, largest first")
 	var watch watchFlag
 	fs.Var(&watch, "watch", "redraw every INTERVAL (default 2s) until Ctrl-C")
 	var dirs stringList
@@ -81,8 +84,11 @@ func runLs(ctx context.Context, env Env, args []string) error {
 		for _, w := range rep.Warnings {
 			fmt.Fprintf(env.Stderr, "gpumem: %s\n", w)
 		}
-		if *asJSON {
+		switch {
+		case *asJSON:
 			return writeJSON(env.Stdout, rep)
+		case *idle:
+			return writeIdle(env.Stdout, rep, time.Now())
 		}
 		return writeLs(env.Stdout, rep)
 	}
@@ -102,7 +108,9 @@ func runLs(ctx context.Context, env Env, args []string) error {
 			// Home the cursor and clear, as watch(1) does, in one write.
 			b.WriteString("\x1b[H\x1b[2J")
 			fmt.Fprintf(&b, "Every %v: gpumem ls    %s\n\n", watch.interval, time.Now().Format("2006-01-02 15:04:05"))
-			if err == nil {
+			if err == nil && *idle {
+				_ = writeIdle(&b, rep, time.Now())
+			} else if err == nil {
 				_ = writeLs(&b, rep)
 			}
 		}
@@ -174,7 +182,7 @@ func newLsSampler(env Env, dirs []string) (*lsSampler, error) {
 	s := &lsSampler{env: env, dirs: dirs, fs: env.procFS(), opened: make(chan struct{})}
 	go func() {
 		defer close(s.opened)
-		s.gpus, s.openErr = nvml.Open(nvml.Options{FakeGPUFile: env.getenv("GPUMEM_FAKE_GPU")})
+		s.gpus, s.openErr = driver.Open(driver.Options{FakeGPUFile: env.getenv("GPUMEM_FAKE_GPU")})
 	}()
 	return s, nil
 }
@@ -219,6 +227,18 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 		return attribution.Report{}, err
 	}
 	rep := obs.Report
+	now := time.Now()
+	for i := range rep.Notebooks {
+		for _, k := range res.Kernels {
+			if k.ID == rep.Notebooks[i].KernelID && k.Server.URL != "" && !k.LastActivity.IsZero() {
+				a := &attribution.Activity{ExecutionState: k.ExecutionState, LastActivity: k.LastActivity}
+				if k.ExecutionState == "idle" {
+					a.IdleSeconds = now.Sub(k.LastActivity).Seconds()
+				}
+				rep.Notebooks[i].Activity = a
+			}
+		}
+	}
 	for _, p := range res.Problems {
 		rep.Warnings = append(rep.Warnings, p.Error())
 	}
@@ -241,7 +261,7 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 			pct = 100 * float64(g.MemoryUsedBytes) / float64(g.MemoryTotalBytes)
 		}
 		fmt.Fprintf(w, "GPU %d  %s%s  %s / %s used (%.0f%%)\n", g.Index, g.Name, sim,
-			HumanBytes(g.MemoryUsedBytes), HumanBytes(g.MemoryTotalBytes), pct)
+			units.Bytes(g.MemoryUsedBytes), units.Bytes(g.MemoryTotalBytes), pct)
 		type row struct {
 			cols  string
 			bytes uint64
@@ -254,13 +274,13 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 					name = "(no notebook)"
 				}
 				rows = append(rows, row{fmt.Sprintf("  %s\t%s\t%s\t%s\t%s", name, shortID(nb.KernelID),
-					joinPIDs(nb.PIDs), orDash(nb.User), HumanBytes(b)), b})
+					joinPIDs(nb.PIDs), orDash(nb.User), units.Bytes(b)), b})
 			}
 		}
 		for _, o := range rep.Other {
 			if b, ok := onGPU(o.PerGPU, g.Index); ok {
 				others = append(others, row{fmt.Sprintf("  other: %s\t-\t%d\t%s\t%s", truncate(o.Command, 60), o.PID,
-					orDash(o.User), HumanBytes(b)), b})
+					orDash(o.User), units.Bytes(b)), b})
 			}
 		}
 		bySize := func(r []row) {
@@ -278,7 +298,7 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 				return err
 			}
 		}
-		fmt.Fprintf(w, "  notebooks %s, other %s, free %s\n\n", HumanBytes(g.NotebookBytes), HumanBytes(g.OtherBytes), HumanBytes(g.FreeBytes))
+		fmt.Fprintf(w, "  notebooks %s, other %s, free %s\n\n", units.Bytes(g.NotebookBytes), units.Bytes(g.OtherBytes), units.Bytes(g.FreeBytes))
 	}
 	var idle []string
 	for _, nb := range rep.Notebooks {
@@ -294,6 +314,34 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 		fmt.Fprintf(w, "Kernels without GPU memory: %s\n", strings.Join(idle, ", "))
 	}
 	return nil
+}
+
+// writeIdle renders each kernel's activity beside its GPU memory, largest
+// holder first: who sits on GPU memory without using it.
+func writeIdle(w io.Writer, rep attribution.Report, now time.Time) error {
+	nbs := append([]attribution.Notebook(nil), rep.Notebooks...)
+	sort.SliceStable(nbs, func(i, j int) bool { return nbs[i].GPUMemoryBytes > nbs[j].GPUMemoryBytes })
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NOTEBOOK\tKERNEL\tUSER\tSTATE\tIDLE\tMEMORY\tCULL")
+	for _, nb := range nbs {
+		name := nb.Notebook
+		if name == "" {
+			name = "(no notebook)"
+		}
+		state, idleFor, cull := "unknown (no server)", "-", "-"
+		if a := nb.Activity; a != nil {
+			state = a.ExecutionState
+			if a.ExecutionState == "idle" {
+				idleFor = (time.Duration(a.IdleSeconds) * time.Second).String()
+			}
+			if !a.CullAt.IsZero() {
+				cull = fmt.Sprintf("%s in %s", a.CullAction, a.CullAt.Sub(now).Round(time.Second))
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, shortID(nb.KernelID), orDash(nb.User), state, idleFor,
+			units.Bytes(nb.GPUMemoryBytes), cull)
+	}
+	return tw.Flush()
 }
 
 func onGPU(per []attribution.GPUBytes, index int) (uint64, bool) {
@@ -329,18 +377,4 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return string(r[:n-1]) + "…"
-}
-
-// HumanBytes renders bytes in binary units: 512 B, 1.5 KiB, 10.2 GiB.
-func HumanBytes(b uint64) string {
-	const unit = 1024
-	if b < unit {
-		return fmt.Sprintf("%d B", b)
-	}
-	div, exp := uint64(unit), 0
-	for n := b / unit; n >= unit && exp < 4; n /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTP"[exp])
 }

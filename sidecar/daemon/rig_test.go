@@ -82,7 +82,7 @@ func newRig(t *testing.T, cfg Config) *rig {
 	}
 	r.setProcs(procstest.Proc{PID: 1, PPID: 0, PGID: 1, SID: 1, Start: 1, Comm: "init", Argv: []string{"/sbin/init"}})
 	r.setGPU()
-	gpus, err := nvml.Open(nvml.Options{FakeGPUFile: r.gpuFile})
+	gpus, err := nvml.OpenSimulated(r.gpuFile)
 	if err != nil {
 		t.Fatal(err)
 	}

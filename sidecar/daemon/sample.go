@@ -85,6 +85,7 @@ func (d *Daemon) sample(ctx context.Context) {
 		d.resolveKernelProcesses(ctx, unknown)
 	}
 
+	culls := d.cull(ctx, &rep)
 	elapsed := time.Since(start)
 	d.mu.Lock()
 	attached := 0
@@ -96,7 +97,7 @@ func (d *Daemon) sample(ctx context.Context) {
 	d.last = metrics.Snapshot{Report: rep, AttachedKernels: attached, SampleDuration: elapsed,
 		SampleSuccess: true, SampledAt: time.Now(), AlertThreshold: d.cfg.AlertThreshold}
 	d.mu.Unlock()
-	d.checkAlerts(rep)
+	d.checkAlerts(rep, culls)
 }
 
 // resolveKernelProcesses finds the process of kernels whose process is not

@@ -23,7 +23,7 @@ import (
 
 	"github.com/gpumem/gpumem/internal/cli"
 	"github.com/gpumem/gpumem/internal/testenv"
-	"github.com/gpumem/gpumem/nvml"
+	"github.com/gpumem/gpumem/nvml/driver"
 	"github.com/gpumem/gpumem/protocol"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/discovery"
@@ -216,7 +216,7 @@ func BenchmarkPhases20Kernels(b *testing.B) {
 	})
 	b.Run("ls_sample_and_attribute", func(b *testing.B) { // what ls adds after discovery
 		for b.Loop() {
-			src, err := nvml.Open(nvml.Options{FakeGPUFile: fake})
+			src, err := driver.Open(driver.Options{FakeGPUFile: fake})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -3,7 +3,7 @@
 // demand), a real Notebook 6 server, real ipykernel kernels and a
 // simulated-GPU file (GPUMEM_FAKE_GPU) listing their real pids.
 //
-// Run (about 4 minutes on a 2-core machine; results in BENCH_RESULTS.txt):
+// Run (about 4 minutes on a 2-core machine; results in docs/benchmarks/daemon.txt):
 //
 //	go test ./tests/daemonbench/ -run '^$' -bench . -benchtime 1x -timeout 30m
 //
@@ -362,7 +362,7 @@ func BenchmarkKernelStartToMagic(b *testing.B) {
 		total += n
 	}
 	b.ReportMetric(float64(total)/float64(len(retries)), "failed-attaches/kernel")
-	// A live kernel taken for shut down: see BENCH_RESULTS.txt.
+	// A live kernel taken for shut down: see docs/benchmarks/daemon.txt.
 	b.ReportMetric(float64(falseShutdowns), "false-shutdowns")
 }
 
@@ -417,7 +417,7 @@ func BenchmarkRestartOrphansGone(b *testing.B) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			r, err := c.Execute(ctx, "import subprocess, sys\n"+
 				"_w = subprocess.Popen([sys.executable, '-c', "+strconv.Quote(children[kind])+"], start_new_session=True)",
-				protocol.ExecuteOptions{Raw: true, UserExpressions: map[string]string{"pid": "_w.pid"}})
+				protocol.ExecuteOptions{UserExpressions: map[string]string{"pid": "_w.pid"}})
 			cancel()
 			if err != nil || r.Status != "ok" {
 				b.Fatalf("starting the child: %v %+v", err, r)

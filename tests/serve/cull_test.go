@@ -72,9 +72,9 @@ func TestServeKeepsIdleCulling(t *testing.T) {
 		return m.ExecutionState == "idle"
 	})
 
-	d := startDaemon(t, srv, newFakeGPU(t))
+	d := startDaemon(t, srv, testenv.NewFakeGPU(t))
 	testenv.Poll(t, 30*time.Second, "the daemon to inject the magics", func() bool {
-		_, ok := d.findLog("magics injected", map[string]any{"kernel_id": id})
+		_, ok := d.FindLog("magics injected", map[string]any{"kernel_id": id})
 		return ok
 	})
 	// The inject's idle status reaches the server right after its reply.
@@ -110,8 +110,8 @@ func TestServeKeepsIdleCulling(t *testing.T) {
 		}
 		return false
 	})
-	if _, ok := d.findLog("magics injected", map[string]any{"kernel_id": id}); !ok || d.exited() {
-		t.Fatalf("the daemon was not attached all along\n%s", d.output())
+	if _, ok := d.FindLog("magics injected", map[string]any{"kernel_id": id}); !ok || d.Exited() {
+		t.Fatalf("the daemon was not attached all along\n%s", d.Output())
 	}
 	waited := culled.Sub(last)
 	t.Logf("culled %v after the last activity (cull_idle_timeout %v, cull_interval %v; %d samples, all idle)", waited.Round(10*time.Millisecond), idle, interval, samples)
@@ -130,7 +130,7 @@ func TestServeKeepsIdleCulling(t *testing.T) {
 func TestServeBusyOnlyWhileFreeing(t *testing.T) {
 	testenv.Require(t, "notebook", "ipykernel")
 	srv := testenv.StartServer(t, testenv.NotebookServer())
-	gpu := newFakeGPU(t)
+	gpu := testenv.NewFakeGPU(t)
 	d := startDaemon(t, srv, gpu)
 	nb := openNotebook(t, srv, "busy.ipynb")
 	nb.waitMagic(t, 30*time.Second)
@@ -158,7 +158,7 @@ func TestServeBusyOnlyWhileFreeing(t *testing.T) {
 	freeStart = time.Now()
 	go func() {
 		cmd := exec.Command(gpumemBin, "free", id)
-		cmd.Env = testenv.Env(srv.Dir, "GPUMEM_FAKE_GPU="+gpu.path)
+		cmd.Env = testenv.Env(srv.Dir, "GPUMEM_FAKE_GPU="+gpu.Path)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			err = fmt.Errorf("%w: %s", err, out)
@@ -200,7 +200,7 @@ func TestServeBusyOnlyWhileFreeing(t *testing.T) {
 		t.Errorf("state %q a second after the free", last.state)
 	}
 	t.Logf("gpumem free took %v; %d of %d samples busy, all during it", freeEnd.Sub(freeStart).Round(time.Millisecond), busy, len(samples))
-	if d.exited() {
-		t.Fatalf("daemon exited\n%s", d.output())
+	if d.Exited() {
+		t.Fatalf("daemon exited\n%s", d.Output())
 	}
 }

@@ -64,7 +64,7 @@ func TestLeaksNotebookWithServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	srvLike := &testenv.Server{Dir: dir}
-	d := startDaemon(t, srvLike, newFakeGPU(t))
+	d := startDaemon(t, srvLike, testenv.NewFakeGPU(t))
 
 	goFile, outPath := filepath.Join(dir, "go"), filepath.Join(dir, "executed.ipynb")
 	p := testenv.Start(t, testenv.Env(dir), dir, testenv.Python(), "-c", runNotebookPy, nbPath, runtime, goFile, outPath)
@@ -81,7 +81,7 @@ func TestLeaksNotebookWithServe(t *testing.T) {
 		return false
 	})
 	testenv.Poll(t, 60*time.Second, "gpumem serve to inject the magics into the job's kernel", func() bool {
-		_, ok := d.findLog("magics injected", map[string]any{"kernel_id": kid})
+		_, ok := d.FindLog("magics injected", map[string]any{"kernel_id": kid})
 		return ok
 	})
 	if err := os.WriteFile(goFile, nil, 0o600); err != nil {

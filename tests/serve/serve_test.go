@@ -93,12 +93,12 @@ func startUnrelated(t *testing.T) *exec.Cmd {
 }
 
 // waitNotebookHas polls the daemon's API until the notebook lists pid.
-func waitNotebookHas(t *testing.T, d *daemon, kernelID string, pid int) {
+func waitNotebookHas(t *testing.T, d *testenv.Daemon, kernelID string, pid int) {
 	t.Helper()
 	testenv.Poll(t, 15*time.Second, "daemon attributes pid "+strconv.Itoa(pid)+" to kernel "+kernelID, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		rep, err := d.client.Notebooks(ctx)
+		rep, err := d.Client.Notebooks(ctx)
 		if err != nil {
 			return false
 		}
@@ -119,10 +119,10 @@ func waitNotebookHas(t *testing.T, d *daemon, kernelID string, pid int) {
 func TestServeInjectsNewKernels(t *testing.T) {
 	testenv.Require(t, "notebook", "ipykernel")
 	srv := testenv.StartServer(t, testenv.NotebookServer())
-	gpu := newFakeGPU(t)
+	gpu := testenv.NewFakeGPU(t)
 	d := startDaemon(t, srv, gpu)
-	if fi, err := os.Stat(d.socket); err != nil || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("socket %s: %v, mode %v; want 0600", d.socket, err, fi.Mode().Perm())
+	if fi, err := os.Stat(d.Socket); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket %s: %v, mode %v; want 0600", d.Socket, err, fi.Mode().Perm())
 	}
 
 	nb := openNotebook(t, srv, "projects/train.ipynb")
@@ -133,7 +133,7 @@ func TestServeInjectsNewKernels(t *testing.T) {
 	if r.Status() != "ok" || !strings.Contains(r.Text(), "GPU") {
 		t.Fatalf("%%gpumem: status %s, output:\n%s", r.Status(), r.Text())
 	}
-	if _, ok := d.findLog("magics injected", map[string]any{"kernel_id": nb.sess.Kernel.ID}); !ok {
+	if _, ok := d.FindLog("magics injected", map[string]any{"kernel_id": nb.sess.Kernel.ID}); !ok {
 		t.Errorf("no 'magics injected' log for %s", nb.sess.Kernel.ID)
 	}
 
@@ -180,13 +180,13 @@ func TestServeReclaimsOrphans(t *testing.T) {
 	for _, how := range []string{"restart", "shutdown"} {
 		t.Run(how, func(t *testing.T) {
 			srv := testenv.StartServer(t, testenv.NotebookServer())
-			gpu := newFakeGPU(t)
+			gpu := testenv.NewFakeGPU(t)
 			d := startDaemon(t, srv, gpu)
 			nb := openNotebook(t, srv, "work/"+how+".ipynb")
 			nb.waitMagic(t, 10*time.Second)
 			orphan := nb.startOrphanable(t)
 			other := startUnrelated(t)
-			gpu.set(t, fakeProc{nb.pid, 600 << 20}, fakeProc{orphan, 3 << 30}, fakeProc{other.Process.Pid, 5 << 30})
+			gpu.Set(t, testenv.FakeProc{PID: nb.pid, UsedBytes: 600 << 20}, testenv.FakeProc{PID: orphan, UsedBytes: 3 << 30}, testenv.FakeProc{PID: other.Process.Pid, UsedBytes: 5 << 30})
 			waitNotebookHas(t, d, nb.sess.Kernel.ID, orphan)
 
 			start := time.Now()
@@ -198,7 +198,7 @@ func TestServeReclaimsOrphans(t *testing.T) {
 			}
 			testenv.Poll(t, 5*time.Second, "orphan "+strconv.Itoa(orphan)+" ended", func() bool { return !alive(orphan) })
 			t.Logf("orphan gone %v after the %s request", time.Since(start), how)
-			if _, ok := d.findLog("ending orphan that holds GPU memory (SIGTERM)", map[string]any{"pid": orphan, "after": how}); !ok {
+			if _, ok := d.FindLog("ending orphan that holds GPU memory (SIGTERM)", map[string]any{"pid": orphan, "after": how}); !ok {
 				t.Errorf("no log of ending orphan %d", orphan)
 			}
 			if !alive(other.Process.Pid) {
