@@ -10,7 +10,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 
 import { freeCache } from './api';
 import { reclaimMessage } from './format';
-import { alerts, newAlerts } from './model';
+import { alerts, cullWarnings, newAlerts } from './model';
 import { GpuPanel } from './panel';
 import { StateSource } from './source';
 import { GpuStatusItem } from './statusbar';
@@ -81,6 +81,21 @@ const plugin: JupyterFrontEndPlugin<void> = {
             ]
           : [];
         Notification.warning(a.message, { autoClose: false, actions });
+      }
+    });
+    // GPU-aware culling's warnings for this server's idle notebooks: each
+    // shown once; running a cell cancels it (the daemon drops it).
+    const warned = new Set<string>();
+    source.changed.connect(() => {
+      const state = source.state;
+      if (!state) {
+        return;
+      }
+      for (const w of cullWarnings(state)) {
+        if (!warned.has(w.key)) {
+          warned.add(w.key);
+          Notification.warning(w.message, { autoClose: false });
+        }
       }
     });
     // Orphans the daemon ended after a restart or shutdown.

@@ -2,6 +2,8 @@ import { describe, expect, it } from 'vitest';
 
 import {
   alerts,
+  cullWarnings,
+  formatDuration,
   frameworkLines,
   History,
   mainGPU,
@@ -167,5 +169,32 @@ describe('labels, tooltip, frameworks, vars', () => {
     expect(rows.map(r => r.name)).toEqual(['Out[3]', 'a']);
     expect(rows[0].hidden).toBe(true);
     expect(varRows({})).toEqual([]);
+  });
+});
+
+describe('cullWarnings', () => {
+  it('names the notebook, its memory, its idle time and the plan; keyed per warning', () => {
+    const a = nb('train', 12 * GiB);
+    a.activity = {
+      execution_state: 'idle',
+      last_activity: '2026-11-30T11:00:00Z',
+      idle_seconds: 3 * 3600 + 300,
+      cull_at: '2026-11-30T14:05:00Z',
+      cull_action: 'shutdown'
+    };
+    const b = nb('busy', 4 * GiB);
+    b.activity = { execution_state: 'busy', last_activity: '2026-11-30T14:00:00Z', idle_seconds: 0 };
+    const w = cullWarnings(state({ notebooks: [a, b] }));
+    expect(w).toHaveLength(1);
+    expect(w[0].kernelId).toBe('train');
+    expect(w[0].key).toBe('train@2026-11-30T14:05:00Z');
+    expect(w[0].message).toContain('holds 12');
+    expect(w[0].message).toContain('idle 3 h 5 min');
+    expect(w[0].message).toContain('will be shut down at');
+  });
+  it('formats durations', () => {
+    expect(formatDuration(40)).toBe('40 s');
+    expect(formatDuration(720)).toBe('12 min');
+    expect(formatDuration(7200)).toBe('2 h');
   });
 });

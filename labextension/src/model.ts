@@ -33,6 +33,16 @@ export interface Notebook {
   peak_bytes?: number;
   per_gpu: GPUBytes[];
   processes: { pid: number; per_gpu: GPUBytes[] }[];
+  /** The kernel's server's view of its activity, and any planned cull. */
+  activity?: Activity;
+}
+
+export interface Activity {
+  execution_state: string;
+  last_activity: string;
+  idle_seconds: number;
+  cull_at?: string;
+  cull_action?: string;
 }
 
 export interface OtherUser {
@@ -353,4 +363,56 @@ export function varRows(vars: unknown): VarRow[] {
       hidden: Boolean(r.hidden)
     }))
     .sort((a, b) => b.bytes - a.bytes);
+}
+
+export interface CullWarning {
+  key: string;
+  kernelId: string;
+  message: string;
+}
+
+const cullVerbs: Record<string, string> = {
+  report: 'be reported as an idle GPU holder',
+  free: 'have its GPU caches freed',
+  shutdown: 'be shut down'
+};
+
+/**
+ * The warnings gpumem serve's GPU-aware culling stands for this server's
+ * notebooks: idle kernels holding GPU memory, and what will be done when.
+ * key changes with each warning, so a caller shows each one once.
+ */
+export function cullWarnings(state: State): CullWarning[] {
+  const out: CullWarning[] = [];
+  for (const nb of state.notebooks) {
+    const a = nb.activity;
+    if (!a?.cull_at) {
+      continue;
+    }
+    const at = new Date(a.cull_at);
+    const idle = formatDuration(a.idle_seconds);
+    const verb = cullVerbs[a.cull_action ?? ''] ?? 'be culled';
+    out.push({
+      key: `${nb.kernel_id}@${a.cull_at}`,
+      kernelId: nb.kernel_id,
+      message:
+        `${notebookLabel(nb)} holds ${formatBytes(nb.gpu_memory_bytes)} and has been idle ${idle}; ` +
+        `it will ${verb} at ${at.toLocaleTimeString()} unless used.`
+    });
+  }
+  return out;
+}
+
+/** A duration for people: "3 h 5 min", "12 min", "40 s". */
+export function formatDuration(seconds: number): string {
+  const s = Math.max(0, Math.round(seconds));
+  const h = Math.floor(s / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  if (h > 0) {
+    return m > 0 ? `${h} h ${m} min` : `${h} h`;
+  }
+  if (m > 0) {
+    return `${m} min`;
+  }
+  return `${s} s`;
 }
