@@ -28,10 +28,14 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	reclaim := fs.Bool("reclaim", true, "end orphans of a restarted or shut-down kernel that still hold GPU memory (false: only report them)")
 	grace := fs.Duration("reclaim-grace", 5*time.Second, "time between SIGTERM and SIGKILL when reclaiming")
 	allUsers := fs.Bool("reclaim-all-users", false, "as root, also reclaim other users' orphans")
+	everyUser := fs.Bool("all-users", false, "as root, find and watch every user's kernels (their runtime dirs, kernel processes, Jupyter servers); rescans every 2s unless --rescan says otherwise")
+	var onlyUsers stringList
+	fs.Var(&onlyUsers, "users", "with --all-users, only this user's kernels (repeatable)")
 	socket := fs.String("socket", "", "the local API's unix socket (default gpumem.sock in the runtime dir)")
 	socketMode := fs.String("socket-mode", "private", "private (0600, this user only) or shared (0666, callers identified by SO_PEERCRED)")
 	listen := fs.String("listen", "", "serve Prometheus /metrics on this address (e.g. 127.0.0.1:9464)")
 	allowRemote := fs.Bool("listen-allow-remote", false, "allow --listen on an address that is not loopback")
+	notebookLabel := fs.Bool("metrics-notebook-label", true, "export per-notebook series (kernel_id, notebook labels); false keeps only per-user series, for large fleets")
 	threshold := fs.Float64("alert-threshold", 0.8, "warn when a GPU's used memory passes this fraction of its total (0 disables)")
 	noNotebookAlerts := fs.Bool("no-notebook-alerts", false, "don't print alerts in notebooks")
 	noInject := fs.Bool("no-inject", false, "don't inject the %gpumem magics into kernels")
@@ -45,6 +49,12 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if len(onlyUsers) > 0 && !*everyUser {
+		return fmt.Errorf("%w: --users limits --all-users: give --all-users too", errUsage)
+	}
+	if *everyUser && !flagGiven(fs, "rescan") {
+		*rescan = 2 * time.Second // a user who logs in is served within 5 s
 	}
 	mode, err := api.ParseMode(*socketMode)
 	if err != nil {
@@ -81,6 +91,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	}
 	defer gpus.Close()
 	proc := env.procFS()
+	userDirs := allUserDirs(*everyUser, onlyUsers, proc)
 	d, err := daemon.New(daemon.Config{
 		RuntimeDirs:        runtimeDirs,
 		Interval:           *interval,
@@ -88,15 +99,17 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		Reclaim:            *reclaim,
 		ReclaimGrace:       *grace,
 		ReclaimAllUsers:    *allUsers,
+		AllUsers:           *everyUser,
 		SocketPath:         sock,
 		SocketMode:         mode,
 		MetricsAddr:        *listen,
 		MetricsAllowRemote: *allowRemote,
+		MetricsNoNotebook:  !*notebookLabel,
 		AlertThreshold:     *threshold,
 		NotebookAlerts:     !*noNotebookAlerts,
 		InjectMagics:       !*noInject,
 		Cull:               cull,
-	}, daemon.Deps{GPUs: gpus, Procs: proc, Finder: discovery.NewProcFinder(proc)}, log)
+	}, daemon.Deps{GPUs: gpus, Procs: proc, Finder: discovery.NewProcFinder(proc), UserDirs: userDirs}, log)
 	if err != nil {
 		return err
 	}

@@ -38,12 +38,14 @@ type Config struct {
 	Reclaim         bool
 	ReclaimGrace    time.Duration
 	ReclaimAllUsers bool
+	AllUsers        bool // as root, also watch every user's runtime dirs (Deps.UserDirs finds them)
 
 	SocketPath string
 	SocketMode api.Mode
 
 	MetricsAddr        string // "" = no metrics listener
 	MetricsAllowRemote bool
+	MetricsNoNotebook  bool // no per-notebook series (kernel_id, notebook labels); per-user ones remain
 
 	AlertThreshold float64 // fraction of a GPU's memory; <= 0 disables
 	NotebookAlerts bool
@@ -62,6 +64,8 @@ type Deps struct {
 	Procs attribution.ProcScanner
 	// Finder proves which process serves a connection file.
 	Finder discovery.ProcessFinder
+	// UserDirs finds every user's runtime dirs (AllUsers); nil: none.
+	UserDirs func() ([]discovery.UserDir, []error)
 	// Terminate ends a process (SIGTERM, then SIGKILL after grace) if its
 	// start time is still start; nil means the real one, through a pidfd.
 	Terminate func(ctx context.Context, pid int, start uint64, grace time.Duration) (killed bool, err error)
@@ -91,6 +95,7 @@ type Daemon struct {
 	fs        attribution.ProcScanner
 	finder    discovery.ProcessFinder
 	terminate func(ctx context.Context, pid int, start uint64, grace time.Duration) (bool, error)
+	userDirs  func() ([]discovery.UserDir, []error)
 	metrics   *metrics.Metrics
 	socket    string
 
@@ -125,6 +130,9 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 	if len(cfg.RuntimeDirs) == 0 {
 		return nil, errors.New("no runtime dir to watch")
 	}
+	if err := checkAllUsers(cfg); err != nil {
+		return nil, err
+	}
 	if cfg.ReclaimAllUsers && os.Geteuid() != 0 {
 		return nil, errors.New("--reclaim-all-users needs root: only root may end other users' processes")
 	}
@@ -147,6 +155,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 		fs:           deps.Procs,
 		finder:       deps.Finder,
 		terminate:    deps.Terminate,
+		userDirs:     deps.UserDirs,
 		kernels:      map[string]*kernelState{},
 		alerted:      map[int]bool{},
 		alertEpisode: map[int]int{},
@@ -156,7 +165,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 		locks:        newDirLocks(cfg.RuntimeDirs),
 		problems:     map[string]time.Time{},
 	}
-	d.metrics = metrics.New(d, log)
+	d.metrics = metrics.New(d, log, metrics.PerNotebook(!cfg.MetricsNoNotebook))
 	return d, nil
 }
 
@@ -251,6 +260,7 @@ const missingGrace = 300 * time.Millisecond
 // is: until then its tree stays its own, protected and attributed (sample
 // retires it when the process exits).
 func (d *Daemon) scan(ctx context.Context) {
+	d.addUserDirs()
 	res := discovery.Discover(ctx, discovery.Options{RuntimeDirs: d.watchedDirs(), Procs: knownFinder{d}})
 	for _, p := range res.Problems {
 		d.problem(p)

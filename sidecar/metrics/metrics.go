@@ -62,6 +62,8 @@ var (
 		"Memory in use on the GPU in bytes, as the driver reports it (driver-reserved memory included).", gpuLabels, nil)
 	descNotebook = prometheus.NewDesc("gpumem_notebook_gpu_memory_bytes",
 		"GPU memory held by the processes of a notebook's kernel, in bytes.", notebookLabels, nil)
+	descUser = prometheus.NewDesc("gpumem_user_gpu_memory_bytes",
+		"GPU memory held by the processes of a user's notebook kernels, in bytes.", []string{"gpu", "user"}, nil)
 	descOther = prometheus.NewDesc("gpumem_other_gpu_memory_bytes",
 		"GPU memory held by processes that belong to no kernel, in bytes.", []string{"gpu"}, nil)
 	descAlert = prometheus.NewDesc("gpumem_gpu_memory_alert",
@@ -89,13 +91,22 @@ var (
 // state survives between scrapes, so nothing goes stale.
 type snapshotCollector struct {
 	src Source
+	// perNotebook emits gpumem_notebook_gpu_memory_bytes. Each kernel a user
+	// starts is a new series (kernel_id, notebook): on a large fleet that
+	// churn, not the GPUs, is what fills Prometheus, so it can be turned off,
+	// leaving the per-user series, bounded by users × GPUs.
+	perNotebook bool
 }
 
 func (c snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descGPUTotal, descGPUUsed, descNotebook, descOther, descAlert,
-		descThreshold, descAttached, descSampleDuration, descSampleSuccess, descSampleTime, descSimulated,
-		descIdleBytes, descIdleSeconds} {
+	for _, d := range []*prometheus.Desc{descGPUTotal, descGPUUsed, descUser, descOther, descAlert,
+		descThreshold, descAttached, descSampleDuration, descSampleSuccess, descSampleTime, descSimulated} {
 		ch <- d
+	}
+	if c.perNotebook {
+		ch <- descNotebook
+		ch <- descIdleBytes
+		ch <- descIdleSeconds
 	}
 }
 
@@ -128,8 +139,14 @@ func (c snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		kernelID, notebook, user string
 		gpu                      int
 	}
+	type userKey struct {
+		user string
+		gpu  int
+	}
 	var order []nbKey
+	var userOrder []userKey
 	bytes := map[nbKey]uint64{}
+	userBytes := map[userKey]uint64{}
 	for _, nb := range rep.Notebooks {
 		for _, g := range nb.PerGPU {
 			k := nbKey{nb.KernelID, nb.Notebook, nb.User, g.Index}
@@ -137,15 +154,29 @@ func (c snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 				order = append(order, k)
 			}
 			bytes[k] += g.Bytes
+			u := userKey{nb.User, g.Index}
+			if _, ok := userBytes[u]; !ok {
+				userOrder = append(userOrder, u)
+			}
+			userBytes[u] += g.Bytes
 		}
 	}
-	for _, k := range order {
-		gauge(descNotebook, float64(bytes[k]), k.kernelID, k.notebook, strconv.Itoa(k.gpu), k.user)
+	if c.perNotebook {
+		for _, k := range order {
+			gauge(descNotebook, float64(bytes[k]), k.kernelID, k.notebook, strconv.Itoa(k.gpu), k.user)
+		}
+	}
+	for _, u := range userOrder {
+		gauge(descUser, float64(userBytes[u]), strconv.Itoa(u.gpu), u.user)
 	}
 
-	// Idle GPU holders: what GPU-aware culling acts on.
+	// Idle GPU holders: what GPU-aware culling acts on. Labelled by kernel
+	// and notebook, so dropped with them.
 	seenIdle := map[string]bool{}
 	for _, nb := range rep.Notebooks {
+		if !c.perNotebook {
+			break
+		}
 		a := nb.Activity
 		if a == nil || a.ExecutionState != "idle" || nb.GPUMemoryBytes == 0 || seenIdle[nb.KernelID] {
 			continue
@@ -186,9 +217,23 @@ type Metrics struct {
 	culled         *prometheus.CounterVec
 }
 
+// Option changes what New's registry exports.
+type Option func(*snapshotCollector)
+
+// PerNotebook says whether to export gpumem_notebook_gpu_memory_bytes, the
+// one family labelled by kernel_id and notebook (default true). Without it
+// the per-user family still says who holds what.
+func PerNotebook(on bool) Option {
+	return func(c *snapshotCollector) { c.perNotebook = on }
+}
+
 // New registers a collector over src, the reclaim counters and the Go and
 // process collectors in a new registry.
-func New(src Source, log zerolog.Logger) *Metrics {
+func New(src Source, log zerolog.Logger, opts ...Option) *Metrics {
+	coll := snapshotCollector{src: src, perNotebook: true}
+	for _, o := range opts {
+		o(&coll)
+	}
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
 		log: log,
@@ -206,7 +251,7 @@ func New(src Source, log zerolog.Logger) *Metrics {
 		}, []string{"action"}),
 	}
 	m.reg.MustRegister(
-		snapshotCollector{src: src},
+		coll,
 		m.reclaimedBytes,
 		m.reclaimedProcs,
 		m.culled,
