@@ -379,7 +379,7 @@ func BenchmarkScale1000Kernels(b *testing.B) {
 	var nbLat, metLat []time.Duration
 	for i := range 300 {
 		start := time.Now()
-		resp, err := sock.Get("http://gpumem/api/v1/notebooks")
+		resp, err := sock.Get("http://" + api.SocketHost + "/api/v1/notebooks")
 		if err != nil {
 			b.Fatal(err)
 		}
