@@ -174,7 +174,8 @@ func (r *daemonReporter) Close() { r.c.Close() }
 
 // lsSampler builds a Report standalone: discovery, NVML (or the simulated
 // GPU) and /proc. NVML's start (Init, then the first process list: about
-// 17 ms on an H200) runs while discovery asks the servers and reads /proc.
+// 17 ms on an H200) runs while discovery asks the servers and reads /proc,
+// and while the process tree is read.
 type lsSampler struct {
 	env     Env
 	dirs    []string
@@ -263,6 +264,11 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 	start := time.Now()
 	res := discoverKernels(ctx, s.env, s.fs, s.dirs)
 	s.tm.mark("discover", start)
+	// The process tree is read while NVML may still be starting; only the
+	// processes it lists are read in full after it (procs.Prescan).
+	start = time.Now()
+	tree := s.fs.Prescan()
+	s.tm.mark("prescan", start)
 	start = time.Now()
 	g := <-gpuc
 	s.tm.mark("wait_gpus", start)
@@ -278,7 +284,7 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 		kernels = append(kernels, kernel)
 	}
 	start = time.Now()
-	obs, err := attribution.ObserveSnapshot(g.snap, s.fs, kernels)
+	obs, err := attribution.ObserveSnapshot(g.snap, tree, kernels)
 	s.tm.mark("observe", start)
 	if err != nil {
 		return attribution.Report{}, err
