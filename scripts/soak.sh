@@ -161,7 +161,7 @@ try:
     t0 = time.monotonic()
     cpu0 = daemon_state(daemon.pid)[0]
     last_cpu, last_t = cpu0, t0
-    restarts = frees = free_failures = 0
+    restarts = frees = free_failures = restart_failures = 0
     cycle = 0
     next_restart, next_free, next_sample, next_gpu = t0, t0 + 15, t0, t0
     end = t0 + minutes * 60
@@ -170,7 +170,11 @@ try:
         if now >= next_restart:
             for k in range(4):
                 kid = ids[(cycle * 4 + k) % len(ids)]
-                api("POST", "api/kernels/%s/restart" % kid)
+                try:
+                    api("POST", "api/kernels/%s/restart" % kid)
+                except Exception as e:  # the server's own trouble: counted, not the daemon's
+                    restart_failures += 1
+                    print("soak: restart %s: %s" % (kid, e), file=sys.stderr, flush=True)
                 restarts += 1
             cycle += 1
             next_restart += 30
@@ -211,8 +215,10 @@ try:
 
     lines = [
         "gpumem soak: %.0f min, 20 real kernels (notebook 6, ipykernel), gpumem serve --interval 1s, simulated GPU" % (elapsed / 60),
-        "machine: %s, %d cores; date %s; %d restarts (REST, 4 every 30 s), %d frees (gpumem free, 2 every 30 s; %d failed)"
-        % (os.uname().nodename, os.cpu_count(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), restarts, frees, free_failures),
+        "machine: %s, %d cores, load average at the end %.1f; date %s; %d restarts (REST, 4 every 30 s; %d failed), "
+        "%d frees (gpumem free, 2 every 30 s; %d failed)"
+        % (os.uname().nodename, os.cpu_count(), os.getloadavg()[0], time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           restarts, restart_failures, frees, free_failures),
         "daemon CPU over the whole run: %.2f %% of one core" % (100 * (cpu1 - cpu0) / elapsed),
         "%-12s %14s %14s %10s" % ("", "first fifth", "last fifth", "max"),
     ]
