@@ -119,13 +119,21 @@ def write_gpu(pids):
 
 
 def metrics():
-    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % mport, timeout=30) as r:
-        m = {}
-        for line in r.read().decode().splitlines():
-            if line and not line.startswith("#") and "{" not in line:
-                k, v = line.split(" ", 1)
-                m[k] = float(v)
-        return m
+    for attempt in range(3):
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % mport, timeout=30) as r:
+                m = {}
+                for line in r.read().decode().splitlines():
+                    if line and not line.startswith("#") and "{" not in line:
+                        k, v = line.split(" ", 1)
+                        m[k] = float(v)
+                return m
+        except OSError as e:
+            if daemon.poll() is not None:
+                raise SystemExit("soak: gpumem serve exited (%s): see %s/serve.log" % (daemon.returncode, work))
+            if attempt == 2:
+                raise SystemExit("soak: /metrics on port %d: %s" % (mport, e))
+            time.sleep(1)
 
 
 def daemon_state(pid):
