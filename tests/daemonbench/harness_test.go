@@ -35,9 +35,13 @@ func TestMain(m *testing.M) {
 
 // gpumemBinary builds ./cmd/gpumem once, on the first benchmark's demand, so
 // that `go test ./...` (no -bench) builds nothing. No -race: the figures are
-// those of the binary users run.
+// those of the binary users run. DAEMONBENCH_BIN names a prebuilt binary
+// instead (another commit's, for a before/after in one sitting).
 func gpumemBinary(b *testing.B) string {
 	b.Helper()
+	if bin := os.Getenv("DAEMONBENCH_BIN"); bin != "" {
+		return bin
+	}
 	return buildBinary(b, "gpumem", "github.com/gpumem/gpumem/cmd/gpumem")
 }
 
