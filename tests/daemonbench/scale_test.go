@@ -37,10 +37,13 @@ import (
 
 // fakeProc is one fakekernel process and the kernels it serves.
 type fakeProc struct {
-	cmd    *exec.Cmd
-	files  []string
-	record string
-	done   chan struct{}
+	name    string
+	cmd     *exec.Cmd
+	files   []string
+	record  string
+	done    chan struct{}
+	ready   chan bool // its first line was "ready"
+	isReady bool
 }
 
 // startFakeKernels starts one fakekernel process serving n kernels in dir's
@@ -48,7 +51,16 @@ type fakeProc struct {
 // (SIGTERM: it deletes its files) in Cleanup unless stopped before.
 func startFakeKernels(b *testing.B, dir, prefix string, n int) *fakeProc {
 	b.Helper()
-	fp := &fakeProc{record: filepath.Join(dir, prefix+".record.json"), done: make(chan struct{})}
+	fp := launchFakeKernels(b, dir, prefix, n)
+	fp.waitReady(b)
+	return fp
+}
+
+// launchFakeKernels is startFakeKernels without the wait (waitReady).
+func launchFakeKernels(b *testing.B, dir, prefix string, n int) *fakeProc {
+	b.Helper()
+	fp := &fakeProc{record: filepath.Join(dir, prefix+".record.json"), done: make(chan struct{}),
+		ready: make(chan bool, 1), name: prefix}
 	args := []string{"-record", fp.record}
 	for i := range n {
 		f := filepath.Join(dir, "runtime", fmt.Sprintf("kernel-%s-%04d.json", prefix, i))
@@ -69,25 +81,32 @@ func startFakeKernels(b *testing.B, dir, prefix string, n int) *fakeProc {
 	if err := fp.cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	ready := make(chan bool, 1)
 	go func() {
 		defer close(fp.done)
 		sc := bufio.NewScanner(out)
-		ok := sc.Scan() && sc.Text() == "ready"
-		ready <- ok
+		fp.ready <- sc.Scan() && sc.Text() == "ready"
 		_, _ = io.Copy(io.Discard, out)
 		_ = fp.cmd.Wait()
 	}()
 	b.Cleanup(fp.stop)
-	select {
-	case ok := <-ready:
-		if !ok {
-			b.Fatalf("fakekernel %s did not start", prefix)
-		}
-	case <-time.After(60 * time.Second):
-		b.Fatalf("fakekernel %s: not ready within 60 s", prefix)
-	}
 	return fp
+}
+
+// waitReady waits (60 s) until the process has written its files.
+func (fp *fakeProc) waitReady(b *testing.B) {
+	b.Helper()
+	if fp.isReady {
+		return
+	}
+	select {
+	case ok := <-fp.ready:
+		if !ok {
+			b.Fatalf("fakekernel %s did not start", fp.name)
+		}
+		fp.isReady = true
+	case <-time.After(60 * time.Second):
+		b.Fatalf("fakekernel %s: not ready within 60 s", fp.name)
+	}
 }
 
 func (fp *fakeProc) pid() int { return fp.cmd.Process.Pid }
@@ -486,10 +505,13 @@ func BenchmarkChurn(b *testing.B) {
 	cpu0, _ := testenv.ProcCPU(d.pid())
 	for time.Now().Before(end) {
 		<-tick.C
-		fp := startFakeKernels(b, dir, fmt.Sprintf("churn%05d", started), 1)
+		// Not waiting for each start keeps the rate; each is ready long
+		// before its stop.
+		fp := launchFakeKernels(b, dir, fmt.Sprintf("churn%05d", started), 1)
 		started++
 		alive = append(alive, fp)
 		if len(alive) > live {
+			alive[0].waitReady(b)
 			alive[0].stop()
 			alive = alive[1:]
 			stopped++
@@ -497,6 +519,7 @@ func BenchmarkChurn(b *testing.B) {
 	}
 	tick.Stop()
 	for _, fp := range alive {
+		fp.waitReady(b)
 		fp.stop()
 		stopped++
 	}
