@@ -105,6 +105,11 @@ type Daemon struct {
 	alerted      map[int]bool // GPU index → alert raised
 	alertEpisode map[int]int  // GPU index → crossings so far
 	lastAlerts   []byte       // the alert file's content
+	// sampleSeq counts the reports kept in last; reportJSON is the one
+	// numbered reportJSONSeq, encoded (see ReportJSON).
+	sampleSeq     uint64
+	reportJSON    []byte
+	reportJSONSeq uint64
 
 	wg sync.WaitGroup // kernel and reclaim goroutines
 

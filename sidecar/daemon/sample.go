@@ -95,6 +95,7 @@ func (d *Daemon) sample(ctx context.Context) {
 			attached++
 		}
 	}
+	d.sampleSeq++ // a new report: the encoded one is stale
 	d.last = metrics.Snapshot{Report: rep, AttachedKernels: attached, SampleDuration: elapsed,
 		SampleSuccess: true, SampledAt: time.Now(), AlertThreshold: d.cfg.AlertThreshold}
 	d.mu.Unlock()
