@@ -7,32 +7,38 @@
 #   go build -o .gpukit/gpumem ./cmd/gpumem
 #   go test -c -o .gpukit/driver.test ./nvml/driver
 #   (wheels: see scripts/gpu_host_current.sh)
-# Outputs go to $OUT/{debian12,current}/ and $OUT/*.txt; exit 1 if a check failed.
+# Every step runs even when an earlier one failed. What comes back is a few
+# files in $OUT (the device tool returns at most 8): one log per step and the
+# example notebook as run there; servers' and daemons' logs stay in /tmp.
+# Exit 1 if any check failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the folder that comes back}"
+RES=$OUT
 export GPUMEM_BIN=$PWD/.gpukit/gpumem
-mkdir -p "$OUT/debian12" "$OUT/current"
+mkdir -p /tmp/gpumem-run/debian12 /tmp/gpumem-run/current
 rc=0
-nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv | tee "$OUT/gpus.txt"
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv | tee "$RES/gpus.txt"
 
 echo "== NVML through go-nvml on the real driver"
-GPUMEM_TEST_REAL_NVML=1 .gpukit/driver.test -test.run RealNVML -test.v 2>&1 | tee "$OUT/real_nvml.txt" || rc=1
+GPUMEM_TEST_REAL_NVML=1 .gpukit/driver.test -test.run RealNVML -test.v 2>&1 | tee "$RES/real_nvml.txt" || rc=1
 
 echo "== Debian 12's Jupyter stack (gpu-kit)"
 if bash .gpukit/setup-on-device; then
   (
     # shellcheck source=/dev/null
     source /tmp/gpukit/env.sh
-    export OUT=$OUT/debian12
-    python3 scripts/gpu_host_check.py 2>&1 | tee "$OUT/gpu_host_check.txt" || exit 1
+    export OUT=/tmp/gpumem-run/debian12
+    step=0
+    python3 scripts/gpu_host_check.py 2>&1 | tee "$RES/gpu_host_check_debian12.txt" || step=1
     python3 scripts/gpu_check.py magics/py --mode kernel --notebook examples/leaks.ipynb \
-      --notebook-out "$OUT/leaks.ipynb" 2>&1 | tee "$OUT/gpu_check_kernel.txt" || exit 1
+      --notebook-out "$RES/leaks.ipynb" 2>&1 | tee "$RES/gpu_check_debian12.txt" || step=1
+    exit $step
   ) || rc=1
 else
   rc=1
 fi
 
 echo "== today's Jupyter stack (carried wheels)"
-OUT=$OUT/current bash scripts/gpu_host_current.sh || rc=1
+OUT=/tmp/gpumem-run/current bash scripts/gpu_host_current.sh 2>&1 | tee "$RES/current.txt" || rc=1
 exit $rc
