@@ -47,6 +47,8 @@ type Notebook struct {
 	// Processes breaks GPUMemoryBytes down by process (those holding GPU
 	// memory, by pid): what nvidia-smi lists, attributed.
 	Processes []ProcessBytes `json:"processes"`
+	// Pod is the Kubernetes pod of the kernel; nil off Kubernetes.
+	Pod *Pod `json:"pod,omitempty"`
 }
 
 // ProcessBytes is one process's GPU memory.
@@ -61,4 +63,6 @@ type OtherProcess struct {
 	User    string     `json:"user"`
 	Command string     `json:"command"`
 	PerGPU  []GPUBytes `json:"per_gpu"`
+	// Pod is the Kubernetes pod of the process; nil off Kubernetes.
+	Pod *Pod `json:"pod,omitempty"`
 }
