@@ -5,15 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/gpumem/gpumem/internal/safefile"
 )
 
 // ConnectionInfo is a parsed, validated kernel connection file.
@@ -56,22 +56,26 @@ const maxConnectionFileBytes = 1 << 20
 
 // ReadConnectionFile reads and validates a kernel connection file
 // (kernel-<id>.json). A relative ipc path is resolved against the file's
-// directory.
+// directory. Only a regular file is read (a FIFO named like one would block
+// the reader forever), and at most maxConnectionFileBytes of it.
 func ReadConnectionFile(path string) (ConnectionInfo, error) {
-	f, err := os.Open(path)
+	info, _, err := ReadConnectionFileStat(path)
+	return info, err
+}
+
+// ReadConnectionFileStat is ReadConnectionFile that also returns the file's
+// owner and identity as read: a connection file proves nothing by itself,
+// and the process serving it must belong to the same user and name it.
+func ReadConnectionFileStat(path string) (ConnectionInfo, safefile.Info, error) {
+	data, st, err := safefile.Read(path, maxConnectionFileBytes)
 	if err != nil {
-		return ConnectionInfo{}, &ConnectionFileError{Path: path, Err: err}
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxConnectionFileBytes+1))
-	if err != nil {
-		return ConnectionInfo{}, &ConnectionFileError{Path: path, Err: err}
+		return ConnectionInfo{}, st, &ConnectionFileError{Path: path, Err: err}
 	}
 	info, err := parseConnectionInfo(data, path)
 	if err != nil {
-		return ConnectionInfo{}, &ConnectionFileError{Path: path, Err: err}
+		return ConnectionInfo{}, st, &ConnectionFileError{Path: path, Err: err}
 	}
-	return info, nil
+	return info, st, nil
 }
 
 // ParseConnectionInfo parses and validates the contents of a connection file.

@@ -5,13 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
 	"text/tabwriter"
 	"time"
 
+	"github.com/gpumem/gpumem/internal/safefile"
 	"github.com/gpumem/gpumem/protocol"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/discovery"
@@ -44,8 +44,11 @@ func runKernels(ctx context.Context, env Env, args []string) error {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	for i, k := range res.Kernels {
-		rows[i] = kernelRow{KernelID: k.ID, Notebook: k.Notebook, PID: k.PID,
+		rows[i] = kernelRow{KernelID: k.ID, Notebook: k.Notebook,
 			ConnectionFile: k.ConnectionFile, ServerURL: k.ServerURL}
+		if k.PIDProven {
+			rows[i].PID = k.PID
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -142,7 +145,7 @@ func kernelLanguage(env Env, k discovery.Kernel) string {
 		return ""
 	}
 	for _, dir := range kernelspecDirs(env) {
-		data, err := os.ReadFile(filepath.Join(dir, k.KernelName, "kernel.json"))
+		data, _, err := safefile.Read(filepath.Join(dir, k.KernelName, "kernel.json"), 1<<20)
 		if err != nil {
 			continue
 		}

@@ -209,7 +209,11 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 	snap := g.snap
 	kernels := make([]attribution.Kernel, 0, len(res.Kernels))
 	for _, k := range res.Kernels {
-		kernels = append(kernels, attribution.Kernel{ID: k.ID, Notebook: k.Notebook, PID: k.PID, StartTime: k.PIDStart})
+		kernel := attribution.Kernel{ID: k.ID, Notebook: k.Notebook}
+		if k.PIDProven { // an unproven process's tree is not the notebook's
+			kernel.PID, kernel.StartTime = k.PID, k.PIDStart
+		}
+		kernels = append(kernels, kernel)
 	}
 	table, err := s.fs.ScanTree(attribution.DetailPIDs(snap, kernels))
 	if err != nil {

@@ -21,6 +21,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	var dirs stringList
 	fs.Var(&dirs, "runtime-dir", "also watch this Jupyter runtime dir (repeatable)")
 	interval := fs.Duration("interval", time.Second, "how often to sample GPU memory")
+	rescan := fs.Duration("rescan", 5*time.Second, "how often to rescan the runtime dirs besides inotify events (a deleted dir, a missed event)")
 	reclaim := fs.Bool("reclaim", true, "end orphans of a restarted or shut-down kernel that still hold GPU memory (false: only report them)")
 	grace := fs.Duration("reclaim-grace", 5*time.Second, "time between SIGTERM and SIGKILL when reclaiming")
 	allUsers := fs.Bool("reclaim-all-users", false, "as root, also reclaim other users' orphans")
@@ -58,6 +59,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	d, err := daemon.New(daemon.Config{
 		RuntimeDirs:        runtimeDirs,
 		Interval:           *interval,
+		Rescan:             *rescan,
 		Reclaim:            *reclaim,
 		ReclaimGrace:       *grace,
 		ReclaimAllUsers:    *allUsers,

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -47,6 +48,9 @@ func Listen(ctx context.Context, path string, mode Mode) (*Listener, error) {
 	}
 	if len(path) > maxSocketPath {
 		return nil, fmt.Errorf("socket path %s is %d bytes long, Linux allows %d: choose a shorter socket path", path, len(path), maxSocketPath)
+	}
+	if err := checkSocketDir(filepath.Dir(path)); err != nil {
+		return nil, err
 	}
 	lock, err := lockFile(path)
 	if err != nil {
@@ -90,6 +94,31 @@ func Listen(ctx context.Context, path string, mode Mode) (*Listener, error) {
 	}
 	ok = true
 	return &Listener{ul: ul, path: path, mode: mode, lock: lock}, nil
+}
+
+// checkSocketDir refuses a socket dir that anyone but its owner may write,
+// or that belongs to another user than the daemon's (root excepted): there,
+// another user could plant the socket, its lock or the alert file, or swap
+// them for links to files the daemon would then overwrite.
+func checkSocketDir(dir string) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("socket dir %s: %w", dir, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("socket dir %s is not a directory (%s): choose another socket path", dir, fi.Mode().Type())
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return nil
+	}
+	if self := uint32(os.Geteuid()); st.Uid != self && st.Uid != 0 {
+		return fmt.Errorf("socket dir %s belongs to uid %d, not to this daemon's uid %d: choose a dir of your own with --socket", dir, st.Uid, self)
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("socket dir %s is writable by others (mode %#o): choose a dir only you can write with --socket (e.g. /run/gpumem, mode 0755)", dir, fi.Mode().Perm())
+	}
+	return nil
 }
 
 // lockFile takes a non-blocking exclusive flock on "<socketPath>.lock",
@@ -155,6 +184,10 @@ func (l *Listener) Path() string { return l.path }
 
 // Mode is the mode the socket was created with.
 func (l *Listener) Mode() Mode { return l.mode }
+
+// Abandon makes Close leave the socket file alone: the path already names
+// a new socket (the old one's dir was deleted and the daemon listens anew).
+func (l *Listener) Abandon() { l.ul.SetUnlinkOnClose(false) }
 
 // Close stops accepting, removes the socket file and releases the lock.
 // It is safe to call more than once.

@@ -90,6 +90,10 @@ type Daemon struct {
 
 	wg sync.WaitGroup // kernel and reclaim goroutines
 
+	locks     *dirLocks
+	problemMu sync.Mutex
+	problems  map[string]time.Time // problem text → last logged at warn
+
 	sampleNow chan struct{} // capacity 1: a sample is wanted before the next tick
 	rescan    func()        // asks the watcher for a scan (set by Run)
 }
@@ -123,6 +127,8 @@ func New(cfg Config, log zerolog.Logger) (*Daemon, error) {
 		socket:       cfg.SocketPath,
 		sampleNow:    make(chan struct{}, 1),
 		rescan:       func() {},
+		locks:        newDirLocks(cfg.RuntimeDirs),
+		problems:     map[string]time.Time{},
 	}
 	d.metrics = metrics.New(d, log)
 	return d, nil
@@ -131,8 +137,12 @@ func New(cfg Config, log zerolog.Logger) (*Daemon, error) {
 // Run serves until ctx ends, then detaches from every kernel (leaving them
 // untouched) and returns after all its goroutines have.
 func (d *Daemon) Run(ctx context.Context) error {
-	// The socket first: a second daemon for this runtime dir stops here,
-	// before it touches any kernel.
+	// The runtime dirs' locks and the socket first: a second daemon for
+	// these dirs stops here, before it touches any kernel.
+	defer d.locks.close()
+	if _, errs := d.locks.lock(); len(errs) > 0 {
+		return errors.Join(errs...)
+	}
 	ln, err := api.Listen(ctx, d.socket, d.cfg.SocketMode)
 	if err != nil {
 		return err
@@ -160,14 +170,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.sample(ctx)
 	var parts sync.WaitGroup
 	errc := make(chan error, 3)
-	srv := api.NewServer(d, api.Options{Logger: d.log})
-	parts.Add(1)
-	go func() {
-		defer parts.Done()
-		if err := srv.Serve(ctx, ln); err != nil {
-			errc <- fmt.Errorf("local API: %w", err)
-		}
-	}()
+	sock := &socketKeeper{path: d.socket, mode: d.cfg.SocketMode, errc: errc,
+		srv: api.NewServer(d, api.Options{Logger: d.log})}
+	sock.serve(ctx, ln)
 	if ms != nil {
 		parts.Add(1)
 		go func() {
@@ -198,6 +203,11 @@ loop:
 			break loop
 		case <-w.C():
 			d.scan(ctx)
+			if again, err := sock.check(ctx); err != nil {
+				d.problem(fmt.Errorf("socket %s is gone and cannot be made again: %w", d.socket, err))
+			} else if again {
+				d.log.Warn().Str("socket", d.socket).Msg("the socket was removed (its dir deleted?): serving it again")
+			}
 		case <-ticker.C:
 			d.sample(ctx)
 		case <-d.sampleNow:
@@ -206,6 +216,7 @@ loop:
 	}
 	cancel()
 	d.wg.Wait() // kernel goroutines close their clients: detached, kernels untouched
+	sock.wait()
 	parts.Wait()
 	_ = os.Remove(d.alertFile())
 	d.log.Info().Msg("gpumem serve stopped; kernels left untouched")
@@ -216,28 +227,31 @@ loop:
 // kernel counts as shut down (ipykernel's rewrite takes milliseconds).
 const missingGrace = 300 * time.Millisecond
 
-// scan reconciles the kernels we know with the runtime dirs.
+// scan reconciles the kernels we know with the runtime dirs. A connection
+// file that goes away (rm, a tmp cleaner, a deleted runtime dir) detaches
+// the daemon from its kernel, but the kernel is over only when its process
+// is: until then its tree stays its own, protected and attributed (sample
+// retires it when the process exits).
 func (d *Daemon) scan(ctx context.Context) {
-	res := discovery.Discover(ctx, discovery.Options{RuntimeDirs: d.cfg.RuntimeDirs, Procs: knownFinder{d}})
+	res := discovery.Discover(ctx, discovery.Options{RuntimeDirs: d.watchedDirs(), Procs: knownFinder{d}})
 	for _, p := range res.Problems {
-		d.log.Debug().Err(p).Msg("discovery")
+		d.problem(p)
 	}
 	present := map[string]discovery.Kernel{}
 	for _, k := range res.Kernels {
 		present[k.ConnectionFile] = k
 	}
 	d.mu.Lock()
-	var gone []*kernelState
+	defer d.mu.Unlock()
 	now := time.Now()
 	for file, ks := range d.kernels {
-		if _, ok := present[file]; ok {
+		if _, ok := present[file]; ok || ks.fileGone {
 			ks.missingSince = time.Time{}
 			continue
 		}
-		// Only a file deleted for good means shutdown: ipykernel deletes
-		// and rewrites its file at start-up, so a scan can meet it
-		// half-written or missing for a moment. Look again missingGrace
-		// later.
+		// ipykernel deletes and rewrites its file at start-up, so a scan
+		// can meet it half-written or missing for a moment: look again
+		// missingGrace later.
 		if _, err := os.Stat(file); !errors.Is(err, fs.ErrNotExist) {
 			ks.missingSince = time.Time{}
 			continue
@@ -250,33 +264,49 @@ func (d *Daemon) scan(ctx context.Context) {
 		if now.Sub(ks.missingSince) < missingGrace {
 			continue
 		}
-		gone = append(gone, ks)
-		delete(d.kernels, file)
+		ks.cancel() // detach: nothing to attach to without the file
+		if ks.cur.isZero() {
+			delete(d.kernels, file)
+			d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).
+				Msg("connection file removed; no kernel process was proven, nothing to follow")
+			continue
+		}
+		ks.fileGone = true
+		d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Int("pid", ks.cur.PID).
+			Msg("connection file removed while the kernel process runs: its processes stay protected until it exits")
 	}
 	for file, k := range present {
 		ks, ok := d.kernels[file]
-		if !ok {
+		switch {
+		case !ok:
 			ks = newKernelState(k)
 			d.kernels[file] = ks
-			kctx, kcancel := context.WithCancel(ctx)
-			ks.cancel = kcancel
-			d.wg.Add(1)
-			go func() { defer d.wg.Done(); d.runKernel(kctx, ks) }()
+			d.followLocked(ctx, ks)
+		case ks.fileGone:
+			ks.fileGone = false // written again (the same kernel, or a new one)
+			d.followLocked(ctx, ks)
 		}
-		ks.notebook, ks.serverURL = k.Notebook, k.ServerURL
-		// Only the owner of the shell port is trusted to be the kernel: argv
-		// also names frontends attached to it.
-		if k.PID > 0 && k.PIDFromPort {
+		// The server's word on the notebook survives the server: a reclaim
+		// after the server went first still names it.
+		if k.Notebook != "" {
+			ks.notebook = k.Notebook
+		}
+		if k.ServerURL != "" {
+			ks.serverURL = k.ServerURL
+		}
+		ks.fileUID, ks.fileID = k.FileUID, k.FileID
+		if k.PID > 0 && k.PIDProven {
 			d.setKernelProcessLocked(ks, procID{k.PID, k.PIDStart})
 		}
 	}
-	d.mu.Unlock()
-	for _, ks := range gone {
-		d.kernelGone(ctx, ks)
-	}
-	if len(gone) > 0 {
-		d.sample(ctx)
-	}
+}
+
+// followLocked starts the goroutine that attaches to ks and follows it.
+func (d *Daemon) followLocked(ctx context.Context, ks *kernelState) {
+	kctx, kcancel := context.WithCancel(ctx)
+	ks.cancel = kcancel
+	d.wg.Add(1)
+	go func() { defer d.wg.Done(); d.runKernel(kctx, ks) }()
 }
 
 // knownFinder resolves only the kernels whose process the daemon does not
@@ -302,19 +332,6 @@ func (f knownFinder) FindKernels(files []discovery.KernelFile) (map[string]disco
 		return map[string]discovery.Owner{}, nil
 	}
 	return f.d.finder.FindKernels(rest)
-}
-
-// kernelGone handles a deleted connection file: the kernel was shut down.
-func (d *Daemon) kernelGone(ctx context.Context, ks *kernelState) {
-	ks.cancel()
-	d.mu.Lock()
-	recorded := ks.takeRecordedLocked()
-	notebook := ks.notebook
-	d.mu.Unlock()
-	d.log.Info().Str("kernel_id", ks.id).Str("notebook", notebook).Msg("kernel shut down (connection file removed)")
-	// If the kernel process outlived its file, its tree is still its own:
-	// the policy keeps every live kernel's tree, this one's included.
-	d.startReclaim(ctx, ks, recorded, "shutdown")
 }
 
 // setKernelProcessLocked records that ks is now served by process id. A new

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/gpumem/gpumem/magics"
@@ -34,11 +35,21 @@ type kernelState struct {
 	client    *protocol.Client
 	// missingSince is when a scan first found the connection file missing.
 	missingSince time.Time
+	// fileGone is true once the file is gone for good while the kernel
+	// process lives on: detached, its tree still protected.
+	fileGone bool
+	// fileUID and fileID are the connection file's owner and identity,
+	// which the kernel process must match (discovery.KernelFile).
+	fileUID uint32
+	fileID  procs.FileID
+	// proving is true while a kernel_info request checks that an unproven
+	// port owner holds the file's key.
+	proving bool
 }
 
 func newKernelState(k discovery.Kernel) *kernelState {
 	return &kernelState{id: k.ID, connFile: k.ConnectionFile, notebook: k.Notebook,
-		serverURL: k.ServerURL, recorded: map[procID]recordedProc{}}
+		serverURL: k.ServerURL, recorded: map[procID]recordedProc{}, fileUID: k.FileUID, fileID: k.FileID}
 }
 
 func (p procID) isZero() bool { return p.PID == 0 }
@@ -69,7 +80,7 @@ func (ks *kernelState) observe(table *procs.Table) bool {
 		}
 		rec := ks.recorded[id]
 		if p.Detailed {
-			rec = recordedProc{UID: p.UID, Argv: shortArgv(p.Argv)}
+			rec = recordedProc{UID: p.UID, Argv: procs.CommandLine(p.Argv, 200)}
 		}
 		ks.recorded[id] = rec
 	}
@@ -91,6 +102,7 @@ const (
 	attachRetry      = 100 * time.Millisecond
 	attachFastFor    = 30 * time.Second
 	attachMaxBackoff = 5 * time.Second
+	attachWarnAfter  = 10 * time.Second
 )
 
 // clientOptions: the heartbeat is a hung-kernel check only (a dead kernel's
@@ -136,7 +148,13 @@ func (d *Daemon) attach(ctx context.Context, ks *kernelState) *protocol.Client {
 		if time.Since(start) > attachFastFor {
 			backoff = min(2*backoff, attachMaxBackoff)
 		}
-		log.Debug().Err(err).Dur("retry_in", backoff).Msg("attach failed")
+		// A kernel starting up refuses for a second or so: only a failure
+		// that lasts is worth a warning (once per problemEvery per text).
+		if time.Since(start) > attachWarnAfter {
+			d.problem(fmt.Errorf("kernel %s: cannot attach (retrying): %w", ks.id, err))
+		} else {
+			log.Debug().Err(err).Dur("retry_in", backoff).Msg("attach failed")
+		}
 		select {
 		case <-ctx.Done():
 			return nil

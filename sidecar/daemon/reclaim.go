@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -141,10 +140,3 @@ func exited(ctx context.Context, fd int, d time.Duration) bool {
 	}
 }
 
-func shortArgv(argv []string) string {
-	s := strings.Join(argv, " ")
-	if len(s) > 200 {
-		s = s[:199] + "…"
-	}
-	return s
-}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpumem/gpumem/nvml"
+	"github.com/gpumem/gpumem/protocol"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/discovery"
@@ -72,18 +73,28 @@ func (d *Daemon) sample(ctx context.Context) {
 	type job struct {
 		ks       *kernelState
 		recorded map[procID]recordedProc
+		why      string
 	}
 	var jobs []job
 	var unknown []*kernelState
 	d.mu.Lock()
 	kernels := make([]attribution.Kernel, 0, len(d.kernels))
-	for _, ks := range d.kernels {
-		if !ks.cur.isZero() {
-			if !ks.observe(table) {
-				d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Int("pid", ks.cur.PID).
-					Msg("kernel process exited")
-				jobs = append(jobs, job{ks, ks.takeRecordedLocked()})
-				ks.cur = procID{}
+	for file, ks := range d.kernels {
+		if !ks.cur.isZero() && !ks.observe(table) {
+			// The kernel process is gone: its old tree's survivors are
+			// orphans. With the file still there a new process serves it
+			// (a restart); without, the kernel was shut down.
+			why := "restart"
+			if ks.fileGone {
+				why = "shutdown"
+				delete(d.kernels, file)
+			}
+			d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Int("pid", ks.cur.PID).
+				Str("after", why).Msg("kernel process exited")
+			jobs = append(jobs, job{ks, ks.takeRecordedLocked(), why})
+			ks.cur = procID{}
+			if ks.fileGone {
+				continue
 			}
 		}
 		if ks.cur.isZero() {
@@ -94,10 +105,10 @@ func (d *Daemon) sample(ctx context.Context) {
 	d.mu.Unlock()
 
 	for _, j := range jobs {
-		d.startReclaim(ctx, j.ks, j.recorded, "restart")
+		d.startReclaim(ctx, j.ks, j.recorded, j.why)
 	}
 	if len(unknown) > 0 {
-		d.resolveKernelProcesses(unknown)
+		d.resolveKernelProcesses(ctx, unknown)
 	}
 
 	rep := attribution.Attribute(snap, table, kernels)
@@ -116,18 +127,22 @@ func (d *Daemon) sample(ctx context.Context) {
 }
 
 // resolveKernelProcesses finds the process of kernels whose process is not
-// known (new, or restarted): the owner of the shell port, nothing less.
-func (d *Daemon) resolveKernelProcesses(kss []*kernelState) {
+// known (new, or restarted). Only a proven one is taken (see
+// discovery.ProcFinder.FindKernels); a port owner that runs as the file's
+// owner but names the file nowhere (a wrapper passing it otherwise) is
+// taken once it answers a request signed with the file's key.
+func (d *Daemon) resolveKernelProcesses(ctx context.Context, kss []*kernelState) {
 	var files []discovery.KernelFile
 	byName := map[string]*kernelState{}
 	d.mu.Lock()
 	for _, ks := range kss {
-		if ks.client == nil {
+		if ks.client == nil || ks.proving {
 			continue
 		}
 		if info := ks.client.Info(); info.Transport == "tcp" {
 			name := filepath.Base(ks.connFile)
-			files = append(files, discovery.KernelFile{Name: name, ShellPort: info.ShellPort})
+			files = append(files, discovery.KernelFile{Name: name, Path: ks.connFile, IP: info.IP,
+				ShellPort: info.ShellPort, UID: ks.fileUID, ID: ks.fileID})
 			byName[name] = ks
 		}
 	}
@@ -142,10 +157,38 @@ func (d *Daemon) resolveKernelProcesses(kss []*kernelState) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for name, o := range owners {
-		if ks := byName[name]; ks != nil && o.FromPort {
+		ks := byName[name]
+		switch {
+		case ks == nil || !o.FromPort:
+		case o.Proven:
 			d.setKernelProcessLocked(ks, procID{o.PID, o.Start})
+		case o.UIDMatch && ks.client != nil:
+			ks.proving = true
+			d.wg.Add(1)
+			go func() { defer d.wg.Done(); d.proveByKey(ctx, ks, ks.client, procID{o.PID, o.Start}) }()
+		default:
+			d.problem(fmt.Errorf("kernel connection file %s: not counted as a kernel: %s", ks.connFile, o.Why))
 		}
 	}
+}
+
+// proveByKey takes id as ks's process when the kernel answers kernel_info
+// (on control: answered even while a cell runs) with a reply signed with the
+// file's key, and id still owns the port afterwards.
+func (d *Daemon) proveByKey(ctx context.Context, ks *kernelState, c *protocol.Client, id procID) {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	_, err := c.KernelInfo(rctx)
+	cancel()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ks.proving = false
+	if err != nil {
+		d.problem(fmt.Errorf("kernel connection file %s: pid %d serves its port but names it nowhere, "+
+			"and no reply signed with its key came (%v): not counted as a kernel", ks.connFile, id.PID, err))
+		return
+	}
+	d.log.Info().Str("kernel_id", ks.id).Int("pid", id.PID).Msg("kernel process proven by a reply signed with its key")
+	d.setKernelProcessLocked(ks, id)
 }
 
 // checkAlerts logs once when a GPU crosses the alert threshold, and again
@@ -210,6 +253,8 @@ func (d *Daemon) alertFile() string {
 }
 
 // writeAlerts replaces the alert file (atomically, only when it changes).
+// What was written is remembered only once the write succeeded, so a
+// failed write is tried again at the next sample.
 func (d *Daemon) writeAlerts(active []notebookAlert) {
 	if active == nil {
 		active = []notebookAlert{}
@@ -220,7 +265,6 @@ func (d *Daemon) writeAlerts(active []notebookAlert) {
 	}
 	d.mu.Lock()
 	same := bytes.Equal(data, d.lastAlerts)
-	d.lastAlerts = data
 	d.mu.Unlock()
 	if same {
 		return
@@ -229,17 +273,38 @@ func (d *Daemon) writeAlerts(active []notebookAlert) {
 	if d.cfg.SocketMode == api.ModeShared {
 		mode = 0o644 // kernels of other users read it, as they reach the socket
 	}
-	tmp := d.alertFile() + ".tmp"
-	if err := os.WriteFile(tmp, data, mode); err != nil {
-		d.log.Warn().Err(err).Msg("writing the notebook alert file")
+	if err := writeFileAtomic(d.alertFile(), data, mode); err != nil {
+		d.problem(fmt.Errorf("writing the notebook alert file: %w", err))
 		return
 	}
-	if err := os.Chmod(tmp, mode); err == nil {
-		err = os.Rename(tmp, d.alertFile())
-		if err != nil {
-			d.log.Warn().Err(err).Msg("writing the notebook alert file")
-		}
+	d.mu.Lock()
+	d.lastAlerts = data
+	d.mu.Unlock()
+}
+
+// writeFileAtomic replaces path with data. The temporary file is created
+// anew with a random name (O_CREAT|O_EXCL: a link planted in its place is
+// never followed) and its mode is set on the descriptor, not the path.
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
 	}
+	tmp := f.Name()
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Chmod(mode)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+	}
+	return err
 }
 
 func kernelsOnGPU(rep attribution.Report, gpu int) []string {

@@ -12,7 +12,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpumem/gpumem/internal/safefile"
 	"github.com/gpumem/gpumem/protocol"
+	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
 // Kernel is one kernel found from its connection file.
@@ -23,11 +25,19 @@ type Kernel struct {
 	Notebook       string // absolute path; "" without a server session
 	ServerURL      string // "" without a server
 	KernelName     string // kernelspec name, when known
+	FileUID        uint32 // owner of the connection file
+	FileID         procs.FileID
 	PID            int    // 0 when no process could be found
 	PIDStart       uint64 // start time (clock ticks since boot) of PID
-	// PIDFromPort is true when PID owns the kernel's listening shell port
-	// (authoritative), false when it was inferred from argv.
-	PIDFromPort bool
+	// PIDProven is true when PID is proven to serve this file (see
+	// ProcFinder.FindKernels): only then may its process tree be counted or
+	// acted on. Otherwise PID is a hint for listings, and Unproven says why.
+	PIDProven bool
+	// PIDUIDMatch is true when PID owns the shell port and runs as the
+	// file's owner, but names the file nowhere: a reply signed with the
+	// file's key can still prove it.
+	PIDUIDMatch bool
+	Unproven    string
 }
 
 // ProcessFinder resolves kernels' OS processes. The production
@@ -36,15 +46,21 @@ type ProcessFinder interface {
 	// FindKernels returns, by file name, the process serving each kernel:
 	// the owner of its listening shell port (FromPort) or, failing that, the
 	// process whose argv passes the file as a kernel's connection file.
-	// Files it cannot resolve are left out.
+	// Proven says whether it is proven to serve it. Files it cannot resolve
+	// are left out.
 	FindKernels(files []KernelFile) (map[string]Owner, error)
 }
 
-// KernelFile is a connection file's base name and its kernel's shell port
-// (0 when the transport is not tcp).
+// KernelFile is a connection file: its base name and path, the kernel's
+// address and shell port (0 when the transport is not tcp), and the file's
+// owner and identity.
 type KernelFile struct {
 	Name      string
+	Path      string
+	IP        string
 	ShellPort int
+	UID       uint32
+	ID        procs.FileID
 }
 
 // Owner is a process identified by pid and start time.
@@ -56,8 +72,16 @@ type Owner struct {
 	// console --existing, a script).
 	Flagged bool
 	// FromPort is true when the process owns the kernel's listening shell
-	// port: authoritative.
+	// port on the file's address.
 	FromPort bool
+	// UIDMatch is true when it runs as the file's owner.
+	UIDMatch bool
+	// Proven is true when it owns the port, runs as the file's owner and
+	// names the file: it is the kernel. Why says what is missing otherwise.
+	Proven bool
+	Why    string
+	// Arg is the file's path as the process's argv wrote it.
+	Arg string
 }
 
 // Options configures Discover.
@@ -102,26 +126,21 @@ func Discover(ctx context.Context, opts Options) Result {
 				continue
 			}
 			seenFile[file] = true
-			info, err := protocol.ReadConnectionFile(file)
+			k, err := ReadKernelFile(file)
 			if err != nil {
 				res.Problems = append(res.Problems, err)
 				continue
 			}
-			res.Kernels = append(res.Kernels, Kernel{
-				ID:             strings.TrimSuffix(strings.TrimPrefix(name, "kernel-"), ".json"),
-				ConnectionFile: file,
-				Connection:     info,
-				KernelName:     info.KernelName,
-			})
+			res.Kernels = append(res.Kernels, k)
 		}
 		files, err := serverFiles(dir)
 		if err != nil {
 			res.Problems = append(res.Problems, fmt.Errorf("runtime dir %s: %w", dir, err))
 		}
 		for _, f := range files {
-			data, err := os.ReadFile(f)
+			data, _, err := safefile.Read(f, maxServerFileBytes)
 			if err != nil {
-				res.Problems = append(res.Problems, fmt.Errorf("server file %s: %w", f, err))
+				res.Problems = append(res.Problems, fmt.Errorf("server file: %w", err))
 				continue
 			}
 			s, err := ParseServerFile(f, data)
@@ -145,6 +164,38 @@ func Discover(ctx context.Context, opts Options) Result {
 		return a.ConnectionFile < b.ConnectionFile
 	})
 	return res
+}
+
+// maxServerFileBytes bounds a server file: real ones are about 500 bytes.
+const maxServerFileBytes = 1 << 20
+
+// ReadKernelFile reads a kernel's connection file, with the identity and
+// owner that proving its process needs. The kernel id is the name's
+// kernel-<id>.json part, else the name without .json.
+func ReadKernelFile(path string) (Kernel, error) {
+	info, st, err := protocol.ReadConnectionFileStat(path)
+	if err != nil {
+		return Kernel{}, err
+	}
+	name := filepath.Base(path)
+	return Kernel{
+		ID:             strings.TrimSuffix(strings.TrimPrefix(name, "kernel-"), ".json"),
+		ConnectionFile: path,
+		Connection:     info,
+		KernelName:     info.KernelName,
+		FileUID:        st.UID,
+		FileID:         procs.FileID{Dev: st.Dev, Ino: st.Ino},
+	}, nil
+}
+
+// KernelFileOf is what FindKernels needs of k.
+func KernelFileOf(k Kernel) KernelFile {
+	kf := KernelFile{Name: filepath.Base(k.ConnectionFile), Path: k.ConnectionFile, UID: k.FileUID, ID: k.FileID,
+		IP: k.Connection.IP}
+	if k.Connection.Transport == "tcp" {
+		kf.ShellPort = k.Connection.ShellPort
+	}
+	return kf
 }
 
 // dedupeServers drops servers listed twice (a runtime dir given twice through
@@ -206,17 +257,12 @@ func attachSessions(ctx context.Context, hc *http.Client, servers []Server, kern
 	return problems
 }
 
-// resolvePIDs finds each kernel's process: the owner of its listening shell
-// port (authoritative: wrappers and odd argv still resolve), else the one
-// process whose argv passes its connection file.
+// resolvePIDs finds each kernel's process (see ProcFinder.FindKernels). A
+// port owner that is not proven to be the kernel is reported as a problem.
 func resolvePIDs(pf ProcessFinder, kernels []Kernel) []error {
 	files := make([]KernelFile, 0, len(kernels))
 	for _, k := range kernels {
-		kf := KernelFile{Name: filepath.Base(k.ConnectionFile)}
-		if k.Connection.Transport == "tcp" {
-			kf.ShellPort = k.Connection.ShellPort
-		}
-		files = append(files, kf)
+		files = append(files, KernelFileOf(k))
 	}
 	owners, err := pf.FindKernels(files)
 	var problems []error
@@ -226,7 +272,11 @@ func resolvePIDs(pf ProcessFinder, kernels []Kernel) []error {
 	for i := range kernels {
 		k := &kernels[i]
 		if o, ok := owners[filepath.Base(k.ConnectionFile)]; ok {
-			k.PID, k.PIDStart, k.PIDFromPort = o.PID, o.Start, o.FromPort
+			k.PID, k.PIDStart = o.PID, o.Start
+			k.PIDProven, k.PIDUIDMatch, k.Unproven = o.Proven, o.UIDMatch, o.Why
+			if !o.Proven && o.FromPort {
+				problems = append(problems, fmt.Errorf("kernel connection file %s: not counted as a kernel: %s", k.ConnectionFile, o.Why))
+			}
 		}
 	}
 	return problems

@@ -1,6 +1,8 @@
 package discovery
 
 import (
+	"fmt"
+	"net"
 	"path/filepath"
 	"strings"
 
@@ -17,10 +19,19 @@ func NewProcFinder(root string) *ProcFinder {
 	return &ProcFinder{fs: &procs.FS{Root: root}}
 }
 
-// FindKernels implements ProcessFinder. It reads every process's argv once
-// (one read each); the owner of a listening shell port is looked for first
-// among the processes naming that kernel's file, and only when it is not
-// there (a wrapper that passes the file otherwise) among all processes' fds.
+// FindKernels implements ProcessFinder. A connection file proves nothing by
+// itself (it can be stale, its port now another program's, or planted by
+// someone else), so a process is the kernel of a file only when all hold:
+//   - it owns the listening socket on the port and address the file names;
+//   - it runs as the user owning the file;
+//   - its argv passes this very file (resolved as the process sees it) or it
+//     holds the file open.
+//
+// A port owner that fails the last test only is returned unproven with
+// UIDMatch set: a caller holding a client can still prove it by a reply
+// signed with the file's key. It reads every process's argv once (one read
+// each); fds are read only of the likely owners first, of all processes only
+// when the owner is not among them.
 func (f *ProcFinder) FindKernels(files []KernelFile) (map[string]Owner, error) {
 	out := map[string]Owner{}
 	if len(files) == 0 {
@@ -37,15 +48,21 @@ func (f *ProcFinder) FindKernels(files []KernelFile) (map[string]Owner, error) {
 		firstErr = err
 	}
 	var inodes []uint64
-	fileOf := map[uint64]string{}
-	var candidates []int
+	fileOf := map[uint64]KernelFile{}
+	var candidates, details []int
 	for _, kf := range files {
-		ino, ok := listening[kf.ShellPort]
-		if kf.ShellPort == 0 || !ok {
+		for _, m := range mentions[kf.Name] {
+			details = append(details, m.PID)
+		}
+		if kf.ShellPort == 0 {
+			continue
+		}
+		ino, ok := listenerFor(listening[kf.ShellPort], kf.IP)
+		if !ok {
 			continue
 		}
 		inodes = append(inodes, ino)
-		fileOf[ino] = kf.Name
+		fileOf[ino] = kf
 		for _, o := range mentions[kf.Name] {
 			candidates = append(candidates, o.PID)
 		}
@@ -66,27 +83,50 @@ func (f *ProcFinder) FindKernels(files []KernelFile) (map[string]Owner, error) {
 			owners[ino] = pid
 		}
 	}
-	pids := make([]int, 0, len(owners))
 	for _, pid := range owners {
-		pids = append(pids, pid)
+		details = append(details, pid)
 	}
-	table, err := f.fs.ScanTree(pids)
+	table, err := f.fs.ScanTree(details)
 	if err != nil {
 		return out, err
 	}
 	for ino, pid := range owners {
-		if p, ok := table.Get(pid); ok {
-			out[fileOf[ino]] = Owner{PID: pid, Start: p.StartTime, FromPort: true}
+		kf := fileOf[ino]
+		p, ok := table.Get(pid)
+		if !ok {
+			continue
 		}
+		o := Owner{PID: pid, Start: p.StartTime, FromPort: true}
+		switch {
+		case !p.Detailed:
+			o.Why = fmt.Sprintf("port %d is served by pid %d, whose owner cannot be read", kf.ShellPort, pid)
+		case p.UID != kf.UID:
+			o.Why = fmt.Sprintf("port %d is served by pid %d (%s) of uid %d, but the file belongs to uid %d",
+				kf.ShellPort, pid, argvOf(p), p.UID, kf.UID)
+		default:
+			o.UIDMatch = true
+			if f.namesFile(pid, kf, mentions[kf.Name]) {
+				o.Proven = true
+			} else {
+				o.Why = fmt.Sprintf("port %d is served by pid %d (%s), which does not name this connection file",
+					kf.ShellPort, pid, argvOf(p))
+			}
+		}
+		out[kf.Name] = o
 	}
 	for _, kf := range files {
 		if _, ok := out[kf.Name]; ok {
 			continue
 		}
-		cands := mentions[kf.Name]
-		for i := range cands {
-			if p, ok := table.Get(cands[i].PID); ok {
-				cands[i].Start = p.StartTime
+		// No port owner (not listening yet, or ipc): the process that passes
+		// the file with -f is reported, unproven, as a hint for listings.
+		var cands []Owner
+		for _, c := range mentions[kf.Name] {
+			if p, ok := table.Get(c.PID); ok && p.Detailed && p.UID == kf.UID && f.fs.PathNames(c.PID, c.Arg, kf.ID, kf.Path) {
+				c.Start = p.StartTime
+				c.UIDMatch = true
+				c.Why = "no process listens on the kernel's shell port"
+				cands = append(cands, c)
 			}
 		}
 		if o, ok := pickKernel(cands); ok {
@@ -96,10 +136,55 @@ func (f *ProcFinder) FindKernels(files []KernelFile) (map[string]Owner, error) {
 	return out, firstErr
 }
 
+// namesFile reports whether pid passes kf in its argv (resolved as pid sees
+// it) or holds it open.
+func (f *ProcFinder) namesFile(pid int, kf KernelFile, mentions []Owner) bool {
+	for _, m := range mentions {
+		if m.PID == pid && f.fs.PathNames(pid, m.Arg, kf.ID, kf.Path) {
+			return true
+		}
+	}
+	return f.fs.HoldsOpen(pid, kf.ID)
+}
+
+// listenerFor picks the listening socket that serves connections to ip: one
+// bound to ip itself, or to the wildcard address.
+func listenerFor(ls []procs.Listener, ip string) (uint64, bool) {
+	want := net.ParseIP(ip)
+	switch ip {
+	case "", "*":
+		want = net.IPv4zero
+	case "localhost":
+		want = net.IPv4(127, 0, 0, 1)
+	}
+	if want == nil {
+		return 0, false
+	}
+	for _, l := range ls {
+		if l.IP.Equal(want) {
+			return l.Inode, true
+		}
+	}
+	for _, l := range ls {
+		if l.IP.IsUnspecified() {
+			return l.Inode, true
+		}
+	}
+	return 0, false
+}
+
+func argvOf(p procs.Proc) string {
+	if len(p.Argv) == 0 {
+		return p.Comm
+	}
+	return procs.CommandLine(p.Argv, 120)
+}
+
 // argvMentions maps each file's name to the processes whose argv passes it
 // as a kernel's connection file: "-f FILE", "--f=FILE", "--connection-file=FILE"
 // (Flagged), or FILE alone, as IRkernel's; FILE equal to the name or ending in
-// "/"+name.
+// "/"+name. Arg keeps the path as written, for resolving it as the process
+// sees it.
 func argvMentions(cmdlines map[int][]string, files []KernelFile) map[string][]Owner {
 	want := make(map[string]bool, len(files))
 	for _, kf := range files {
@@ -118,7 +203,7 @@ func argvMentions(cmdlines map[int][]string, files []KernelFile) map[string][]Ow
 				arg = arg[j+1:]
 			}
 			if base := filepath.Base(arg); want[base] {
-				out[base] = append(out[base], Owner{PID: pid, Flagged: flagged})
+				out[base] = append(out[base], Owner{PID: pid, Flagged: flagged, Arg: arg})
 				break
 			}
 		}

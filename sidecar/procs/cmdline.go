@@ -3,7 +3,10 @@ package procs
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"syscall"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Cmdlines reads the argv of every process (one read each, nothing else):
@@ -32,4 +35,21 @@ func (fs *FS) Cmdlines() (map[int][]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// CommandLine is argv joined by spaces, cut to at most max runes (an
+// ellipsis marks the cut; a UTF-8 character is never cut in half), with
+// control characters shown as spaces: for logs and messages.
+func CommandLine(argv []string, max int) string {
+	s := strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, strings.Join(argv, " "))
+	if utf8.RuneCountInString(s) <= max {
+		return s
+	}
+	runes := []rune(s)
+	return string(runes[:max-1]) + "…"
 }

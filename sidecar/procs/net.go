@@ -8,13 +8,12 @@ import (
 	"strconv"
 )
 
-// ListeningTCPPorts returns port → socket inode for the TCP sockets in
-// LISTEN state in <root>/net/tcp and tcp6: those of the network namespace of
-// the process reading them (/proc/net is /proc/self/net). Where several
-// sockets listen on one port, tcp's first entry wins over tcp6's. A missing
-// tcp6 (IPv6 disabled) is not an error.
-func (fs *FS) ListeningTCPPorts() (map[int]uint64, error) {
-	ports := make(map[int]uint64)
+// ListeningTCPPorts returns, by port, the TCP sockets in LISTEN state in
+// <root>/net/tcp and tcp6 (tcp's first): those of the network namespace of
+// the process reading them (/proc/net is /proc/self/net). A missing tcp6
+// (IPv6 disabled) is not an error.
+func (fs *FS) ListeningTCPPorts() (map[int][]Listener, error) {
+	ports := make(map[int][]Listener)
 	var errs []error
 	read := 0
 	for _, name := range []string{"tcp", "tcp6"} {

@@ -2,8 +2,10 @@ package procs
 
 import (
 	"bytes"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 )
 
@@ -156,10 +158,15 @@ func environValue(data []byte, key string) (string, bool) {
 	return "", false
 }
 
-// parseNetTCP returns port → socket inode for the listening sockets (state
-// 0A) of /proc/net/tcp or tcp6. Where several sockets listen on one port,
-// the first wins.
-func parseNetTCP(data []byte, into map[int]uint64) error {
+// Listener is one TCP socket in LISTEN state: its local address and inode.
+type Listener struct {
+	IP    net.IP
+	Inode uint64
+}
+
+// parseNetTCP adds the listening sockets (state 0A) of /proc/net/tcp or tcp6
+// to into, by port, in file order.
+func parseNetTCP(data []byte, into map[int][]Listener) error {
 	lines := bytes.Split(data, []byte{'\n'})
 	if len(lines) == 0 || !bytes.Contains(lines[0], []byte("local_address")) {
 		return errors.New("net/tcp: no header line")
@@ -185,6 +192,10 @@ func parseNetTCP(data []byte, into map[int]uint64) error {
 		if colon < 0 {
 			return fmt.Errorf("net/tcp line %d: local address %q", n+2, f[1])
 		}
+		ip, err := parseHexIP(f[1][:colon])
+		if err != nil {
+			return fmt.Errorf("net/tcp line %d: local address: %w", n+2, err)
+		}
 		port, err := strconv.ParseUint(string(f[1][colon+1:]), 16, 16)
 		if err != nil {
 			return fmt.Errorf("net/tcp line %d: port: %w", n+2, err)
@@ -193,11 +204,29 @@ func parseNetTCP(data []byte, into map[int]uint64) error {
 		if err != nil {
 			return fmt.Errorf("net/tcp line %d: inode: %w", n+2, err)
 		}
-		if _, seen := into[int(port)]; !seen && inode != 0 {
-			into[int(port)] = inode
+		if inode != 0 {
+			into[int(port)] = append(into[int(port)], Listener{IP: ip, Inode: inode})
 		}
 	}
 	return nil
+}
+
+// parseHexIP decodes /proc/net/tcp's address: 8 hex digits (IPv4) or 32
+// (IPv6), each 32-bit word in the host's byte order (little-endian on every
+// platform gpumem runs on).
+func parseHexIP(h []byte) (net.IP, error) {
+	if len(h) != 8 && len(h) != 32 {
+		return nil, fmt.Errorf("%q is not 8 or 32 hex digits", h)
+	}
+	raw := make([]byte, len(h)/2)
+	if _, err := hex.Decode(raw, h); err != nil {
+		return nil, fmt.Errorf("%q: %w", h, err)
+	}
+	ip := make(net.IP, len(raw))
+	for w := 0; w < len(raw); w += 4 {
+		ip[w], ip[w+1], ip[w+2], ip[w+3] = raw[w+3], raw[w+2], raw[w+1], raw[w]
+	}
+	return ip, nil
 }
 
 // parseSocketLink returns N from a /proc/<pid>/fd link "socket:[N]".

@@ -1,9 +1,11 @@
 package procs
 
 import (
+	"net"
 	"reflect"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestParseStat(t *testing.T) {
@@ -131,7 +133,7 @@ func TestParseNetTCP(t *testing.T) {
 	tests := []struct {
 		name    string
 		in      string
-		want    map[int]uint64
+		want    map[int][]Listener
 		wantErr bool
 	}{
 		{
@@ -141,15 +143,16 @@ func TestParseNetTCP(t *testing.T) {
 				"   1: 00000000:22B8 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 1234568 1 0000000000000000 100 0 0 10 0\n" +
 				"   2: 0100007F:CB21 0100007F:9C40 01 00000000:00000000 00:00000000 00000000  1000        0 1234569 1 0000000000000000 20 4 30 10 -1\n" +
 				"   3: 0100007F:1F90 0100007F:9C41 06 00000000:00000000 03:00000BB8 00000000     0        0 0 3 0000000000000000\n",
-			want: map[int]uint64{0xCB21: 1234567, 0x22B8: 1234568},
+			want: map[int][]Listener{0xCB21: {{IP: net.IPv4(127, 0, 0, 1).To4(), Inode: 1234567}}, 0x22B8: {{IP: net.IPv4zero.To4(), Inode: 1234568}}},
 		},
 		{
 			name: "tcp6",
 			in: header +
 				"   0: 00000000000000000000000001000000:CB22 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 7654321 1 0000000000000000 100 0 0 10 0\n",
-			want: map[int]uint64{0xCB22: 7654321},
+			want: map[int][]Listener{0xCB22: {{IP: net.IPv6loopback, Inode: 7654321}}},
 		},
-		{name: "header only", in: header, want: map[int]uint64{}},
+		{name: "header only", in: header, want: map[int][]Listener{}},
+		{name: "bad address", in: header + "   0: 0100:CB21 00000000:0000 0A 0:0 0:0 0 0 0 5\n", wantErr: true},
 		{name: "no header", in: "garbage\n", wantErr: true},
 		{name: "short line", in: header + "   0: 0100007F:CB21 00000000:0000 0A\n", wantErr: true},
 		{name: "bad port", in: header + "   0: 0100007F:XYZW 00000000:0000 0A 0:0 0:0 0 0 0 5\n", wantErr: true},
@@ -157,7 +160,7 @@ func TestParseNetTCP(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := map[int]uint64{}
+			got := map[int][]Listener{}
 			err := parseNetTCP([]byte(tt.in), got)
 			if (err != nil) != tt.wantErr {
 				t.Fatalf("err = %v, wantErr %v", err, tt.wantErr)
@@ -196,4 +199,23 @@ func FuzzParseStat(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_, _ = parseStat(data) // must not panic
 	})
+}
+
+func TestCommandLine(t *testing.T) {
+	tests := []struct {
+		argv []string
+		max  int
+		want string
+	}{
+		{[]string{"python", "-m", "ipykernel_launcher"}, 80, "python -m ipykernel_launcher"},
+		{[]string{"python", "-c", "import x\nx.run()"}, 80, "python -c import x x.run()"},
+		{[]string{"abcdef"}, 4, "abc…"},
+		{[]string{"ééééé"}, 3, "éé…"}, // never half a character
+		{nil, 5, ""},
+	}
+	for _, tc := range tests {
+		if got := CommandLine(tc.argv, tc.max); got != tc.want || !utf8.ValidString(got) {
+			t.Errorf("CommandLine(%q, %d) = %q, want %q", tc.argv, tc.max, got, tc.want)
+		}
+	}
 }

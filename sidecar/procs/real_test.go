@@ -128,10 +128,11 @@ func TestRealListeningSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inode, ok := ports[port]
-	if !ok {
-		t.Fatalf("port %d not among %d listening ports", port, len(ports))
+	ls, ok := ports[port]
+	if !ok || !ls[0].IP.Equal(net.IPv4(127, 0, 0, 1)) {
+		t.Fatalf("port %d not among %d listening ports on 127.0.0.1: %v", port, len(ports), ls)
 	}
+	inode := ls[0].Inode
 	owners, err := fs.SocketOwners([]uint64{inode})
 	if err != nil {
 		t.Fatal(err)

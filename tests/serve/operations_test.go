@@ -16,7 +16,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/gpumem/gpumem/internal/testenv")
+	"github.com/gpumem/gpumem/internal/testenv"
+)
 
 // TestServeMetrics scrapes the daemon's /metrics and checks the figures a
 // dashboard relies on, with the labels it groups by.

@@ -1,0 +1,80 @@
+// Package safefile reads files that someone else may control (connection
+// files, server files, kernelspecs, the simulated-GPU file) without letting
+// them hang or bloat the reader: only regular files are read, never more
+// than a cap, and opening never blocks (a FIFO or a device named like a
+// Jupyter file is an error, not a wait). It owns nothing else.
+package safefile
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Info is what the file was when it was read: its owner and identity.
+type Info struct {
+	UID uint32
+	Dev uint64
+	Ino uint64
+}
+
+// ErrNotRegular is returned for anything but a regular file.
+var ErrNotRegular = errors.New("not a regular file")
+
+// ErrTooLarge is returned for a file longer than the cap.
+var ErrTooLarge = errors.New("file too large")
+
+// Read returns the contents of the regular file at path, at most max bytes.
+// O_NONBLOCK makes opening a FIFO return at once (and is harmless for a
+// regular file); the type is then checked on the open descriptor, so a swap
+// between a check and the open cannot fool it. Errors name the path.
+func Read(path string, max int64) ([]byte, Info, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, Info{}, &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, Info{}, &fs.PathError{Op: "stat", Path: path, Err: err}
+	}
+	info := Info{UID: st.Uid, Dev: st.Dev, Ino: st.Ino}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return nil, info, fmt.Errorf("%s: %w (%s); remove it or point gpumem elsewhere", path, ErrNotRegular, kind(st.Mode))
+	}
+	if st.Size > max {
+		return nil, info, fmt.Errorf("%s: %w: %d bytes, at most %d are read", path, ErrTooLarge, st.Size, max)
+	}
+	// The size can grow after fstat (a file being written): read one byte
+	// past the cap to tell.
+	data, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, info, &fs.PathError{Op: "read", Path: path, Err: err}
+	}
+	if int64(len(data)) > max {
+		return nil, info, fmt.Errorf("%s: %w: more than %d bytes", path, ErrTooLarge, max)
+	}
+	return data, info, nil
+}
+
+func kind(mode uint32) string {
+	switch mode & syscall.S_IFMT {
+	case syscall.S_IFIFO:
+		return "a FIFO"
+	case syscall.S_IFCHR:
+		return "a character device"
+	case syscall.S_IFBLK:
+		return "a block device"
+	case syscall.S_IFSOCK:
+		return "a socket"
+	case syscall.S_IFDIR:
+		return "a directory"
+	}
+	return fmt.Sprintf("mode %#o", mode&syscall.S_IFMT)
+}

@@ -1,0 +1,86 @@
+package safefile
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestRead(t *testing.T) {
+	dir := t.TempDir()
+	regular := filepath.Join(dir, "kernel-a.json")
+	if err := os.WriteFile(regular, []byte(`{"a":1}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(dir, "big.json")
+	if err := os.WriteFile(big, make([]byte, 2048), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "kernel-fifo.json")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	toZero := filepath.Join(dir, "jpserver-1.json")
+	if err := os.Symlink("/dev/zero", toZero); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link.json")
+	if err := os.Symlink(regular, link); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		path    string
+		want    string
+		wantErr error
+		errText string
+	}{
+		{"regular", regular, `{"a":1}`, nil, ""},
+		{"symlink to a regular file", link, `{"a":1}`, nil, ""},
+		{"over the cap", big, "", ErrTooLarge, "2048 bytes, at most 1024"},
+		{"fifo", fifo, "", ErrNotRegular, "a FIFO"},
+		{"device", toZero, "", ErrNotRegular, "a character device"},
+		{"directory", dir, "", ErrNotRegular, "a directory"},
+		{"missing", filepath.Join(dir, "nope.json"), "", os.ErrNotExist, "nope.json"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			done := make(chan struct{})
+			var data []byte
+			var err error
+			go func() { data, _, err = Read(tc.path, 1024); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("Read(%s) blocked", tc.path)
+			}
+			if tc.wantErr == nil {
+				if err != nil || string(data) != tc.want {
+					t.Fatalf("Read = %q, %v; want %q", data, err, tc.want)
+				}
+				return
+			}
+			if !errors.Is(err, tc.wantErr) || !strings.Contains(err.Error(), tc.errText) || !strings.Contains(err.Error(), tc.path) {
+				t.Fatalf("Read error = %v; want %v mentioning %q and the path", err, tc.wantErr, tc.errText)
+			}
+		})
+	}
+}
+
+func TestReadOwner(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(p, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, info, err := Read(p, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.UID != uint32(os.Geteuid()) || info.Ino == 0 {
+		t.Fatalf("info = %+v, want uid %d and an inode", info, os.Geteuid())
+	}
+}
