@@ -34,6 +34,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	noInject := fs.Bool("no-inject", false, "don't inject the %gpumem magics into kernels")
 	logFormat := fs.String("log-format", "auto", "auto (readable on a terminal, JSON otherwise), json or console")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	kf := addKubeFlags(fs, env)
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -48,6 +49,11 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
+	pods, stopPods, err := kf.start(ctx, env.ProcRoot, log)
+	if err != nil {
+		return err
+	}
+	defer stopPods()
 	runtimeDirs := discovery.RuntimeDirs(env.getenv, dirs)
 	sock := *socket
 	if sock == "" {
@@ -72,6 +78,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		InjectMagics:       !*noInject,
 		FakeGPUFile:        env.getenv("GPUMEM_FAKE_GPU"),
 		ProcRoot:           env.ProcRoot,
+		Pods:               pods,
 	}, log)
 	if err != nil {
 		return err

@@ -25,6 +25,7 @@ import (
 
 	"github.com/gpumem/gpumem/nvml"
 	"github.com/gpumem/gpumem/sidecar/api"
+	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/discovery"
 	"github.com/gpumem/gpumem/sidecar/metrics"
 	"github.com/gpumem/gpumem/sidecar/procs"
@@ -53,6 +54,9 @@ type Config struct {
 
 	FakeGPUFile string // GPUMEM_FAKE_GPU
 	ProcRoot    string // "" = /proc
+
+	// Pods names the Kubernetes pod of each process; nil off Kubernetes.
+	Pods attribution.Pods
 }
 
 func (c *Config) defaults() {

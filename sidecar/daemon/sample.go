@@ -112,6 +112,7 @@ func (d *Daemon) sample(ctx context.Context) {
 	}
 
 	rep := attribution.Attribute(snap, table, kernels)
+	attribution.AddPods(&rep, table, d.cfg.Pods)
 	elapsed := time.Since(start)
 	d.mu.Lock()
 	attached := 0

@@ -212,8 +212,9 @@ type PodLookup interface {
 // Resolver answers attribution.Pods: it reads a process's cgroup (through
 // cgroups.Reader, i.e. procs.FS under its /proc root) and looks its pod
 // up. The cgroup of a process never changes once its container started,
-// so answers are cached by (pid, start time); Prune drops the processes
-// gone since.
+// so answers are cached by (pid, start time); the cache is dropped when
+// it grows past maxCached, which bounds it without tracking exits (it
+// holds only the kernels and GPU processes asked about).
 type Resolver struct {
 	cgroups cgroups.Reader
 	pods    PodLookup
@@ -221,6 +222,8 @@ type Resolver struct {
 	mu    sync.Mutex
 	cache map[procKey]cgroups.Container
 }
+
+const maxCached = 4096
 
 type procKey struct {
 	pid   int
@@ -248,6 +251,9 @@ func (r *Resolver) PodOf(pid int, startTime uint64) (attribution.Pod, bool) {
 			return attribution.Pod{}, false
 		}
 		r.mu.Lock()
+		if len(r.cache) >= maxCached {
+			clear(r.cache)
+		}
 		r.cache[key] = c
 		r.mu.Unlock()
 	}
@@ -255,17 +261,6 @@ func (r *Resolver) PodOf(pid int, startTime uint64) (attribution.Pod, bool) {
 		return attribution.Pod{}, false
 	}
 	return r.pods.Pod(c.PodUID, c.ContainerID)
-}
-
-// Prune forgets the processes for which alive returns false.
-func (r *Resolver) Prune(alive func(pid int, startTime uint64) bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for k := range r.cache {
-		if !alive(k.pid, k.start) {
-			delete(r.cache, k)
-		}
-	}
 }
 
 // InCluster builds a core-group client from the pod's service account

@@ -209,10 +209,15 @@ func TestResolver(t *testing.T) {
 	if files.calls != before {
 		t.Error("cgroup read again for a known process")
 	}
-	r.Prune(func(pid int, _ uint64) bool { return pid != 100 })
-	r.PodOf(100, 5)
+	r.PodOf(100, 6) // the pid reused by another process
 	if files.calls != before+1 {
-		t.Error("cgroup not read again after Prune")
+		t.Error("cgroup not read for a new process with a reused pid")
+	}
+	for pid := range maxCached {
+		r.PodOf(1000+pid, 1)
+	}
+	if len(r.cache) > maxCached {
+		t.Errorf("cache holds %d entries, more than %d", len(r.cache), maxCached)
 	}
 
 	// AddPods puts the pod on the notebook of that kernel and on other processes.

@@ -184,6 +184,7 @@ func New(src Source, log zerolog.Logger) *Metrics {
 	}
 	m.reg.MustRegister(
 		snapshotCollector{src: src},
+		podCollector{src: src},
 		m.reclaimedBytes,
 		m.reclaimedProcs,
 		collectors.NewGoCollector(),
