@@ -379,7 +379,7 @@ func checkArgs(t *testing.T, args []string) {
 		t.Fatalf("args %v: want serve first", args)
 	}
 	bin := filepath.Join(t.TempDir(), "gpumem")
-	build := exec.Command("go", "build", "-o", bin, "../../cmd/gpumem")
+	build := exec.Command("go", "build", "-tags", "kubernetes", "-o", bin, "../../cmd/gpumem")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
