@@ -691,11 +691,12 @@ def _flat(fws):
 # The sidecar (gpumem serve): the driver's (NVML) figure for this kernel.
 
 
-def driver_usage(timeout=0.5):
+def driver_usage(timeout=0.5, fresh=False):
     """Asks gpumem serve (its unix socket API) for this kernel's processes'
     GPU memory: GET /api/v1/kernels/<id> when the Go side passed the kernel
     id (the only request a kernel may make in shared mode), else GET
-    /api/v1/notebooks matched by pid.
+    /api/v1/notebooks matched by pid. fresh asks for a reading taken now
+    rather than the last sample (a report before and after a free).
 
     Returns None when no sidecar is configured, else a dict with bytes,
     per_gpu and pids, or with error."""
@@ -717,7 +718,7 @@ def driver_usage(timeout=0.5):
         if kid:
             from urllib.parse import quote
 
-            status, body = get("/api/v1/kernels/" + quote(kid, safe=""))
+            status, body = get("/api/v1/kernels/" + quote(kid, safe="") + ("?fresh=1" if fresh else ""))
             if status == 404:
                 return {"error": "gpumem serve does not know this kernel (%s) yet" % kid}
             if status != 200:
@@ -1313,7 +1314,7 @@ def free_data(names=(), all_=False, keep=(), dry_run=False, all_devices=False):
     data["cache_only"] = not names and not all_
     notes = []
     before = frameworks()
-    drv_before = driver_usage() if not dry_run else None
+    drv_before = driver_usage(fresh=True) if not dry_run else None
 
     plan = _plan_free(shell, names, all_, keep, all_devices)
     data["deleted"] = plan["deleted"]
@@ -1336,7 +1337,7 @@ def free_data(names=(), all_=False, keep=(), dry_run=False, all_devices=False):
         after = frameworks()
         data["frameworks"] = _fw_before_after(before, after)
         if drv_before is not None:
-            drv_after = driver_usage()
+            drv_after = driver_usage(fresh=True)
             if not drv_before.get("error") and drv_after and not drv_after.get("error"):
                 data["driver"] = {"before": drv_before["bytes"], "after": drv_after["bytes"]}
     else:

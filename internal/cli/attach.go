@@ -91,8 +91,17 @@ func runFree(ctx context.Context, env Env, args []string) error {
 	// standalone otherwise.
 	// Say so when the kernel's current cell keeps the free waiting; a
 	// fresh client cannot know the kernel is busy before its first status.
+	// The heartbeat tells a busy kernel (it answers) from a stopped, hung
+	// or dead one (it does not).
 	waiting := time.AfterFunc(time.Second, func() {
-		fmt.Fprintf(env.Stderr, "gpumem: kernel %s is busy (a cell is running?); the free runs after it (waiting up to %v)\n", k.ID, *timeout)
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if err := protocol.Ping(pctx, k.Connection); err != nil {
+			fmt.Fprintf(env.Stderr, "gpumem: kernel %s does not answer its heartbeat (stopped, hung or dead: %v); "+
+				"the free waits for it (up to %v)\n", k.ID, err, *timeout)
+			return
+		}
+		fmt.Fprintf(env.Stderr, "gpumem: kernel %s is busy (a cell is running); the free runs after it (waiting up to %v)\n", k.ID, *timeout)
 	})
 	raw, err := freeViaDaemon(ctx, env, dirs, k.ID, req)
 	var se *api.StatusError

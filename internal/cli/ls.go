@@ -206,7 +206,6 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 	if g.err != nil {
 		return attribution.Report{}, g.err
 	}
-	snap := g.snap
 	kernels := make([]attribution.Kernel, 0, len(res.Kernels))
 	for _, k := range res.Kernels {
 		kernel := attribution.Kernel{ID: k.ID, Notebook: k.Notebook}
@@ -215,11 +214,11 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 		}
 		kernels = append(kernels, kernel)
 	}
-	table, err := s.fs.ScanTree(attribution.DetailPIDs(snap, kernels))
+	obs, err := attribution.ObserveSnapshot(g.snap, s.fs, kernels)
 	if err != nil {
-		return attribution.Report{}, fmt.Errorf("reading processes: %w", err)
+		return attribution.Report{}, err
 	}
-	rep := attribution.Attribute(snap, table, kernels)
+	rep := obs.Report
 	for _, p := range res.Problems {
 		rep.Warnings = append(rep.Warnings, p.Error())
 	}

@@ -182,6 +182,7 @@ type fakeBackend struct {
 	kernels   map[int]fakeKernel // by pid
 	frees     []freeCall
 	freeFunc  func(ctx context.Context, kernelID string, req FreeRequest) (json.RawMessage, error)
+	fresh     map[string]attribution.Notebook
 }
 
 type fakeKernel struct {
@@ -197,6 +198,17 @@ type freeCall struct {
 
 func (b *fakeBackend) Kernels(context.Context) ([]KernelStatus, error) {
 	return []KernelStatus{{KernelID: "k-admin-only", Alive: true, Language: "python"}}, nil
+}
+
+// KernelNow answers from fresh, not from the report: the tests tell them apart.
+func (b *fakeBackend) KernelNow(_ context.Context, id string) (attribution.Notebook, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	nb, ok := b.fresh[id]
+	if !ok {
+		return attribution.Notebook{}, fmt.Errorf("kernel %s: %w", id, ErrKernelNotFound)
+	}
+	return nb, nil
 }
 
 func (b *fakeBackend) Report(context.Context) (attribution.Report, error) {

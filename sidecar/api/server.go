@@ -38,7 +38,21 @@ type Backend interface {
 	// Kernels lists the kernels the daemon follows, as `gpumem kernels`
 	// prints them.
 	Kernels(ctx context.Context) ([]KernelStatus, error)
+	// KernelNow is a kernel's figures sampled now (NVML and /proc), not
+	// from the last sample: what a report after a free must show. The
+	// error wraps ErrKernelNotFound for an unknown kernel.
+	KernelNow(ctx context.Context, kernelID string) (attribution.Notebook, error)
 }
+
+// Free deadlines. A free runs after the kernel's current cell, which may
+// take hours, so the caller's own deadline normally rules; the server caps
+// it. A free asked from inside the kernel itself can only be answered once
+// the asking cell ends, which it never will while it waits: it gets a short
+// deadline and says why.
+const (
+	maxFreeWait  = 30 * time.Minute
+	selfFreeWait = 10 * time.Second
+)
 
 // ErrKernelNotFound is wrapped by Backend.Free's error for a kernel the
 // daemon does not know; the API answers 404.
@@ -63,15 +77,16 @@ const (
 
 // Server serves the API on a Listener.
 type Server struct {
-	backend   Backend
-	log       zerolog.Logger
-	daemonUID uint32
+	backend      Backend
+	log          zerolog.Logger
+	daemonUID    uint32
+	selfFreeWait time.Duration
 }
 
 // NewServer returns a Server over backend. Admin rights go to root and to
 // the process's effective uid.
 func NewServer(backend Backend, opts Options) *Server {
-	return &Server{backend: backend, log: opts.Logger, daemonUID: uint32(os.Geteuid())}
+	return &Server{backend: backend, log: opts.Logger, daemonUID: uint32(os.Geteuid()), selfFreeWait: selfFreeWait}
 }
 
 // Serve serves the API on ln until ctx is done, then shuts down (in-flight
@@ -243,6 +258,18 @@ func (s *Server) serveKernels(w http.ResponseWriter, r *http.Request, _ caller) 
 
 func (s *Server) serveKernel(w http.ResponseWriter, r *http.Request, _ caller) {
 	id := r.PathValue("id")
+	if r.URL.Query().Get("fresh") == "1" {
+		nb, err := s.backend.KernelNow(r.Context(), id)
+		switch {
+		case errors.Is(err, ErrKernelNotFound):
+			s.writeError(w, r, http.StatusNotFound, err.Error())
+		case err != nil:
+			s.writeError(w, r, http.StatusServiceUnavailable, err.Error())
+		default:
+			s.writeJSON(w, r, http.StatusOK, nb)
+		}
+		return
+	}
 	rep, ok := s.report(w, r)
 	if !ok {
 		return
@@ -264,8 +291,20 @@ func (s *Server) serveFree(w http.ResponseWriter, r *http.Request, c caller) {
 		return
 	}
 	log := s.log.With().Str("kernel_id", id).Int("pid", c.peer.PID).Uint32("uid", c.peer.UID).Logger()
-	reply, err := s.backend.Free(r.Context(), id, req)
+	wait, self := maxFreeWait, false
+	if kid, _, ok := s.backend.KernelOfPID(r.Context(), c.peer.PID); ok && kid == id {
+		wait, self = s.selfFreeWait, true
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), wait)
+	defer cancel()
+	reply, err := s.backend.Free(ctx, id, req)
 	switch {
+	case self && errors.Is(err, context.DeadlineExceeded):
+		log.Warn().Err(err).Msg("free from inside the kernel timed out")
+		s.writeError(w, r, http.StatusGatewayTimeout, fmt.Sprintf("kernel %s did not run the free within %v: "+
+			"the request came from inside this kernel, whose running cell is waiting for it, and the free runs only "+
+			"after that cell; use %%gpumem free in the notebook instead", id, s.selfFreeWait))
+		return
 	case errors.Is(err, ErrKernelNotFound):
 		s.writeError(w, r, http.StatusNotFound, err.Error())
 		return

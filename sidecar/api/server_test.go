@@ -413,3 +413,36 @@ func TestParseMode(t *testing.T) {
 		t.Error("ParseMode(public): no error")
 	}
 }
+
+// ?fresh=1 answers from a sample taken now, not from the last report.
+func TestKernelFresh(t *testing.T) {
+	b := &fakeBackend{report: testReport(), fresh: map[string]attribution.Notebook{
+		"kernel-a": {KernelID: "kernel-a", GPUMemoryBytes: 12345}}}
+	ts := startServer(t, "", ModePrivate, b)
+	r := rawDo(t, ts.path, "GET", "/api/v1/kernels/kernel-a?fresh=1", SocketHost, nil, "")
+	if r.status != http.StatusOK || !strings.Contains(string(r.body), `"gpu_memory_bytes":12345`) {
+		t.Errorf("fresh: %d %s", r.status, r.body)
+	}
+	r = rawDo(t, ts.path, "GET", "/api/v1/kernels/nope?fresh=1", SocketHost, nil, "")
+	if r.status != http.StatusNotFound {
+		t.Errorf("fresh, unknown kernel: %d %s", r.status, r.body)
+	}
+}
+
+// A free asked from inside the kernel it frees cannot run before the
+// asking cell ends: it gets a short deadline and an error that says so,
+// instead of waiting forever.
+func TestFreeFromInsideItsKernel(t *testing.T) {
+	b := &fakeBackend{report: testReport()}
+	b.freeFunc = func(ctx context.Context, _ string, _ FreeRequest) (json.RawMessage, error) {
+		<-ctx.Done() // the kernel never gets to it
+		return nil, ctx.Err()
+	}
+	b.setKernel(os.Getpid(), fakeKernel{id: "kernel-a", owner: uint32(os.Getuid())})
+	ts := startServerWith(t, "", ModePrivate, b, func(s *Server) { s.selfFreeWait = 200 * time.Millisecond })
+	r := rawDo(t, ts.path, "POST", "/api/v1/kernels/kernel-a/free", SocketHost,
+		http.Header{"Content-Type": {"application/json"}}, "")
+	if r.status != http.StatusGatewayTimeout || !strings.Contains(string(r.body), "from inside this kernel") {
+		t.Errorf("self free: %d %s", r.status, r.body)
+	}
+}

@@ -57,68 +57,56 @@ func (d *Daemon) KernelOfPID(ctx context.Context, pid int) (string, uint32, bool
 	return "", 0, false
 }
 
+// KernelNow implements api.Backend: the kernel's figures from a reading
+// taken now.
+func (d *Daemon) KernelNow(ctx context.Context, kernelID string) (attribution.Notebook, error) {
+	obs, err := d.observe(ctx)
+	if err != nil {
+		return attribution.Notebook{}, err
+	}
+	for _, nb := range obs.Report.Notebooks {
+		if nb.KernelID == kernelID {
+			return nb, nil
+		}
+	}
+	return attribution.Notebook{}, fmt.Errorf("kernel %s: %w", kernelID, api.ErrKernelNotFound)
+}
+
 // Free implements api.Backend: a free run in the kernel after its current
 // cell; cache-only unless req names variables or All. The report carries the
-// driver's figure for the kernel before and after.
+// driver's figure for the kernel's processes before and after, each read
+// when it is reported (the last sample may be a second old).
 func (d *Daemon) Free(ctx context.Context, kernelID string, req api.FreeRequest) (json.RawMessage, error) {
 	d.mu.Lock()
-	var ks *kernelStateRef
+	var client *protocol.Client
+	found := false
 	for _, k := range d.kernels {
 		if k.id == kernelID {
-			ks = &kernelStateRef{k.client, k.cur}
+			client, found = k.client, true
 			break
 		}
 	}
 	d.mu.Unlock()
-	if ks == nil {
+	if !found {
 		return nil, fmt.Errorf("kernel %s: %w", kernelID, api.ErrKernelNotFound)
 	}
-	if ks.client == nil {
+	if client == nil {
 		return nil, fmt.Errorf("kernel %s is not attached yet (starting, or not answering); try again", kernelID)
 	}
-	before := d.kernelDriverBytes(ctx, ks.cur)
-	rep, err := magics.FreeCache(ctx, ks.client, magics.FreeOptions{Vars: req.Vars, All: req.All})
+	before, berr := d.KernelNow(ctx, kernelID)
+	rep, err := magics.FreeCache(ctx, client, magics.FreeOptions{Vars: req.Vars, All: req.All})
 	if errors.Is(err, magics.ErrFreeRefused) {
 		return nil, fmt.Errorf("%w: %w", api.ErrRefused, err)
 	}
 	if err != nil {
 		return nil, err
 	}
-	after := d.kernelDriverBytes(ctx, ks.cur)
-	if before != nil && after != nil {
-		rep.Driver = &magics.DriverDelta{Before: *before, After: *after}
+	after, aerr := d.KernelNow(ctx, kernelID)
+	if berr == nil && aerr == nil {
+		rep.Driver = &magics.DriverDelta{Before: before.GPUMemoryBytes, After: after.GPUMemoryBytes}
 	}
+	d.sampleSoon() // the report too
 	return json.Marshal(rep)
-}
-
-type kernelStateRef struct {
-	client *protocol.Client
-	cur    procID
-}
-
-// kernelDriverBytes is NVML's figure for the kernel's process tree now.
-func (d *Daemon) kernelDriverBytes(ctx context.Context, cur procID) *uint64 {
-	if cur.isZero() {
-		return nil
-	}
-	snap, err := d.gpus.Sample(ctx)
-	if err != nil || len(snap.Devices) == 0 {
-		return nil
-	}
-	held := gpuBytesByPID(snap)
-	details := make([]int, 0, len(held))
-	for pid := range held {
-		details = append(details, pid)
-	}
-	table, err := d.fs.ScanTree(details)
-	if err != nil {
-		return nil
-	}
-	var total uint64
-	for _, p := range table.KernelProcesses(cur.PID, cur.Start) {
-		total += held[p.PID]
-	}
-	return &total
 }
 
 // Kernels implements api.Backend: the kernels followed, liveness from the

@@ -3,6 +3,8 @@ package daemon
 import (
 	"context"
 	"errors"
+
+	"github.com/gpumem/gpumem/sidecar/attribution"
 )
 
 // startReclaim ends, in the background, the processes recorded in a dead
@@ -21,21 +23,13 @@ func (d *Daemon) startReclaim(ctx context.Context, ks *kernelState, recorded map
 
 func (d *Daemon) reclaim(ctx context.Context, ks *kernelState, recorded map[procID]recordedProc, why string) {
 	// Fresh figures: act only on what holds GPU memory now.
-	snap, err := d.gpus.Sample(ctx)
+	obs, err := d.observe(ctx)
 	if err != nil {
-		d.log.Warn().Err(err).Str("kernel_id", ks.id).Msg("reclaim: sampling GPUs failed; nothing done")
+		d.log.Warn().Err(err).Str("kernel_id", ks.id).Msg("reclaim: nothing done")
 		return
 	}
-	held := gpuBytesByPID(snap)
-	details := make([]int, 0, len(recorded))
-	for id := range recorded {
-		details = append(details, id.PID)
-	}
-	table, err := d.fs.ScanTree(details)
-	if err != nil {
-		d.log.Warn().Err(err).Str("kernel_id", ks.id).Msg("reclaim: reading /proc failed; nothing done")
-		return
-	}
+	held := attribution.BytesByPID(obs.Snapshot)
+	table := obs.Table
 	d.mu.Lock()
 	keep := d.liveKernelTreesLocked(table)
 	notebook := ks.notebook

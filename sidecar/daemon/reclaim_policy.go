@@ -139,4 +139,3 @@ func exited(ctx context.Context, fd int, d time.Duration) bool {
 		}
 	}
 }
-
