@@ -378,11 +378,8 @@ func checkArgs(t *testing.T, args []string) {
 	if len(args) == 0 || args[0] != "serve" {
 		t.Fatalf("args %v: want serve first", args)
 	}
-	bin := filepath.Join(t.TempDir(), "gpumem")
-	build := exec.Command("go", "build", "-tags", "kubernetes", "-o", bin, "../../cmd/gpumem")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	// The image's binary: the one the DaemonSet runs.
+	bin := filepath.Join(imageRootfs(t), "usr", "local", "bin", "gpumem")
 	help, _ := exec.Command(bin, "serve", "--help").CombinedOutput()
 	defined := map[string]bool{}
 	for _, m := range regexp.MustCompile(`(?m)^\s+-(-?[a-z][a-z0-9-]*)`).FindAllStringSubmatch(string(help), -1) {

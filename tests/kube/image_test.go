@@ -3,11 +3,13 @@ package kube
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,12 +41,7 @@ func TestImageAttributesHostKernels(t *testing.T) {
 			t.Fatalf("%s not found (util-linux, coreutils): %v", tool, err)
 		}
 	}
-	ctx := t.TempDir()
-	build := exec.Command("bash", "../../deploy/container/build.sh", ctx)
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build.sh: %v\n%s", err, out)
-	}
-	rootfs := filepath.Join(ctx, "rootfs")
+	rootfs := imageRootfs(t)
 
 	srv := testenv.StartServer(t, testenv.Notebook6)
 	reap := testenv.NewReaper(t, srv)
@@ -72,6 +69,9 @@ func TestImageAttributesHostKernels(t *testing.T) {
 		t.Fatal(err)
 	}
 	runtimeDir := srv.RuntimeDir()
+	if err := os.MkdirAll(filepath.Join(rootfs, "run"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	for _, d := range []string{filepath.Join(rootfs, "host", "proc"), filepath.Join(rootfs, runtimeDir)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -139,4 +139,39 @@ exec chroot "$ROOTFS" /usr/local/bin/gpumem ls --json`
 	}
 	t.Logf("image rootfs: gpumem ls in pid+mount namespaces attributed %d bytes of pid %s to %s",
 		found.GPUMemoryBytes, strconv.Itoa(kernelPID), strings.TrimPrefix(found.Notebook, srv.RootDir))
+}
+
+var (
+	imageOnce sync.Once
+	imageDir  string
+	imageErr  error
+)
+
+// imageRootfs builds the image's root filesystem once per test binary
+// (deploy/container/build.sh) and returns it; TestMain removes it.
+func imageRootfs(t *testing.T) string {
+	t.Helper()
+	imageOnce.Do(func() {
+		imageDir, imageErr = os.MkdirTemp("", "gpumem-image-")
+		if imageErr != nil {
+			return
+		}
+		out, err := exec.Command("bash", "../../deploy/container/build.sh", imageDir).CombinedOutput()
+		if err != nil {
+			imageErr = fmt.Errorf("build.sh: %w\n%s", err, out)
+		}
+	})
+	if imageErr != nil {
+		t.Fatal(imageErr)
+	}
+	return filepath.Join(imageDir, "rootfs")
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if imageDir != "" {
+		// Mounts were made in the test's own namespaces and are gone.
+		os.RemoveAll(imageDir)
+	}
+	os.Exit(code)
 }
