@@ -27,7 +27,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
 )
 
@@ -99,12 +98,24 @@ type serviceMonitor struct {
 	} `json:"spec"`
 }
 
+// kubeScheme knows the groups the chart may render, and no other: an
+// object of another kind fails to decode.
+var kubeScheme = func() *runtime.Scheme {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, rbacv1.AddToScheme} {
+		if err := add(s); err != nil {
+			panic(err)
+		}
+	}
+	return s
+}()
+
 // decodeAll splits a multi-document YAML stream and decodes each object
-// strictly: k8s.io/api objects through the client-go scheme's strict
+// strictly: k8s.io/api objects through a scheme's strict
 // decoder, ServiceMonitors into serviceMonitor with unknown fields refused.
 func decodeAll(t *testing.T, data []byte) []runtime.Object {
 	t.Helper()
-	strict := serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict).UniversalDeserializer()
+	strict := serializer.NewCodecFactory(kubeScheme, serializer.EnableStrict).UniversalDeserializer()
 	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	var objs []runtime.Object
 	for {
@@ -164,7 +175,7 @@ func stripComments(doc []byte) []byte {
 // TestStrictDecodeRejects: the decoder really refuses unknown and
 // duplicate fields, so the tests below can trust it.
 func TestStrictDecodeRejects(t *testing.T) {
-	strict := serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict).UniversalDeserializer()
+	strict := serializer.NewCodecFactory(kubeScheme, serializer.EnableStrict).UniversalDeserializer()
 	for name, doc := range map[string]string{
 		"unknown field":   "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec: {clusterIp: None}\n",
 		"duplicate field": "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec: {clusterIP: None, clusterIP: None}\n",
