@@ -23,8 +23,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
@@ -63,17 +63,22 @@ type NodePods struct {
 
 const uidIndex = "uid"
 
-// Client is what NodePods needs of a clientset: the core group only.
-// InCluster gives one without importing every API group's client (which
-// would weigh on the binary for nothing); client-go's fake Clientset is
-// one too.
-type Client interface {
-	CoreV1() corev1client.CoreV1Interface
+// PodsClient lists and watches pods: InCluster's REST client, or
+// client-go's typed PodInterface (a fake clientset's CoreV1().Pods("") in
+// tests). NewNodePods asks for pods of all namespaces, restricted to the
+// node by a field selector.
+//
+// A PodsClient that cannot stream a list as watch events (client-go's fake
+// clientset cannot) says so with IsWatchListSemanticsUnSupported() bool,
+// as client-go's own clients do.
+type PodsClient interface {
+	List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error)
+	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
 }
 
 // NewNodePods prepares an informer on the pods of cfg.NodeName; Run starts
 // it.
-func NewNodePods(client Client, cfg Config) (*NodePods, error) {
+func NewNodePods(pods PodsClient, cfg Config) (*NodePods, error) {
 	if cfg.NodeName == "" {
 		return nil, errors.New("kubernetes: no node name: set NODE_NAME from the downward API (spec.nodeName) or pass --node-name")
 	}
@@ -84,20 +89,19 @@ func NewNodePods(client Client, cfg Config) (*NodePods, error) {
 		cfg.ServerLabels = []string{LabelHubServerName}
 	}
 	selector := fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
-	pods := client.CoreV1()
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			opts.FieldSelector = selector
-			return pods.Pods(metav1.NamespaceAll).List(ctx, opts)
+			return pods.List(ctx, opts)
 		},
 		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 			opts.FieldSelector = selector
-			return pods.Pods(metav1.NamespaceAll).Watch(ctx, opts)
+			return pods.Watch(ctx, opts)
 		},
 	}
 	// The wrapper lets a client that cannot stream a list as watch events
-	// (the fake clientset) say so, as client-go's generated informers do.
-	inf := cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, client), &corev1.Pod{}, cache.SharedIndexInformerOptions{
+	// say so, as client-go's generated informers do.
+	inf := cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, pods), &corev1.Pod{}, cache.SharedIndexInformerOptions{
 		ResyncPeriod:      cfg.Resync,
 		ObjectDescription: "pods on node " + cfg.NodeName,
 		Indexers: cache.Indexers{uidIndex: func(obj any) ([]string, error) {
@@ -263,21 +267,55 @@ func (r *Resolver) PodOf(pid int, startTime uint64) (attribution.Pod, bool) {
 	return r.pods.Pod(c.PodUID, c.ContainerID)
 }
 
-// InCluster builds a core-group client from the pod's service account
-// (the token and CA the kubelet mounts).
-func InCluster() (Client, error) {
+// InCluster builds a client of pods from the pod's service account (the
+// token and CA the kubelet mounts).
+func InCluster() (PodsClient, error) {
 	cfg, err := rest.InClusterConfig()
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: not in a cluster, or no service account mounted: %w", err)
 	}
-	cfg.UserAgent = "gpumem"
-	client, err := corev1client.NewForConfig(cfg)
+	return NewRESTPods(cfg)
+}
+
+// NewRESTPods is a client of pods over the API server's REST interface
+// (client-go's rest package), knowing only the core group's types. The
+// typed clientset would do the same but links every API group's types
+// and clients: 56 packages of k8s.io/api and some 15 MB of binary.
+func NewRESTPods(cfg *rest.Config) (PodsClient, error) {
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("kubernetes: %w", err)
+	}
+	cfg = rest.CopyConfig(cfg)
+	cfg.GroupVersion = &corev1.SchemeGroupVersion
+	cfg.APIPath = "/api"
+	cfg.ContentType = runtime.ContentTypeJSON
+	cfg.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	if cfg.UserAgent == "" {
+		cfg.UserAgent = "gpumem"
+	}
+	client, err := rest.RESTClientFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: %w", err)
 	}
-	return coreClient{client}, nil
+	return restPods{client}, nil
 }
 
-type coreClient struct{ c *corev1client.CoreV1Client }
+type restPods struct{ c rest.Interface }
 
-func (c coreClient) CoreV1() corev1client.CoreV1Interface { return c.c }
+// IsWatchListSemanticsUnSupported keeps the informer to a plain list then
+// watch, which every API server version serves: streaming the initial list
+// as watch events saves memory on the server for large lists, and one
+// node's pods are a few dozen.
+func (restPods) IsWatchListSemanticsUnSupported() bool { return true }
+
+func (p restPods) List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error) {
+	list := &corev1.PodList{}
+	err := p.c.Get().Resource("pods").VersionedParams(&opts, metav1.ParameterCodec).Do(ctx).Into(list)
+	return list, err
+}
+
+func (p restPods) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	opts.Watch = true
+	return p.c.Get().Resource("pods").VersionedParams(&opts, metav1.ParameterCodec).Watch(ctx)
+}

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/gpumem/gpumem/sidecar/attribution"
@@ -39,6 +40,12 @@ func pod(name, ns, uid, node string, labels map[string]string, containers ...cor
 	}
 }
 
+// fakePods is the fake clientset's pods, which cannot stream a list as
+// watch events (the informer then lists, then watches).
+type fakePods struct{ corev1client.PodInterface }
+
+func (fakePods) IsWatchListSemanticsUnSupported() bool { return true }
+
 // start runs NodePods on a fake clientset and waits for its first list.
 func start(t *testing.T, cfg Config, objs ...*corev1.Pod) (*NodePods, *fake.Clientset) {
 	t.Helper()
@@ -48,7 +55,7 @@ func start(t *testing.T, cfg Config, objs ...*corev1.Pod) (*NodePods, *fake.Clie
 			t.Fatal(err)
 		}
 	}
-	np, err := NewNodePods(client, cfg)
+	np, err := NewNodePods(fakePods{client.CoreV1().Pods(metav1.NamespaceAll)}, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +160,7 @@ func TestNodePods(t *testing.T) {
 }
 
 func TestNewNodePodsNeedsNode(t *testing.T) {
-	_, err := NewNodePods(fake.NewClientset(), Config{})
+	_, err := NewNodePods(fakePods{fake.NewClientset().CoreV1().Pods("")}, Config{})
 	if err == nil || !strings.Contains(err.Error(), "NODE_NAME") {
 		t.Errorf("NewNodePods without a node: %v; want an error saying what to set", err)
 	}
