@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
-	"text/tabwriter"
 )
 
 // FreeOptions selects what FreeCache frees. The zero value is cache-only:
@@ -18,6 +16,11 @@ type FreeOptions struct {
 	All    bool     // every variable holding GPU memory, and hidden references holding GPU memory
 	Keep   []string // with All: variables to keep
 	DryRun bool     // report what would be freed; change nothing
+	// DriverBytes, when set, gives the driver's (NVML) figure for the
+	// kernel's processes now, or nil when it has none. FreeCache calls it
+	// before and after the free and reports both (FreeReport.Driver); the
+	// kernel then does not ask gpumem serve for its own figure.
+	DriverBytes func(ctx context.Context) *uint64
 }
 
 // ErrFreeRefused is wrapped by FreeCache's error when the kernel refused the
@@ -26,7 +29,8 @@ type FreeOptions struct {
 var ErrFreeRefused = errors.New("free refused")
 
 // FreeReport is the kernel's account of a free: the "free" data dict of
-// gpumem_magics.py (schema 1), as %gpumem free shows it.
+// the injected package (schema 1), with its renderings as %gpumem free
+// shows them. The CLI prints Text: the kernel's renderer is the only one.
 type FreeReport struct {
 	DryRun     bool            `json:"dry_run"`
 	All        bool            `json:"all"`
@@ -38,6 +42,9 @@ type FreeReport struct {
 	Driver     *DriverDelta    `json:"driver,omitempty"`
 	Notes      []string        `json:"notes"`
 	ElapsedMS  int64           `json:"elapsed_ms"`
+	// Text and HTML are the kernel's renderings of this report.
+	Text string `json:"text"`
+	HTML string `json:"html"`
 }
 
 // FreedVar is a variable that was (or, dry run, would be) deleted.
@@ -97,31 +104,70 @@ type DriverDelta struct {
 // request queues on the shell channel; it never interrupts). With the zero
 // FreeOptions it only collects garbage and empties the frameworks' caches.
 // It uses the injected magics when their version matches, else runs the
-// embedded code without registering any magic.
+// embedded code without registering any magic. With opts.DriverBytes the
+// report carries the driver's figure before and after, and its Text says
+// so (the kernel renders it again with that figure: one more request).
 func FreeCache(ctx context.Context, ex Executor, opts FreeOptions) (FreeReport, error) {
 	var ir InjectResult
 	if err := checkKernel(ctx, ex, &ir); err != nil {
 		return FreeReport{}, err
 	}
+	var before *uint64
 	req := map[string]any{"vars": nonNil(opts.Vars), "keep": nonNil(opts.Keep), "all": opts.All, "dry_run": opts.DryRun}
-	rep, err := runBoot(ctx, ex, "free", map[string]any{"version": Version()}, req)
+	if opts.DriverBytes != nil {
+		req["driver"] = false
+		before = opts.DriverBytes(ctx)
+	}
+	raw, err := runAction(ctx, ex, "free", req)
 	if err != nil {
 		return FreeReport{}, err
 	}
-	if !rep.OK {
-		if strings.Contains(rep.Error, "no IPython shell") {
-			return FreeReport{}, fmt.Errorf("free: %s: %w", rep.Error, ErrUnsupportedKernel)
-		}
-		return FreeReport{}, fmt.Errorf("free: failed in the kernel: %s", rep.Error)
-	}
 	var fr FreeReport
-	if err := json.Unmarshal(rep.Result, &fr); err != nil {
+	if err := json.Unmarshal(raw, &fr); err != nil {
 		return FreeReport{}, fmt.Errorf("free: decode the kernel's report: %w", err)
 	}
 	if fr.Error != "" {
 		return fr, fmt.Errorf("%w: %s", ErrFreeRefused, fr.Error)
 	}
-	return fr, nil
+	if opts.DriverBytes == nil || before == nil || fr.DryRun {
+		return fr, nil
+	}
+	after := opts.DriverBytes(ctx)
+	if after == nil {
+		return fr, nil
+	}
+	// The driver's figure joins the data dict, and the kernel renders the
+	// whole report again.
+	var data map[string]any
+	if err := json.Unmarshal(raw, &data); err != nil {
+		return FreeReport{}, fmt.Errorf("free: decode the kernel's report: %w", err)
+	}
+	data["driver"] = map[string]uint64{"before": *before, "after": *after}
+	raw, err = runAction(ctx, ex, "render", data)
+	if err != nil {
+		return FreeReport{}, err
+	}
+	var rendered FreeReport
+	if err := json.Unmarshal(raw, &rendered); err != nil {
+		return FreeReport{}, fmt.Errorf("render: decode the kernel's report: %w", err)
+	}
+	return rendered, nil
+}
+
+// runAction runs one of the bootstrap's actions on a request and returns
+// its result.
+func runAction(ctx context.Context, ex Executor, action string, request any) (json.RawMessage, error) {
+	rep, err := runBoot(ctx, ex, action, map[string]any{"version": Version()}, request)
+	if err != nil {
+		return nil, err
+	}
+	if !rep.OK {
+		if strings.Contains(rep.Error, "no IPython shell") {
+			return nil, fmt.Errorf("%s: %s: %w", action, rep.Error, ErrUnsupportedKernel)
+		}
+		return nil, fmt.Errorf("%s: failed in the kernel: %s", action, rep.Error)
+	}
+	return rep.Result, nil
 }
 
 func nonNil(s []string) []string {
@@ -129,157 +175,4 @@ func nonNil(s []string) []string {
 		return []string{}
 	}
 	return s
-}
-
-// WriteText writes the report as the CLI prints it.
-func (r FreeReport) WriteText(w io.Writer) error {
-	ew := &errWriter{w: w}
-	switch {
-	case r.DryRun:
-		ew.printf("dry run: nothing was freed\n")
-	case r.CacheOnly:
-		ew.printf("emptied the caches; no variable was touched\n")
-	case r.Error == "":
-		n := 0
-		for _, d := range r.Deleted {
-			if !d.Alive {
-				n++
-			}
-		}
-		ew.printf("deleted %d variable(s), %d of them freed\n", len(r.Deleted), n)
-	}
-	if r.Error != "" {
-		ew.printf("error: %s\n", r.Error)
-		return ew.err
-	}
-	if len(r.Deleted) > 0 {
-		if r.DryRun {
-			ew.printf("\nwould delete:\n")
-		} else {
-			ew.printf("\ndeleted:\n")
-		}
-		tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', 0)
-		for _, d := range r.Deleted {
-			status := "freed"
-			switch {
-			case r.DryRun:
-				status = ""
-			case d.Alive && len(d.HeldBy) > 0:
-				status = "still referenced by " + strings.Join(d.HeldBy, ", ")
-			case d.Alive:
-				status = "still referenced elsewhere"
-			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", d.Name, d.Type, d.Device, FormatBytes(d.Bytes), status)
-		}
-		ew.flush(tw)
-	}
-	if len(r.Hidden) > 0 {
-		ew.printf("\nIPython's hidden references:\n")
-		for _, h := range r.Hidden {
-			switch {
-			case h.Action == "kept":
-				ew.printf("  kept %s (%s): %s; `%%gpumem free --all` in the notebook drops it\n", h.Ref, h.What, FormatBytes(h.Bytes))
-			case r.DryRun:
-				ew.printf("  would drop %s (%s)\n", h.Ref, h.What)
-			default:
-				ew.printf("  dropped %s (%s)\n", h.Ref, h.What)
-			}
-		}
-	}
-	ew.printf("\n")
-	if len(r.Frameworks) == 0 {
-		ew.printf("No framework held GPU memory before or after.\n")
-	} else {
-		tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', 0)
-		fmt.Fprintf(tw, "framework\tdevice\tbefore (in use / held)\tafter (in use / held)\treturned to GPU\n")
-		for _, f := range r.Frameworks {
-			ret := "-"
-			if n, ok := f.Returned(); ok {
-				ret = formatSigned(n)
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", f.Label, f.Device, f.Before.text(), f.After.text(), ret)
-		}
-		ew.flush(tw)
-	}
-	if r.Driver != nil {
-		ew.printf("driver (NVML): %s -> %s for this kernel (%s)\n", FormatBytes(r.Driver.Before), FormatBytes(r.Driver.After),
-			formatDelta(int64(r.Driver.After)-int64(r.Driver.Before)))
-	}
-	if len(r.Notes) > 0 {
-		ew.printf("\n")
-		for _, n := range r.Notes {
-			ew.printf("%s\n", n)
-		}
-	}
-	ew.printf("took %d ms in the kernel\n", r.ElapsedMS)
-	return ew.err
-}
-
-// Text returns WriteText's output.
-func (r FreeReport) Text() string {
-	var b strings.Builder
-	_ = r.WriteText(&b) // a strings.Builder does not fail
-	return b.String()
-}
-
-func (u MemoryUsage) text() string {
-	held := "?"
-	if u.Held != nil {
-		held = FormatBytes(*u.Held)
-	}
-	return FormatBytes(u.Used) + " / " + held
-}
-
-type errWriter struct {
-	w   io.Writer
-	err error
-}
-
-func (e *errWriter) Write(p []byte) (int, error) {
-	if e.err != nil {
-		return 0, e.err
-	}
-	n, err := e.w.Write(p)
-	e.err = err
-	return n, err
-}
-
-func (e *errWriter) printf(format string, args ...any) {
-	fmt.Fprintf(e, format, args...)
-}
-
-func (e *errWriter) flush(tw *tabwriter.Writer) {
-	if err := tw.Flush(); err != nil && e.err == nil {
-		e.err = err
-	}
-}
-
-// FormatBytes formats a byte count in binary units as the magics do:
-// "512 B", "1.50 KiB", "2.00 GiB".
-func FormatBytes(n uint64) string {
-	if n < 1024 {
-		return fmt.Sprintf("%d B", n)
-	}
-	f := float64(n)
-	for _, unit := range []string{"KiB", "MiB", "GiB", "TiB", "PiB"} {
-		f /= 1024
-		if f < 1024 || unit == "PiB" {
-			return fmt.Sprintf("%.2f %s", f, unit)
-		}
-	}
-	return fmt.Sprintf("%d B", n)
-}
-
-func formatSigned(n int64) string {
-	if n < 0 {
-		return "-" + FormatBytes(uint64(-n))
-	}
-	return FormatBytes(uint64(n))
-}
-
-func formatDelta(n int64) string {
-	if n > 0 {
-		return "+" + FormatBytes(uint64(n))
-	}
-	return formatSigned(n)
 }

@@ -115,8 +115,9 @@ func (s *session) cell(code string, wantOK bool) testenv.FrontendReply {
 	return r
 }
 
-// probe runs code that prints one JSON object, and decodes it into out.
-func (s *session) probe(code string, out any) {
+// probe runs code that prints one JSON object, decodes it into out, and
+// returns the cell's reply.
+func (s *session) probe(code string, out any) testenv.FrontendReply {
 	s.t.Helper()
 	r := s.cell(code, true)
 	text := strings.TrimSpace(r.Text())
@@ -126,6 +127,7 @@ func (s *session) probe(code string, out any) {
 	if err := json.Unmarshal([]byte(text), out); err != nil {
 		s.t.Fatalf("probe %q printed %q: %v", code, r.Text(), err)
 	}
+	return r
 }
 
 // magic runs a %gpumem line as a cell and returns its data dict (the

@@ -6,12 +6,15 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
-	_ "embed"
+	"embed"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"maps"
+	"path"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,43 +22,76 @@ import (
 	"github.com/gpumem/gpumem/protocol"
 )
 
-//go:embed gpumem_magics.py
-var magicsSource string
+// The package injected into kernels, one module per job (see its
+// __init__.py), and the bootstrap that installs it from memory.
+//
+//go:embed py/gpumem_magics/*.py
+var packageFS embed.FS
 
-//go:embed bootstrap.py
+//go:embed py/bootstrap.py
 var bootstrapSource string
 
-// Source returns the Python source of the magics, as injected.
-func Source() string { return magicsSource }
+// Sources returns the injected package's modules: name (without .py) ->
+// Python source.
+func Sources() map[string]string { return maps.Clone(sources()) }
 
-// Version identifies the embedded source: the first 12 hex digits of its
-// SHA-256. The kernel's module reports it; FreeCache reuses an injected
-// module only when its version matches.
+var sources = sync.OnceValue(func() map[string]string {
+	const dir = "py/gpumem_magics"
+	entries, err := fs.ReadDir(packageFS, dir)
+	if err != nil {
+		panic(err) // embedded at build time: cannot fail
+	}
+	m := make(map[string]string, len(entries))
+	for _, e := range entries {
+		b, err := fs.ReadFile(packageFS, path.Join(dir, e.Name()))
+		if err != nil {
+			panic(err)
+		}
+		m[strings.TrimSuffix(e.Name(), ".py")] = string(b)
+	}
+	return m
+})
+
+// bundleJSON is the package as the bootstrap reads it: a JSON object of
+// module name -> source (encoding/json sorts the keys, so it is stable).
+var bundleJSON = sync.OnceValue(func() []byte {
+	b, err := json.Marshal(sources())
+	if err != nil {
+		panic(err) // strings always marshal
+	}
+	return b
+})
+
+// Version identifies the embedded package: the first 12 hex digits of the
+// SHA-256 of its bundle. The kernel's package reports it; FreeCache reuses
+// an injected package only when its version matches.
 func Version() string { return sourceVersion() }
 
 // Computed on first use, not at start-up: every gpumem command links this
 // package, few inject.
 var sourceVersion = sync.OnceValue(func() string {
-	sum := sha256.Sum256([]byte(magicsSource))
+	sum := sha256.Sum256(bundleJSON())
 	return hex.EncodeToString(sum[:6])
 })
 
-// compressedSource is the source as zlib+base64, which is what travels: a
+// compressedBundle is the bundle as zlib+base64, which is what travels: a
 // third of the size, and ipykernel hashes every cell's text in pure Python.
-var compressedSource = sync.OnceValue(func() string {
-	var b bytes.Buffer
-	w, err := zlib.NewWriterLevel(&b, zlib.BestCompression)
+var compressedBundle = sync.OnceValue(func() string { return compress(bundleJSON()) })
+
+func compress(b []byte) string {
+	var out bytes.Buffer
+	w, err := zlib.NewWriterLevel(&out, zlib.BestCompression)
 	if err != nil {
-		panic(err)
+		panic(err) // only for an invalid level
 	}
-	if _, err := w.Write([]byte(magicsSource)); err != nil {
-		panic(err)
+	if _, err := w.Write(b); err != nil {
+		panic(err) // a bytes.Buffer does not fail
 	}
 	if err := w.Close(); err != nil {
 		panic(err)
 	}
-	return base64.StdEncoding.EncodeToString(b.Bytes())
-})
+	return base64.StdEncoding.EncodeToString(out.Bytes())
+}
 
 // Executor is what magics needs of a kernel connection; *protocol.Client
 // satisfies it. Execute must send an execute_request on the shell channel
@@ -244,8 +280,8 @@ func pyVersion(v string) (major, minor int, ok bool) {
 }
 
 // runBoot sends the bootstrap with one action and decodes its report.
-func runBoot(ctx context.Context, ex Executor, action string, cfg map[string]any, free any) (bootReport, error) {
-	code, expr, nonce, err := bootCode(action, cfg, free)
+func runBoot(ctx context.Context, ex Executor, action string, cfg map[string]any, request any) (bootReport, error) {
+	code, expr, nonce, err := bootCode(action, cfg, request)
 	if err != nil {
 		return bootReport{}, err
 	}
@@ -280,15 +316,15 @@ func runBoot(ctx context.Context, ex Executor, action string, cfg map[string]any
 
 // bootCode builds the silent cell that execs bootstrap.py in a private
 // globals dict, and the user expression that fetches (and removes) its
-// report. The first line is a marker the bootstrap uses to find this cell
-// in linecache and remove it.
-func bootCode(action string, cfg map[string]any, free any) (code, expr, nonce string, err error) {
-	return bootCodeFor(compressedSource(), action, cfg, free)
+// report. The first line is a marker by which the package's hygiene module
+// finds this cell in linecache, to remove it.
+func bootCode(action string, cfg map[string]any, request any) (code, expr, nonce string, err error) {
+	return bootCodeFor(compressedBundle(), action, cfg, request)
 }
 
-// bootCodeFor is bootCode with the magics' source given (zlib+base64), for
-// tests that inject a broken source.
-func bootCodeFor(zsource, action string, cfg map[string]any, free any) (code, expr, nonce string, err error) {
+// bootCodeFor is bootCode with the bundle given (compressed), for tests
+// that inject a broken package.
+func bootCodeFor(bundle, action string, cfg map[string]any, request any) (code, expr, nonce string, err error) {
 	var nb [16]byte
 	if _, err := rand.Read(nb[:]); err != nil {
 		return "", "", "", fmt.Errorf("nonce: %w", err)
@@ -298,12 +334,12 @@ func bootCodeFor(zsource, action string, cfg map[string]any, free any) (code, ex
 	if err != nil {
 		return "", "", "", fmt.Errorf("config: %w", err)
 	}
-	if free == nil {
-		free = map[string]any{}
+	if request == nil {
+		request = map[string]any{}
 	}
-	freeJSON, err := json.Marshal(free)
+	reqJSON, err := json.Marshal(request)
 	if err != nil {
-		return "", "", "", fmt.Errorf("free options: %w", err)
+		return "", "", "", fmt.Errorf("%s request: %w", action, err)
 	}
 	var b strings.Builder
 	b.WriteString("# gpumem-inject ")
@@ -314,12 +350,12 @@ func bootCodeFor(zsource, action string, cfg map[string]any, free any) (code, ex
 	b.WriteString(pyStr(nonce))
 	b.WriteString(", \"action\": ")
 	b.WriteString(pyStr(action))
-	b.WriteString(", \"source\": __import__(\"zlib\").decompress(__import__(\"base64\").b64decode(")
-	b.WriteString(pyStr(zsource))
-	b.WriteString(")).decode(\"utf-8\"), \"config\": ")
+	b.WriteString(", \"bundle\": ")
+	b.WriteString(pyStr(bundle))
+	b.WriteString(", \"config\": ")
 	b.WriteString(pyStr(string(cfgJSON)))
-	b.WriteString(", \"free\": ")
-	b.WriteString(pyStr(string(freeJSON)))
+	b.WriteString(", \"request\": ")
+	b.WriteString(pyStr(string(reqJSON)))
 	b.WriteString("}})")
 	expr = fmt.Sprintf("__import__(\"sys\").modules.pop(\"_gpumem_report_%s\", None)", nonce)
 	return b.String(), expr, nonce, nil

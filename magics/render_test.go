@@ -14,7 +14,6 @@ import (
 	"testing"
 
 	"github.com/gpumem/gpumem/internal/testenv"
-	"github.com/gpumem/gpumem/magics"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -57,23 +56,24 @@ func remarshalBytes(t testing.TB, b []byte, out any) {
 	}
 }
 
-// renderPy renders data dicts with the embedded source's render(), in a
-// plain python3: no kernel, no IPython needed. It returns name -> [text, html].
+// renderPy renders data dicts with the package's render module (py/, the
+// files that are embedded), in a plain python3: no kernel, no IPython
+// needed. It returns name -> [text, html].
 func renderPy(t *testing.T, fixtures map[string]json.RawMessage) map[string][2]string {
 	t.Helper()
-	const driver = `import json, sys, types
+	const driver = `import json, sys
+from gpumem_magics import render
 req = json.load(sys.stdin)
-mod = types.ModuleType("_gpumem_magics")
-exec(compile(req["source"], "<gpumem_magics.py>", "exec"), mod.__dict__)
 out = {}
 for name, data in req["fixtures"].items():
-    out[name] = list(mod.render(data))
+    out[name] = list(render.render(data))
 sys.stdout.write(json.dumps(out))`
-	in, err := json.Marshal(map[string]any{"source": magics.Source(), "fixtures": fixtures})
+	in, err := json.Marshal(map[string]any{"fixtures": fixtures})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(testenv.Python(), "-c", driver)
+	cmd.Env = append(os.Environ(), "PYTHONPATH=py", "PYTHONDONTWRITEBYTECODE=1")
 	cmd.Stdin = bytes.NewReader(in)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -142,21 +142,6 @@ func TestRenderGolden(t *testing.T) {
 	}
 }
 
-// TestFreeReportTextGolden: the CLI's rendering (Go) of the free fixtures.
-func TestFreeReportTextGolden(t *testing.T) {
-	fx := loadFixtures(t)
-	for name, raw := range fx {
-		if !strings.HasPrefix(name, "free_") {
-			continue
-		}
-		var r magics.FreeReport
-		if err := json.Unmarshal(raw, &r); err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		checkGolden(t, filepath.Join("render", name+".cli.txt"), r.Text())
-	}
-}
-
 func wellFormed(s string) error {
 	d := xml.NewDecoder(strings.NewReader("<root>" + s + "</root>"))
 	d.Strict = true
@@ -167,17 +152,6 @@ func wellFormed(s string) error {
 		}
 		if err != nil {
 			return err
-		}
-	}
-}
-
-func TestFormatBytes(t *testing.T) {
-	for _, c := range []struct {
-		in   uint64
-		want string
-	}{{0, "0 B"}, {1023, "1023 B"}, {1024, "1.00 KiB"}, {1536, "1.50 KiB"}, {2 << 30, "2.00 GiB"}, {150754820096, "140.40 GiB"}} {
-		if got := magics.FormatBytes(c.in); got != c.want {
-			t.Errorf("FormatBytes(%d) = %q, want %q", c.in, got, c.want)
 		}
 	}
 }

@@ -7,7 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
+
+	"github.com/gpumem/gpumem/internal/safefile"
 )
 
 // The simulated-GPU file (GPUMEM_FAKE_GPU), for machines without a GPU:
@@ -44,10 +45,12 @@ type simProcess struct {
 
 type simulated struct{ path string }
 
-func (s *simulated) close() error { return nil }
+func (s *simulated) Close() error { return nil }
 
-func (s *simulated) sample(context.Context) (Snapshot, error) {
-	data, err := os.ReadFile(s.path)
+func (s *simulated) Sample(context.Context) (Snapshot, error) {
+	// Read as any file another may control: never a FIFO's wait, never
+	// more than a large simulated host's worth.
+	data, _, err := safefile.Read(s.path, 64<<20)
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("simulated GPU file (GPUMEM_FAKE_GPU): %w", err)
 	}
@@ -123,7 +126,7 @@ func (g simGPU) device(index int) (Device, error) {
 		}
 		seen[*p.PID] = true
 		proc := Process{PID: *p.PID, GPUInstanceID: NoInstance, ComputeInstanceID: NoInstance}
-		if *p.UsedBytes != unknownMemory {
+		if *p.UsedBytes != UnknownMemory {
 			proc.UsedBytes, proc.UsedKnown = *p.UsedBytes, true
 			sum += proc.UsedBytes
 		}
@@ -132,7 +135,7 @@ func (g simGPU) device(index int) (Device, error) {
 		}
 		dev.Processes = append(dev.Processes, proc)
 	}
-	sortProcesses(dev.Processes)
+	SortProcesses(dev.Processes)
 	dev.MemoryUsedBytes = sum
 	if g.MemoryUsedBytes != nil {
 		dev.MemoryUsedBytes = *g.MemoryUsedBytes

@@ -1,13 +1,19 @@
-// Package nvml owns GPUs and per-process GPU memory. It wraps an injected
-// go-nvml Interface, the simulated-GPU file (GPUMEM_FAKE_GPU) and the
-// no-driver fallback behind one Source.
+// Package nvml owns what gpumem knows of GPUs and per-process GPU memory:
+// the value types (Snapshot, Device, Process), Source (one sampler behind a
+// lock), the simulated-GPU file (GPUMEM_FAKE_GPU) and the no-driver
+// fallback.
 //
-// It is the only package of gpumem that imports go-nvml (cgo). It converts
-// nvml.Return codes into errors once, here, with %w, so callers can still use
-// errors.Is(err, gonvml.ERROR_NOT_SUPPORTED). It never calls NVML after a
-// failed Init (that aborts the process), and probes newer symbols before use.
+// It is pure Go: the NVIDIA driver itself (go-nvml, cgo) is read by package
+// nvml/driver, which opens a Source over it. Packages that only consume
+// snapshots (attribution, api, metrics) import this one and link no cgo.
 // It does not read /proc: whether a pid exists is for the caller to check.
 package nvml
+
+import (
+	"cmp"
+	"math"
+	"slices"
+)
 
 // Snapshot is one sample of every GPU.
 type Snapshot struct {
@@ -65,4 +71,18 @@ type Process struct {
 	UsedKnown         bool
 	GPUInstanceID     uint32
 	ComputeInstanceID uint32
+}
+
+// UnknownMemory is what NVML puts in a process's used memory when it cannot
+// tell (NVML_VALUE_NOT_AVAILABLE as an unsigned long long); the simulated
+// file uses the same value.
+const UnknownMemory = math.MaxUint64
+
+// SortProcesses orders processes by pid, then GPU and compute instance.
+func SortProcesses(procs []Process) {
+	slices.SortFunc(procs, func(a, b Process) int {
+		return cmp.Or(cmp.Compare(a.PID, b.PID),
+			cmp.Compare(a.GPUInstanceID, b.GPUInstanceID),
+			cmp.Compare(a.ComputeInstanceID, b.ComputeInstanceID))
+	})
 }

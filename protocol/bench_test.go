@@ -49,8 +49,7 @@ func BenchmarkAttach(b *testing.B) {
 	reportPercentiles(b, "attach-", d)
 }
 
-// BenchmarkExecuteRoundTrip: a silent execute of `pass`, isolated (the
-// default) and raw. kernel- is the kernel's own time (reply header.date
+// BenchmarkExecuteRoundTrip: a silent execute of `pass`. kernel- is the kernel's own time (reply header.date
 // minus metadata.started); overhead- is the round trip minus that.
 func BenchmarkExecuteRoundTrip(b *testing.B) {
 	k := testenv.StartKernel(b, b.TempDir())
@@ -58,7 +57,7 @@ func BenchmarkExecuteRoundTrip(b *testing.B) {
 	for _, bc := range []struct {
 		name string
 		opts ExecuteOptions
-	}{{"isolated", ExecuteOptions{}}, {"raw", ExecuteOptions{Raw: true}}} {
+	}{{"raw", ExecuteOptions{}}} {
 		b.Run(bc.name, func(b *testing.B) {
 			var rt, kernel, overhead []time.Duration
 			for range b.N {

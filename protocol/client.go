@@ -22,6 +22,11 @@ type Options struct {
 	HeartbeatInterval time.Duration // default 1s
 	HeartbeatTimeout  time.Duration // per beat; default 1s. A missed beat → reconnect
 	MaxFrameBytes     int64         // default 64 MiB; larger frames drop the connection
+	// MaxIOPubFrameBytes bounds iopub frames, default 64 KiB. The client
+	// reads only the kernel's status messages there (a few hundred bytes)
+	// and drops the rest, so a kernel that floods its output cannot make
+	// it hold large buffers.
+	MaxIOPubFrameBytes int64
 	// The client's own session id; default a fresh uuid.
 	Session  string
 	Username string // default "gpumem"
@@ -41,6 +46,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxFrameBytes <= 0 {
 		o.MaxFrameBytes = DefaultMaxFrameBytes
+	}
+	if o.MaxIOPubFrameBytes <= 0 {
+		o.MaxIOPubFrameBytes = 64 << 10
 	}
 	if o.Session == "" {
 		o.Session = uuid.NewString()
@@ -88,6 +96,8 @@ type Client struct {
 	path   string // connection file; "" for DialInfo (never re-read)
 	limits Limits
 	guard  *guardConfig
+	// iopubGuard is guard with the much smaller iopub limits.
+	iopubGuard *guardConfig
 
 	ctx     context.Context // ends at Close
 	cancel  context.CancelFunc
@@ -196,10 +206,12 @@ func dial(ctx context.Context, path string, info ConnectionInfo, opts Options) (
 	limits := Limits{MaxFrameBytes: opts.MaxFrameBytes}.withDefaults()
 	cctx, cancel := context.WithCancel(context.Background())
 	c := &Client{
-		opts:    opts,
-		path:    path,
-		limits:  limits,
-		guard:   newGuardConfig(limits, opts.ConnectTimeout),
+		opts:   opts,
+		path:   path,
+		limits: limits,
+		guard:  newGuardConfig(limits, opts.ConnectTimeout),
+		iopubGuard: newGuardConfig(Limits{MaxFrameBytes: opts.MaxIOPubFrameBytes, MaxFrames: limits.MaxFrames},
+			opts.ConnectTimeout),
 		ctx:     cctx,
 		cancel:  cancel,
 		stopped: make(chan struct{}),
@@ -303,7 +315,7 @@ func (c *Client) dialSockets(g *generation) error {
 	if err := g.shell.Dial(g.info.endpoint(g.info.ShellPort)); err != nil {
 		return fmt.Errorf("dial shell: %w", err)
 	}
-	g.iopub = zmq4.NewSub(sctx, opts...)
+	g.iopub = zmq4.NewSub(context.WithValue(g.ctx, guardKey{}, c.iopubGuard), opts...)
 	// Until the kernel's ident is known (from its first status message),
 	// subscribe to "kernel."; readIOPub then narrows to kernel.<ident>.status
 	// and drops every other topic unread.
@@ -522,6 +534,12 @@ func (c *Client) readIOPub(g *generation) {
 			continue
 		}
 		msg, err := Decode(zm.Frames, g.key, c.limits)
+		if err == nil && msg.Header.MsgType == "iopub_welcome" {
+			// ipykernel >= 7's XPUB greets every new subscription (JEP 65),
+			// on the subscribed topic: ours is a status topic.
+			c.iopubOther.Add(1)
+			continue
+		}
 		if err != nil || msg.Header.MsgType != "status" {
 			c.decodeErrors.Add(1)
 			continue
@@ -636,7 +654,7 @@ func (c *Client) roundTrip(ctx context.Context, control bool, msgType string, co
 			return nil, fmt.Errorf("%s: %w", msgType, ErrClosed)
 		}
 		c.mu.Lock()
-		g, ready, stopErr := c.gen, c.ready, c.stopErr
+		g, ready := c.gen, c.ready
 		c.mu.Unlock()
 		if g != nil {
 			return c.roundTripOn(ctx, g, control, msgType, content)
@@ -647,7 +665,7 @@ func (c *Client) roundTrip(ctx context.Context, control bool, msgType string, co
 			return nil, fmt.Errorf("%s: %w (%w)", msgType, ErrNotConnected, ctx.Err())
 		case <-c.stopped:
 			c.mu.Lock()
-			stopErr = c.stopErr
+			stopErr := c.stopErr
 			c.mu.Unlock()
 			return nil, fmt.Errorf("%s: %w: %w", msgType, ErrClosed, stopErr)
 		case <-c.ctx.Done():

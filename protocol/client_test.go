@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -113,8 +112,11 @@ func TestKernel(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// IPython 9's banner ends with a tip drawn at random for each reply.
+		last := c.LastKernelInfo()
+		last.Banner = ki.Banner
 		if ki.Implementation != "ipython" || ki.Language != "python" || !strings.HasPrefix(ki.ProtocolVersion, "5.") ||
-			ki.Session == "" || ki.Session != c.Session() || ki != c.LastKernelInfo() {
+			ki.Session == "" || ki.Session != c.Session() || ki != last {
 			t.Fatalf("kernel info %+v, session %q", ki, c.Session())
 		}
 		if !c.Alive() {
@@ -141,10 +143,10 @@ func TestKernel(t *testing.T) {
 			"plain": `answer + 1`,
 			"fails": `undefined_name`,
 		}
-		for _, raw := range []bool{false, true} {
-			r := mustExecute(t, c, "answer = 42", ExecuteOptions{UserExpressions: exprs, Raw: raw})
+		{
+			r := mustExecute(t, c, "answer = 42", ExecuteOptions{UserExpressions: exprs})
 			if r.Err() != nil || r.Status != "ok" {
-				t.Fatalf("raw=%v: %+v", raw, r)
+				t.Fatalf("%+v", r)
 			}
 			var got struct {
 				Answer int   `json:"answer"`
@@ -152,15 +154,15 @@ func TestKernel(t *testing.T) {
 			}
 			exprJSON(t, r, "json", &got)
 			if got.Answer != 42 || len(got.Nested) != 3 {
-				t.Fatalf("raw=%v: json expression %+v", raw, got)
+				t.Fatalf("json expression %+v", got)
 			}
 			if _, err := r.UserExpressions["plain"].JSON(); !errors.Is(err, ErrNoJSON) || !strings.Contains(err.Error(), "43") {
-				t.Fatalf("raw=%v: plain expression: %v", raw, err)
+				t.Fatalf("plain expression: %v", err)
 			}
 			if e := r.UserExpressions["fails"]; e.Status != "error" || e.EName != "NameError" {
-				t.Fatalf("raw=%v: failing expression %+v", raw, e)
+				t.Fatalf("failing expression %+v", e)
 			} else if _, err := e.JSON(); err == nil || !strings.Contains(err.Error(), "NameError") {
-				t.Fatalf("raw=%v: failing expression JSON(): %v", raw, err)
+				t.Fatalf("failing expression JSON(): %v", err)
 			}
 		}
 	})
@@ -170,9 +172,8 @@ func TestKernel(t *testing.T) {
 		if r.Status != "error" || r.EName != "ValueError" || r.EValue != "boom" || r.Err() == nil {
 			t.Fatalf("reply %+v", r)
 		}
-		tb := strings.Join(r.Traceback, "")
-		if !strings.Contains(tb, "<gpumem>") || strings.Contains(tb, "gpumem-isolate") {
-			t.Fatalf("traceback should show the injected code only:\n%s", tb)
+		if tb := strings.Join(r.Traceback, ""); !strings.Contains(tb, "boom") {
+			t.Fatalf("traceback lacks the exception:\n%s", tb)
 		}
 		r = mustExecute(t, c, "def (", ExecuteOptions{})
 		if r.EName != "SyntaxError" {
@@ -180,7 +181,7 @@ func TestKernel(t *testing.T) {
 		}
 	})
 
-	t.Run("InjectedLeavesNoTrace", func(t *testing.T) { testNoTrace(t, c) })
+	t.Run("SentAsGiven", func(t *testing.T) { testSentAsGiven(t, c) })
 
 	t.Run("IOPubFilter", func(t *testing.T) {
 		// Once the status topic is learned, user output never reaches us.
@@ -195,7 +196,7 @@ func TestKernel(t *testing.T) {
 			t.Fatal(err)
 		}
 		before := c.iopubOther.Load()
-		r := mustExecute(t, c, "print('x' * 1000)\nfor i in range(50): print(i)\n1234", ExecuteOptions{NotSilent: true, Raw: true})
+		r := mustExecute(t, c, "print('x' * 1000)\nfor i in range(50): print(i)\n1234", ExecuteOptions{NotSilent: true})
 		if r.Status != "ok" {
 			t.Fatalf("%+v", r)
 		}
@@ -283,35 +284,18 @@ func TestKernel(t *testing.T) {
 	})
 }
 
-// kernelState is what an injected execute must not change.
+// kernelState is the part of the kernel's state that a silent execute
+// shows it touched.
 type kernelState struct {
-	Count         int      `json:"count"`
-	In            int      `json:"In"`
-	HistoryRaw    int      `json:"history_raw"`
-	History       []string `json:"history"`
-	LastType      string   `json:"last_type"`
-	LastValue     string   `json:"last_value"`
-	LastValueID   int64    `json:"last_value_id"`
-	LastTraceback int64    `json:"last_traceback_id"`
-	LastResultID  int64    `json:"last_result_id"`
-	LastSucceeded bool     `json:"last_succeeded"`
-	CachedCells   int      `json:"cached_cells"`
-	Hooks         int      `json:"hooks"`
+	Count        int    `json:"count"`
+	LastValue    string `json:"last_value"`
+	LastResultID int64  `json:"last_result_id"`
 }
 
 const stateProbe = `type("Probe", (), {"_repr_json_": lambda self: (lambda sys, ip: {
     "count": ip.execution_count,
-    "In": len(ip.user_ns["In"]),
-    "history_raw": len(ip.history_manager.input_hist_raw),
-    "history": [s for _, _, s in ip.history_manager.get_range(0, 1, None)],
-    "last_type": repr(getattr(sys, "last_type", None)),
     "last_value": repr(getattr(sys, "last_value", None)),
-    "last_value_id": id(getattr(sys, "last_value", None)),
-    "last_traceback_id": id(getattr(sys, "last_traceback", None)),
     "last_result_id": id(ip.last_execution_result),
-    "last_succeeded": ip.last_execution_succeeded,
-    "cached_cells": sum("_gpumem_isolate_" in "".join(e[2]) for e in list(__import__("linecache").cache.values()) if len(e) > 2 and e[2]),
-    "hooks": len(ip.events.callbacks["post_execute"]),
 })(__import__("sys"), get_ipython())})()`
 
 func probe(t testing.TB, c *Client) kernelState {
@@ -322,73 +306,25 @@ func probe(t testing.TB, c *Client) kernelState {
 	return s
 }
 
-func testNoTrace(t *testing.T, c *Client) {
-	visible := ExecuteOptions{NotSilent: true, StoreHistory: true, Raw: true}
+// testSentAsGiven: Execute wraps nothing. A silent raise reaches IPython,
+// which overwrites sys.last_value and last_execution_result (why package
+// magics wraps the code it sends), and uses up no execution_count.
+func testSentAsGiven(t *testing.T, c *Client) {
+	visible := ExecuteOptions{NotSilent: true, StoreHistory: true}
 	first := mustExecute(t, c, "user_var = 1", visible)
 	if first.ExecutionCount == 0 {
 		t.Fatalf("visible execute has no execution_count: %+v", first)
 	}
-	if r := mustExecute(t, c, "1/0", visible); r.EName != "ZeroDivisionError" {
-		t.Fatalf("%+v", r)
-	}
-	base := probe(t, c)
-	// The probe runs inside an isolated cell: that cell, and its restore
-	// hook, are the only ones in flight. None may pile up.
-	if base.CachedCells != 1 {
-		t.Errorf("%d isolated cells in linecache, want only the probe's own", base.CachedCells)
-	}
-	// IPython's execution_count is the number the next cell will get.
-	if !strings.Contains(base.LastValue, "ZeroDivisionError") || base.Count != first.ExecutionCount+2 {
-		t.Fatalf("baseline %+v", base)
-	}
-
-	injections := []struct {
-		name string
-		code string
-		opts ExecuteOptions
-		want string // EName of the reply, or of expression "e"
-	}{
-		{"ok", "injected = 2", ExecuteOptions{}, ""},
-		{"raises", "raise RuntimeError('injected')", ExecuteOptions{}, "RuntimeError"},
-		{"syntax error", "def (", ExecuteOptions{}, "SyntaxError"},
-		{"keyboard interrupt", "raise KeyboardInterrupt", ExecuteOptions{}, "KeyboardInterrupt"},
-		{"system exit", "raise SystemExit(3)", ExecuteOptions{}, "SystemExit"},
-		{"expression raises", "pass", ExecuteOptions{UserExpressions: map[string]string{"e": "1/0"}}, "ZeroDivisionError"},
-		{"repr_json raises", "pass", ExecuteOptions{UserExpressions: map[string]string{
-			"e": `type("Bad", (), {"_repr_json_": lambda self: 1/0})()`}}, ""},
-	}
-	for _, inj := range injections {
-		r := mustExecute(t, c, inj.code, inj.opts)
-		got := r.EName
-		if e, ok := r.UserExpressions["e"]; ok && got == "" {
-			got = e.EName
-		}
-		if got != inj.want {
-			t.Errorf("%s: got exception %q, want %q (reply %+v)", inj.name, got, inj.want, r)
-		}
-		// ipykernel replies with the count of the last visible cell.
-		if r.ExecutionCount != base.Count-1 {
-			t.Errorf("%s: reply execution_count %d", inj.name, r.ExecutionCount)
-		}
-		if after := probe(t, c); !reflect.DeepEqual(after, base) {
-			t.Errorf("%s changed the kernel's state:\nbefore %+v\nafter  %+v", inj.name, base, after)
-		}
-	}
-
-	// The user's next cell gets the next execution_count: nothing was used up.
-	if r := mustExecute(t, c, "user_var2 = 3", visible); r.ExecutionCount != base.Count {
-		t.Errorf("next visible execute has execution_count %d, want %d", r.ExecutionCount, base.Count)
-	}
-
-	// The probe can see a change: a raw silent raise does overwrite
-	// sys.last_value (why Execute isolates by default).
 	before := probe(t, c)
-	if r := mustExecute(t, c, "raise ValueError('raw')", ExecuteOptions{Raw: true}); r.EName != "ValueError" {
+	if before.Count != first.ExecutionCount+1 {
+		t.Fatalf("baseline %+v after cell %d", before, first.ExecutionCount)
+	}
+	if r := mustExecute(t, c, "raise ValueError('raw')", ExecuteOptions{}); r.EName != "ValueError" || r.ExecutionCount != first.ExecutionCount {
 		t.Fatalf("%+v", r)
 	}
 	if after := probe(t, c); !strings.Contains(after.LastValue, "raw") || after.Count != before.Count ||
-		after.LastResultID == before.LastResultID || after.LastSucceeded {
-		t.Errorf("raw silent raise: before %+v after %+v", before, after)
+		after.LastResultID == before.LastResultID {
+		t.Errorf("silent raise: before %+v after %+v", before, after)
 	}
 }
 
@@ -416,7 +352,7 @@ func testBusy(t *testing.T, c *Client) {
 		}()
 		return ch
 	}
-	visible := ExecuteOptions{NotSilent: true, Raw: true}
+	visible := ExecuteOptions{NotSilent: true}
 
 	// A long cell: control still answers within a second; Interrupt ends it.
 	marker := filepath.Join(dir, "busy30")
@@ -538,7 +474,7 @@ func TestKill9(t *testing.T) {
 // TestRestartThroughServer: a restart through the REST API is followed by
 // the client alone; shutdown (connection file deleted) stops it.
 func TestRestartThroughServer(t *testing.T) {
-	for _, kind := range []testenv.ServerKind{testenv.JupyterServer, testenv.Notebook6} {
+	for _, kind := range testenv.ServerKinds() {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
 			testRestartThroughServer(t, kind)
@@ -555,7 +491,7 @@ func testRestartThroughServer(t *testing.T, kind testenv.ServerKind) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	oldSession := c.Session()
+	oldSession, oldInfo := c.Session(), c.Info()
 
 	s.JSON(t, http.MethodPost, "api/kernels/"+sess.Kernel.ID+"/restart", nil, nil)
 	ev := waitEvent(t, c, EventRestarted, 30*time.Second)
@@ -576,7 +512,13 @@ func testRestartThroughServer(t *testing.T, kind testenv.ServerKind) {
 	if got.PID != newPID {
 		t.Fatalf("execute after restart ran in pid %d, want %d", got.PID, newPID)
 	}
-	t.Logf("restart: pid %d → %d, session %s → %s", oldPID, newPID, oldSession, ev.Session)
+	// A restart through the server keeps the connection file, its ports and
+	// its key (jupyter_client 7.4 and 8.10 alike, measured here).
+	if ni := c.Info(); ni.ShellPort != oldInfo.ShellPort || ni.IOPubPort != oldInfo.IOPubPort || ni.ControlPort != oldInfo.ControlPort ||
+		ni.HBPort != oldInfo.HBPort || ni.Key != oldInfo.Key {
+		t.Errorf("restart changed the connection: %+v → %+v", oldInfo, ni)
+	}
+	t.Logf("restart: pid %d → %d, session %s → %s, same ports and key", oldPID, newPID, oldSession, ev.Session)
 
 	// Shutting the kernel down deletes its connection file: the client stops.
 	resp, err := s.Do(http.MethodDelete, "api/sessions/"+sess.ID, nil)

@@ -12,9 +12,10 @@
 //   - transport.go: the transports zmq4 dials through, which bound frame
 //     sizes, handshakes and writes (zmq4 trusts its peer).
 //   - client.go: Client, its goroutines, heartbeat and reconnection.
-//   - requests.go: KernelInfo, Execute, Interrupt, Usage.
-//   - isolate.py: the wrapper that keeps a silent Execute from touching the
-//     user's sys.last_value and friends.
+//   - requests.go: KernelInfo, Execute, Interrupt, Usage. Execute sends the
+//     code it is given: what the code does to the kernel's state (IPython
+//     overwrites sys.last_* even for silent requests) is the caller's
+//     business; gpumem's own code is wrapped by package magics.
 //
 // Life of a Client: Dial connects every socket and waits for kernel_info
 // (EventConnected). One reader goroutine per socket drains it until it is

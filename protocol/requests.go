@@ -3,9 +3,6 @@ package protocol
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	_ "embed"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,7 +21,10 @@ type KernelInfo struct {
 }
 
 // ExecuteOptions controls an execute_request. The zero value is silent,
-// store_history=false, allow_stdin=false, stop_on_error=false, isolated.
+// store_history=false, allow_stdin=false, stop_on_error=false. The code is
+// sent as given: keeping a silent request from touching the user's
+// sys.last_* and friends is the caller's business (package magics wraps
+// its own code), since that is Python, not protocol.
 type ExecuteOptions struct {
 	// NotSilent sends silent=false (the default request is silent).
 	NotSilent bool
@@ -32,17 +32,10 @@ type ExecuteOptions struct {
 	StoreHistory bool
 	// UserExpressions are evaluated after the code; see ExecuteReply.
 	UserExpressions map[string]string
-	// Raw sends the code as is. By default a silent execute on an IPython
-	// kernel runs the code (and the user expressions) inside a wrapper that
-	// catches its exceptions and restores sys.last_type/value/traceback/exc,
-	// because IPython overwrites them even for silent requests. The wrapper
-	// runs the code with exec(): top-level await is not available.
-	Raw bool
 }
 
 // ExecuteReply is the content of an execute_reply plus decoded
-// user_expressions. For an isolated (default) execute, Status, EName,
-// EValue and Traceback describe the injected code's exception, if any.
+// user_expressions.
 type ExecuteReply struct {
 	Status         string // "ok", "error", "aborted"
 	ExecutionCount int
@@ -183,47 +176,6 @@ func (c *Client) Usage(ctx context.Context) (pid int, err error) {
 	return *content.PID, nil
 }
 
-//go:embed isolate.py
-var isolateSource string
-
-// isolateKey is the one user expression an isolated execute sends.
-const isolateKey = "gpumem"
-
-const isolateExpr = `__import__("IPython").get_ipython().__dict__.pop("_gpumem_result", None)`
-
-// isolatedCode wraps code and the user expressions for isolate.py. The
-// strings travel as JSON string literals, which are valid Python literals.
-// Compiling isolate.py costs about 0.6 ms, so the kernel keeps the code
-// object on the shell, under a name that changes with the source.
-func isolatedCode(code string, exprs map[string]string) (string, error) {
-	lit, err := jsonMarshal(code)
-	if err != nil {
-		return "", err
-	}
-	if exprs == nil {
-		exprs = map[string]string{}
-	}
-	ex, err := jsonMarshal(exprs)
-	if err != nil {
-		return "", err
-	}
-	return isolatePrefix + string(lit) + `, "_gpumem_exprs": ` + string(ex) + `}))(__import__("builtins"), __import__("IPython").get_ipython())`, nil
-}
-
-var isolatePrefix = func() string {
-	src, err := jsonMarshal(isolateSource)
-	if err != nil {
-		panic(err) // a string always marshals
-	}
-	sum := sha256.Sum256([]byte(isolateSource))
-	cache := fmt.Sprintf("%q", "_gpumem_isolate_"+hex.EncodeToString(sum[:6]))
-	// Two lines: IPython applies its dynamic (autocall) transformations to
-	// one-line cells only; the first line also marks the cell for
-	// isolate.py, which removes it from linecache.
-	return "# gpumem-isolate\n" + `(lambda b, ip: b.exec(ip.__dict__.get(` + cache + `) or ip.__dict__.setdefault(` + cache +
-		`, b.compile(` + string(src) + `, "<gpumem-isolate>", "exec")), {"__name__": "gpumem", "_gpumem_code": `
-}()
-
 type executeRequest struct {
 	Code            string            `json:"code"`
 	Silent          bool              `json:"silent"`
@@ -242,13 +194,13 @@ type expressionContent struct {
 }
 
 func (e expressionContent) result() ExpressionResult {
-	return ExpressionResult{Status: e.Status, Data: e.Data, EName: e.EName, EValue: e.EValue, Traceback: e.Traceback}
+	return ExpressionResult(e)
 }
 
 // Execute sends execute_request on the shell channel and waits, within ctx,
 // for its reply: a kernel busy with a cell answers when the cell is done.
 // By default the request is silent (no execution_count, no history, no
-// outputs in the frontend) and isolated (see ExecuteOptions.Raw).
+// outputs in the frontend); the code is sent as given.
 func (c *Client) Execute(ctx context.Context, code string, opts ExecuteOptions) (ExecuteReply, error) {
 	req := executeRequest{
 		Code:            code,
@@ -259,23 +211,14 @@ func (c *Client) Execute(ctx context.Context, code string, opts ExecuteOptions) 
 	if req.UserExpressions == nil {
 		req.UserExpressions = map[string]string{}
 	}
-	isolated := req.Silent && !opts.Raw && c.LastKernelInfo().Implementation == "ipython"
-	if isolated {
-		wrapped, err := isolatedCode(code, opts.UserExpressions)
-		if err != nil {
-			return ExecuteReply{}, fmt.Errorf("execute_request: %w", err)
-		}
-		req.Code = wrapped
-		req.UserExpressions = map[string]string{isolateKey: isolateExpr}
-	}
 	msg, err := c.roundTrip(ctx, false, "execute_request", req)
 	if err != nil {
 		return ExecuteReply{}, err
 	}
-	return parseExecuteReply(msg, isolated)
+	return parseExecuteReply(msg)
 }
 
-func parseExecuteReply(msg *Message, isolated bool) (ExecuteReply, error) {
+func parseExecuteReply(msg *Message) (ExecuteReply, error) {
 	if err := expectReply(msg, "execute_reply"); err != nil {
 		return ExecuteReply{}, fmt.Errorf("execute_request: %w", err)
 	}
@@ -306,35 +249,8 @@ func parseExecuteReply(msg *Message, isolated bool) (ExecuteReply, error) {
 			reply.KernelTime = done.Sub(started)
 		}
 	}
-	if !isolated || reply.Status != "ok" {
-		// Not isolated, or interrupted or aborted outside the wrapper's guard.
-		reply.UserExpressions = make(map[string]ExpressionResult, len(content.UserExpressions))
-		for name, e := range content.UserExpressions {
-			reply.UserExpressions[name] = e.result()
-		}
-		return reply, nil
-	}
-	wrapped, ok := content.UserExpressions[isolateKey]
-	if !ok {
-		return ExecuteReply{}, fmt.Errorf("execute_reply: isolated execute: no %q user expression in the reply", isolateKey)
-	}
-	raw, err := wrapped.result().JSON()
-	if err != nil {
-		return ExecuteReply{}, fmt.Errorf("execute_reply: isolated execute: %w", err)
-	}
-	var result struct {
-		Error       *expressionContent           `json:"error"`
-		Expressions map[string]expressionContent `json:"expressions"`
-	}
-	if err := json.Unmarshal(raw, &result); err != nil {
-		return ExecuteReply{}, fmt.Errorf("execute_reply: isolated execute: %w", err)
-	}
-	if result.Error != nil {
-		reply.Status = "error"
-		reply.EName, reply.EValue, reply.Traceback = result.Error.EName, result.Error.EValue, result.Error.Traceback
-	}
-	reply.UserExpressions = make(map[string]ExpressionResult, len(result.Expressions))
-	for name, e := range result.Expressions {
+	reply.UserExpressions = make(map[string]ExpressionResult, len(content.UserExpressions))
+	for name, e := range content.UserExpressions {
 		reply.UserExpressions[name] = e.result()
 	}
 	return reply, nil

@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/security/null"
+	"github.com/google/uuid"
 )
 
 func greeting() []byte {
@@ -151,6 +152,8 @@ type fakeKernel struct {
 	wg        sync.WaitGroup
 	// onControl runs for each message received on control.
 	onControl func(conn net.Conn, zc *zmq4.Conn, msg zmq4.Msg)
+	// onIOPub runs once for each connection to iopub.
+	onIOPub func(zc *zmq4.Conn)
 }
 
 func startFakeKernel(t *testing.T, onControl func(net.Conn, *zmq4.Conn, zmq4.Msg)) *fakeKernel {
@@ -194,6 +197,9 @@ func (fk *fakeKernel) serve(l net.Listener, typ zmq4.SocketType, control bool) {
 			zc, err := zmq4.Open(conn, null.Security(), typ, zmq4.SocketIdentity("fake"), true, nil)
 			if err != nil {
 				return
+			}
+			if typ == zmq4.Pub && fk.onIOPub != nil {
+				fk.onIOPub(zc)
 			}
 			for {
 				msg, err := zc.RecvMsg()
@@ -315,5 +321,56 @@ func TestDialRefused(t *testing.T) {
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("took %v", d)
+	}
+}
+
+// replyKernelInfo answers a control request with a signed kernel_info_reply.
+func replyKernelInfo(zc *zmq4.Conn, msg zmq4.Msg, key []byte) {
+	var ids [][]byte
+	var parent []byte
+	for i, f := range msg.Frames {
+		if string(f) == Delimiter {
+			ids = msg.Frames[:i]
+			if i+2 < len(msg.Frames) {
+				parent = msg.Frames[i+2]
+			}
+			break
+		}
+	}
+	hdr := []byte(`{"msg_id":"` + uuid.NewString() + `","msg_type":"kernel_info_reply","session":"s","username":"k","date":"","version":"5.3"}`)
+	content := []byte(`{"status":"ok","protocol_version":"5.3","implementation":"fake","language_info":{"name":"python"}}`)
+	sig := Sign(key, hdr, parent, []byte("{}"), content)
+	frames := append(append([][]byte{}, ids...), []byte(Delimiter), []byte(sig), hdr, parent, []byte("{}"), content)
+	_ = zc.SendMsg(zmq4.NewMsgFrom(frames...))
+}
+
+// TestHostileKernelIOPubFlood: iopub, where the client reads only status
+// messages, takes frames of 64 KiB at most: a kernel publishing a 1 MiB
+// message is disconnected before the message is buffered, though its
+// shell and control replies are well formed.
+func TestHostileKernelIOPubFlood(t *testing.T) {
+	key := []byte("k")
+	fk := startFakeKernel(t, func(conn net.Conn, zc *zmq4.Conn, msg zmq4.Msg) { replyKernelInfo(zc, msg, key) })
+	big := make([]byte, 1<<20)
+	fk.onIOPub = func(zc *zmq4.Conn) {
+		_ = zc.SendMsg(zmq4.NewMsgFrom([]byte("kernel.x.execute_result"), []byte(Delimiter), []byte("sig"), big))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := DialInfo(ctx, fk.info, Options{HeartbeatInterval: time.Hour})
+	if err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	defer c.Close()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case ev := <-c.Events():
+			if ev.Kind == EventDisconnected && ev.Err != nil && strings.Contains(ev.Err.Error(), "frame, limit 65536") {
+				return
+			}
+		case <-deadline:
+			t.Fatal("no disconnect over the 1 MiB iopub frame")
+		}
 	}
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""gpu_host_check.py: gpumem on a real GPU host, end to end (issues 3 and 5).
+"""gpu_host_check.py: gpumem on a real GPU host, end to end: attribution by
+notebook against nvidia-smi, and the sidecar reclaiming an orphan.
 
-Run on the lent GPU host after `source /tmp/gpukit/env.sh` (gpu-kit), with
+Run on the lent GPU host after sourcing gpu-kit's env.sh (the Jupyter stack;
+$GPUKIT names where it was unpacked), with
 GPUMEM_BIN naming a gpumem binary built with cgo:
 
   1. a real jupyter_server, a real kernel holding a 2 GiB torch tensor on
@@ -17,6 +19,7 @@ GPUMEM_BIN naming a gpumem binary built with cgo:
 Prints PASS/FAIL/INFO lines; exit 1 if any check failed. Every wait has a
 deadline.
 """
+
 import json
 import os
 import secrets
@@ -38,8 +41,12 @@ def result(status, msg):
 
 
 def smi():
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
-                          "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30).stdout
+    out = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
     procs = {}
     for line in out.strip().splitlines():
         pid, mib = [x.strip() for x in line.split(",")]
@@ -64,15 +71,21 @@ def main():
     os.makedirs(os.path.join(root, "team"), exist_ok=True)
     with open(os.path.join(root, "team", "train.ipynb"), "w") as f:
         f.write('{"cells":[],"metadata":{},"nbformat":4,"nbformat_minor":5}')
-    server = subprocess.Popen(["jupyter", "server", "--port=%d" % port, "--ServerApp.token=" + token],
-                              stdout=open(os.path.join(OUT, "jupyter.log"), "w"), stderr=subprocess.STDOUT,
-                              start_new_session=True)
+    server = subprocess.Popen(
+        ["jupyter", "server", "--port=%d" % port, "--ServerApp.token=" + token],
+        stdout=open(os.path.join(OUT, "jupyter.log"), "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     base = "http://127.0.0.1:%d/" % port
 
     def api(method, path, body=None):
-        req = urllib.request.Request(base + path, method=method,
-                                     data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Authorization": "token " + token, "Content-Type": "application/json"})
+        req = urllib.request.Request(
+            base + path,
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": "token " + token, "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=60) as r:
             data = r.read()
             return json.loads(data) if data else None
@@ -83,9 +96,13 @@ def main():
             return True
         except Exception:
             return False
+
     wait("jupyter server", up, 60)
-    daemon = subprocess.Popen([BIN, "serve", "--log-format=json", "--interval=1s"],
-                              stderr=open(os.path.join(OUT, "gpumem-serve.log"), "w"), start_new_session=True)
+    daemon = subprocess.Popen(
+        [BIN, "serve", "--log-format=json", "--interval=1s"],
+        stderr=open(os.path.join(OUT, "gpumem-serve.log"), "w"),
+        start_new_session=True,
+    )
     try:
         run(api, root)
     finally:
@@ -100,8 +117,12 @@ def main():
 
 def run(api, root):
     from jupyter_client import BlockingKernelClient
-    sess = api("POST", "api/sessions", {"path": "team/train.ipynb", "type": "notebook", "name": "train.ipynb",
-                                        "kernel": {"name": "python3"}})
+
+    sess = api(
+        "POST",
+        "api/sessions",
+        {"path": "team/train.ipynb", "type": "notebook", "name": "train.ipynb", "kernel": {"name": "python3"}},
+    )
     kid = sess["kernel"]["id"]
     cf = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "kernel-%s.json" % kid)
     wait("connection file", lambda: os.path.exists(cf), 60)
@@ -121,7 +142,7 @@ def run(api, root):
             kc.load_connection_file()
             kc.start_channels()
     out = []
-    code = r'''
+    code = r"""
 import os, subprocess, sys, torch
 x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda"); torch.cuda.synchronize()
 _child = subprocess.Popen([sys.executable, "-c",
@@ -129,8 +150,10 @@ _child = subprocess.Popen([sys.executable, "-c",
     start_new_session=True, stdout=subprocess.PIPE, text=True)
 assert _child.stdout.readline().strip() == "ready"
 print(os.getpid(), _child.pid)
-'''
-    r = kc.execute_interactive(code, timeout=180, output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None)
+"""
+    r = kc.execute_interactive(
+        code, timeout=180, output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None
+    )
     if r["content"]["status"] != "ok":
         raise SystemExit("FAIL kernel code: %s" % r["content"])
     kpid, cpid = [int(v) for v in "".join(out).split()]
@@ -159,7 +182,10 @@ print(os.getpid(), _child.pid)
         ok = got is not None and want is not None and got == want * (1 << 20)
         result("PASS" if ok else "FAIL", "pid %d: gpumem %s bytes = nvidia-smi %s MiB" % (pid, got, want))
     total_ok = nb["gpu_memory_bytes"] == (s[kpid] + s[cpid]) * (1 << 20)
-    result("PASS" if total_ok else "FAIL", "notebook total %d bytes = kernel + child per nvidia-smi (%d MiB)" % (nb["gpu_memory_bytes"], s[kpid] + s[cpid]))
+    result(
+        "PASS" if total_ok else "FAIL",
+        "notebook total %d bytes = kernel + child per nvidia-smi (%d MiB)" % (nb["gpu_memory_bytes"], s[kpid] + s[cpid]),
+    )
     others = [o["pid"] for o in rep["other"]]
     result("PASS" if kpid not in others and cpid not in others else "FAIL", "neither pid listed as other (%s)" % others)
 
@@ -173,9 +199,11 @@ print(os.getpid(), _child.pid)
         subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv"], capture_output=True, timeout=60)
         t_smi.append(time.perf_counter() - t0)
     ml, ms = statistics.median(t_ls), statistics.median(t_smi)
-    result("PASS" if ml / ms <= 1.5 else "FAIL",
-           "timing (30 runs each, alternating): gpumem ls --json median %.1f ms (min %.1f), nvidia-smi median %.1f ms (min %.1f): ratio %.2f (target <= 1.5)"
-           % (ml * 1e3, min(t_ls) * 1e3, ms * 1e3, min(t_smi) * 1e3, ml / ms))
+    result(
+        "PASS" if ml / ms <= 1.5 else "FAIL",
+        "timing (30 runs each, alternating): gpumem ls --json median %.1f ms (min %.1f), nvidia-smi median %.1f ms (min %.1f): ratio %.2f (target <= 1.5)"
+        % (ml * 1e3, min(t_ls) * 1e3, ms * 1e3, min(t_smi) * 1e3, ml / ms),
+    )
 
     # The daemon sees the notebook too.
     sock = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "gpumem.sock")
@@ -188,6 +216,7 @@ print(os.getpid(), _child.pid)
         except ValueError:
             return False
         return any(n["kernel_id"] == kid and cpid in n["pids"] for n in rep["notebooks"])
+
     wait("daemon attributes the child to the notebook", daemon_has_child, 30)
     result("PASS", "gpumem serve attributes child %d to %s" % (cpid, nb["notebook"]))
 
@@ -198,18 +227,26 @@ print(os.getpid(), _child.pid)
     before = smi().get(kpid)
     fr = subprocess.run([BIN, "free", kid], capture_output=True, text=True, timeout=120)
     print("---- gpumem free %s\n%s%s----" % (kid, fr.stdout, fr.stderr), flush=True)
-    after = wait("NVML drop after gpumem free", lambda: (lambda m: m if m is not None and m < before - 1500 else None)(smi().get(kpid)), 10)
-    result("PASS" if fr.returncode == 0 else "FAIL",
-           "gpumem free (cache-only, through the daemon): kernel pid %d NVML %d -> %d MiB" % (kpid, before, after))
+    after = wait(
+        "NVML drop after gpumem free", lambda: (lambda m: m if m is not None and m < before - 1500 else None)(smi().get(kpid)), 10
+    )
+    result(
+        "PASS" if fr.returncode == 0 else "FAIL",
+        "gpumem free (cache-only, through the daemon): kernel pid %d NVML %d -> %d MiB" % (kpid, before, after),
+    )
 
     # Restart: the child survives Jupyter's process-group kill; the daemon ends it.
     kc.stop_channels()
     t0 = time.monotonic()
     api("POST", "api/kernels/%s/restart" % kid)
     t_restart = time.monotonic() - t0
-    gone = wait("NVML drops the orphan", lambda: cpid not in smi(), 30)
+    wait("NVML drops the orphan", lambda: cpid not in smi(), 30)
     el = time.monotonic() - t0
-    result("PASS" if el < 5 else "FAIL", "orphan %d gone from nvidia-smi %.2f s after the restart request (REST call itself %.2f s; target < 5 s)" % (cpid, el, t_restart))
+    result(
+        "PASS" if el < 5 else "FAIL",
+        "orphan %d gone from nvidia-smi %.2f s after the restart request (REST call itself %.2f s; target < 5 s)"
+        % (cpid, el, t_restart),
+    )
     result("INFO", "nvidia-smi after: %s" % smi())
     with open(os.path.join(OUT, "gpumem-serve.log")) as f:
         for line in f:

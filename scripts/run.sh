@@ -28,6 +28,9 @@ if [ "${1:-}" = stop ]; then stop; exit 0; fi
 install_missing python3-ipykernel python3-jupyter-client jupyter-notebook
 
 mkdir -p "$state/runtime" bin
+# go-nvml's cgo bindings wrap every NVML function, the deprecated ones too,
+# and gcc warns about each: keep the build quiet.
+export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations"
 go build -o bin/gpumem ./cmd/gpumem
 stop >/dev/null 2>&1 || true
 

@@ -1,15 +1,54 @@
 #!/usr/bin/env bash
 # gpumem's test command: installs what the tests need (Debian 12 packages, as
-# root), then runs go vet and the whole test suite with the race detector.
-# Integration tests use real Jupyter kernels and servers and real PyTorch (CPU);
-# under CI=true a test that finds them missing fails instead of skipping.
+# root; the pinned virtualenvs of today's Jupyter stack), then runs go vet and
+# the test suite with the race detector.
+#
+# End-to-end packages (real kernels and servers) run once per Jupyter stack,
+# chosen by GPUMEM_TEST_STACK (see internal/testenv):
+#   debian12    Debian 12's packages                 all end-to-end packages
+#   current     .venv/current (JupyterLab 4, ...)     all end-to-end packages
+#   ipykernel6  .venv/ipykernel6 (ipykernel 6.29)     protocol and magics
+# Unit-only packages run once. Integration tests use real Jupyter kernels and
+# servers and real PyTorch (Debian's CPU build, which both virtualenvs see
+# through --system-site-packages); under CI=true a test that finds them
+# missing fails instead of skipping.
+#
+# GPUMEM_TEST_STACKS="debian12 current" runs a subset of the stacks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 . scripts/lib.sh
-install_missing python3-ipykernel python3-jupyter-client jupyter-notebook python3-jupyter-server python3-torch
+install_missing python3-ipykernel python3-jupyter-client jupyter-notebook python3-jupyter-server python3-torch python3-nbclient python3-venv
 command -v go >/dev/null || { echo "go not found: install Go 1.26 or newer"; exit 1; }
 command -v gcc >/dev/null || { echo "gcc not found (cgo builds the NVML bindings): apt-get install gcc"; exit 1; }
+make_venv current requirements/current.txt
+make_venv ipykernel6 requirements/ipykernel6.txt
+
+# go-nvml's cgo bindings wrap every NVML function, the deprecated ones too,
+# and gcc warns about each (about 30 lines, none about gpumem's own code):
+# keep the build quiet.
+export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations"
+
+# --- static checks (gofmt, staticcheck, ruff) and the injected Python's unit tests ---
+unformatted=$(gofmt -l .)
+[ -z "$unformatted" ] || { printf 'gofmt -l lists files that need `gofmt -w`:\n%s\n' "$unformatted"; exit 1; }
+go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+[ -x .venv/current/bin/ruff ] || { echo ".venv/current has no ruff: build it with make_venv current requirements/current.txt"; exit 1; }
+.venv/current/bin/ruff check .
+.venv/current/bin/python -m pytest -q -p no:cacheprovider magics/py/tests
+# --- end of static checks ---
 
 go vet ./...
-go test -race -count=1 -timeout 15m ./...
+
+e2e=(./protocol/ ./magics/ ./sidecar/discovery/ ./tests/...)
+kernel_only=(./protocol/ ./magics/)
+mapfile -t unit < <(go list ./... | grep -v -x -e '.*/protocol' -e '.*/magics' -e '.*/sidecar/discovery' -e '.*/tests' -e '.*/tests/.*')
+
+echo "== unit packages"
+go test -race -count=1 -timeout 10m "${unit[@]}"
+for stack in ${GPUMEM_TEST_STACKS:-debian12 current ipykernel6}; do
+  pkgs=("${e2e[@]}")
+  [ "$stack" = ipykernel6 ] && pkgs=("${kernel_only[@]}")
+  echo "== end-to-end on the $stack stack"
+  GPUMEM_TEST_STACK=$stack go test -race -count=1 -timeout 15m "${pkgs[@]}"
+done

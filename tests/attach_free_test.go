@@ -18,7 +18,7 @@ import (
 )
 
 // gpumemMIME is the mime type under which the magics display their data
-// (magics/gpumem_magics.py MIME).
+// (MIME in magics/py/gpumem_magics/state.py).
 const gpumemMIME = "application/vnd.gpumem.v1+json"
 
 // TestAttach is `gpumem attach KERNEL` (issue 4, point 2) against a real
@@ -34,7 +34,7 @@ const gpumemMIME = "application/vnd.gpumem.v1+json"
 func TestAttach(t *testing.T) {
 	t.Parallel()
 	testenv.Require(t, "torch")
-	srv := testenv.StartServer(t, testenv.Notebook6)
+	srv := testenv.StartServer(t, testenv.NotebookServer())
 	reap := newReaper(t, srv)
 
 	a := openSession(t, srv, reap, "a/x.ipynb")
@@ -211,7 +211,7 @@ func TestAttach(t *testing.T) {
 func TestFree(t *testing.T) {
 	t.Parallel()
 	testenv.Require(t, "torch")
-	srv := testenv.StartServer(t, testenv.Notebook6)
+	srv := testenv.StartServer(t, testenv.NotebookServer())
 	reap := newReaper(t, srv)
 	k := openSession(t, srv, reap, "free/f.ipynb")
 	env := gpumemEnv(srv.Dir)
@@ -376,7 +376,7 @@ func TestFree(t *testing.T) {
 func TestFreeThroughDaemon(t *testing.T) {
 	t.Parallel()
 	testenv.Require(t, "torch")
-	srv := testenv.StartServer(t, testenv.Notebook6)
+	srv := testenv.StartServer(t, testenv.NotebookServer())
 	reap := newReaper(t, srv)
 	k := openSession(t, srv, reap, "gpu/train.ipynb")
 	other := openSession(t, srv, reap, "gpu/other.ipynb")

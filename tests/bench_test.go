@@ -23,7 +23,7 @@ import (
 // about 20 s on a 2-core machine.
 func BenchmarkCLI20Kernels(b *testing.B) {
 	const kernels = 20
-	srv := testenv.StartServer(b, testenv.Notebook6)
+	srv := testenv.StartServer(b, testenv.NotebookServer())
 	reap := newReaper(b, srv)
 	var ids []string
 	for i := range kernels {

@@ -12,8 +12,9 @@ import (
 	"github.com/gpumem/gpumem/internal/testenv"
 )
 
-// TestKernels: `gpumem kernels` against a real Notebook 6 and a real
-// jupyter_server, each with sessions in nested folders, a kernel without a
+// TestKernels: `gpumem kernels` against each real server of the stack under
+// test (Notebook 6 and jupyter_server 1 on Debian 12; JupyterLab 4, Notebook
+// 7 and jupyter_server 2 on the current stack), each with sessions in nested folders, a kernel without a
 // server sharing the runtime dir, a broken connection file and a stale server
 // file whose port nobody listens on. Every live kernel is listed with the
 // right notebook, pid, language and server; the broken file and the dead
@@ -21,7 +22,7 @@ import (
 // exit status stays 0 throughout.
 func TestKernels(t *testing.T) {
 	t.Parallel()
-	for _, kind := range []testenv.ServerKind{testenv.Notebook6, testenv.JupyterServer} {
+	for _, kind := range testenv.ServerKinds() {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
 			testKernels(t, kind)
@@ -66,10 +67,7 @@ func testKernels(t *testing.T, kind testenv.ServerKind) {
 	if err := os.WriteFile(broken, []byte(`{"shell_port": `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	prefix := "jpserver-"
-	if kind == testenv.Notebook6 {
-		prefix = "nbserver-"
-	}
+	prefix := kind.InfoPrefix()
 	deadURL := "http://127.0.0.1:" + strconv.Itoa(testenv.FreePort(t)) + "/"
 	stale := filepath.Join(srv.RuntimeDir(), prefix+"999999.json")
 	staleJSON := `{"url":"` + deadURL + `","token":"` + testenv.RandomHex(8) + `","root_dir":"/nowhere","notebook_dir":"/nowhere","pid":999999}`

@@ -27,7 +27,7 @@ import (
 // with 0 bytes.
 func TestLs(t *testing.T) {
 	t.Parallel()
-	srv := testenv.StartServer(t, testenv.Notebook6)
+	srv := testenv.StartServer(t, testenv.NotebookServer())
 	reap := newReaper(t, srv)
 
 	paths := map[string]string{ // role → notebook path under the root

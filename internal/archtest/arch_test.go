@@ -1,12 +1,14 @@
-// Package archtest checks the import rules of gpumem's layout
-// (see ARCHITECTURE.md): only nvml/ (and the composition root that links it)
-// imports go-nvml, and protocol/ imports nothing of gpumem's but the leaf
-// internal/safefile, which reads files that others may control.
+// Package archtest checks the import rules of gpumem's layout (see
+// ARCHITECTURE.md): only nvml/driver imports go-nvml (cgo), the packages
+// that only consume GPU snapshots link no cgo at all, and protocol/ imports
+// nothing of gpumem's but the leaf internal/safefile, which reads files that
+// others may control.
 package archtest
 
 import (
 	"encoding/json"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -40,11 +42,43 @@ func listPackages(t *testing.T) []pkg {
 	return pkgs
 }
 
-func TestOnlyNVMLImportsGoNVML(t *testing.T) {
+const goNVML = "github.com/NVIDIA/go-nvml"
+
+func TestOnlyDriverImportsGoNVML(t *testing.T) {
+	importers := 0
 	for _, p := range listPackages(t) {
 		for _, imp := range p.Imports {
-			if strings.HasPrefix(imp, "github.com/NVIDIA/go-nvml") && p.ImportPath != module+"/nvml" {
-				t.Errorf("%s imports %s directly: only %s/nvml may", p.ImportPath, imp, module)
+			if !strings.HasPrefix(imp, goNVML) {
+				continue
+			}
+			if p.ImportPath != module+"/nvml/driver" {
+				t.Errorf("%s imports %s directly: only %s/nvml/driver may", p.ImportPath, imp, module)
+			} else {
+				importers++
+			}
+		}
+	}
+	if importers == 0 {
+		t.Errorf("%s/nvml/driver does not import %s: is this test looking at the right tree?", module, goNVML)
+	}
+}
+
+// TestConsumersLinkNoCgo: the packages that compute on snapshots (and
+// nvml's value types themselves) build and test without cgo's go-nvml.
+func TestConsumersLinkNoCgo(t *testing.T) {
+	consumers := []string{"nvml", "sidecar/attribution", "sidecar/api", "sidecar/metrics", "sidecar/discovery", "sidecar/procs"}
+	for _, c := range consumers {
+		out, err := exec.Command("go", "list", "-deps", "-test", "-f", "{{.ImportPath}}", module+"/"+c).Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", c, err)
+		}
+		deps := strings.Fields(string(out))
+		if !slices.Contains(deps, module+"/"+c) {
+			t.Fatalf("%s is not in its own dependency list: did the package move?", c)
+		}
+		for _, d := range deps {
+			if strings.HasPrefix(d, goNVML) || d == module+"/nvml/driver" {
+				t.Errorf("%s depends on %s (cgo): it should need only package nvml's value types", c, d)
 			}
 		}
 	}

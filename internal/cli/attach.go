@@ -133,8 +133,9 @@ func runFree(ctx context.Context, env Env, args []string) error {
 	if *asJSON {
 		return writeJSON(env.Stdout, rep)
 	}
-	fmt.Fprintf(env.Stdout, "kernel %s (%s)\n", k.ID, orDash(k.Notebook))
-	return rep.WriteText(env.Stdout)
+	// The kernel renders its own report, as %gpumem free shows it.
+	_, err = fmt.Fprintf(env.Stdout, "kernel %s (%s)\n%s\n", k.ID, orDash(k.Notebook), rep.Text)
+	return err
 }
 
 func freeViaDaemon(ctx context.Context, env Env, dirs []string, kernelID string, req api.FreeRequest) (json.RawMessage, error) {

@@ -12,6 +12,8 @@ import (
 	"os"
 	"sort"
 	"strings"
+
+	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
 // Env is what a command may touch of the outside world.
@@ -35,6 +37,10 @@ func (e Env) procRoot() string {
 	}
 	return e.ProcRoot
 }
+
+// procFS is the /proc a command reads: one per command, shared by
+// discovery and attribution.
+func (e Env) procFS() *procs.FS { return &procs.FS{Root: e.procRoot()} }
 
 type command struct {
 	summary string

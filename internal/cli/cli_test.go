@@ -80,15 +80,6 @@ func TestWriteKernelTableGolden(t *testing.T) {
 	golden(t, "kernels.txt", b.Bytes())
 }
 
-func TestHumanBytes(t *testing.T) {
-	for in, want := range map[uint64]string{0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 1536: "1.5 KiB",
-		10*gib + gib/5: "10.2 GiB", 3 << 40: "3.0 TiB"} {
-		if got := HumanBytes(in); got != want {
-			t.Errorf("HumanBytes(%d) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 func TestWatchFlag(t *testing.T) {
 	for _, tc := range []struct {
 		args    []string

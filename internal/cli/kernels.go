@@ -15,6 +15,7 @@ import (
 	"github.com/gpumem/gpumem/protocol"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/discovery"
+	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
 // kernelRow is one line of `gpumem kernels`; its JSON keys are a contract,
@@ -36,7 +37,7 @@ func runKernels(ctx context.Context, env Env, args []string) error {
 		}
 		return writeKernelTable(env.Stdout, rows)
 	}
-	res := discoverKernels(ctx, env, dirs)
+	res := discoverKernels(ctx, env, env.procFS(), dirs)
 	for _, p := range res.Problems {
 		fmt.Fprintf(env.Stderr, "gpumem: %v\n", p)
 	}
@@ -99,10 +100,11 @@ func kernelsFromDaemon(ctx context.Context, env Env, dirs []string) ([]kernelRow
 	return ks, true
 }
 
-func discoverKernels(ctx context.Context, env Env, extraDirs []string) discovery.Result {
+func discoverKernels(ctx context.Context, env Env, fs *procs.FS, extraDirs []string) discovery.Result {
 	return discovery.Discover(ctx, discovery.Options{
 		RuntimeDirs: discovery.RuntimeDirs(env.getenv, extraDirs),
-		Procs:       discovery.NewProcFinder(env.procRoot()),
+		Procs:       discovery.NewProcFinder(fs),
+		ServerToken: env.getenv("GPUMEM_SERVER_TOKEN"),
 	})
 }
 

@@ -10,7 +10,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/nvml"
+	"github.com/gpumem/gpumem/nvml/driver"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/procs"
@@ -171,10 +173,10 @@ type lsSampler struct {
 }
 
 func newLsSampler(env Env, dirs []string) (*lsSampler, error) {
-	s := &lsSampler{env: env, dirs: dirs, fs: &procs.FS{Root: env.procRoot()}, opened: make(chan struct{})}
+	s := &lsSampler{env: env, dirs: dirs, fs: env.procFS(), opened: make(chan struct{})}
 	go func() {
 		defer close(s.opened)
-		s.gpus, s.openErr = nvml.Open(nvml.Options{FakeGPUFile: env.getenv("GPUMEM_FAKE_GPU")})
+		s.gpus, s.openErr = driver.Open(driver.Options{FakeGPUFile: env.getenv("GPUMEM_FAKE_GPU")})
 	}()
 	return s, nil
 }
@@ -201,7 +203,7 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 		snap, err := s.gpus.Sample(ctx)
 		gpuc <- sampled{snap, err}
 	}()
-	res := discoverKernels(ctx, s.env, s.dirs)
+	res := discoverKernels(ctx, s.env, s.fs, s.dirs)
 	g := <-gpuc
 	if g.err != nil {
 		return attribution.Report{}, g.err
@@ -241,7 +243,7 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 			pct = 100 * float64(g.MemoryUsedBytes) / float64(g.MemoryTotalBytes)
 		}
 		fmt.Fprintf(w, "GPU %d  %s%s  %s / %s used (%.0f%%)\n", g.Index, g.Name, sim,
-			HumanBytes(g.MemoryUsedBytes), HumanBytes(g.MemoryTotalBytes), pct)
+			units.Bytes(g.MemoryUsedBytes), units.Bytes(g.MemoryTotalBytes), pct)
 		type row struct {
 			cols  string
 			bytes uint64
@@ -254,13 +256,13 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 					name = "(no notebook)"
 				}
 				rows = append(rows, row{fmt.Sprintf("  %s\t%s\t%s\t%s\t%s", name, shortID(nb.KernelID),
-					joinPIDs(nb.PIDs), orDash(nb.User), HumanBytes(b)), b})
+					joinPIDs(nb.PIDs), orDash(nb.User), units.Bytes(b)), b})
 			}
 		}
 		for _, o := range rep.Other {
 			if b, ok := onGPU(o.PerGPU, g.Index); ok {
 				others = append(others, row{fmt.Sprintf("  other: %s\t-\t%d\t%s\t%s", truncate(o.Command, 60), o.PID,
-					orDash(o.User), HumanBytes(b)), b})
+					orDash(o.User), units.Bytes(b)), b})
 			}
 		}
 		bySize := func(r []row) {
@@ -278,7 +280,7 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 				return err
 			}
 		}
-		fmt.Fprintf(w, "  notebooks %s, other %s, free %s\n\n", HumanBytes(g.NotebookBytes), HumanBytes(g.OtherBytes), HumanBytes(g.FreeBytes))
+		fmt.Fprintf(w, "  notebooks %s, other %s, free %s\n\n", units.Bytes(g.NotebookBytes), units.Bytes(g.OtherBytes), units.Bytes(g.FreeBytes))
 	}
 	var idle []string
 	for _, nb := range rep.Notebooks {
@@ -329,18 +331,4 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return string(r[:n-1]) + "…"
-}
-
-// HumanBytes renders bytes in binary units: 512 B, 1.5 KiB, 10.2 GiB.
-func HumanBytes(b uint64) string {
-	const unit = 1024
-	if b < unit {
-		return fmt.Sprintf("%d B", b)
-	}
-	div, exp := uint64(unit), 0
-	for n := b / unit; n >= unit && exp < 4; n /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTP"[exp])
 }

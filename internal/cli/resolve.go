@@ -9,17 +9,23 @@ import (
 	"strings"
 
 	"github.com/gpumem/gpumem/sidecar/discovery"
+	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
 // resolveKernel finds the one kernel that arg names: a connection file, a
 // kernel id or a unique prefix of one, or a notebook path (absolute, relative
 // to the working directory, or a unique suffix such as "train.ipynb").
 func resolveKernel(ctx context.Context, env Env, arg string, dirs []string) (discovery.Kernel, error) {
-	res := discoverKernels(ctx, env, dirs)
+	fs := env.procFS()
+	res := discoverKernels(ctx, env, fs, dirs)
 	if arg == "" {
 		return discovery.Kernel{}, fmt.Errorf("%w: name a kernel: its id (or a unique prefix), its notebook, or its connection file", errUsage)
 	}
-	// A connection file given directly, even outside the runtime dirs.
+	// A connection file given directly, wherever it lies (nbclient,
+	// papermill, jupyter console and scripts write theirs elsewhere, e.g.
+	// jupyter_client's /tmp/tmpXXXX.json). Naming the file is the user's
+	// choice of kernel; attaching then proves it (a reply signed with its
+	// key).
 	if strings.HasSuffix(arg, ".json") {
 		if abs, err := filepath.Abs(arg); err == nil {
 			for _, k := range res.Kernels {
@@ -28,17 +34,7 @@ func resolveKernel(ctx context.Context, env Env, arg string, dirs []string) (dis
 				}
 			}
 			if _, err := os.Stat(abs); err == nil {
-				extra := discovery.Discover(ctx, discovery.Options{RuntimeDirs: []string{filepath.Dir(abs)}, Procs: discovery.NewProcFinder(env.procRoot())})
-				for _, k := range extra.Kernels {
-					if k.ConnectionFile == abs {
-						return k, nil
-					}
-				}
-				for _, p := range extra.Problems {
-					if strings.Contains(p.Error(), abs) {
-						return discovery.Kernel{}, p
-					}
-				}
+				return connectionFileKernel(fs, abs)
 			}
 		}
 	}
@@ -82,4 +78,18 @@ func candidates(ks []discovery.Kernel) string {
 	}
 	sort.Strings(lines)
 	return strings.Join(lines, "\n")
+}
+
+// connectionFileKernel is the kernel of a connection file outside the
+// runtime dirs: the file read and validated (an error names it), its
+// process found as discovery finds any kernel's, its notebook named where
+// the kernel's environment says it.
+func connectionFileKernel(fs *procs.FS, path string) (discovery.Kernel, error) {
+	k, err := discovery.ReadKernelFile(path)
+	if err != nil {
+		return discovery.Kernel{}, err
+	}
+	ks := []discovery.Kernel{k}
+	discovery.ResolveProcesses(discovery.NewProcFinder(fs), ks)
+	return ks[0], nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
+	"github.com/gpumem/gpumem/nvml/driver"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/daemon"
 	"github.com/gpumem/gpumem/sidecar/discovery"
@@ -49,7 +50,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	pods, stopPods, err := kf.start(ctx, env.ProcRoot, log)
+	pods, stopPods, err := kf.start(ctx, env.procFS(), log)
 	if err != nil {
 		return err
 	}
@@ -62,6 +63,13 @@ func runServe(ctx context.Context, env Env, args []string) error {
 			return fmt.Errorf("runtime dir %s: %w", runtimeDirs[0], err)
 		}
 	}
+	// The real dependencies, built once here.
+	gpus, err := driver.Open(driver.Options{FakeGPUFile: env.getenv("GPUMEM_FAKE_GPU")})
+	if err != nil {
+		return err
+	}
+	defer gpus.Close()
+	proc := env.procFS()
 	d, err := daemon.New(daemon.Config{
 		RuntimeDirs:        runtimeDirs,
 		Interval:           *interval,
@@ -76,10 +84,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		AlertThreshold:     *threshold,
 		NotebookAlerts:     !*noNotebookAlerts,
 		InjectMagics:       !*noInject,
-		FakeGPUFile:        env.getenv("GPUMEM_FAKE_GPU"),
-		ProcRoot:           env.ProcRoot,
-		Pods:               pods,
-	}, log)
+	}, daemon.Deps{GPUs: gpus, Procs: proc, Finder: discovery.NewProcFinder(proc), Pods: pods}, log)
 	if err != nil {
 		return err
 	}

@@ -10,14 +10,14 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gpumem/gpumem/sidecar/attribution"
+	"github.com/gpumem/gpumem/sidecar/cgroups"
 	"github.com/gpumem/gpumem/sidecar/kube"
-	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
 // start connects to the API and starts the informer. It returns the pod
 // resolver (nil without --kubernetes) and a stop function that ends the
 // informer and waits for it.
-func (k *kubeFlags) start(ctx context.Context, procRoot string, log zerolog.Logger) (attribution.Pods, func(), error) {
+func (k *kubeFlags) start(ctx context.Context, proc cgroups.Reader, log zerolog.Logger) (attribution.Pods, func(), error) {
 	if !*k.enabled {
 		return nil, func() {}, nil
 	}
@@ -46,5 +46,5 @@ func (k *kubeFlags) start(ctx context.Context, procRoot string, log zerolog.Logg
 		log.Warn().Str("node", *k.nodeName).Dur("waited", *k.syncTimeout).
 			Msg("pods of this node not listed yet (API server unreachable, or RBAC forbids listing pods): figures carry no pod until they are")
 	}
-	return kube.NewResolver(&procs.FS{Root: procRoot}, nodePods), stop, nil
+	return kube.NewResolver(proc, nodePods), stop, nil
 }

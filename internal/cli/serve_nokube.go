@@ -9,10 +9,11 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gpumem/gpumem/sidecar/attribution"
+	"github.com/gpumem/gpumem/sidecar/cgroups"
 )
 
 // start refuses --kubernetes: this build does not link client-go.
-func (k *kubeFlags) start(context.Context, string, zerolog.Logger) (attribution.Pods, func(), error) {
+func (k *kubeFlags) start(context.Context, cgroups.Reader, zerolog.Logger) (attribution.Pods, func(), error) {
 	if !*k.enabled {
 		return nil, func() {}, nil
 	}

@@ -245,6 +245,15 @@ func (r FrontendReply) Status() string {
 	return c.Status
 }
 
+// ExecutionCount is the reply's execution_count (the N of In[N]).
+func (r FrontendReply) ExecutionCount() int {
+	var c struct {
+		ExecutionCount int `json:"execution_count"`
+	}
+	_ = json.Unmarshal(r.Reply, &c)
+	return c.ExecutionCount
+}
+
 // Data returns the mime bundle of the first display_data or execute_result
 // output carrying mime, decoded into out; false if none.
 func (r FrontendReply) Data(mime string, out any) bool {

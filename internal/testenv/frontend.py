@@ -82,11 +82,11 @@ def handle(kc, req):
 def next_msg(get, deadline):
     left = deadline - time.monotonic()
     if left <= 0:
-        raise TimeoutError("no message before the deadline")
+        raise TimeoutError("no message before the deadline") from None
     try:
         return get(timeout=left)
     except queue.Empty:
-        raise TimeoutError("no message before the deadline")
+        raise TimeoutError("no message before the deadline") from None
 
 
 def wait_reply(get, msg_id, deadline):

@@ -1,6 +1,8 @@
 // Package testenv starts real Jupyter parts for gpumem's integration tests:
-// ipykernel kernels, Notebook 6 and jupyter_server servers, on 127.0.0.1 with
-// temporary runtime dirs and tokens. It uses Debian's /usr/bin/python3.
+// ipykernel kernels, Notebook 6/7, JupyterLab and jupyter_server servers, on
+// 127.0.0.1 (or a unix socket) with temporary runtime dirs and tokens. The
+// stack under test (Debian 12's packages or a pinned virtualenv) is chosen by
+// GPUMEM_TEST_STACK; see Stack.
 //
 // Under CI=true a missing Jupyter or torch fails the test; elsewhere it skips.
 // Every wait polls with a deadline; every process started is killed (whole
@@ -18,6 +20,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/cookiejar"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,14 +33,6 @@ import (
 	"time"
 )
 
-// Python is the interpreter whose Debian packages the tests need.
-func Python() string {
-	if p := os.Getenv("GPUMEM_TEST_PYTHON"); p != "" {
-		return p
-	}
-	return "/usr/bin/python3"
-}
-
 var (
 	probeOnce sync.Once
 	probed    map[string]bool
@@ -45,7 +41,7 @@ var (
 func probeModules() map[string]bool {
 	probeOnce.Do(func() {
 		probed = map[string]bool{}
-		for _, m := range []string{"ipykernel", "jupyter_client", "notebook", "jupyter_server", "torch"} {
+		for _, m := range []string{"ipykernel", "jupyter_client", "notebook", "jupyter_server", "jupyterlab", "nbclient", "papermill", "jupyter_console", "torch"} {
 			cmd := exec.Command(Python(), "-c", "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('"+m+"') else 1)")
 			probed[m] = cmd.Run() == nil
 		}
@@ -55,7 +51,8 @@ func probeModules() map[string]bool {
 
 // Require fails (CI=true) or skips the test unless every named Python module
 // is importable by Python(). Module names: ipykernel, jupyter_client,
-// notebook, jupyter_server, torch.
+// notebook, jupyter_server, jupyterlab, nbclient, papermill, jupyter_console,
+// torch.
 func Require(t testing.TB, modules ...string) {
 	t.Helper()
 	have := probeModules()
@@ -68,7 +65,7 @@ func Require(t testing.TB, modules ...string) {
 	if len(missing) == 0 {
 		return
 	}
-	msg := fmt.Sprintf("%s lacks Python modules %v: run the README's test command (it installs them with apt-get)", Python(), missing)
+	msg := fmt.Sprintf("stack %s: %s lacks Python modules %v: %s", CurrentStack(), Python(), missing, stackHint())
 	if os.Getenv("CI") == "true" {
 		t.Fatal(msg)
 	}
@@ -114,7 +111,7 @@ func RandomHex(n int) string {
 // config, data and IPython dirs all under it, nothing read from ~.
 func Env(dir string, extra ...string) []string {
 	env := []string{
-		"PATH=/usr/local/bin:/usr/bin:/bin",
+		"PATH=" + BinDir() + ":/usr/local/bin:/usr/bin:/bin",
 		"HOME=" + filepath.Join(dir, "home"),
 		"JUPYTER_RUNTIME_DIR=" + filepath.Join(dir, "runtime"),
 		"JUPYTER_CONFIG_DIR=" + filepath.Join(dir, "config"),
@@ -264,9 +261,45 @@ func StartKernel(t testing.TB, dir string, extraEnv ...string) *Kernel {
 type ServerKind string
 
 const (
-	Notebook6     ServerKind = "notebook"       // nbserver-<pid>.json
-	JupyterServer ServerKind = "jupyter_server" // jpserver-<pid>.json
+	Notebook6     ServerKind = "notebook"       // Notebook 6 (Debian 12): nbserver-<pid>.json
+	JupyterServer ServerKind = "jupyter_server" // bare jupyter_server: jpserver-<pid>.json
+	JupyterLab    ServerKind = "jupyterlab"     // `jupyter lab` (JupyterLab 4 on jupyter_server 2)
+	Notebook7     ServerKind = "notebook7"      // `jupyter notebook` (Notebook 7 on jupyter_server 2)
 )
+
+// module is the Python module that runs the server (python -m MODULE).
+func (k ServerKind) module() string {
+	switch k {
+	case Notebook7:
+		return "notebook"
+	default:
+		return string(k)
+	}
+}
+
+// InfoPrefix is the prefix of the server's info file in the runtime dir.
+func (k ServerKind) InfoPrefix() string {
+	if k == Notebook6 {
+		return "nbserver-"
+	}
+	return "jpserver-"
+}
+
+// ServerOptions are a server's optional settings.
+type ServerOptions struct {
+	// BaseURL, e.g. "/user/alice/" as JupyterHub gives each user; "" = "/".
+	BaseURL string
+	// Sock makes the server listen on a unix socket (ServerApp.sock) in its
+	// dir instead of a TCP port.
+	Sock bool
+	// Password makes the server ask for a password and hold no token (its
+	// info file then has "token": ""); the test logs in with a cookie.
+	Password string
+	// Args are appended to the command line (e.g. culling settings).
+	Args []string
+	// Env is appended to the server's environment.
+	Env []string
+}
 
 // Server is a real Jupyter server on 127.0.0.1.
 type Server struct {
@@ -274,9 +307,14 @@ type Server struct {
 	Kind    ServerKind
 	Dir     string // Jupyter dirs live under it
 	RootDir string // notebooks' root
-	URL     string // http://127.0.0.1:PORT/
-	Token   string
+	URL     string // as its info file says: http://127.0.0.1:PORT/BASE/ or http+unix://SOCK/BASE/
+	Token   string // "" with a password
+	Sock    string // the unix socket, "" on TCP
+	BaseURL string // "/" unless set
+
+	reqBase string // scheme://host/base/ requests go to
 	client  *http.Client
+	xsrf    string // the _xsrf cookie after a password login
 }
 
 // RuntimeDir is where the server writes kernel connection files.
@@ -286,7 +324,16 @@ func (s *Server) RuntimeDir() string { return filepath.Join(s.Dir, "runtime") }
 // and token, and waits (deadline 60s) until it answers /api/status.
 func StartServer(t testing.TB, kind ServerKind, extraEnv ...string) *Server {
 	t.Helper()
-	Require(t, "ipykernel", "jupyter_client", string(kind))
+	return StartServerWith(t, kind, ServerOptions{Env: extraEnv})
+}
+
+// StartServerWith is StartServer with options.
+func StartServerWith(t testing.TB, kind ServerKind, o ServerOptions) *Server {
+	t.Helper()
+	Require(t, "ipykernel", "jupyter_client", kind.module())
+	if (kind == Notebook6 || kind == Notebook7) && kind != NotebookServer() {
+		t.Fatalf("stack %s has no %s server (its `jupyter notebook` is %s)", CurrentStack(), kind, NotebookServer())
+	}
 	dir := t.TempDir()
 	root := filepath.Join(dir, "notebooks")
 	for _, d := range []string{root, filepath.Join(dir, "runtime"), filepath.Join(dir, "home")} {
@@ -294,35 +341,129 @@ func StartServer(t testing.TB, kind ServerKind, extraEnv ...string) *Server {
 			t.Fatal(err)
 		}
 	}
-	port := FreePort(t)
+	base := o.BaseURL
+	if base == "" {
+		base = "/"
+	}
 	token := RandomHex(16)
-	args := []string{Python(), "-m", string(kind),
-		"--no-browser", "--ip=127.0.0.1", "--port=" + strconv.Itoa(port), "--port-retries=0",
-		"--allow-root"}
+	if o.Password != "" {
+		token = ""
+	}
+	app := "--ServerApp."
 	if kind == Notebook6 {
-		args = append(args, "--NotebookApp.token="+token, "--NotebookApp.notebook_dir="+root,
-			"--NotebookApp.open_browser=False")
+		app = "--NotebookApp."
+	}
+	args := []string{Python(), "-m", kind.module(), "--no-browser", "--allow-root",
+		app + "open_browser=False", app + "base_url=" + base}
+	s := &Server{Kind: kind, Dir: dir, RootDir: root, Token: token, BaseURL: base}
+	tr := &http.Transport{DisableKeepAlives: true}
+	if o.Sock {
+		// A short path: unix socket paths are limited to 107 bytes.
+		sockDir, err := os.MkdirTemp("", "gpumem-sock-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.RemoveAll(sockDir) })
+		s.Sock = filepath.Join(sockDir, "jupyter.sock")
+		args = append(args, app+"sock="+s.Sock)
+		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", s.Sock)
+		}
+		s.URL = "http+unix://" + strings.ReplaceAll(s.Sock, "/", "%2F") + base
+		s.reqBase = "http://localhost" + base
+	} else {
+		port := FreePort(t)
+		args = append(args, "--ip=127.0.0.1", "--port="+strconv.Itoa(port), "--port-retries=0")
+		s.URL = fmt.Sprintf("http://127.0.0.1:%d%s", port, base)
+		s.reqBase = s.URL
+	}
+	if kind == Notebook6 {
+		args = append(args, "--NotebookApp.token="+token, "--NotebookApp.notebook_dir="+root)
+		if o.Password != "" {
+			args = append(args, "--NotebookApp.password="+hashPassword(t, kind, o.Password))
+		}
 	} else {
 		args = append(args, "--ServerApp.token="+token, "--ServerApp.root_dir="+root)
+		if o.Password != "" {
+			opt := "--PasswordIdentityProvider.hashed_password=" // jupyter_server 2
+			if CurrentStack() == Debian12 {
+				opt = "--ServerApp.password=" // jupyter_server 1
+			}
+			args = append(args, opt+hashPassword(t, kind, o.Password))
+		}
 	}
-	p := Start(t, Env(dir, extraEnv...), dir, args...)
-	s := &Server{Proc: p, Kind: kind, Dir: dir, RootDir: root, Token: token,
-		URL: fmt.Sprintf("http://127.0.0.1:%d/", port), client: &http.Client{Timeout: 30 * time.Second}}
+	args = append(args, o.Args...)
+	s.client = &http.Client{Timeout: 30 * time.Second, Transport: tr}
+	if o.Password != "" {
+		jar, err := cookiejar.New(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.client.Jar = jar
+	}
+	s.Proc = Start(t, Env(dir, o.Env...), dir, args...)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
+		// Before the password login, a 403 also tells the server is up.
 		resp, err := s.Do(http.MethodGet, "api/status", nil)
 		if err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == 200 {
+			if resp.StatusCode == 200 || (o.Password != "" && resp.StatusCode == 403) {
 				break
 			}
 		}
-		if p.Exited() || time.Now().After(deadline) {
-			t.Fatalf("%s did not come up on %s: %v\n%s", kind, s.URL, err, p.Output())
+		if s.Exited() || time.Now().After(deadline) {
+			t.Fatalf("%s did not come up on %s: %v\n%s", kind, s.URL, err, s.Output())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	if o.Password != "" {
+		s.login(t, o.Password)
+	}
 	return s
+}
+
+// hashPassword hashes pw as kind expects it.
+func hashPassword(t testing.TB, kind ServerKind, pw string) string {
+	t.Helper()
+	mod := "jupyter_server.auth"
+	if kind == Notebook6 {
+		mod = "notebook.auth"
+	}
+	out, err := exec.Command(Python(), "-c", "import sys; from "+mod+" import passwd; print(passwd(sys.argv[1]))", pw).Output()
+	if err != nil {
+		t.Fatalf("hashing a password with %s: %v", mod, err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// login logs in with the password form, as a browser does: GET /login sets
+// the _xsrf cookie, POST /login with it sets the login cookie.
+func (s *Server) login(t testing.TB, pw string) {
+	t.Helper()
+	resp, err := s.client.Get(s.reqBase + "login")
+	if err != nil {
+		t.Fatalf("GET login: %v", err)
+	}
+	resp.Body.Close()
+	u, _ := url.Parse(s.reqBase)
+	for _, c := range s.client.Jar.Cookies(u) {
+		if c.Name == "_xsrf" {
+			s.xsrf = c.Value
+		}
+	}
+	form := url.Values{"password": {pw}, "_xsrf": {s.xsrf}}
+	noRedirect := *s.client
+	noRedirect.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	resp, err = noRedirect.PostForm(s.reqBase+"login", form)
+	if err != nil {
+		t.Fatalf("POST login: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusFound && resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("POST login: %s, want a redirect\n%s", resp.Status, s.Output())
+	}
 }
 
 // Do sends an authenticated request to the server.
@@ -335,11 +476,16 @@ func (s *Server) Do(method, path string, body any) (*http.Response, error) {
 		}
 		r = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(context.Background(), method, s.URL+strings.TrimPrefix(path, "/"), r)
+	req, err := http.NewRequestWithContext(context.Background(), method, s.reqBase+strings.TrimPrefix(path, "/"), r)
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Authorization", "token "+s.Token)
+	if s.Token != "" {
+		req.Header.Set("Authorization", "token "+s.Token)
+	}
+	if s.xsrf != "" {
+		req.Header.Set("X-XSRFToken", s.xsrf)
+	}
 	req.Header.Set("Content-Type", "application/json")
 	return s.client.Do(req)
 }

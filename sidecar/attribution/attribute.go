@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/gpumem/gpumem/nvml"
 	"github.com/gpumem/gpumem/sidecar/procs"
@@ -58,78 +57,103 @@ func DetailPIDs(snap nvml.Snapshot, kernels []Kernel) []int {
 // know counts 0 bytes but is listed, with BytesUnknown set. Every kernel
 // appears in Notebooks, with 0 bytes when it holds no GPU memory.
 func Attribute(snap nvml.Snapshot, table *procs.Table, kernels []Kernel) Report {
-	rep := Report{
-		GPUs:      make([]GPU, 0, len(snap.Devices)),
-		Notebooks: make([]Notebook, 0, len(kernels)),
-		Other:     []OtherProcess{},
-		Warnings:  slices.Clone(snap.Warnings),
-	}
+	rep := Report{Warnings: slices.Clone(snap.Warnings)}
 	if table == nil {
 		table = procs.NewTable(nil)
 		rep.Warnings = append(rep.Warnings, "process table unavailable: GPU memory not attributed to notebooks")
 	}
+	c := claim(snap, table, kernels)
+	var unresolved []int
+	rep.GPUs, unresolved = c.charge(snap)
+	rep.Notebooks = c.notebooks()
+	rep.Other = c.others()
+	if len(unresolved) > 0 && table.Len() > 0 {
+		slices.Sort(unresolved)
+		unresolved = slices.Compact(unresolved)
+		rep.Warnings = append(rep.Warnings, fmt.Sprintf(
+			"GPU processes not found in /proc (exited since, or in a pid namespace this /proc does not show): pids %s",
+			joinInts(unresolved)))
+	}
+	return rep
+}
 
-	// The GPU processes as the table knows them (NVML's pid may be from
-	// another pid namespace).
-	resolved := make(map[int]procs.Proc)
+// claims is what each kernel claims of the GPU processes, and then what
+// each was charged.
+type claims struct {
+	table     *procs.Table
+	kernels   []Kernel
+	resolved  map[int]procs.Proc // NVML pid → the process as the table knows it
+	kernelOf  map[int][]int      // table pid of a GPU process → kernels claiming it
+	kernelPID []int              // each kernel's pid in the table's namespace
+	byKernel  []*usage
+	other     map[int]*usage // by NVML pid
+	otherProc map[int]procs.Proc
+}
+
+// usage is bytes per GPU, in total and per process.
+type usage struct {
+	perGPU map[int]*GPUBytes
+	pids   map[int]map[int]*GPUBytes // pid → gpu → bytes
+}
+
+func newUsage() *usage { return &usage{perGPU: map[int]*GPUBytes{}, pids: map[int]map[int]*GPUBytes{}} }
+
+func (u *usage) add(gpu int, p nvml.Process) {
+	addBytes(u.perGPU, gpu, p)
+	if u.pids[p.PID] == nil {
+		u.pids[p.PID] = map[int]*GPUBytes{}
+	}
+	addBytes(u.pids[p.PID], gpu, p)
+}
+
+func addBytes(m map[int]*GPUBytes, gpu int, p nvml.Process) {
+	b := m[gpu]
+	if b == nil {
+		b = &GPUBytes{Index: gpu}
+		m[gpu] = b
+	}
+	if p.UsedKnown {
+		b.Bytes += p.UsedBytes
+	} else {
+		b.BytesUnknown = true
+	}
+}
+
+// claim resolves the GPU processes in the table (NVML's pid may be from
+// another pid namespace) and lists, for each, the kernels whose process
+// sets include it.
+func claim(snap nvml.Snapshot, table *procs.Table, kernels []Kernel) *claims {
+	c := &claims{table: table, kernels: kernels, resolved: map[int]procs.Proc{}, kernelOf: map[int][]int{},
+		kernelPID: make([]int, len(kernels)), byKernel: make([]*usage, len(kernels)),
+		other: map[int]*usage{}, otherProc: map[int]procs.Proc{}}
+	onGPU := map[int]bool{}
 	for _, d := range snap.Devices {
 		for _, p := range d.Processes {
 			if tp, ok := table.Resolve(p.PID); ok {
-				resolved[p.PID] = tp
+				c.resolved[p.PID] = tp
+				onGPU[tp.PID] = true
 			}
 		}
 	}
-	onGPU := make(map[int]bool, len(resolved))
-	for _, tp := range resolved {
-		onGPU[tp.PID] = true
-	}
-	// kernelOf maps the table pid of a GPU process to the kernels claiming it.
-	kernelOf := make(map[int][]int)
-	kernelPID := make([]int, len(kernels)) // each kernel's pid in the table's namespace
 	for ki, k := range kernels {
-		kernelPID[ki] = k.PID
+		c.byKernel[ki] = newUsage()
+		c.kernelPID[ki] = k.PID
 		if kp, ok := table.Resolve(k.PID); ok {
-			kernelPID[ki] = kp.PID
+			c.kernelPID[ki] = kp.PID
 		}
-		for _, p := range table.KernelProcesses(kernelPID[ki], k.StartTime) {
+		for _, p := range table.KernelProcesses(c.kernelPID[ki], k.StartTime) {
 			if onGPU[p.PID] {
-				kernelOf[p.PID] = append(kernelOf[p.PID], ki)
+				c.kernelOf[p.PID] = append(c.kernelOf[p.PID], ki)
 			}
 		}
 	}
+	return c
+}
 
-	type usage struct {
-		perGPU map[int]*GPUBytes
-		pids   map[int]map[int]*GPUBytes // pid → gpu → bytes
-	}
-	newUsage := func() *usage { return &usage{perGPU: map[int]*GPUBytes{}, pids: map[int]map[int]*GPUBytes{}} }
-	add := func(m map[int]*GPUBytes, gpu int, p nvml.Process) {
-		b := m[gpu]
-		if b == nil {
-			b = &GPUBytes{Index: gpu}
-			m[gpu] = b
-		}
-		if p.UsedKnown {
-			b.Bytes += p.UsedBytes
-		} else {
-			b.BytesUnknown = true
-		}
-	}
-	charge := func(u *usage, gpu int, p nvml.Process) {
-		add(u.perGPU, gpu, p)
-		if u.pids[p.PID] == nil {
-			u.pids[p.PID] = map[int]*GPUBytes{}
-		}
-		add(u.pids[p.PID], gpu, p)
-	}
-	byKernel := make([]*usage, len(kernels))
-	for ki := range byKernel {
-		byKernel[ki] = newUsage()
-	}
-	other := make(map[int]*usage)
-	otherProc := make(map[int]procs.Proc)
-	var unresolved []int
-
+// charge adds each GPU process's bytes to its kernel, or to Other, and
+// returns the GPUs with their totals and the GPU pids not in the table.
+func (c *claims) charge(snap nvml.Snapshot) (gpus []GPU, unresolved []int) {
+	gpus = make([]GPU, 0, len(snap.Devices))
 	for _, d := range snap.Devices {
 		gpu := GPU{
 			Index: d.Index, UUID: d.UUID, Name: d.Name,
@@ -140,29 +164,34 @@ func Attribute(snap nvml.Snapshot, table *procs.Table, kernels []Kernel) Report 
 			FreeBytes: subSat(d.MemoryTotalBytes, d.MemoryUsedBytes+d.MemoryReservedBytes),
 		}
 		for _, p := range d.Processes {
-			tp, found := resolved[p.PID]
+			tp, found := c.resolved[p.PID]
 			if !found {
 				unresolved = append(unresolved, p.PID)
 			}
-			if ki, ok := owner(table, tp, kernelOf[tp.PID], kernelPID); found && ok {
-				charge(byKernel[ki], d.Index, p)
+			if ki, ok := owner(c.table, tp, c.kernelOf[tp.PID], c.kernelPID); found && ok {
+				c.byKernel[ki].add(d.Index, p)
 				gpu.NotebookBytes += known(p)
 				continue
 			}
-			u := other[p.PID]
+			u := c.other[p.PID]
 			if u == nil {
 				u = newUsage()
-				other[p.PID] = u
-				otherProc[p.PID] = tp
+				c.other[p.PID] = u
+				c.otherProc[p.PID] = tp
 			}
-			charge(u, d.Index, p)
+			u.add(d.Index, p)
 			gpu.OtherBytes += known(p)
 		}
-		rep.GPUs = append(rep.GPUs, gpu)
+		gpus = append(gpus, gpu)
 	}
+	return gpus, unresolved
+}
 
-	for ki, k := range kernels {
-		u := byKernel[ki]
+// notebooks is one entry per kernel, largest first.
+func (c *claims) notebooks() []Notebook {
+	out := make([]Notebook, 0, len(c.kernels))
+	for ki, k := range c.kernels {
+		u := c.byKernel[ki]
 		nb := Notebook{KernelID: k.ID, Notebook: k.Notebook, PIDs: []int{}, PerGPU: perGPU(u.perGPU),
 			Processes: make([]ProcessBytes, 0, len(u.pids))}
 		for pid, per := range u.pids {
@@ -183,7 +212,7 @@ func Attribute(snap nvml.Snapshot, table *procs.Table, kernels []Kernel) Report 
 		for _, b := range nb.PerGPU {
 			nb.GPUMemoryBytes += b.Bytes
 		}
-		if kp, ok := table.Lookup(kernelPID[ki], k.StartTime); ok {
+		if kp, ok := c.table.Lookup(c.kernelPID[ki], k.StartTime); ok {
 			nb.User = kp.User
 			if nb.Notebook == "" {
 				nb.Notebook = kp.SessionName // JPY_SESSION_NAME, jupyter_server ≥ 2
@@ -191,26 +220,31 @@ func Attribute(snap nvml.Snapshot, table *procs.Table, kernels []Kernel) Report 
 		}
 		if nb.User == "" { // the kernel is gone: its orphans' user
 			for _, pid := range rest {
-				if p, ok := table.Resolve(pid); ok && p.User != "" {
+				if p, ok := c.table.Resolve(pid); ok && p.User != "" {
 					nb.User = p.User
 					break
 				}
 			}
 		}
-		rep.Notebooks = append(rep.Notebooks, nb)
+		out = append(out, nb)
 	}
-	slices.SortStableFunc(rep.Notebooks, func(a, b Notebook) int {
+	slices.SortStableFunc(out, func(a, b Notebook) int {
 		return cmp.Or(cmp.Compare(b.GPUMemoryBytes, a.GPUMemoryBytes),
 			cmp.Compare(a.Notebook, b.Notebook), cmp.Compare(a.KernelID, b.KernelID))
 	})
+	return out
+}
 
-	for pid, u := range other {
+// others is the GPU processes of no kernel, largest first.
+func (c *claims) others() []OtherProcess {
+	out := []OtherProcess{}
+	for pid, u := range c.other {
 		o := OtherProcess{PID: pid, PerGPU: perGPU(u.perGPU)}
-		if p := otherProc[pid]; p.PID != 0 {
+		if p := c.otherProc[pid]; p.PID != 0 {
 			o.User = p.User
 			o.Command = command(p)
 		}
-		rep.Other = append(rep.Other, o)
+		out = append(out, o)
 	}
 	total := func(o OtherProcess) (sum uint64) {
 		for _, b := range o.PerGPU {
@@ -218,18 +252,10 @@ func Attribute(snap nvml.Snapshot, table *procs.Table, kernels []Kernel) Report 
 		}
 		return sum
 	}
-	slices.SortFunc(rep.Other, func(a, b OtherProcess) int {
+	slices.SortFunc(out, func(a, b OtherProcess) int {
 		return cmp.Or(cmp.Compare(total(b), total(a)), cmp.Compare(a.PID, b.PID))
 	})
-
-	if len(unresolved) > 0 && table.Len() > 0 {
-		slices.Sort(unresolved)
-		unresolved = slices.Compact(unresolved)
-		rep.Warnings = append(rep.Warnings, fmt.Sprintf(
-			"GPU processes not found in /proc (exited since, or in a pid namespace this /proc does not show): pids %s",
-			joinInts(unresolved)))
-	}
-	return rep
+	return out
 }
 
 // owner picks the kernel a GPU process belongs to among those claiming it:
@@ -281,23 +307,9 @@ func subSat(a, b uint64) uint64 {
 	return a - b
 }
 
-// command is argv joined by spaces, "[comm]" when argv is empty (kernel
-// threads, zombies, unreadable), cut to MaxCommandLen bytes on a rune
-// boundary with "…".
-func command(p procs.Proc) string {
-	s := strings.Join(p.Argv, " ")
-	if s == "" && p.Comm != "" {
-		s = "[" + p.Comm + "]"
-	}
-	if len(s) <= MaxCommandLen {
-		return s
-	}
-	cut := MaxCommandLen - len("…")
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
-}
+// command is how Other names a process: its command line, cut to
+// MaxCommandLen bytes.
+func command(p procs.Proc) string { return procs.CommandLine(p.Argv, p.Comm, MaxCommandLen) }
 
 func joinInts(v []int) string {
 	s := make([]string, len(v))

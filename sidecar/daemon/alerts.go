@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/metrics"
@@ -58,7 +59,7 @@ func (d *Daemon) checkAlerts(rep attribution.Report) {
 				Message: fmt.Sprintf("GPU %d (%s) is %.0f%% full: %s of %s used; biggest: %s. "+
 					"`%%gpumem free` returns this notebook's cached memory; `%%gpumem top` shows who holds the rest.",
 					g.Index, g.Name, 100*float64(g.MemoryUsedBytes)/float64(max(g.MemoryTotalBytes, 1)),
-					gib(g.MemoryUsedBytes), gib(g.MemoryTotalBytes), inNotebooks),
+					units.Bytes(g.MemoryUsedBytes), units.Bytes(g.MemoryTotalBytes), inNotebooks),
 				Kernels: kernelsOnGPU(rep, g.Index),
 			})
 		}
@@ -149,8 +150,6 @@ func kernelsOnGPU(rep attribution.Report, gpu int) []string {
 	return ids
 }
 
-func gib(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
-
 // biggestHolders names the n notebooks or processes holding the most on gpu.
 func biggestHolders(rep attribution.Report, gpu, n int) string {
 	type holder struct {
@@ -179,7 +178,7 @@ func biggestHolders(rep attribution.Report, gpu, n int) string {
 	sort.Slice(hs, func(i, j int) bool { return hs[i].bytes > hs[j].bytes })
 	var parts []string
 	for i := 0; i < len(hs) && i < n; i++ {
-		parts = append(parts, fmt.Sprintf("%s %.1f GiB", hs[i].name, float64(hs[i].bytes)/(1<<30)))
+		parts = append(parts, hs[i].name+" "+units.Bytes(hs[i].bytes))
 	}
 	return strings.Join(parts, ", ")
 }
@@ -217,7 +216,7 @@ func biggestUsers(rep attribution.Report, gpu, n int) string {
 	})
 	var parts []string
 	for i := 0; i < len(users) && i < n; i++ {
-		parts = append(parts, fmt.Sprintf("user %s %s", users[i], gib(byUser[users[i]])))
+		parts = append(parts, fmt.Sprintf("user %s %s", users[i], units.Bytes(byUser[users[i]])))
 	}
 	return strings.Join(parts, ", ")
 }

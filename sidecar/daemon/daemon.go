@@ -23,12 +23,10 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/gpumem/gpumem/nvml"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/discovery"
 	"github.com/gpumem/gpumem/sidecar/metrics"
-	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
 // Config is `gpumem serve`'s flags.
@@ -51,10 +49,20 @@ type Config struct {
 	NotebookAlerts bool
 
 	InjectMagics bool
+}
 
-	FakeGPUFile string // GPUMEM_FAKE_GPU
-	ProcRoot    string // "" = /proc
-
+// Deps are the daemon's windows on the system, built by its caller (the
+// composition root) and faked at these seams in unit tests.
+type Deps struct {
+	// GPUs reads GPU memory per process: NVML, or the simulated GPU.
+	GPUs attribution.GPUSampler
+	// Procs reads the process table.
+	Procs attribution.ProcScanner
+	// Finder proves which process serves a connection file.
+	Finder discovery.ProcessFinder
+	// Terminate ends a process (SIGTERM, then SIGKILL after grace) if its
+	// start time is still start; nil means the real one, through a pidfd.
+	Terminate func(ctx context.Context, pid int, start uint64, grace time.Duration) (killed bool, err error)
 	// Pods names the Kubernetes pod of each process; nil off Kubernetes.
 	Pods attribution.Pods
 }
@@ -69,21 +77,23 @@ func (c *Config) defaults() {
 	if c.ReclaimGrace <= 0 {
 		c.ReclaimGrace = 5 * time.Second
 	}
-	if c.ProcRoot == "" {
-		c.ProcRoot = "/proc"
+	if c.SocketMode == "" {
+		c.SocketMode = api.ModePrivate
 	}
 }
 
 // Daemon is one `gpumem serve`.
 type Daemon struct {
-	cfg     Config
-	log     zerolog.Logger
-	selfUID uint32
-	gpus    *nvml.Source
-	fs      *procs.FS
-	finder  *discovery.ProcFinder
-	metrics *metrics.Metrics
-	socket  string
+	cfg       Config
+	log       zerolog.Logger
+	selfUID   uint32
+	gpus      attribution.GPUSampler
+	fs        attribution.ProcScanner
+	finder    discovery.ProcessFinder
+	terminate func(ctx context.Context, pid int, start uint64, grace time.Duration) (bool, error)
+	pods      attribution.Pods
+	metrics   *metrics.Metrics
+	socket    string
 
 	mu           sync.Mutex
 	kernels      map[string]*kernelState // by connection file
@@ -110,8 +120,8 @@ func (d *Daemon) sampleSoon() {
 	}
 }
 
-// New checks cfg and prepares a Daemon; Run starts it.
-func New(cfg Config, log zerolog.Logger) (*Daemon, error) {
+// New checks cfg and prepares a Daemon over deps; Run starts it.
+func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 	cfg.defaults()
 	if len(cfg.RuntimeDirs) == 0 {
 		return nil, errors.New("no runtime dir to watch")
@@ -119,12 +129,23 @@ func New(cfg Config, log zerolog.Logger) (*Daemon, error) {
 	if cfg.ReclaimAllUsers && os.Geteuid() != 0 {
 		return nil, errors.New("--reclaim-all-users needs root: only root may end other users' processes")
 	}
+	if deps.GPUs == nil || deps.Procs == nil || deps.Finder == nil {
+		return nil, errors.New("daemon: GPUs, Procs and Finder are required")
+	}
+	if deps.Terminate == nil {
+		deps.Terminate = func(ctx context.Context, pid int, start uint64, grace time.Duration) (bool, error) {
+			return terminate(ctx, deps.Procs, procID{pid, start}, grace)
+		}
+	}
 	d := &Daemon{
 		cfg:          cfg,
 		log:          log,
 		selfUID:      uint32(os.Geteuid()),
-		fs:           &procs.FS{Root: cfg.ProcRoot},
-		finder:       discovery.NewProcFinder(cfg.ProcRoot),
+		gpus:         deps.GPUs,
+		fs:           deps.Procs,
+		finder:       deps.Finder,
+		terminate:    deps.Terminate,
+		pods:         deps.Pods,
 		kernels:      map[string]*kernelState{},
 		alerted:      map[int]bool{},
 		alertEpisode: map[int]int{},
@@ -151,14 +172,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	gpus, err := nvml.Open(nvml.Options{FakeGPUFile: d.cfg.FakeGPUFile})
-	if err != nil {
-		ln.Close()
-		return err
-	}
-	d.gpus = gpus
-	defer gpus.Close()
-
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var ms *metrics.Server

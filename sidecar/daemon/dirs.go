@@ -33,7 +33,7 @@ func newDirLocks(dirs []string) *dirLocks {
 }
 
 // errDirTaken means another daemon watches the dir.
-var errDirTaken = errors.New("another gpumem daemon watches this runtime dir")
+var errDirTaken = errors.New("another gpumem daemon is serving this runtime dir")
 
 // lock takes or re-takes the lock of every dir that exists; it returns the
 // dirs the daemon may watch (locked, or not there yet) and the errors of

@@ -80,7 +80,7 @@ func (ks *kernelState) observe(table *procs.Table) bool {
 		}
 		rec := ks.recorded[id]
 		if p.Detailed {
-			rec = recordedProc{UID: p.UID, Argv: procs.CommandLine(p.Argv, 200)}
+			rec = recordedProc{UID: p.UID, Argv: procs.CommandLine(p.Argv, p.Comm, 200)}
 		}
 		ks.recorded[id] = rec
 	}
@@ -110,10 +110,16 @@ const (
 // beats every 5 s: 50 kernels' beats were a quarter of the daemon's CPU at
 // 1 s. Reconnects retry quickly so that a restarted kernel gets its magics
 // back soon.
+//
+// Memory per kernel is bounded by the frame limits: a shell or control
+// message of at most 2×MaxFrameBytes (the magics' replies are JSON of a few
+// KiB to a few MiB for thousands of variables), an iopub message of at most
+// 2×64 KiB; a kernel that sends more is disconnected and attached again.
 var clientOptions = protocol.Options{
 	HeartbeatInterval: 5 * time.Second,
 	HeartbeatTimeout:  3 * time.Second,
 	MaxBackoff:        250 * time.Millisecond,
+	MaxFrameBytes:     8 << 20,
 }
 
 // runKernel attaches to one kernel, injects the magics into each of its

@@ -11,6 +11,8 @@ import (
 
 	"github.com/gpumem/gpumem/nvml"
 	"github.com/gpumem/gpumem/sidecar/attribution"
+	"github.com/gpumem/gpumem/sidecar/discovery"
+	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
 // podsOf answers attribution.Pods from a fixed map by pid.
@@ -32,16 +34,17 @@ func TestSampleAddsPods(t *testing.T) {
 		t.Fatal(err)
 	}
 	pod := attribution.Pod{Name: "trainer-0", Namespace: "ml", UID: "u", Container: "main", User: "alice"}
-	d, err := New(Config{RuntimeDirs: []string{dir}, SocketPath: filepath.Join(dir, "gpumem.sock"),
-		Pods: podsOf{self: pod}}, zerolog.Nop())
+	gpus, err := nvml.OpenSimulated(gpuFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.gpus, err = nvml.Open(nvml.Options{FakeGPUFile: gpuFile})
+	defer gpus.Close()
+	proc := &procs.FS{}
+	d, err := New(Config{RuntimeDirs: []string{dir}, SocketPath: filepath.Join(dir, "gpumem.sock")},
+		Deps{GPUs: gpus, Procs: proc, Finder: discovery.NewProcFinder(proc), Pods: podsOf{self: pod}}, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer d.gpus.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer func() { cancel(); d.wg.Wait() }()
 

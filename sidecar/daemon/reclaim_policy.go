@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
@@ -81,7 +82,7 @@ var errStale = errors.New("pid now names another process")
 // holds a pidfd from before checking the start time until the last signal,
 // so a pid reused in between can never be signalled. It returns when the
 // process has exited or ctx ends.
-func terminate(ctx context.Context, procRoot string, id procID, grace time.Duration) (killed bool, err error) {
+func terminate(ctx context.Context, scanner attribution.ProcScanner, id procID, grace time.Duration) (killed bool, err error) {
 	fd, err := unix.PidfdOpen(id.PID, 0)
 	if err != nil {
 		if errors.Is(err, unix.ESRCH) {
@@ -92,8 +93,7 @@ func terminate(ctx context.Context, procRoot string, id procID, grace time.Durat
 	defer unix.Close(fd)
 	// The pidfd now pins the process the pid named when it was opened; check
 	// that this is still the one we recorded.
-	fs := &procs.FS{Root: procRoot}
-	table, err := fs.ScanTree([]int{})
+	table, err := scanner.ScanTree([]int{})
 	if err != nil {
 		return false, err
 	}

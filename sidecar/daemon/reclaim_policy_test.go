@@ -115,7 +115,7 @@ func startSleeper(t *testing.T, ignoreTERM bool) (*exec.Cmd, procID, <-chan stru
 func TestTerminate(t *testing.T) {
 	t.Run("SIGTERM ends it", func(t *testing.T) {
 		_, id, done := startSleeper(t, false)
-		killed, err := terminate(context.Background(), "/proc", id, 5*time.Second)
+		killed, err := terminate(context.Background(), &procs.FS{}, id, 5*time.Second)
 		if err != nil || killed {
 			t.Fatalf("terminate = killed %v, %v; want ended by SIGTERM", killed, err)
 		}
@@ -128,7 +128,7 @@ func TestTerminate(t *testing.T) {
 	t.Run("SIGKILL after grace", func(t *testing.T) {
 		_, id, done := startSleeper(t, true)
 		start := time.Now()
-		killed, err := terminate(context.Background(), "/proc", id, 300*time.Millisecond)
+		killed, err := terminate(context.Background(), &procs.FS{}, id, 300*time.Millisecond)
 		if err != nil || !killed {
 			t.Fatalf("terminate = killed %v, %v; want SIGKILL", killed, err)
 		}
@@ -144,7 +144,7 @@ func TestTerminate(t *testing.T) {
 	t.Run("reused pid is never signalled", func(t *testing.T) {
 		_, id, done := startSleeper(t, false)
 		stale := procID{id.PID, id.Start - 1} // what we recorded was an older process with this pid
-		_, err := terminate(context.Background(), "/proc", stale, time.Second)
+		_, err := terminate(context.Background(), &procs.FS{}, stale, time.Second)
 		if !errors.Is(err, errStale) {
 			t.Fatalf("terminate = %v, want errStale", err)
 		}
@@ -161,7 +161,7 @@ func TestTerminate(t *testing.T) {
 		cmd, id, done := startSleeper(t, false)
 		_ = cmd.Process.Kill()
 		<-done
-		if _, err := terminate(context.Background(), "/proc", id, time.Second); err != nil {
+		if _, err := terminate(context.Background(), &procs.FS{}, id, time.Second); err != nil {
 			t.Fatalf("terminate of an exited process = %v", err)
 		}
 	})

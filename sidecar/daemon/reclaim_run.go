@@ -55,7 +55,7 @@ func (d *Daemon) reclaim(ctx context.Context, ks *kernelState, recorded map[proc
 			continue
 		}
 		log.Warn().Dur("grace", d.cfg.ReclaimGrace).Msg("ending orphan that holds GPU memory (SIGTERM)")
-		killed, err := terminate(ctx, d.cfg.ProcRoot, dec.ID, d.cfg.ReclaimGrace)
+		killed, err := d.terminate(ctx, dec.ID.PID, dec.ID.Start, d.cfg.ReclaimGrace)
 		switch {
 		case errors.Is(err, errStale):
 			log.Info().Msg("pid was reused by another process; left alone")

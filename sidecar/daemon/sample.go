@@ -85,7 +85,7 @@ func (d *Daemon) sample(ctx context.Context) {
 		d.resolveKernelProcesses(ctx, unknown)
 	}
 
-	attribution.AddPods(&rep, obs.Table, d.cfg.Pods)
+	attribution.AddPods(&rep, obs.Table, d.pods)
 	elapsed := time.Since(start)
 	d.mu.Lock()
 	attached := 0

@@ -22,7 +22,7 @@ type Kernel struct {
 	ID             string // from kernel-<id>.json
 	ConnectionFile string
 	Connection     protocol.ConnectionInfo
-	Notebook       string // absolute path; "" without a server session
+	Notebook       string // absolute path; "" when nothing names it
 	ServerURL      string // "" without a server
 	KernelName     string // kernelspec name, when known
 	FileUID        uint32 // owner of the connection file
@@ -38,6 +38,16 @@ type Kernel struct {
 	// file's key can still prove it.
 	PIDUIDMatch bool
 	Unproven    string
+
+	// NotebookFrom says where Notebook came from: "server" (its
+	// /api/sessions), "JPY_SESSION_NAME" (the kernel's environment, set by
+	// jupyter_server 2 and VS Code; stale after a rename) or "papermill" (the
+	// input notebook on its parent's command line).
+	NotebookFrom string
+
+	outside     bool   // found from a process's argv, not in a runtime dir
+	sessionName string // JPY_SESSION_NAME of the proven process
+	ppid        int    // parent of the proven process
 }
 
 // ProcessFinder resolves kernels' OS processes. The production
@@ -82,6 +92,11 @@ type Owner struct {
 	Why    string
 	// Arg is the file's path as the process's argv wrote it.
 	Arg string
+	// SessionName is JPY_SESSION_NAME from its environment (readable by
+	// its user or root), PPID its parent: they name the notebook of a
+	// kernel that no server's session names.
+	SessionName string
+	PPID        int
 }
 
 // Options configures Discover.
@@ -89,6 +104,9 @@ type Options struct {
 	RuntimeDirs []string
 	HTTPClient  *http.Client // default: 5 s timeout
 	Procs       ProcessFinder
+	// ServerToken is sent to servers whose info file holds no token (a
+	// password or external login, such as JupyterHub's): GPUMEM_SERVER_TOKEN.
+	ServerToken string
 }
 
 // Result is everything Discover found. Problems name the file or server and
@@ -152,9 +170,19 @@ func Discover(ctx context.Context, opts Options) Result {
 		}
 	}
 	res.Servers = dedupeServers(res.Servers)
+	if lister, ok := opts.Procs.(ConnectionFileLister); ok {
+		addLaunchedKernels(&res, lister, opts.RuntimeDirs, seenFile)
+	}
+	for i := range res.Servers {
+		if res.Servers[i].Token == "" && opts.ServerToken != "" {
+			res.Servers[i].Token, res.Servers[i].TokenGiven = opts.ServerToken, true
+		}
+	}
 	res.Problems = append(res.Problems, attachSessions(ctx, hc, res.Servers, res.Kernels)...)
 	if opts.Procs != nil {
 		res.Problems = append(res.Problems, resolvePIDs(opts.Procs, res.Kernels)...)
+		res.Kernels = dropUnprovenOutside(res.Kernels)
+		nameNotebooks(opts.Procs, res.Kernels)
 	}
 	sort.Slice(res.Kernels, func(i, j int) bool {
 		a, b := res.Kernels[i], res.Kernels[j]
@@ -252,6 +280,7 @@ func attachSessions(ctx context.Context, hc *http.Client, servers []Server, kern
 				k.KernelName = sess.Kernel.Name
 			}
 			k.Notebook = a.server.NotebookPath(sess.Path)
+			k.NotebookFrom = "server"
 		}
 	}
 	return problems
@@ -274,6 +303,9 @@ func resolvePIDs(pf ProcessFinder, kernels []Kernel) []error {
 		if o, ok := owners[filepath.Base(k.ConnectionFile)]; ok {
 			k.PID, k.PIDStart = o.PID, o.Start
 			k.PIDProven, k.PIDUIDMatch, k.Unproven = o.Proven, o.UIDMatch, o.Why
+			if o.Proven {
+				k.sessionName, k.ppid = o.SessionName, o.PPID
+			}
 			if !o.Proven && o.FromPort {
 				problems = append(problems, fmt.Errorf("kernel connection file %s: not counted as a kernel: %s", k.ConnectionFile, o.Why))
 			}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gpumem/gpumem/internal/testenv"
+	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
 func TestParseServerFile(t *testing.T) {
@@ -97,7 +98,7 @@ func kernelPID(t *testing.T, connFile string) int {
 // TestDiscoverRealServers runs Notebook 6 and jupyter_server with sessions in
 // nested folders, plus a kernel without a server in the same runtime dir.
 func TestDiscoverRealServers(t *testing.T) {
-	for _, kind := range []testenv.ServerKind{testenv.Notebook6, testenv.JupyterServer} {
+	for _, kind := range testenv.ServerKinds() {
 		t.Run(string(kind), func(t *testing.T) {
 			t.Parallel()
 			srv := testenv.StartServer(t, kind)
@@ -113,7 +114,7 @@ func TestDiscoverRealServers(t *testing.T) {
 
 			res := Discover(context.Background(), Options{
 				RuntimeDirs: []string{srv.RuntimeDir()},
-				Procs:       NewProcFinder("/proc"),
+				Procs:       NewProcFinder(&procs.FS{}),
 			})
 			if len(res.Problems) > 0 {
 				t.Fatalf("problems: %v", res.Problems)

@@ -1,12 +1,17 @@
 // Package discovery finds the Jupyter kernels running on this machine and the
 // notebook each one serves.
 //
-// Kernels come from connection files (kernel-*.json) in Jupyter runtime dirs;
-// servers from jpserver-*.json (jupyter_server) and nbserver-*.json
-// (Notebook 6); notebook paths from each server's GET /api/sessions, made
-// absolute against the server's root dir; each kernel's OS process from the
+// Kernels come from connection files (kernel-*.json) in Jupyter runtime dirs,
+// and from the files processes were launched with elsewhere (nbclient,
+// papermill and scripts use /tmp/tmpXXXX.json), those listed only when their
+// process is proven; servers from jpserver-*.json (jupyter_server, over TCP
+// or a unix socket) and nbserver-*.json (Notebook 6); notebook paths from
+// each server's GET /api/sessions, made absolute against the server's root
+// dir, else from what a proven kernel process itself says (an absolute
+// JPY_SESSION_NAME, papermill's input); each kernel's OS process from the
 // process that owns the kernel's listening shell port (confirmed against
-// argv naming the connection file).
+// argv naming the connection file). A server whose file holds no usable
+// token is not asked unless GPUMEM_SERVER_TOKEN gives one.
 //
 // Discovery never talks to a kernel over ZeroMQ: that is the caller's choice
 // (it counts as activity for Jupyter's idle culler).

@@ -14,9 +14,9 @@ type ProcFinder struct {
 	fs *procs.FS
 }
 
-// NewProcFinder reads the /proc at root ("" = /proc).
-func NewProcFinder(root string) *ProcFinder {
-	return &ProcFinder{fs: &procs.FS{Root: root}}
+// NewProcFinder reads processes through fs.
+func NewProcFinder(fs *procs.FS) *ProcFinder {
+	return &ProcFinder{fs: fs}
 }
 
 // FindKernels implements ProcessFinder. A connection file proves nothing by
@@ -96,7 +96,7 @@ func (f *ProcFinder) FindKernels(files []KernelFile) (map[string]Owner, error) {
 		if !ok {
 			continue
 		}
-		o := Owner{PID: pid, Start: p.StartTime, FromPort: true}
+		o := Owner{PID: pid, Start: p.StartTime, FromPort: true, SessionName: p.SessionName, PPID: p.PPID}
 		switch {
 		case !p.Detailed:
 			o.Why = fmt.Sprintf("port %d is served by pid %d, whose owner cannot be read", kf.ShellPort, pid)
@@ -173,12 +173,7 @@ func listenerFor(ls []procs.Listener, ip string) (uint64, bool) {
 	return 0, false
 }
 
-func argvOf(p procs.Proc) string {
-	if len(p.Argv) == 0 {
-		return p.Comm
-	}
-	return procs.CommandLine(p.Argv, 120)
-}
+func argvOf(p procs.Proc) string { return procs.CommandLine(p.Argv, p.Comm, 120) }
 
 // argvMentions maps each file's name to the processes whose argv passes it
 // as a kernel's connection file: "-f FILE", "--f=FILE", "--connection-file=FILE"

@@ -21,6 +21,11 @@ type Server struct {
 	RootDir string `json:"root_dir"` // notebook_dir on Notebook 6
 	PID     int    `json:"pid"`
 	Version string `json:"version"`
+	// Password is true when the server asks for a password: its file then
+	// holds no token, and without GPUMEM_SERVER_TOKEN it is not asked.
+	Password bool `json:"-"`
+	// TokenGiven is true when Token came from GPUMEM_SERVER_TOKEN, not from the server's file.
+	TokenGiven bool `json:"-"`
 }
 
 // ParseServerFile parses a jpserver-<pid>.json or nbserver-<pid>.json file.
@@ -33,6 +38,7 @@ func ParseServerFile(name string, data []byte) (Server, error) {
 		PID         int    `json:"pid"`
 		Version     string `json:"version"`
 		BaseURL     string `json:"base_url"`
+		Password    bool   `json:"password"`
 	}
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return Server{}, fmt.Errorf("server file %s: not valid JSON (%v): delete it if its server is gone", name, err)
@@ -40,7 +46,8 @@ func ParseServerFile(name string, data []byte) (Server, error) {
 	if raw.URL == "" {
 		return Server{}, fmt.Errorf("server file %s: no \"url\": delete it if its server is gone", name)
 	}
-	s := Server{File: name, URL: raw.URL, Token: raw.Token, RootDir: raw.RootDir, PID: raw.PID, Version: raw.Version}
+	s := Server{File: name, URL: raw.URL, Token: raw.Token, RootDir: raw.RootDir, PID: raw.PID, Version: raw.Version,
+		Password: raw.Password}
 	s.Kind = "jupyter_server"
 	if strings.HasPrefix(filepath.Base(name), "nbserver-") {
 		s.Kind = "notebook"
@@ -82,9 +89,18 @@ type Session struct {
 	} `json:"kernel"`
 }
 
-// Sessions fetches GET /api/sessions from s with its token.
+// Sessions fetches GET /api/sessions from s with its token, over TCP or
+// the unix socket its URL names. A server that asks for a password and for
+// which no token was given is not asked: ErrNoToken says what to do.
 func (s Server) Sessions(ctx context.Context, hc *http.Client) ([]Session, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL+"api/sessions", nil)
+	if s.Token == "" && s.Password {
+		return nil, s.noTokenError()
+	}
+	target, hc, err := s.requestTarget(hc)
+	if err != nil {
+		return nil, fmt.Errorf("server %s (%s): %w", s.URL, s.File, err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target+"api/sessions", nil)
 	if err != nil {
 		return nil, fmt.Errorf("server %s (%s): %w", s.URL, s.File, err)
 	}
@@ -101,6 +117,12 @@ func (s Server) Sessions(ctx context.Context, hc *http.Client) ([]Session, error
 		return nil, fmt.Errorf("server %s (%s): reading /api/sessions: %w", s.URL, s.File, err)
 	}
 	if resp.StatusCode != http.StatusOK {
+		switch {
+		case s.Token == "" && (resp.StatusCode == http.StatusForbidden || resp.StatusCode == http.StatusUnauthorized):
+			return nil, s.noTokenError()
+		case s.TokenGiven:
+			return nil, fmt.Errorf("server %s (%s): GET /api/sessions: %s with the token from GPUMEM_SERVER_TOKEN", s.URL, s.File, resp.Status)
+		}
 		return nil, fmt.Errorf("server %s (%s): GET /api/sessions: %s (is the token in its file current?)", s.URL, s.File, resp.Status)
 	}
 	var sessions []Session

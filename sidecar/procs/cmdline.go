@@ -37,19 +37,26 @@ func (fs *FS) Cmdlines() (map[int][]string, error) {
 	return out, nil
 }
 
-// CommandLine is argv joined by spaces, cut to at most max runes (an
-// ellipsis marks the cut; a UTF-8 character is never cut in half), with
-// control characters shown as spaces: for logs and messages.
-func CommandLine(argv []string, max int) string {
+// CommandLine is argv joined by spaces ("[comm]" when argv is empty: kernel
+// threads, zombies, unreadable), with control characters shown as spaces,
+// cut to at most max bytes on a rune boundary with "…": for logs, tables
+// and messages.
+func CommandLine(argv []string, comm string, max int) string {
 	s := strings.Map(func(r rune) rune {
 		if unicode.IsControl(r) {
 			return ' '
 		}
 		return r
 	}, strings.Join(argv, " "))
-	if utf8.RuneCountInString(s) <= max {
+	if s == "" && comm != "" {
+		s = "[" + comm + "]"
+	}
+	if len(s) <= max {
 		return s
 	}
-	runes := []rune(s)
-	return string(runes[:max-1]) + "…"
+	cut := max - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }

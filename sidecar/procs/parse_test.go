@@ -204,17 +204,19 @@ func FuzzParseStat(f *testing.F) {
 func TestCommandLine(t *testing.T) {
 	tests := []struct {
 		argv []string
+		comm string
 		max  int
 		want string
 	}{
-		{[]string{"python", "-m", "ipykernel_launcher"}, 80, "python -m ipykernel_launcher"},
-		{[]string{"python", "-c", "import x\nx.run()"}, 80, "python -c import x x.run()"},
-		{[]string{"abcdef"}, 4, "abc…"},
-		{[]string{"ééééé"}, 3, "éé…"}, // never half a character
-		{nil, 5, ""},
+		{[]string{"python", "-m", "ipykernel_launcher"}, "", 80, "python -m ipykernel_launcher"},
+		{[]string{"python", "-c", "import x\nx.run()"}, "", 80, "python -c import x x.run()"},
+		{[]string{"abcdefgh"}, "", 6, "abc…"},
+		{[]string{"éééé"}, "", 6, "é…"}, // never half a character
+		{nil, "kworker/0:1", 80, "[kworker/0:1]"},
+		{nil, "", 5, ""},
 	}
 	for _, tc := range tests {
-		if got := CommandLine(tc.argv, tc.max); got != tc.want || !utf8.ValidString(got) {
+		if got := CommandLine(tc.argv, tc.comm, tc.max); got != tc.want || !utf8.ValidString(got) || len(got) > max(tc.max, 0) {
 			t.Errorf("CommandLine(%q, %d) = %q, want %q", tc.argv, tc.max, got, tc.want)
 		}
 	}

@@ -110,7 +110,7 @@ func TestSecondDaemonOnSameRuntimeDir(t *testing.T) {
 	if !second.Wait(30 * time.Second) {
 		t.Fatal("a second daemon runs on the same runtime dir")
 	}
-	if out := second.Output(); !strings.Contains(out, "another gpumem daemon watches this runtime dir") ||
+	if out := second.Output(); !strings.Contains(out, "another gpumem daemon is serving this runtime dir") ||
 		!strings.Contains(out, filepath.Join(dir, "runtime")) {
 		t.Errorf("the second daemon's error does not name the runtime dir:\n%s", out)
 	}

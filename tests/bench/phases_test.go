@@ -23,7 +23,7 @@ import (
 
 	"github.com/gpumem/gpumem/internal/cli"
 	"github.com/gpumem/gpumem/internal/testenv"
-	"github.com/gpumem/gpumem/nvml"
+	"github.com/gpumem/gpumem/nvml/driver"
 	"github.com/gpumem/gpumem/protocol"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/discovery"
@@ -32,7 +32,7 @@ import (
 
 func BenchmarkPhases20Kernels(b *testing.B) {
 	const kernels = 20
-	srv := testenv.StartServer(b, testenv.Notebook6)
+	srv := testenv.StartServer(b, testenv.NotebookServer())
 	var ids []string
 	for i := range kernels {
 		ids = append(ids, srv.CreateSession(b, fmt.Sprintf("bench/nb%02d.ipynb", i)).Kernel.ID)
@@ -41,7 +41,7 @@ func BenchmarkPhases20Kernels(b *testing.B) {
 		testenv.WaitKernelListening(b, srv.ConnectionFile(id), 2*time.Minute)
 	}
 	ctx := context.Background()
-	opts := discovery.Options{RuntimeDirs: []string{srv.RuntimeDir()}, Procs: discovery.NewProcFinder("/proc")}
+	opts := discovery.Options{RuntimeDirs: []string{srv.RuntimeDir()}, Procs: discovery.NewProcFinder(&procs.FS{})}
 	var res discovery.Result
 	testenv.Poll(b, 2*time.Minute, "20 kernels with pids", func() bool {
 		res = discovery.Discover(ctx, opts)
@@ -158,7 +158,9 @@ func BenchmarkPhases20Kernels(b *testing.B) {
 		}
 		var inodes []uint64
 		for _, p := range shellPorts {
-			inodes = append(inodes, ports[p])
+			for _, l := range ports[p] {
+				inodes = append(inodes, l.Inode)
+			}
 		}
 		for b.Loop() {
 			if _, err := fs.SocketOwners(inodes); err != nil {
@@ -167,10 +169,10 @@ func BenchmarkPhases20Kernels(b *testing.B) {
 		}
 	})
 	b.Run("find_kernels", func(b *testing.B) { // cmdlines + net/tcp + candidates' fds + ScanTree
-		pf := discovery.NewProcFinder("/proc")
+		pf := discovery.NewProcFinder(&procs.FS{})
 		var files []discovery.KernelFile
 		for _, k := range res.Kernels {
-			files = append(files, discovery.KernelFile{Name: filepath.Base(k.ConnectionFile), ShellPort: k.Connection.ShellPort})
+			files = append(files, discovery.KernelFileOf(k))
 		}
 		for b.Loop() {
 			if _, err := pf.FindKernels(files); err != nil {
@@ -214,7 +216,7 @@ func BenchmarkPhases20Kernels(b *testing.B) {
 	})
 	b.Run("ls_sample_and_attribute", func(b *testing.B) { // what ls adds after discovery
 		for b.Loop() {
-			src, err := nvml.Open(nvml.Options{FakeGPUFile: fake})
+			src, err := driver.Open(driver.Options{FakeGPUFile: fake})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -3,7 +3,7 @@
 // demand), a real Notebook 6 server, real ipykernel kernels and a
 // simulated-GPU file (GPUMEM_FAKE_GPU) listing their real pids.
 //
-// Run (about 4 minutes on a 2-core machine; results in BENCH_RESULTS.txt):
+// Run (about 4 minutes on a 2-core machine; results in docs/benchmarks/daemon.txt):
 //
 //	go test ./tests/daemonbench/ -run '^$' -bench . -benchtime 1x -timeout 30m
 //
@@ -138,7 +138,7 @@ func BenchmarkServe50Kernels(b *testing.B) {
 		steady  = 30 * time.Second
 	)
 	testenv.Require(b, "notebook", "ipykernel", "jupyter_client")
-	srv := testenv.StartServer(b, testenv.Notebook6)
+	srv := testenv.StartServer(b, testenv.NotebookServer())
 	reap := testenv.NewReaper(b, srv)
 	gpu := newFakeGPU(b)
 	port := strconv.Itoa(testenv.FreePort(b))
@@ -307,7 +307,7 @@ func (cw *connFileWatch) appeared(b *testing.B, connFile string) time.Time {
 func BenchmarkKernelStartToMagic(b *testing.B) {
 	const samples = 20
 	testenv.Require(b, "notebook", "ipykernel", "jupyter_client")
-	srv := testenv.StartServer(b, testenv.Notebook6)
+	srv := testenv.StartServer(b, testenv.NotebookServer())
 	testenv.NewReaper(b, srv)
 	gpu := newFakeGPU(b)
 	d := startDaemon(b, srv, gpu, "--log-level=debug") // debug: attach retries are logged
@@ -362,7 +362,7 @@ func BenchmarkKernelStartToMagic(b *testing.B) {
 		total += n
 	}
 	b.ReportMetric(float64(total)/float64(len(retries)), "failed-attaches/kernel")
-	// A live kernel taken for shut down: see BENCH_RESULTS.txt.
+	// A live kernel taken for shut down: see docs/benchmarks/daemon.txt.
 	b.ReportMetric(float64(falseShutdowns), "false-shutdowns")
 }
 
@@ -386,7 +386,7 @@ func sigtermIgnored(pid int) bool {
 func BenchmarkRestartOrphansGone(b *testing.B) {
 	const samples = 5
 	testenv.Require(b, "notebook", "ipykernel", "jupyter_client")
-	srv := testenv.StartServer(b, testenv.Notebook6)
+	srv := testenv.StartServer(b, testenv.NotebookServer())
 	reap := testenv.NewReaper(b, srv)
 	gpu := newFakeGPU(b)
 	d := startDaemon(b, srv, gpu, "--log-level=debug")
@@ -417,7 +417,7 @@ func BenchmarkRestartOrphansGone(b *testing.B) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			r, err := c.Execute(ctx, "import subprocess, sys\n"+
 				"_w = subprocess.Popen([sys.executable, '-c', "+strconv.Quote(children[kind])+"], start_new_session=True)",
-				protocol.ExecuteOptions{Raw: true, UserExpressions: map[string]string{"pid": "_w.pid"}})
+				protocol.ExecuteOptions{UserExpressions: map[string]string{"pid": "_w.pid"}})
 			cancel()
 			if err != nil || r.Status != "ok" {
 				b.Fatalf("starting the child: %v %+v", err, r)

@@ -410,7 +410,7 @@ func dialNewKernel(connFile, notSession string, timeout time.Duration) (*protoco
 func hasMagic(c *protocol.Client) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	r, err := c.Execute(ctx, "", protocol.ExecuteOptions{Raw: true,
+	r, err := c.Execute(ctx, "", protocol.ExecuteOptions{
 		UserExpressions: map[string]string{"m": "get_ipython().find_line_magic('gpumem') is not None"}})
 	if err != nil {
 		return false, err

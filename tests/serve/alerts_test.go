@@ -13,13 +13,13 @@ import (
 // holders, once; %gpumem top lists who holds the GPU.
 func TestServeNotebookAlerts(t *testing.T) {
 	testenv.Require(t, "notebook", "ipykernel")
-	srv := testenv.StartServer(t, testenv.Notebook6)
-	gpu := newFakeGPU(t)
+	srv := testenv.StartServer(t, testenv.NotebookServer())
+	gpu := testenv.NewFakeGPU(t)
 	d := startDaemon(t, srv, gpu, "--alert-threshold=0.5")
 	nb := openNotebook(t, srv, "big/model.ipynb")
 	nb.waitMagic(t, 10*time.Second)
 	other := startUnrelated(t)
-	gpu.set(t, fakeProc{nb.pid, 40 << 30}, fakeProc{other.Process.Pid, 10 << 30}) // 50 of 80 GiB
+	gpu.Set(t, testenv.FakeProc{PID: nb.pid, UsedBytes: 40 << 30}, testenv.FakeProc{PID: other.Process.Pid, UsedBytes: 10 << 30}) // 50 of 80 GiB
 	waitNotebookHas(t, d, nb.sess.Kernel.ID, nb.pid)
 
 	var alert string
@@ -39,7 +39,7 @@ func TestServeNotebookAlerts(t *testing.T) {
 	if out := nb.front.Cell(t, "1+1").Text(); strings.Contains(out, "gpumem:") {
 		t.Errorf("alert shown twice: %q", out)
 	}
-	if _, ok := d.findLog("GPU memory over the alert threshold", map[string]any{"gpu": 0}); !ok {
+	if _, ok := d.FindLog("GPU memory over the alert threshold", map[string]any{"gpu": 0}); !ok {
 		t.Error("no alert log line")
 	}
 

@@ -23,12 +23,12 @@ import (
 // dashboard relies on, with the labels it groups by.
 func TestServeMetrics(t *testing.T) {
 	testenv.Require(t, "notebook", "ipykernel")
-	srv := testenv.StartServer(t, testenv.Notebook6)
-	gpu := newFakeGPU(t)
+	srv := testenv.StartServer(t, testenv.NotebookServer())
+	gpu := testenv.NewFakeGPU(t)
 	port := testenv.FreePort(t)
 	d := startDaemon(t, srv, gpu, "--listen=127.0.0.1:"+strconv.Itoa(port))
 	nb := openNotebook(t, srv, "m/metrics.ipynb")
-	gpu.set(t, fakeProc{nb.pid, 7 << 30})
+	gpu.Set(t, testenv.FakeProc{PID: nb.pid, UsedBytes: 7 << 30})
 	waitNotebookHas(t, d, nb.sess.Kernel.ID, nb.pid)
 
 	var body string
@@ -99,8 +99,8 @@ func TestServeSharedModePeerCredentials(t *testing.T) {
 		}
 		t.Skip("needs root to run a process as a second uid")
 	}
-	srv := testenv.StartServer(t, testenv.Notebook6)
-	gpu := newFakeGPU(t)
+	srv := testenv.StartServer(t, testenv.NotebookServer())
+	gpu := testenv.NewFakeGPU(t)
 	// A socket where uid 65534 can reach it (test dirs are 0700 root's).
 	sockDir, err := os.MkdirTemp("", "gpumem-shared")
 	if err != nil {
@@ -111,14 +111,14 @@ func TestServeSharedModePeerCredentials(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := startDaemon(t, srv, gpu, "--socket-mode=shared", "--socket="+sockDir+"/gpumem.sock")
-	if fi, err := os.Stat(d.socket); err != nil || fi.Mode().Perm() != 0o666 {
+	if fi, err := os.Stat(d.Socket); err != nil || fi.Mode().Perm() != 0o666 {
 		t.Fatalf("shared socket mode %v (%v), want 0666", fi.Mode().Perm(), err)
 	}
 	code := `import socket, sys
 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
 s.sendall(b"GET /api/v1/notebooks HTTP/1.0\r\nHost: localhost\r\n\r\n")
 print(s.recv(100).split(b"\r\n")[0].decode())`
-	cmd := exec.Command(testenv.Python(), "-c", code, d.socket)
+	cmd := exec.Command(testenv.Python(), "-c", code, d.Socket)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -130,7 +130,7 @@ print(s.recv(100).split(b"\r\n")[0].decode())`
 	// The daemon's own user (root here) may read everything.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := d.client.GPUs(ctx); err != nil {
+	if _, err := d.Client.GPUs(ctx); err != nil {
 		t.Fatalf("root: %v", err)
 	}
 }
@@ -139,40 +139,38 @@ print(s.recv(100).split(b"\r\n")[0].decode())`
 // leaves kernels untouched; after SIGKILL a new daemon rebuilds its view.
 func TestServeLifecycle(t *testing.T) {
 	testenv.Require(t, "notebook", "ipykernel")
-	srv := testenv.StartServer(t, testenv.Notebook6)
-	gpu := newFakeGPU(t)
+	srv := testenv.StartServer(t, testenv.NotebookServer())
+	gpu := testenv.NewFakeGPU(t)
 	d := startDaemon(t, srv, gpu)
 	nb := openNotebook(t, srv, "life.ipynb")
 	nb.waitMagic(t, 10*time.Second)
-	gpu.set(t, fakeProc{nb.pid, 1 << 30})
+	gpu.Set(t, testenv.FakeProc{PID: nb.pid, UsedBytes: 1 << 30})
 	waitNotebookHas(t, d, nb.sess.Kernel.ID, nb.pid)
 
 	second := tryStartDaemon(t, srv, gpu)
-	select {
-	case <-second.done:
-	case <-time.After(30 * time.Second):
+	if !second.Wait(30 * time.Second) {
 		t.Fatal("a second daemon on the same runtime dir kept running")
 	}
-	if !strings.Contains(second.output(), "another gpumem daemon is serving") || second.cmd.ProcessState.ExitCode() == 0 {
-		t.Fatalf("second daemon: exit %d, output:\n%s", second.cmd.ProcessState.ExitCode(), second.output())
+	if !strings.Contains(second.Output(), "another gpumem daemon is serving") || second.Cmd.ProcessState.ExitCode() == 0 {
+		t.Fatalf("second daemon: exit %d, output:\n%s", second.Cmd.ProcessState.ExitCode(), second.Output())
 	}
 
 	count := nb.intCell(t, "print(get_ipython().execution_count)")
-	d.stop(syscall.SIGKILL)
-	if _, err := os.Stat(d.socket); err != nil {
+	d.Stop(syscall.SIGKILL)
+	if _, err := os.Stat(d.Socket); err != nil {
 		t.Fatalf("after SIGKILL the socket should be left stale: %v", err)
 	}
 	d2 := startDaemon(t, srv, gpu)
 	waitNotebookHas(t, d2, nb.sess.Kernel.ID, nb.pid)
 
-	d2.stop(syscall.SIGTERM)
-	if code := d2.cmd.ProcessState.ExitCode(); code != 0 {
-		t.Fatalf("SIGTERM: exit %d\n%s", code, d2.output())
+	d2.Stop(syscall.SIGTERM)
+	if code := d2.Cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("SIGTERM: exit %d\n%s", code, d2.Output())
 	}
-	if _, ok := d2.findLog("gpumem serve stopped; kernels left untouched", nil); !ok {
+	if _, ok := d2.FindLog("gpumem serve stopped; kernels left untouched", nil); !ok {
 		t.Errorf("no clean-stop log")
 	}
-	if _, err := os.Stat(d2.socket); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(d2.Socket); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("socket left after a clean stop: %v", err)
 	}
 	if !alive(nb.pid) {

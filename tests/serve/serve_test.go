@@ -93,12 +93,12 @@ func startUnrelated(t *testing.T) *exec.Cmd {
 }
 
 // waitNotebookHas polls the daemon's API until the notebook lists pid.
-func waitNotebookHas(t *testing.T, d *daemon, kernelID string, pid int) {
+func waitNotebookHas(t *testing.T, d *testenv.Daemon, kernelID string, pid int) {
 	t.Helper()
 	testenv.Poll(t, 15*time.Second, "daemon attributes pid "+strconv.Itoa(pid)+" to kernel "+kernelID, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		rep, err := d.client.Notebooks(ctx)
+		rep, err := d.Client.Notebooks(ctx)
 		if err != nil {
 			return false
 		}
@@ -118,11 +118,11 @@ func waitNotebookHas(t *testing.T, d *daemon, kernelID string, pid int) {
 
 func TestServeInjectsNewKernels(t *testing.T) {
 	testenv.Require(t, "notebook", "ipykernel")
-	srv := testenv.StartServer(t, testenv.Notebook6)
-	gpu := newFakeGPU(t)
+	srv := testenv.StartServer(t, testenv.NotebookServer())
+	gpu := testenv.NewFakeGPU(t)
 	d := startDaemon(t, srv, gpu)
-	if fi, err := os.Stat(d.socket); err != nil || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("socket %s: %v, mode %v; want 0600", d.socket, err, fi.Mode().Perm())
+	if fi, err := os.Stat(d.Socket); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket %s: %v, mode %v; want 0600", d.Socket, err, fi.Mode().Perm())
 	}
 
 	nb := openNotebook(t, srv, "projects/train.ipynb")
@@ -133,24 +133,35 @@ func TestServeInjectsNewKernels(t *testing.T) {
 	if r.Status() != "ok" || !strings.Contains(r.Text(), "GPU") {
 		t.Fatalf("%%gpumem: status %s, output:\n%s", r.Status(), r.Text())
 	}
-	if _, ok := d.findLog("magics injected", map[string]any{"kernel_id": nb.sess.Kernel.ID}); !ok {
+	if _, ok := d.FindLog("magics injected", map[string]any{"kernel_id": nb.sess.Kernel.ID}); !ok {
 		t.Errorf("no 'magics injected' log for %s", nb.sess.Kernel.ID)
 	}
 
-	// gpumem kernels answers from the daemon: same rows, same keys.
-	cmd := exec.Command(gpumemBin, "kernels", "--json")
-	cmd.Env = testenv.Env(srv.Dir)
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("gpumem kernels: %v", err)
-	}
-	var rows []map[string]any
-	if err := json.Unmarshal(out, &rows); err != nil || len(rows) != 1 {
-		t.Fatalf("gpumem kernels --json = %s (%v), want one kernel", out, err)
-	}
+	// gpumem kernels answers from the daemon: same rows, same keys. On
+	// jupyter_server 2 the kernel's file comes before its session and its
+	// ports: the daemon names the notebook at its next scan (5 s at most).
 	want := map[string]any{"kernel_id": nb.sess.Kernel.ID, "notebook": srv.RootDir + "/projects/train.ipynb",
 		"pid": float64(nb.pid), "language": "python", "alive": true, "connection_file": srv.ConnectionFile(nb.sess.Kernel.ID),
 		"server_url": srv.URL}
+	var rows []map[string]any
+	var out []byte
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		cmd := exec.Command(gpumemBin, "kernels", "--json")
+		cmd.Env = testenv.Env(srv.Dir)
+		var err error
+		out, err = cmd.Output()
+		if err != nil {
+			t.Fatalf("gpumem kernels: %v", err)
+		}
+		if err := json.Unmarshal(out, &rows); err != nil || len(rows) != 1 {
+			t.Fatalf("gpumem kernels --json = %s (%v), want one kernel", out, err)
+		}
+		if rows[0]["server_url"] == want["server_url"] && rows[0]["pid"] == want["pid"] || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if len(rows[0]) != len(want) {
 		t.Errorf("keys %v, want exactly %v", rows[0], want)
 	}
@@ -168,14 +179,14 @@ func TestServeReclaimsOrphans(t *testing.T) {
 	testenv.Require(t, "notebook", "ipykernel")
 	for _, how := range []string{"restart", "shutdown"} {
 		t.Run(how, func(t *testing.T) {
-			srv := testenv.StartServer(t, testenv.Notebook6)
-			gpu := newFakeGPU(t)
+			srv := testenv.StartServer(t, testenv.NotebookServer())
+			gpu := testenv.NewFakeGPU(t)
 			d := startDaemon(t, srv, gpu)
 			nb := openNotebook(t, srv, "work/"+how+".ipynb")
 			nb.waitMagic(t, 10*time.Second)
 			orphan := nb.startOrphanable(t)
 			other := startUnrelated(t)
-			gpu.set(t, fakeProc{nb.pid, 600 << 20}, fakeProc{orphan, 3 << 30}, fakeProc{other.Process.Pid, 5 << 30})
+			gpu.Set(t, testenv.FakeProc{PID: nb.pid, UsedBytes: 600 << 20}, testenv.FakeProc{PID: orphan, UsedBytes: 3 << 30}, testenv.FakeProc{PID: other.Process.Pid, UsedBytes: 5 << 30})
 			waitNotebookHas(t, d, nb.sess.Kernel.ID, orphan)
 
 			start := time.Now()
@@ -187,7 +198,7 @@ func TestServeReclaimsOrphans(t *testing.T) {
 			}
 			testenv.Poll(t, 5*time.Second, "orphan "+strconv.Itoa(orphan)+" ended", func() bool { return !alive(orphan) })
 			t.Logf("orphan gone %v after the %s request", time.Since(start), how)
-			if _, ok := d.findLog("ending orphan that holds GPU memory (SIGTERM)", map[string]any{"pid": orphan, "after": how}); !ok {
+			if _, ok := d.FindLog("ending orphan that holds GPU memory (SIGTERM)", map[string]any{"pid": orphan, "after": how}); !ok {
 				t.Errorf("no log of ending orphan %d", orphan)
 			}
 			if !alive(other.Process.Pid) {

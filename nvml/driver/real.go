@@ -1,13 +1,12 @@
-package nvml
+package driver
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"math"
-	"slices"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpumem/gpumem/nvml"
 )
 
 // Symbols probed after Init. Calling a function the driver lacks aborts the
@@ -23,10 +22,6 @@ var (
 		"nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceGetGpuInstanceId",
 		"nvmlDeviceGetComputeInstanceId"}
 )
-
-// unknownMemory is what NVML puts in UsedGpuMemory when it cannot tell
-// (NVML_VALUE_NOT_AVAILABLE as an unsigned long long).
-const unknownMemory = math.MaxUint64
 
 // real samples through an initialised NVML.
 type real struct {
@@ -70,25 +65,25 @@ func nvmlError(op string, ret gonvml.Return) error {
 	return fmt.Errorf("nvml %s: %w", op, ret)
 }
 
-func (r *real) close() error {
+func (r *real) Close() error {
 	if ret := r.lib.Shutdown(); ret != gonvml.SUCCESS {
 		return nvmlError("shutdown", ret)
 	}
 	return nil
 }
 
-func (r *real) sample(ctx context.Context) (Snapshot, error) {
+func (r *real) Sample(ctx context.Context) (nvml.Snapshot, error) {
 	count, ret := r.lib.DeviceGetCount()
 	if ret != gonvml.SUCCESS {
-		return Snapshot{}, nvmlError("device count", ret)
+		return nvml.Snapshot{}, nvmlError("device count", ret)
 	}
-	snap := Snapshot{Devices: make([]Device, 0, count)}
+	snap := nvml.Snapshot{Devices: make([]nvml.Device, 0, count)}
 	if r.driverWarning != "" {
 		snap.Warnings = append(snap.Warnings, r.driverWarning)
 	}
 	for i := range count {
 		if err := ctx.Err(); err != nil {
-			return Snapshot{}, err
+			return nvml.Snapshot{}, err
 		}
 		h, ret := r.lib.DeviceGetHandleByIndex(i)
 		if ret != gonvml.SUCCESS {
@@ -104,11 +99,11 @@ func (r *real) sample(ctx context.Context) (Snapshot, error) {
 
 // device reads one GPU. Failures of one query become warnings so the rest of
 // the device (and the other devices) still show.
-func (r *real) device(index int, h gonvml.Device) (Device, []string) {
+func (r *real) device(index int, h gonvml.Device) (nvml.Device, []string) {
 	var warnings []string
 	warn := func(err error) { warnings = append(warnings, fmt.Sprintf("gpu %d: %v", index, err)) }
 
-	dev := Device{Index: index, DriverVersion: r.driverVersion}
+	dev := nvml.Device{Index: index, DriverVersion: r.driverVersion}
 	if uuid, ret := h.GetUUID(); ret == gonvml.SUCCESS {
 		dev.UUID = uuid
 	} else {
@@ -150,7 +145,7 @@ func (r *real) device(index int, h gonvml.Device) (Device, []string) {
 		warn(nvmlError("MIG device count", ret))
 		return dev, warnings
 	}
-	dev.MIG = []MIGInstance{}
+	dev.MIG = []nvml.MIGInstance{}
 	for j := range n {
 		mh, ret := h.GetMigDeviceHandleByIndex(j)
 		if ret == gonvml.ERROR_NOT_FOUND { // an unused slot
@@ -167,13 +162,13 @@ func (r *real) device(index int, h gonvml.Device) (Device, []string) {
 		dev.MIG = append(dev.MIG, inst)
 		dev.Processes = append(dev.Processes, inst.Processes...)
 	}
-	sortProcesses(dev.Processes)
+	nvml.SortProcesses(dev.Processes)
 	return dev, warnings
 }
 
-func (r *real) migInstance(slot int, h gonvml.Device) (MIGInstance, []error) {
+func (r *real) migInstance(slot int, h gonvml.Device) (nvml.MIGInstance, []error) {
 	var errs []error
-	inst := MIGInstance{GPUInstanceID: NoInstance, ComputeInstanceID: NoInstance}
+	inst := nvml.MIGInstance{GPUInstanceID: nvml.NoInstance, ComputeInstanceID: nvml.NoInstance}
 	if uuid, ret := h.GetUUID(); ret == gonvml.SUCCESS {
 		inst.UUID = uuid
 	} else {
@@ -230,7 +225,7 @@ func (r *real) memory(h gonvml.Device) (total, used, reserved uint64, err error)
 }
 
 // processes merges the compute, graphics and MPS lists of one device.
-func (r *real) processes(h gonvml.Device, total uint64) ([]Process, []error) {
+func (r *real) processes(h gonvml.Device, total uint64) ([]nvml.Process, []error) {
 	type list struct {
 		name string
 		get  func() ([]gonvml.ProcessInfo, gonvml.Return)
@@ -267,25 +262,25 @@ func (r *real) processes(h gonvml.Device, total uint64) ([]Process, []error) {
 // memory, so summing would double count: take the largest figure for the
 // pid (per GPU/compute instance, since MIG instances hold separate contexts).
 // An unknown figure never overrides a known one.
-func mergeProcesses(infos []gonvml.ProcessInfo, total uint64) ([]Process, []error) {
+func mergeProcesses(infos []gonvml.ProcessInfo, total uint64) ([]nvml.Process, []error) {
 	type key struct {
 		pid    uint32
 		gi, ci uint32
 	}
 	var errs []error
-	merged := make(map[key]Process, len(infos))
+	merged := make(map[key]nvml.Process, len(infos))
 	for _, in := range infos {
-		known := in.UsedGpuMemory != unknownMemory
+		known := in.UsedGpuMemory != nvml.UnknownMemory
 		switch {
 		case in.Pid == 0:
-			// Drivers 535.43-535.86 returned scrambled entries (go-nvml #75).
+			// Drivers 535.43-535.86 returned scrambled entries (reported against go-nvml).
 			errs = append(errs, fmt.Errorf("dropped a process entry with pid 0 (%d bytes): scrambled NVML entry", in.UsedGpuMemory))
 			continue
 		case known && total > 0 && in.UsedGpuMemory > total:
 			errs = append(errs, fmt.Errorf("dropped process %d: %d bytes exceeds the device's %d: scrambled NVML entry", in.Pid, in.UsedGpuMemory, total))
 			continue
 		}
-		p := Process{PID: int(in.Pid), UsedKnown: known, GPUInstanceID: in.GpuInstanceId, ComputeInstanceID: in.ComputeInstanceId}
+		p := nvml.Process{PID: int(in.Pid), UsedKnown: known, GPUInstanceID: in.GpuInstanceId, ComputeInstanceID: in.ComputeInstanceId}
 		if known {
 			p.UsedBytes = in.UsedGpuMemory
 		}
@@ -300,18 +295,10 @@ func mergeProcesses(infos []gonvml.ProcessInfo, total uint64) ([]Process, []erro
 		}
 		merged[k] = p
 	}
-	procs := make([]Process, 0, len(merged))
+	procs := make([]nvml.Process, 0, len(merged))
 	for _, p := range merged {
 		procs = append(procs, p)
 	}
-	sortProcesses(procs)
+	nvml.SortProcesses(procs)
 	return procs, errs
-}
-
-func sortProcesses(procs []Process) {
-	slices.SortFunc(procs, func(a, b Process) int {
-		return cmp.Or(cmp.Compare(a.PID, b.PID),
-			cmp.Compare(a.GPUInstanceID, b.GPUInstanceID),
-			cmp.Compare(a.ComputeInstanceID, b.ComputeInstanceID))
-	})
 }

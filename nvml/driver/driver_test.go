@@ -1,10 +1,9 @@
-package nvml
+package driver
 
 import (
 	"context"
 	"errors"
 	"math"
-	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -14,6 +13,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	"github.com/gpumem/gpumem/nvml"
 )
 
 const gib = 1 << 30
@@ -43,10 +44,10 @@ func setProcesses(dev *server.Device, compute, graphics, mps []gonvml.ProcessInf
 }
 
 func info(pid uint32, used uint64) gonvml.ProcessInfo {
-	return gonvml.ProcessInfo{Pid: pid, UsedGpuMemory: used, GpuInstanceId: NoInstance, ComputeInstanceId: NoInstance}
+	return gonvml.ProcessInfo{Pid: pid, UsedGpuMemory: used, GpuInstanceId: nvml.NoInstance, ComputeInstanceId: nvml.NoInstance}
 }
 
-func open(t *testing.T, opts Options) *Source {
+func open(t *testing.T, opts Options) *nvml.Source {
 	t.Helper()
 	src, err := Open(opts)
 	if err != nil {
@@ -56,7 +57,7 @@ func open(t *testing.T, opts Options) *Source {
 	return src
 }
 
-func sample(t *testing.T, src *Source) Snapshot {
+func sample(t *testing.T, src *nvml.Source) nvml.Snapshot {
 	t.Helper()
 	snap, err := src.Sample(context.Background())
 	if err != nil {
@@ -81,8 +82,8 @@ func TestInitFailureMakesNoOtherCall(t *testing.T) {
 				if len(snap.Devices) != 0 || snap.Devices == nil {
 					t.Errorf("Devices = %#v, want empty", snap.Devices)
 				}
-				if !reflect.DeepEqual(snap.Warnings, []string{NoDriverWarning}) {
-					t.Errorf("Warnings = %q, want [%q]", snap.Warnings, NoDriverWarning)
+				if !reflect.DeepEqual(snap.Warnings, []string{nvml.NoDriverWarning}) {
+					t.Errorf("Warnings = %q, want [%q]", snap.Warnings, nvml.NoDriverWarning)
 				}
 			}
 			if !errors.Is(src.InitErr(), ret) {
@@ -104,7 +105,7 @@ func TestRealLibraryMissing(t *testing.T) {
 	lib := gonvml.New(gonvml.WithLibraryPath(filepath.Join(t.TempDir(), "libnvidia-ml.so.1")))
 	src := open(t, Options{Library: lib})
 	snap := sample(t, src)
-	if len(snap.Devices) != 0 || !reflect.DeepEqual(snap.Warnings, []string{NoDriverWarning}) {
+	if len(snap.Devices) != 0 || !reflect.DeepEqual(snap.Warnings, []string{nvml.NoDriverWarning}) {
 		t.Errorf("snapshot = %+v, want no devices and the no-driver warning", snap)
 	}
 	if !errors.Is(src.InitErr(), gonvml.ERROR_LIBRARY_NOT_FOUND) {
@@ -129,13 +130,13 @@ func TestSampleDGXH100(t *testing.T) {
 		t.Fatalf("got %d devices, want 8", len(snap.Devices))
 	}
 	d0 := snap.Devices[0]
-	want := Device{
+	want := nvml.Device{
 		Index: 0, UUID: devs[0].UUID, Name: "NVIDIA H100 80GB HBM3",
 		MemoryTotalBytes: 80 * gib, MemoryUsedBytes: 2 * gib, MemoryReservedBytes: gib / 2,
 		DriverVersion: "550.54.15",
-		Processes: []Process{
-			{PID: 17, UsedBytes: gib, UsedKnown: true, GPUInstanceID: NoInstance, ComputeInstanceID: NoInstance},
-			{PID: 4242, UsedBytes: 2 * gib, UsedKnown: true, GPUInstanceID: NoInstance, ComputeInstanceID: NoInstance},
+		Processes: []nvml.Process{
+			{PID: 17, UsedBytes: gib, UsedKnown: true, GPUInstanceID: nvml.NoInstance, ComputeInstanceID: nvml.NoInstance},
+			{PID: 4242, UsedBytes: 2 * gib, UsedKnown: true, GPUInstanceID: nvml.NoInstance, ComputeInstanceID: nvml.NoInstance},
 		},
 	}
 	if !reflect.DeepEqual(d0, want) {
@@ -158,7 +159,7 @@ func TestSampleDGXH100(t *testing.T) {
 	if n := len(srv.ShutdownCalls()); n != 1 {
 		t.Errorf("Shutdown called %d times, want 1", n)
 	}
-	if _, err := src.Sample(context.Background()); !errors.Is(err, ErrClosed) {
+	if _, err := src.Sample(context.Background()); !errors.Is(err, nvml.ErrClosed) {
 		t.Errorf("Sample after Close: %v, want ErrClosed", err)
 	}
 	_ = src.Close()
@@ -261,55 +262,55 @@ func TestProcessListsMergedAndChecked(t *testing.T) {
 		name                    string
 		compute, graphics, mps  []gonvml.ProcessInfo
 		computeRet, graphicsRet gonvml.Return
-		want                    []Process
+		want                    []nvml.Process
 		wantWarnings            []string
 	}{
 		{
 			name:     "same pid in compute and graphics: max, not sum",
 			compute:  []gonvml.ProcessInfo{info(100, 2*gib)},
 			graphics: []gonvml.ProcessInfo{info(100, gib)},
-			want:     []Process{known(100, 2*gib)},
+			want:     []nvml.Process{known(100, 2*gib)},
 		},
 		{
 			name:     "graphics larger wins",
 			compute:  []gonvml.ProcessInfo{info(100, gib)},
 			graphics: []gonvml.ProcessInfo{info(100, 3*gib)},
-			want:     []Process{known(100, 3*gib)},
+			want:     []nvml.Process{known(100, 3*gib)},
 		},
 		{
 			name:    "same pid in compute and MPS",
 			compute: []gonvml.ProcessInfo{info(7, gib), info(8, gib)},
 			mps:     []gonvml.ProcessInfo{info(7, gib)},
-			want:    []Process{known(7, gib), known(8, gib)},
+			want:    []nvml.Process{known(7, gib), known(8, gib)},
 		},
 		{
 			name:    "unknown memory is kept, flagged, and never a huge number",
 			compute: []gonvml.ProcessInfo{info(5, math.MaxUint64)},
-			want:    []Process{{PID: 5, GPUInstanceID: NoInstance, ComputeInstanceID: NoInstance}},
+			want:    []nvml.Process{{PID: 5, GPUInstanceID: nvml.NoInstance, ComputeInstanceID: nvml.NoInstance}},
 		},
 		{
 			name:     "known beats unknown, in either order",
 			compute:  []gonvml.ProcessInfo{info(5, math.MaxUint64), info(6, gib)},
 			graphics: []gonvml.ProcessInfo{info(5, gib), info(6, math.MaxUint64)},
-			want:     []Process{known(5, gib), known(6, gib)},
+			want:     []nvml.Process{known(5, gib), known(6, gib)},
 		},
 		{
 			name:         "scrambled entries dropped with a warning",
 			compute:      []gonvml.ProcessInfo{info(0, gib), info(9, 81*gib), info(10, gib)},
-			want:         []Process{known(10, gib)},
+			want:         []nvml.Process{known(10, gib)},
 			wantWarnings: []string{"gpu 0: dropped a process entry with pid 0", "gpu 0: dropped process 9: 86973087744 bytes exceeds"},
 		},
 		{
 			name:        "graphics not supported is silent",
 			compute:     []gonvml.ProcessInfo{info(1, 1)},
 			graphicsRet: gonvml.ERROR_NOT_SUPPORTED,
-			want:        []Process{known(1, 1)},
+			want:        []nvml.Process{known(1, 1)},
 		},
 		{
 			name:         "compute failure is a warning, other lists still count",
 			computeRet:   gonvml.ERROR_UNKNOWN,
 			graphics:     []gonvml.ProcessInfo{info(3, gib)},
-			want:         []Process{known(3, gib)},
+			want:         []nvml.Process{known(3, gib)},
 			wantWarnings: []string{"gpu 0: nvml compute processes: "},
 		},
 	}
@@ -340,8 +341,8 @@ func TestProcessListsMergedAndChecked(t *testing.T) {
 	}
 }
 
-func known(pid int, used uint64) Process {
-	return Process{PID: pid, UsedBytes: used, UsedKnown: true, GPUInstanceID: NoInstance, ComputeInstanceID: NoInstance}
+func known(pid int, used uint64) nvml.Process {
+	return nvml.Process{PID: pid, UsedBytes: used, UsedKnown: true, GPUInstanceID: nvml.NoInstance, ComputeInstanceID: nvml.NoInstance}
 }
 
 // Errors from NVML keep the gonvml.Return: errors.Is works across the boundary.
@@ -441,16 +442,16 @@ func TestMIG(t *testing.T) {
 	if !got.MIGEnabled || len(got.MIG) != 2 {
 		t.Fatalf("MIGEnabled=%v MIG=%+v", got.MIGEnabled, got.MIG)
 	}
-	wantMIG := []MIGInstance{
+	wantMIG := []nvml.MIGInstance{
 		{UUID: "MIG-aaaa", GPUInstanceID: 1, ComputeInstanceID: 0, MemoryTotalBytes: 10 * gib, MemoryUsedBytes: gib,
-			Processes: []Process{{PID: 300, UsedBytes: gib, UsedKnown: true, GPUInstanceID: 1}}},
+			Processes: []nvml.Process{{PID: 300, UsedBytes: gib, UsedKnown: true, GPUInstanceID: 1}}},
 		{UUID: "MIG-bbbb", GPUInstanceID: 2, ComputeInstanceID: 0, MemoryTotalBytes: 10 * gib, MemoryUsedBytes: gib,
-			Processes: []Process{{PID: 300, UsedBytes: 2 * gib, UsedKnown: true, GPUInstanceID: 2}, {PID: 301, GPUInstanceID: 2}}},
+			Processes: []nvml.Process{{PID: 300, UsedBytes: 2 * gib, UsedKnown: true, GPUInstanceID: 2}, {PID: 301, GPUInstanceID: 2}}},
 	}
 	if !reflect.DeepEqual(got.MIG, wantMIG) {
 		t.Errorf("MIG:\n got %+v\nwant %+v", got.MIG, wantMIG)
 	}
-	wantProcs := []Process{
+	wantProcs := []nvml.Process{
 		{PID: 300, UsedBytes: gib, UsedKnown: true, GPUInstanceID: 1},
 		{PID: 300, UsedBytes: 2 * gib, UsedKnown: true, GPUInstanceID: 2},
 		{PID: 301, GPUInstanceID: 2},
@@ -472,118 +473,23 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-func writeFile(t *testing.T, path, content string) {
-	t.Helper()
-	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func TestSimulatedGood(t *testing.T) {
-	path, err := filepath.Abs("testdata/sim-good.json")
+	path, err := filepath.Abs("../testdata/sim-good.json")
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Library is a mock with no funcs: the simulated file must replace NVML.
 	snap := sample(t, open(t, Options{FakeGPUFile: path, Library: &mock.Interface{}}))
-	want := Snapshot{Simulated: true, Devices: []Device{
+	want := nvml.Snapshot{Simulated: true, Devices: []nvml.Device{
 		{Index: 0, UUID: "GPU-11111111-2222-3333-4444-555555555555", Name: "Simulated H100",
 			MemoryTotalBytes: 80 * gib, MemoryUsedBytes: 3 * gib, DriverVersion: "sim-1", Simulated: true,
-			Processes: []Process{known(17, gib), known(99, 0), known(4242, 2*gib)}},
+			Processes: []nvml.Process{known(17, gib), known(99, 0), known(4242, 2*gib)}},
 		{Index: 1, UUID: "GPU-SIMULATED-1", Name: "Simulated GPU", MemoryTotalBytes: 1000, MemoryUsedBytes: 600,
-			MemoryReservedBytes: 100, Simulated: true, Processes: []Process{}},
+			MemoryReservedBytes: 100, Simulated: true, Processes: []nvml.Process{}},
 	}}
 	want.Devices[0].Processes[1].UsedKnown = false
 	if !reflect.DeepEqual(snap, want) {
 		t.Errorf("snapshot:\n got %+v\nwant %+v", snap, want)
-	}
-}
-
-func TestSimulatedRereadEachSample(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "gpus.json")
-	writeFile(t, path, `{"gpus":[{"name":"A","uuid":"GPU-A","memory_total_bytes":100,"processes":[{"pid":1,"used_bytes":10}]}]}`)
-	src := open(t, Options{FakeGPUFile: path})
-	if got := sample(t, src).Devices[0].MemoryUsedBytes; got != 10 {
-		t.Fatalf("used = %d, want 10", got)
-	}
-	writeFile(t, path, `{"gpus":[{"name":"A","uuid":"GPU-A","memory_total_bytes":100,"processes":[{"pid":1,"used_bytes":10},{"pid":2,"used_bytes":30}]}]}`)
-	snap := sample(t, src)
-	if got := snap.Devices[0].MemoryUsedBytes; got != 40 || len(snap.Devices[0].Processes) != 2 {
-		t.Fatalf("after rewrite: used = %d, processes %+v", got, snap.Devices[0].Processes)
-	}
-	writeFile(t, path, `{"gpus":[`)
-	_, err := src.Sample(context.Background())
-	if err == nil || !strings.Contains(err.Error(), path) {
-		t.Fatalf("malformed after Open: err = %v, want one naming %s", err, path)
-	}
-	if err := os.Remove(path); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := src.Sample(context.Background()); !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), path) {
-		t.Fatalf("removed file: err = %v", err)
-	}
-}
-
-func TestSimulatedMalformed(t *testing.T) {
-	tests := []struct {
-		name    string
-		content string
-		want    string // substring of the error, after the file name
-	}{
-		{"empty", ``, "the file is empty"},
-		{"syntax error with position", "{\"gpus\": [\n  {\"memory_total_bytes\": 10,\n   \"processes\": [{\"pid\": 1, \"used_bytes\": 2},]}]}",
-			"line 3, column 47: invalid character ']'"},
-		{"truncated", "{\"gpus\": [\n", "line 2, column 1: unexpected EOF"},
-		{"wrong type", `{"gpus":[{"memory_total_bytes":"80GB"}]}`, "line 1, column 38: json: cannot unmarshal string into Go struct field"},
-		{"negative bytes", `{"gpus":[{"memory_total_bytes":-1}]}`, "cannot unmarshal number -1"},
-		{"unknown field", `{"gpus":[{"memory_total":10}]}`, `unknown field "memory_total"`},
-		{"no gpus", `{}`, `missing "gpus"`},
-		{"gpus not a list", `{"gpus":{}}`, "cannot unmarshal object"},
-		{"missing total", `{"gpus":[{"name":"x","uuid":"u"}]}`, `gpus[0]: missing "memory_total_bytes"`},
-		{"missing pid", `{"gpus":[{"memory_total_bytes":10},{"memory_total_bytes":10,"processes":[{"used_bytes":1}]}]}`,
-			`gpus[1]: processes[0]: missing "pid"`},
-		{"missing used", `{"gpus":[{"memory_total_bytes":10,"processes":[{"pid":3}]}]}`, `gpus[0]: processes[0]: missing "used_bytes"`},
-		{"zero pid", `{"gpus":[{"memory_total_bytes":10,"processes":[{"pid":0,"used_bytes":1}]}]}`, "pid 0 is not a process id"},
-		{"duplicate pid", `{"gpus":[{"memory_total_bytes":10,"processes":[{"pid":3,"used_bytes":1},{"pid":3,"used_bytes":1}]}]}`, "pid 3 is listed twice"},
-		{"processes exceed total", `{"gpus":[{"memory_total_bytes":10,"processes":[{"pid":3,"used_bytes":6},{"pid":4,"used_bytes":6}]}]}`,
-			"processes use more than memory_total_bytes (10)"},
-		{"used exceeds total", `{"gpus":[{"memory_total_bytes":10,"memory_used_bytes":11}]}`, "memory_used_bytes 11 exceeds memory_total_bytes 10"},
-		{"trailing data", `{"gpus":[]} {"gpus":[]}`, "line 1, column 13: unexpected data after the JSON object"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "fake-gpu.json")
-			writeFile(t, path, tt.content)
-			_, err := Open(Options{FakeGPUFile: path})
-			if err == nil {
-				t.Fatal("Open succeeded, want an error")
-			}
-			prefix := "simulated GPU file " + path + " (GPUMEM_FAKE_GPU): "
-			if !strings.HasPrefix(err.Error(), prefix) || !strings.Contains(err.Error(), tt.want) {
-				t.Errorf("error = %q\nwant prefix %q and %q", err, prefix, tt.want)
-			}
-		})
-	}
-}
-
-func TestSimulatedMissingFile(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "nope.json")
-	_, err := Open(Options{FakeGPUFile: path})
-	if !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "GPUMEM_FAKE_GPU") {
-		t.Fatalf("err = %v", err)
-	}
-}
-
-func TestLineCol(t *testing.T) {
-	data := []byte("ab\ncd\n\nef")
-	tests := []struct {
-		off       int64
-		line, col int
-	}{{0, 1, 1}, {1, 1, 2}, {2, 1, 3}, {3, 2, 1}, {6, 3, 1}, {7, 4, 1}, {9, 4, 3}, {99, 4, 3}, {-5, 1, 1}}
-	for _, tt := range tests {
-		if l, c := lineCol(data, tt.off); l != tt.line || c != tt.col {
-			t.Errorf("lineCol(%d) = %d:%d, want %d:%d", tt.off, l, c, tt.line, tt.col)
-		}
 	}
 }
 

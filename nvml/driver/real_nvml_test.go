@@ -1,4 +1,4 @@
-package nvml
+package driver
 
 import (
 	"bytes"
@@ -9,11 +9,13 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
 // Tests against the real driver run only where asked (a GPU host):
 //
-//	GPUMEM_TEST_REAL_NVML=1 [GPUMEM_TEST_GPU_PID=<pid holding GPU memory>] go test -run RealNVML ./nvml
+//	GPUMEM_TEST_REAL_NVML=1 [GPUMEM_TEST_GPU_PID=<pid holding GPU memory>] go test -run RealNVML ./nvml/driver
 func requireRealNVML(tb testing.TB) {
 	tb.Helper()
 	if os.Getenv("GPUMEM_TEST_REAL_NVML") == "" {
@@ -24,16 +26,12 @@ func requireRealNVML(tb testing.TB) {
 func TestRealNVML(t *testing.T) {
 	requireRealNVML(t)
 	start := time.Now()
-	src, err := Open(Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	src, r := openLibrary(gonvml.New())
 	defer src.Close()
 	t.Logf("Open (Init + probes): %v", time.Since(start))
 	if err := src.InitErr(); err != nil {
 		t.Fatalf("no driver: %v", err)
 	}
-	r := src.sampler.(*real)
 	t.Logf("probes: memory info v2 %v, MPS %v, MIG %v; driver %s", r.memV2, r.mps, r.mig, r.driverVersion)
 
 	start = time.Now()

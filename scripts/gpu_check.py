@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """gpu_check.py: checks gpumem's %gpumem magics on a real GPU host.
 
-    python3 magics/gpu_check.py magics/gpumem_magics.py [options]
+    python3 scripts/gpu_check.py magics/py [options]
 
 For each scenario it starts a fresh kernel (jupyter_client + ipykernel), or
 with --mode inprocess a child process hosting an IPython InteractiveShell,
@@ -63,15 +63,37 @@ def check(ok, name, detail=""):
 # Injection, as magics/inject.go does it
 
 
-def inject_request(source, bootstrap, action="inject", config=None, free=None):
+def read_bundle(pydir):
+    """The package as inject.go sends it: base64 of zlib of JSON {module: source}."""
+    import base64
+    import glob
+    import zlib
+
+    sources = {}
+    for path in sorted(glob.glob(os.path.join(pydir, "gpumem_magics", "*.py"))):
+        with open(path) as f:
+            sources[os.path.basename(path)[:-3]] = f.read()
+    if "magic" not in sources:
+        raise SystemExit("%s: no gpumem_magics package there (give the path of magics/py)" % pydir)
+    raw = json.dumps(sources, sort_keys=True).encode("utf-8")
+    return base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
+
+
+def inject_request(bundle, bootstrap, action="inject", config=None, request=None):
     nonce = uuid.uuid4().hex
     cfg = dict(config or {})
     cfg.setdefault("version", "gpu_check")
-    args = '{"nonce": %s, "action": %s, "source": %s, "config": %s, "free": %s}' % (
-        json.dumps(nonce), json.dumps(action), json.dumps(source),
-        json.dumps(json.dumps(cfg)), json.dumps(json.dumps(free or {})))
-    code = ('# gpumem-inject %s\n__import__("builtins").exec(%s, {"__builtins__": __import__("builtins"), '
-            '"__name__": "_gpumem_bootstrap", "_ARGS": %s})' % (nonce, json.dumps(bootstrap), args))
+    args = '{"nonce": %s, "action": %s, "bundle": %s, "config": %s, "request": %s}' % (
+        json.dumps(nonce),
+        json.dumps(action),
+        json.dumps(bundle),
+        json.dumps(json.dumps(cfg)),
+        json.dumps(json.dumps(request or {})),
+    )
+    code = (
+        '# gpumem-inject %s\n__import__("builtins").exec(%s, {"__builtins__": __import__("builtins"), '
+        '"__name__": "_gpumem_bootstrap", "_ARGS": %s})' % (nonce, json.dumps(bootstrap), args)
+    )
     expr = '__import__("sys").modules.pop("_gpumem_report_%s", None)' % nonce
     return code, expr
 
@@ -109,8 +131,9 @@ class KernelDriver(object):
         import queue
 
         deadline = time.monotonic() + timeout
-        msg_id = self.kc.execute(code, silent=silent, store_history=store_history,
-                                 user_expressions=user_expressions or {}, allow_stdin=False)
+        msg_id = self.kc.execute(
+            code, silent=silent, store_history=store_history, user_expressions=user_expressions or {}, allow_stdin=False
+        )
 
         def nxt(get):
             left = deadline - time.monotonic()
@@ -119,7 +142,7 @@ class KernelDriver(object):
             try:
                 return get(timeout=left)
             except queue.Empty:
-                raise TimeoutError("kernel did not answer within %ss" % timeout)
+                raise TimeoutError("kernel did not answer within %ss" % timeout) from None
 
         while True:
             m = nxt(self.kc.get_shell_msg)
@@ -153,8 +176,13 @@ class InprocDriver(object):
         cenv = dict(os.environ)
         cenv.update(env)
         cenv["PYTHONUNBUFFERED"] = "1"
-        self.p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child"], env=cenv,
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.p = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--child"],
+            env=cenv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.pid = self.p.pid
         self._call({"op": "ping"}, timeout)
 
@@ -173,8 +201,16 @@ class InprocDriver(object):
         return json.loads(line)
 
     def execute(self, code, silent=False, store_history=True, user_expressions=None, timeout=600):
-        return self._call({"op": "execute", "code": code, "silent": silent, "store_history": store_history,
-                           "user_expressions": user_expressions or {}}, timeout)
+        return self._call(
+            {
+                "op": "execute",
+                "code": code,
+                "silent": silent,
+                "store_history": store_history,
+                "user_expressions": user_expressions or {},
+            },
+            timeout,
+        )
 
     def close(self):
         try:
@@ -200,8 +236,12 @@ def child_main():
     shell.display_pub.publish = publish
 
     def write_format_data(format_dict, md_dict=None):
-        outputs.append({"type": "execute_result", "content": {"data": format_dict, "metadata": md_dict or {},
-                                                             "execution_count": shell.execution_count}})
+        outputs.append(
+            {
+                "type": "execute_result",
+                "content": {"data": format_dict, "metadata": md_dict or {}, "execution_count": shell.execution_count},
+            }
+        )
 
     def showtraceback(etype, evalue, stb):
         outputs.append({"type": "error", "content": {"ename": etype.__name__, "evalue": str(evalue), "traceback": stb}})
@@ -227,8 +267,7 @@ def child_main():
         outs = list(outputs)
         if buf.getvalue():
             outs.insert(0, {"type": "stream", "content": {"name": "stdout", "text": buf.getvalue()}})
-        reply = {"status": "ok" if res.success else "error", "user_expressions": ue,
-                 "execution_count": res.execution_count}
+        reply = {"status": "ok" if res.success else "error", "user_expressions": ue, "execution_count": res.execution_count}
         if not res.success:
             err = res.error_in_exec or res.error_before_exec
             reply.update(ename=type(err).__name__, evalue=str(err))
@@ -244,8 +283,12 @@ def nvml_mib(pid):
     """The driver's figure for pid in MiB (0 when the process has no GPU
     entry), or None without nvidia-smi."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
@@ -310,7 +353,11 @@ def inject(drv, args):
     ms = (time.perf_counter() - t0) * 1000
     rep = r["reply"].get("user_expressions", {}).get("gpumem", {}).get("data", {}).get("application/json")
     ok = bool(rep and rep.get("ok"))
-    check(ok, "inject", "%.0f ms, report %s" % (ms, rep if not ok else {k: rep[k] for k in ("ipython", "python", "frameworks_loaded")}))
+    check(
+        ok,
+        "inject",
+        "%.0f ms, report %s" % (ms, rep if not ok else {k: rep[k] for k in ("ipython", "python", "frameworks_loaded")}),
+    )
     return ok
 
 
@@ -397,15 +444,21 @@ def scenario_leaks(args, fw, env, name=None):
                 check(False, "%s: the trap cell raised" % name)
         before = stats(drv, fw) if gpu or fw != "torch" else {"used": 0, "held": 0}
         nv_before = nvml_mib(drv.pid) if gpu else None
-        result("INFO", "%s: before free: %s in use, %s held; NVML %s MiB for pid %d" % (
-            name, before["used"], before["held"], nv_before, drv.pid))
+        result(
+            "INFO",
+            "%s: before free: %s in use, %s held; NVML %s MiB for pid %d"
+            % (name, before["used"], before["held"], nv_before, drv.pid),
+        )
         print_outputs("%gpumem", cell(drv, "%gpumem"))
         rv = cell(drv, "%gpumem vars" + ("" if gpu else " --all-devices"))
         print_outputs("%gpumem vars" + ("" if gpu else " --all-devices"), rv)
         vd = gpumem_data(rv) or {}
         hidden = [row["name"] for row in vd.get("rows", []) if row.get("hidden")]
-        check(any(h.startswith("Out[") for h in hidden) and any("traceback" in h for h in hidden),
-              "%s: %%gpumem vars shows the Out and traceback holders" % name, ", ".join(hidden))
+        check(
+            any(h.startswith("Out[") for h in hidden) and any("traceback" in h for h in hidden),
+            "%s: %%gpumem vars shows the Out and traceback holders" % name,
+            ", ".join(hidden),
+        )
         line = "%gpumem free --all" + ("" if gpu else " --all-devices")
         t0 = time.monotonic()
         rf = cell(drv, line)
@@ -426,14 +479,21 @@ def scenario_leaks(args, fw, env, name=None):
         ok = mib is not None and mib <= limit
         expect_pool = fw == "jax" and env.get("XLA_PYTHON_CLIENT_ALLOCATOR") != "platform"
         if expect_pool:
-            result("INFO", "%s: NVML %s -> %s MiB (JAX's BFC allocator keeps its pool; free took %.2f s)" % (
-                name, nv_before, mib, free_s))
+            result(
+                "INFO",
+                "%s: NVML %s -> %s MiB (JAX's BFC allocator keeps its pool; free took %.2f s)" % (name, nv_before, mib, free_s),
+            )
             fd = gpumem_data(rf) or {}
-            check(any("keeps freed memory in its pool" in x for x in fd.get("notes", [])),
-                  "%s: free says that JAX keeps its pool" % name)
+            check(
+                any("keeps freed memory in its pool" in x for x in fd.get("notes", [])),
+                "%s: free says that JAX keeps its pool" % name,
+            )
         else:
-            check(ok, "%s: NVML for the kernel <= %d MiB (the CUDA context) within 1 s of free" % (name, limit),
-                  "%s -> %s MiB, %.2f s after a free that took %.2f s" % (nv_before, mib, waited, free_s))
+            check(
+                ok,
+                "%s: NVML for the kernel <= %d MiB (the CUDA context) within 1 s of free" % (name, limit),
+                "%s -> %s MiB, %.2f s after a free that took %.2f s" % (nv_before, mib, waited, free_s),
+            )
         print_outputs("%gpumem (after)", cell(drv, "%gpumem"))
     finally:
         drv.close()
@@ -451,8 +511,15 @@ def scenario_noinit(args):
         result("INFO", "noinit: imported %s" % ", ".join(have))
         if not inject(drv, args):
             return
-        for line in ("%gpumem", "%gpumem vars", "%gpumem vars --all-devices", "%gpumem free", "%gpumem free --all",
-                     "%gpumem free --dry-run --all", "%%gpumem\nx = 1"):
+        for line in (
+            "%gpumem",
+            "%gpumem vars",
+            "%gpumem vars --all-devices",
+            "%gpumem free",
+            "%gpumem free --all",
+            "%gpumem free --dry-run --all",
+            "%%gpumem\nx = 1",
+        ):
             r = cell(drv, line)
             if line == "%gpumem":
                 print_outputs(line, r)
@@ -461,8 +528,11 @@ def scenario_noinit(args):
         if mib is None:
             result("SKIP", "noinit: no nvidia-smi")
         else:
-            check(mib == 0, "noinit: no CUDA context created by the magics (nvidia-smi has no entry for pid %d)" % drv.pid,
-                  "%s MiB" % mib)
+            check(
+                mib == 0,
+                "noinit: no CUDA context created by the magics (nvidia-smi has no entry for pid %d)" % drv.pid,
+                "%s MiB" % mib,
+            )
         if "torch" in have:
             check(expr_value(drv, "__import__('torch').cuda.is_initialized()") is False, "noinit: torch CUDA still uninitialised")
     finally:
@@ -491,8 +561,11 @@ def scenario_cell(args):
         if not inject(drv, args):
             return
         cell(drv, "import torch\nkeep = torch.ones(%d, device='cuda')" % (GIB // 4))
-        r = cell(drv, "%%%%gpumem\ntmp = torch.ones(%d, device='cuda')\ny = torch.ones(%d, device='cuda')\ndel tmp\ny.sum().item()"
-                 % (GIB // 2, GIB // 4))
+        r = cell(
+            drv,
+            "%%%%gpumem\ntmp = torch.ones(%d, device='cuda')\ny = torch.ones(%d, device='cuda')\ndel tmp\ny.sum().item()"
+            % (GIB // 2, GIB // 4),
+        )
         print_outputs("%%gpumem", r)
         d = gpumem_data(r) or {}
         rows = [x for x in d.get("frameworks", []) if x.get("name") == "torch"]
@@ -514,7 +587,9 @@ def scenario_jax_prealloc(args):
         r = cell(drv, "%gpumem")
         print_outputs("%gpumem", r)
         d = gpumem_data(r) or {}
-        check("preallocated" in (d.get("advice") or ""), "jax-prealloc: %gpumem advises about preallocation", str(d.get("advice")))
+        check(
+            "preallocated" in (d.get("advice") or ""), "jax-prealloc: %gpumem advises about preallocation", str(d.get("advice"))
+        )
     finally:
         drv.close()
 
@@ -542,10 +617,18 @@ def run_notebook(args, path, out):
                 elif o["type"] == "display_data":
                     outs.append({"output_type": "display_data", "data": oc.get("data", {}), "metadata": oc.get("metadata") or {}})
                 elif o["type"] == "execute_result":
-                    outs.append({"output_type": "execute_result", "data": oc.get("data", {}), "metadata": oc.get("metadata") or {},
-                                 "execution_count": oc.get("execution_count")})
+                    outs.append(
+                        {
+                            "output_type": "execute_result",
+                            "data": oc.get("data", {}),
+                            "metadata": oc.get("metadata") or {},
+                            "execution_count": oc.get("execution_count"),
+                        }
+                    )
                 elif o["type"] == "error":
-                    outs.append({"output_type": "error", "ename": oc["ename"], "evalue": oc["evalue"], "traceback": oc["traceback"]})
+                    outs.append(
+                        {"output_type": "error", "ename": oc["ename"], "evalue": oc["evalue"], "traceback": oc["traceback"]}
+                    )
             c["outputs"] = outs
             c["execution_count"] = r["reply"].get("execution_count")
             print_outputs(src.splitlines()[0][:60], r)
@@ -571,8 +654,8 @@ def main():
         child_main()
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("magics", help="path of magics/gpumem_magics.py")
-    ap.add_argument("--bootstrap", help="path of bootstrap.py (default: beside the magics)")
+    ap.add_argument("magics", help="path of magics/py (the gpumem_magics package and bootstrap.py)")
+    ap.add_argument("--bootstrap", help="path of bootstrap.py (default: in the magics path)")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu for a local smoke run")
     ap.add_argument("--mode", default="kernel", choices=("kernel", "inprocess"))
     ap.add_argument("--scenarios", default="noinit,noimport,torch,cupy,jax,jax-platform,cell,jax-prealloc")
@@ -581,16 +664,23 @@ def main():
     ap.add_argument("--notebook", help="also run this notebook's cells (e.g. examples/leaks.ipynb) ...")
     ap.add_argument("--notebook-out", help="... and write it with its outputs here")
     args = ap.parse_args()
-    args.source = open(args.magics).read()
-    args.bootstrap = open(args.bootstrap or os.path.join(os.path.dirname(os.path.abspath(args.magics)), "bootstrap.py")).read()
-    print("gpu_check: python %s, mode %s, device %s, %s" % (sys.version.split()[0], args.mode, args.device,
-                                                          time.strftime("%Y-%m-%d %H:%M:%S")))
+    args.source = read_bundle(args.magics)
+    with open(args.bootstrap or os.path.join(args.magics, "bootstrap.py")) as f:
+        args.bootstrap = f.read()
+    print(
+        "gpu_check: python %s, mode %s, device %s, %s"
+        % (sys.version.split()[0], args.mode, args.device, time.strftime("%Y-%m-%d %H:%M:%S"))
+    )
     if args.mode == "kernel" and not (importable("ipykernel") and importable("jupyter_client")):
         result("FAIL", "ipykernel and jupyter_client are needed for --mode kernel (or use --mode inprocess)")
         return 1
     try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout.strip()
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.strip()
         print("gpu: %s" % smi)
     except (OSError, subprocess.TimeoutExpired):
         print("gpu: no nvidia-smi")

@@ -1,0 +1,31 @@
+package units
+
+import (
+	"math"
+	"testing"
+)
+
+func TestBytes(t *testing.T) {
+	const gib = 1 << 30
+	for _, tc := range []struct {
+		in   uint64
+		want string
+	}{
+		{0, "0 B"},
+		{1, "1 B"},
+		{1023, "1023 B"},
+		{1024, "1.0 KiB"},
+		{1536, "1.5 KiB"},
+		{1<<20 - 1, "1024.0 KiB"}, // rounds up within the unit, as %.1f does
+		{1 << 20, "1.0 MiB"},
+		{10*gib + gib/5, "10.2 GiB"},
+		{150754820096, "140.4 GiB"},
+		{3 << 40, "3.0 TiB"},
+		{5 << 50, "5.0 PiB"},
+		{math.MaxUint64, "16384.0 PiB"},
+	} {
+		if got := Bytes(tc.in); got != tc.want {
+			t.Errorf("Bytes(%d) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

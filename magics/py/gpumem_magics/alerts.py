@@ -1,0 +1,46 @@
+"""The pre_run_cell hook that prints, once per alert, gpumem serve's line
+about a GPU this kernel uses being nearly full."""
+
+import os
+
+from . import state
+
+_alert_state = {"mtime": None, "shown": set()}
+
+
+def _alert_file():
+    f = state.config.get("alert_file")
+    if f:
+        return f
+    sock = state.sidecar_socket()
+    return os.path.join(os.path.dirname(sock), "gpumem-alerts.json") if sock else None
+
+
+def alert_hook(*_args):
+    """pre_run_cell: prints, once per alert, gpumem serve's line about a GPU
+    this kernel uses being nearly full. It costs one stat() per cell; it
+    never raises into the user's cell."""
+    try:
+        path = _alert_file()
+        if not path:
+            return
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except OSError:
+            return
+        if mtime == _alert_state["mtime"]:
+            return
+        _alert_state["mtime"] = mtime
+        import json
+
+        with open(path, "rb") as f:
+            doc = json.loads(f.read().decode("utf-8"))
+        kid = state.config.get("kernel_id")
+        for a in doc.get("alerts") or []:
+            aid = a.get("id")
+            if aid in _alert_state["shown"] or (kid and kid not in (a.get("kernels") or [])):
+                continue
+            _alert_state["shown"].add(aid)
+            print("gpumem: " + str(a.get("message", "")))
+    except Exception:
+        pass

@@ -1,0 +1,187 @@
+"""Talking to gpumem serve's local API (a unix socket): the driver's
+(NVML) figure for this kernel and %gpumem top."""
+
+import os
+
+from . import state
+
+
+def driver_usage(timeout=0.5, fresh=False):
+    """Asks gpumem serve (its unix socket API) for this kernel's processes'
+    GPU memory: GET /api/v1/kernels/<id> when the Go side passed the kernel
+    id (the only request a kernel may make in shared mode), else GET
+    /api/v1/notebooks matched by pid. fresh asks for a reading taken now
+    rather than the last sample (a report before and after a free).
+
+    Returns None when no sidecar is configured, else a dict with bytes,
+    per_gpu and pids, or with error."""
+    sock = state.sidecar_socket()
+    if not sock:
+        return None
+    import json
+
+    kid = state.config.get("kernel_id")
+    pid = os.getpid()
+
+    def get(path):
+        status, body = sidecar_get(path, timeout)
+        if status == 0:
+            raise OSError(body.decode("utf-8", "replace"))
+        return status, body
+
+    try:
+        if kid:
+            from urllib.parse import quote
+
+            status, body = get("/api/v1/kernels/" + quote(kid, safe="") + ("?fresh=1" if fresh else ""))
+            if status == 404:
+                return {"error": "gpumem serve does not know this kernel (%s) yet" % kid}
+            if status != 200:
+                return {"error": "gpumem serve answered %d: %s" % (status, api_error(body))}
+            nbs = [json.loads(body.decode("utf-8"))]
+        else:
+            status, body = get("/api/v1/notebooks")
+            if status != 200:
+                return {"error": "gpumem serve answered %d: %s" % (status, api_error(body))}
+            nbs = json.loads(body.decode("utf-8")).get("notebooks") or []
+    except Exception as e:
+        return {"error": "gpumem serve did not answer on %s (%s)" % (sock, state.short_exc(e))}
+    for nb in nbs:
+        if (kid and nb.get("kernel_id") == kid) or pid in (nb.get("pids") or []):
+            return {
+                "bytes": int(nb.get("gpu_memory_bytes") or 0),
+                "per_gpu": [{"index": g.get("index"), "bytes": int(g.get("bytes") or 0)} for g in nb.get("per_gpu") or []],
+                "pids": [int(p) for p in nb.get("pids") or []],
+            }
+    return {"bytes": 0, "per_gpu": [], "pids": [pid]}
+
+
+def api_error(body):
+    try:
+        import json
+
+        return str(json.loads(body.decode("utf-8")).get("error"))[:200]
+    except Exception:
+        return body[:200].decode("utf-8", "replace")
+
+
+DRIVER_HINT = (
+    "The driver's figure for this kernel (what nvidia-smi counts, CUDA context included) "
+    "needs the sidecar: run `gpumem serve`, then `gpumem attach` this kernel."
+)
+
+
+def top_data(timeout=1.0):
+    """The notebooks (or, in shared mode, the users) holding memory on the
+    GPUs this kernel uses, from gpumem serve."""
+    if not state.sidecar_socket():
+        return {"kind": "top", "error": "%gpumem top needs the sidecar: run `gpumem serve` beside Jupyter"}
+    import json
+
+    mine = driver_usage(timeout)
+    if mine is None or mine.get("error"):
+        return {"kind": "top", "error": (mine or {}).get("error", "gpumem serve did not answer")}
+    my_gpus = {g["index"] for g in mine.get("per_gpu", []) if g.get("bytes")}
+    status, body = sidecar_get("/api/v1/notebooks", timeout)
+    gpus, note = [], ""
+    if status == 200:
+        rep = json.loads(body.decode("utf-8"))
+        for g in rep.get("gpus") or []:
+            if g.get("index") not in my_gpus:
+                continue
+            holders = []
+            for nb in rep.get("notebooks") or []:
+                for pg in nb.get("per_gpu") or []:
+                    if pg.get("index") == g.get("index") and pg.get("bytes"):
+                        holders.append(
+                            {
+                                "name": nb.get("notebook") or "kernel " + nb.get("kernel_id", "")[:8],
+                                "user": nb.get("user", ""),
+                                "bytes": int(pg["bytes"]),
+                                "self": nb.get("kernel_id") == state.config.get("kernel_id"),
+                            }
+                        )
+            for o in rep.get("other") or []:
+                for pg in o.get("per_gpu") or []:
+                    if pg.get("index") == g.get("index") and pg.get("bytes"):
+                        holders.append(
+                            {
+                                "name": "pid %s: %s" % (o.get("pid"), (o.get("command") or "")[:60]),
+                                "user": o.get("user", ""),
+                                "bytes": int(pg["bytes"]),
+                            }
+                        )
+            holders.sort(key=lambda h: -h["bytes"])
+            gpus.append(
+                {
+                    "index": g.get("index"),
+                    "name": g.get("name", ""),
+                    "used": g.get("memory_used_bytes", 0),
+                    "total": g.get("memory_total_bytes", 0),
+                    "holders": holders,
+                }
+            )
+    elif status == 403:
+        # Shared mode: a kernel may see per-user totals, not others' notebooks.
+        s2, b2 = sidecar_get("/api/v1/users", timeout)
+        s3, b3 = sidecar_get("/api/v1/gpus", timeout)
+        if s2 != 200 or s3 != 200:
+            return {"kind": "top", "error": "gpumem serve answered %d" % (s2 if s2 != 200 else s3)}
+        users = json.loads(b2.decode("utf-8")).get("users") or []
+        for g in json.loads(b3.decode("utf-8")).get("gpus") or []:
+            if g.get("index") not in my_gpus:
+                continue
+            holders = []
+            for u in users:
+                for pg in u.get("per_gpu") or []:
+                    if pg.get("index") == g.get("index") and pg.get("bytes"):
+                        holders.append(
+                            {
+                                "name": "user %s (%d notebook%s)"
+                                % (u.get("user"), u.get("notebooks", 0), "" if u.get("notebooks", 0) == 1 else "s"),
+                                "user": u.get("user", ""),
+                                "bytes": int(pg["bytes"]),
+                            }
+                        )
+            holders.sort(key=lambda h: -h["bytes"])
+            gpus.append(
+                {
+                    "index": g.get("index"),
+                    "name": g.get("name", ""),
+                    "used": g.get("memory_used_bytes", 0),
+                    "total": g.get("memory_total_bytes", 0),
+                    "holders": holders,
+                }
+            )
+        note = "gpumem serve runs in shared mode: other users' notebooks are shown as per-user totals."
+    else:
+        return {"kind": "top", "error": "gpumem serve answered %d: %s" % (status, api_error(body))}
+    return {"kind": "top", "gpus": gpus, "note": note}
+
+
+def sidecar_get(path, timeout):
+    import http.client
+    import socket
+
+    sock = state.sidecar_socket()
+
+    class _UnixConn(http.client.HTTPConnection):
+        def connect(self):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(timeout)
+            try:
+                s.connect(sock)
+            except BaseException:
+                s.close()
+                raise
+            self.sock = s
+
+    conn = _UnixConn("local-gpumem.sock", timeout=timeout)
+    try:
+        conn.request("GET", path, headers={"Accept": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    except Exception as e:
+        return 0, str(e).encode()
+    finally:
+        conn.close()

@@ -1,0 +1,145 @@
+"""The %gpumem magic and what the bootstrap calls: configure, install,
+uninstall, api_free, api_render, api_status."""
+
+import os
+import sys
+
+from . import alerts, daemon, freeing, hygiene, render, reports, state
+
+USAGE = "usage: %gpumem [vars [--all-devices] | free [NAME ...] [--all] [--keep NAME ...] [--dry-run] | help]"
+
+
+def show(data):
+    """Displays a data dict as text, HTML and gpumem's own mime type."""
+    text, html = rendered(data)
+    from IPython.display import display
+
+    display({"text/plain": text, "text/html": html, state.MIME: data}, raw=True)
+
+
+def rendered(data):
+    try:
+        return render.render(data)
+    except Exception as e:
+        return render.render({"kind": "error", "message": "rendering failed: %s" % state.short_exc(e)})
+
+
+def gpumem(line="", cell=None):
+    """%gpumem: GPU memory of this kernel. `%gpumem help` lists the commands."""
+    if cell is not None:
+        # %%gpumem runs the user's cell: its exception is the user's, and
+        # sets sys.last_* as a failed cell does.
+        if line.strip():
+            show({"kind": "error", "message": "%%gpumem takes no arguments on its first line"})
+            return None
+        try:
+            value, data = reports.run_cell(state.shell, cell)
+        except Exception as e:
+            show({"kind": "error", "message": "gpumem failed: %s" % state.short_exc(e)})
+            return None
+        show(data)
+        return value
+    with hygiene.kept_last():
+        try:
+            _line(line.split())
+        except Exception as e:
+            show({"kind": "error", "message": "gpumem failed: %s" % state.short_exc(e)})
+    return None
+
+
+def _line(args):
+    cmd = args[0] if args else ""
+    if cmd == "":
+        show(reports.summary_data())
+    elif cmd == "vars":
+        rest = [a for a in args[1:] if a != "--all-devices"]
+        if rest:
+            show({"kind": "error", "message": "unexpected %s; %s" % (" ".join(rest), USAGE)})
+        else:
+            show(reports.vars_data("--all-devices" in args[1:]))
+    elif cmd == "free":
+        try:
+            names, keep, opts = freeing.parse_free_args(args[1:])
+        except ValueError as e:
+            show({"kind": "free", "schema": state.SCHEMA, "error": str(e)})
+            return
+        show(freeing.free_data(names, opts["all"], keep, opts["dry_run"], opts["all_devices"]))
+    elif cmd == "top":
+        show(daemon.top_data())
+    elif cmd in ("help", "-h", "--help"):
+        show({"kind": "help", "version": state.version})
+    else:
+        show({"kind": "error", "message": "unknown command %r; %s" % (cmd, USAGE)})
+
+
+def configure(shell, config):
+    """Binds the package to shell and the Go side's config, registering nothing."""
+    state.configure(shell, config)
+
+
+def install(shell, config):
+    """Registers the magics in shell. Called by the bootstrap."""
+    configure(shell, config)
+    shell.register_magic_function(gpumem, "line_cell", "gpumem")
+    if state.config.get("notebook_alerts"):
+        shell.events.register("pre_run_cell", alerts.alert_hook)
+
+
+def uninstall():
+    """Removes what install() registered (the bootstrap calls it on an old
+    version before installing a new one)."""
+    shell = state.shell
+    if shell is None:
+        return
+    try:
+        if alerts.alert_hook in shell.events.callbacks.get("pre_run_cell", []):
+            shell.events.unregister("pre_run_cell", alerts.alert_hook)
+    except Exception:
+        pass
+    try:
+        mm = shell.magics_manager
+        for kind in ("line", "cell"):
+            fn = mm.magics[kind].get("gpumem")
+            if fn is not None and getattr(fn, "__module__", None) == __name__:
+                del mm.magics[kind]["gpumem"]
+    except Exception:
+        pass
+
+
+def version():
+    return state.version
+
+
+def api_free(opts):
+    """`gpumem free KERNEL`: runs a free for the Go side and renders it as
+    %gpumem free would. With "driver": false the caller measures the
+    driver's figure itself, so the kernel does not ask gpumem serve."""
+    data = freeing.free_data(
+        opts.get("vars") or (),
+        bool(opts.get("all")),
+        opts.get("keep") or (),
+        bool(opts.get("dry_run")),
+        bool(opts.get("all_devices")),
+        ask_daemon=opts.get("driver", True) is not False,
+    )
+    return api_render(data)
+
+
+def api_render(data):
+    """The data dict with its text/plain and text/html renderings added."""
+    data = dict(data)
+    data.pop("text", None)
+    data.pop("html", None)
+    data["text"], data["html"] = rendered(data)
+    return data
+
+
+def api_status():
+    return {
+        "kind": "status",
+        "schema": state.SCHEMA,
+        "version": state.version,
+        "pid": os.getpid(),
+        "python": "%d.%d.%d" % sys.version_info[:3],
+        "frameworks_loaded": [m for m in ("torch", "cupy", "jax", "tensorflow") if m in sys.modules],
+    }

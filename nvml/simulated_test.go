@@ -1,0 +1,124 @@
+package nvml
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func openSimulated(t *testing.T, path string) *Source {
+	t.Helper()
+	src, err := OpenSimulated(path)
+	if err != nil {
+		t.Fatalf("OpenSimulated: %v", err)
+	}
+	t.Cleanup(func() { _ = src.Close() })
+	return src
+}
+
+func sample(t *testing.T, src *Source) Snapshot {
+	t.Helper()
+	snap, err := src.Sample(context.Background())
+	if err != nil {
+		t.Fatalf("Sample: %v", err)
+	}
+	return snap
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSimulatedRereadEachSample(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "gpus.json")
+	writeFile(t, path, `{"gpus":[{"name":"A","uuid":"GPU-A","memory_total_bytes":100,"processes":[{"pid":1,"used_bytes":10}]}]}`)
+	src := openSimulated(t, path)
+	if got := sample(t, src).Devices[0].MemoryUsedBytes; got != 10 {
+		t.Fatalf("used = %d, want 10", got)
+	}
+	writeFile(t, path, `{"gpus":[{"name":"A","uuid":"GPU-A","memory_total_bytes":100,"processes":[{"pid":1,"used_bytes":10},{"pid":2,"used_bytes":30}]}]}`)
+	snap := sample(t, src)
+	if got := snap.Devices[0].MemoryUsedBytes; got != 40 || len(snap.Devices[0].Processes) != 2 {
+		t.Fatalf("after rewrite: used = %d, processes %+v", got, snap.Devices[0].Processes)
+	}
+	writeFile(t, path, `{"gpus":[`)
+	_, err := src.Sample(context.Background())
+	if err == nil || !strings.Contains(err.Error(), path) {
+		t.Fatalf("malformed after OpenSimulated: err = %v, want one naming %s", err, path)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Sample(context.Background()); !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), path) {
+		t.Fatalf("removed file: err = %v", err)
+	}
+}
+
+func TestSimulatedMalformed(t *testing.T) {
+	tests := []struct {
+		name    string
+		content string
+		want    string // substring of the error, after the file name
+	}{
+		{"empty", ``, "the file is empty"},
+		{"syntax error with position", "{\"gpus\": [\n  {\"memory_total_bytes\": 10,\n   \"processes\": [{\"pid\": 1, \"used_bytes\": 2},]}]}",
+			"line 3, column 47: invalid character ']'"},
+		{"truncated", "{\"gpus\": [\n", "line 2, column 1: unexpected EOF"},
+		{"wrong type", `{"gpus":[{"memory_total_bytes":"80GB"}]}`, "line 1, column 38: json: cannot unmarshal string into Go struct field"},
+		{"negative bytes", `{"gpus":[{"memory_total_bytes":-1}]}`, "cannot unmarshal number -1"},
+		{"unknown field", `{"gpus":[{"memory_total":10}]}`, `unknown field "memory_total"`},
+		{"no gpus", `{}`, `missing "gpus"`},
+		{"gpus not a list", `{"gpus":{}}`, "cannot unmarshal object"},
+		{"missing total", `{"gpus":[{"name":"x","uuid":"u"}]}`, `gpus[0]: missing "memory_total_bytes"`},
+		{"missing pid", `{"gpus":[{"memory_total_bytes":10},{"memory_total_bytes":10,"processes":[{"used_bytes":1}]}]}`,
+			`gpus[1]: processes[0]: missing "pid"`},
+		{"missing used", `{"gpus":[{"memory_total_bytes":10,"processes":[{"pid":3}]}]}`, `gpus[0]: processes[0]: missing "used_bytes"`},
+		{"zero pid", `{"gpus":[{"memory_total_bytes":10,"processes":[{"pid":0,"used_bytes":1}]}]}`, "pid 0 is not a process id"},
+		{"duplicate pid", `{"gpus":[{"memory_total_bytes":10,"processes":[{"pid":3,"used_bytes":1},{"pid":3,"used_bytes":1}]}]}`, "pid 3 is listed twice"},
+		{"processes exceed total", `{"gpus":[{"memory_total_bytes":10,"processes":[{"pid":3,"used_bytes":6},{"pid":4,"used_bytes":6}]}]}`,
+			"processes use more than memory_total_bytes (10)"},
+		{"used exceeds total", `{"gpus":[{"memory_total_bytes":10,"memory_used_bytes":11}]}`, "memory_used_bytes 11 exceeds memory_total_bytes 10"},
+		{"trailing data", `{"gpus":[]} {"gpus":[]}`, "line 1, column 13: unexpected data after the JSON object"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "fake-gpu.json")
+			writeFile(t, path, tt.content)
+			_, err := OpenSimulated(path)
+			if err == nil {
+				t.Fatal("OpenSimulated succeeded, want an error")
+			}
+			prefix := "simulated GPU file " + path + " (GPUMEM_FAKE_GPU): "
+			if !strings.HasPrefix(err.Error(), prefix) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error = %q\nwant prefix %q and %q", err, prefix, tt.want)
+			}
+		})
+	}
+}
+
+func TestSimulatedMissingFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "nope.json")
+	_, err := OpenSimulated(path)
+	if !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "GPUMEM_FAKE_GPU") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestLineCol(t *testing.T) {
+	data := []byte("ab\ncd\n\nef")
+	tests := []struct {
+		off       int64
+		line, col int
+	}{{0, 1, 1}, {1, 1, 2}, {2, 1, 3}, {3, 2, 1}, {6, 3, 1}, {7, 4, 1}, {9, 4, 3}, {99, 4, 3}, {-5, 1, 1}}
+	for _, tt := range tests {
+		if l, c := lineCol(data, tt.off); l != tt.line || c != tt.col {
+			t.Errorf("lineCol(%d) = %d:%d, want %d:%d", tt.off, l, c, tt.line, tt.col)
+		}
+	}
+}

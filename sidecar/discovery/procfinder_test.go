@@ -1,0 +1,94 @@
+package discovery
+
+import (
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/gpumem/gpumem/sidecar/procs"
+	"github.com/gpumem/gpumem/sidecar/procs/procstest"
+)
+
+// TestFindKernelsProof: a process is a file's kernel only when it owns the
+// port on the file's address, runs as the file's owner and names the file.
+func TestFindKernelsProof(t *testing.T) {
+	root := t.TempDir()
+	launch := func(file string) []string { return []string{"python3", "-m", "ipykernel_launcher", "-f", file} }
+	procstest.WriteTree(t, root, []procstest.Proc{
+		{PID: 1, PPID: 0, PGID: 1, SID: 1, Start: 1, Comm: "init"},
+		{PID: 1000, PPID: 1, PGID: 1000, SID: 1000, Start: 5, UID: 1000, Argv: launch("/rt/kernel-good.json"), Sockets: []uint64{31001}},
+		{PID: 2000, PPID: 1, PGID: 2000, SID: 2000, Start: 6, UID: 1000, Argv: []string{"nc", "-l", "52002"}, Sockets: []uint64{31002}},
+		{PID: 3000, PPID: 1, PGID: 3000, SID: 3000, Start: 7, UID: 4242, Argv: launch("/rt/kernel-foreign.json"), Sockets: []uint64{31003}},
+		{PID: 4000, PPID: 1, PGID: 4000, SID: 4000, Start: 8, UID: 1000, Argv: launch("/elsewhere/kernel-moved.json"), Sockets: []uint64{31004}},
+		{PID: 5000, PPID: 1, PGID: 5000, SID: 5000, Start: 9, UID: 1000, Argv: launch("/rt/kernel-starting.json")},
+	})
+	procstest.WriteNet(t, root, map[int]uint64{52001: 31001, 52002: 31002, 52003: 31003, 52004: 31004}, nil)
+	files := []KernelFile{
+		{Name: "kernel-good.json", Path: "/rt/kernel-good.json", IP: "127.0.0.1", ShellPort: 52001, UID: 1000},
+		{Name: "kernel-stale.json", Path: "/rt/kernel-stale.json", IP: "127.0.0.1", ShellPort: 52002, UID: 1000},
+		{Name: "kernel-foreign.json", Path: "/rt/kernel-foreign.json", IP: "127.0.0.1", ShellPort: 52003, UID: 1000},
+		{Name: "kernel-moved.json", Path: "/rt/kernel-moved.json", IP: "127.0.0.1", ShellPort: 52004, UID: 1000},
+		{Name: "kernel-otheraddr.json", Path: "/rt/kernel-otheraddr.json", IP: "10.1.2.3", ShellPort: 52001, UID: 1000},
+		{Name: "kernel-starting.json", Path: "/rt/kernel-starting.json", IP: "127.0.0.1", ShellPort: 52009, UID: 1000},
+	}
+	got, err := NewProcFinder(&procs.FS{Root: root}).FindKernels(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		file               string
+		present            bool
+		pid                int
+		fromPort, uid, pro bool
+		why                string
+	}{
+		{"kernel-good.json", true, 1000, true, true, true, ""},
+		{"kernel-stale.json", true, 2000, true, true, false, "does not name this connection file"},
+		{"kernel-foreign.json", true, 3000, true, false, false, "of uid 4242, but the file belongs to uid 1000"},
+		// argv names a file of the same name elsewhere: not this file.
+		{"kernel-moved.json", true, 4000, true, true, false, "does not name this connection file"},
+		// The port is served on another address than the file's.
+		{"kernel-otheraddr.json", false, 0, false, false, false, ""},
+		// Not listening yet: the launch line is a hint, never a proof.
+		{"kernel-starting.json", true, 5000, false, true, false, "no process listens"},
+	}
+	for _, tc := range tests {
+		o, ok := got[tc.file]
+		if ok != tc.present {
+			t.Errorf("%s: present %v, want %v (%+v)", tc.file, ok, tc.present, o)
+			continue
+		}
+		if !ok {
+			continue
+		}
+		if o.PID != tc.pid || o.FromPort != tc.fromPort || o.UIDMatch != tc.uid || o.Proven != tc.pro || !strings.Contains(o.Why, tc.why) {
+			t.Errorf("%s: %+v; want pid %d fromPort %v uid %v proven %v why ~%q", tc.file, o, tc.pid, tc.fromPort, tc.uid, tc.pro, tc.why)
+		}
+	}
+}
+
+func TestListenerFor(t *testing.T) {
+	ls := []procs.Listener{{IP: net.IPv4(127, 0, 0, 1), Inode: 1}, {IP: net.IPv6loopback, Inode: 2}}
+	wild := []procs.Listener{{IP: net.IPv4zero, Inode: 3}}
+	tests := []struct {
+		ls   []procs.Listener
+		ip   string
+		want uint64
+		ok   bool
+	}{
+		{ls, "127.0.0.1", 1, true},
+		{ls, "::1", 2, true},
+		{ls, "localhost", 1, true},
+		{ls, "10.0.0.1", 0, false},
+		{ls, "*", 0, false},
+		{wild, "10.0.0.1", 3, true}, // a wildcard listener serves every address
+		{wild, "", 3, true},
+		{ls, "not an ip", 0, false},
+	}
+	for _, tc := range tests {
+		got, ok := listenerFor(tc.ls, tc.ip)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("listenerFor(%v, %q) = %d, %v; want %d, %v", tc.ls, tc.ip, got, ok, tc.want, tc.ok)
+		}
+	}
+}
