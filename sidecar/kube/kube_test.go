@@ -11,9 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes/fake"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
-	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/cgroups"
@@ -40,37 +37,6 @@ func pod(name, ns, uid, node string, labels map[string]string, containers ...cor
 	}
 }
 
-// fakePods is the fake clientset's pods, which cannot stream a list as
-// watch events (the informer then lists, then watches).
-type fakePods struct{ corev1client.PodInterface }
-
-func (fakePods) IsWatchListSemanticsUnSupported() bool { return true }
-
-// start runs NodePods on a fake clientset and waits for its first list.
-func start(t *testing.T, cfg Config, objs ...*corev1.Pod) (*NodePods, *fake.Clientset) {
-	t.Helper()
-	client := fake.NewClientset()
-	for _, o := range objs {
-		if _, err := client.CoreV1().Pods(o.Namespace).Create(context.Background(), o, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	np, err := NewNodePods(fakePods{client.CoreV1().Pods(metav1.NamespaceAll)}, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = np.Run(ctx) })
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	syncCtx, syncCancel := context.WithTimeout(ctx, 30*time.Second)
-	defer syncCancel()
-	if !np.WaitForSync(syncCtx) {
-		t.Fatal("informer did not sync within 30s")
-	}
-	return np, client
-}
-
 // eventually polls cond until it holds or the deadline passes.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -90,9 +56,8 @@ func TestNodePods(t *testing.T) {
 		corev1.ContainerStatus{Name: "sidecar", ContainerID: "containerd://" + sidecarID})
 	bob := pod("jupyter-bob", "jhub", bobUID, "gpu-1", map[string]string{"team/owner": "bob"})
 	// Pods of other nodes are left out by the API server, from the field
-	// selector; the fake clientset does not filter by fields, so the
-	// selector is checked on every request below instead.
-	np, client := start(t, Config{NodeName: "gpu-1", UserLabels: []string{LabelHubUsername, "team/owner"}}, alice, bob)
+	// selector, which apiServer checks on every request.
+	np, api := start(t, Config{NodeName: "gpu-1", UserLabels: []string{LabelHubUsername, "team/owner"}}, alice, bob)
 
 	tests := []struct {
 		name, uid, container string
@@ -127,40 +92,25 @@ func TestNodePods(t *testing.T) {
 		t.Errorf("cached pod not slimmed: %d annotations, %d managed fields, %d containers", len(p.Annotations), len(p.ManagedFields), len(p.Spec.Containers))
 	}
 
-	// Every request was a list or watch of pods, with the node's field selector.
-	for _, a := range client.Actions() {
-		if a.GetResource().Resource != "pods" {
-			t.Errorf("request on %s", a.GetResource())
-		}
-		switch a := a.(type) {
-		case k8stesting.ListAction:
-			if fs := a.GetListRestrictions().Fields.String(); fs != "spec.nodeName=gpu-1" {
-				t.Errorf("list with field selector %q", fs)
-			}
-		case k8stesting.WatchAction:
-			if fs := a.GetWatchRestrictions().Fields.String(); fs != "spec.nodeName=gpu-1" {
-				t.Errorf("watch with field selector %q", fs)
-			}
-		case k8stesting.CreateAction: // the test's own set-up
-		default:
-			t.Errorf("unexpected request %s %s", a.GetVerb(), a.GetResource())
-		}
-	}
-
 	// Watch: a relabelled pod and a deleted pod are seen.
 	bob.Labels = map[string]string{LabelHubUsername: "robert"}
-	if _, err := client.CoreV1().Pods("jhub").Update(context.Background(), bob, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	api.send(t, "MODIFIED", bob, 11)
 	eventually(t, "relabelled pod seen", func() bool { p, _ := np.Pod(bobUID, ""); return p.User == "robert" })
-	if err := client.CoreV1().Pods("jhub").Delete(context.Background(), "jupyter-alice", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	api.send(t, "DELETED", alice, 12)
 	eventually(t, "deleted pod gone", func() bool { _, ok := np.Pod(aliceUID, ""); return !ok })
+	carol := pod("jupyter-carol", "jhub", otherUID, "gpu-1", map[string]string{LabelHubUsername: "carol"})
+	api.send(t, "ADDED", carol, 13)
+	eventually(t, "added pod seen", func() bool { p, _ := np.Pod(otherUID, ""); return p.User == "carol" })
+
+	api.mu.Lock()
+	defer api.mu.Unlock()
+	if len(api.requests) < 2 || api.requests[0] != "list" || api.requests[1] != "watch" {
+		t.Errorf("requests %v, want a list then a watch", api.requests)
+	}
 }
 
 func TestNewNodePodsNeedsNode(t *testing.T) {
-	_, err := NewNodePods(fakePods{fake.NewClientset().CoreV1().Pods("")}, Config{})
+	_, err := NewNodePods(newAPIServer(t).client(t), Config{})
 	if err == nil || !strings.Contains(err.Error(), "NODE_NAME") {
 		t.Errorf("NewNodePods without a node: %v; want an error saying what to set", err)
 	}
