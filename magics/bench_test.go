@@ -97,9 +97,9 @@ func BenchmarkFreeOverhead(b *testing.B) {
 		return m
 	}
 	const baseline = `__import__('json').dumps({'ms': (lambda t: (gc.collect(), torch.cuda.empty_cache(), (__import__('time').perf_counter() - t) * 1000)[2])(__import__('time').perf_counter())})`
-	const cacheOnly = `__import__('json').dumps({k: v for k, v in __import__('sys').modules['_gpumem_magics.freeing'].free_data().items() if k in ('overhead_ms', 'caches_ms')})`
-	const named = `(get_ipython().user_ns.__setitem__('tx', torch.zeros(1000)), get_ipython().displayhook.update_user_ns(get_ipython().user_ns['tx']), __import__('json').dumps({k: v for k, v in __import__('sys').modules['_gpumem_magics.freeing'].free_data(['tx']).items() if k in ('overhead_ms', 'caches_ms')}))[2]`
-	const all = `__import__('json').dumps({k: v for k, v in __import__('sys').modules['_gpumem_magics.freeing'].free_data(all_=True).items() if k in ('overhead_ms', 'caches_ms')})`
+	const cacheOnly = `__import__('json').dumps({k: v for k, v in __import__('sys').modules['_gpumem_magics'].freeing.free_data().items() if k in ('overhead_ms', 'caches_ms')})`
+	const named = `(get_ipython().user_ns.__setitem__('tx', torch.zeros(1000)), get_ipython().displayhook.update_user_ns(get_ipython().user_ns['tx']), __import__('json').dumps({k: v for k, v in __import__('sys').modules['_gpumem_magics'].freeing.free_data(['tx']).items() if k in ('overhead_ms', 'caches_ms')}))[2]`
+	const all = `__import__('json').dumps({k: v for k, v in __import__('sys').modules['_gpumem_magics'].freeing.free_data(all_=True).items() if k in ('overhead_ms', 'caches_ms')})`
 	var base, cacheOver, namedOver, namedCaches, allOver float64
 	for i := 0; i < b.N; i++ {
 		base += eval(baseline)["ms"]

@@ -91,8 +91,8 @@ print(json.dumps({"last": repr(sys.last_value), "ler": repr(ip.last_execution_re
   "names": sorted(k for k in ip.user_ns if not k.startswith("_") and not ` + testenv.KernelOwnNames + `),
   "n_in": len(In), "n_hist": len(ip.history_manager.input_hist_raw),
   "inject_in_linecache": [k for k, e in list(linecache.cache.items()) if len(e) > 2 and e[2] and "gpumem-" "inject" in e[2][0]],
-  "mods": sorted(m for m in sys.modules if "gpumem" in m and not m.startswith("_gpumem_magics.")),
-  "version": sys.modules["_gpumem_magics.magic"].version()}))`)
+  "mods": sorted(m for m in sys.modules if "gpumem" in m),
+  "version": sys.modules["_gpumem_magics"].magic.version()}))`)
 	var st struct {
 		Last, Ler, Version string
 		Count              int

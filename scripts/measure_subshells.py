@@ -77,7 +77,7 @@ def run(gpumem, env, url, token, base):
     deadline = time.monotonic() + 60
     while True:
         try:
-            versions = api(url, token, "GET", "api/status")
+            api(url, token, "GET", "api/status")
             break
         except Exception:
             if time.monotonic() > deadline:
@@ -104,7 +104,7 @@ def run(gpumem, env, url, token, base):
     print("versions: jupyterlab %s, jupyter_server %s, jupyter_client %s, ipykernel %s, IPython %s" % (
         jupyterlab.__version__, jupyter_server.__version__, jupyter_client.__version__,
         ipykernel.__version__, IPython.__version__))
-    msg_id = kc.kernel_info()
+    kc.kernel_info()
     info = kc.get_shell_msg(timeout=10)["content"]
     feats = info.get("supported_features", [])
     print("kernel_info supported_features:", feats)

@@ -19,6 +19,15 @@ cd "$(dirname "$0")/.."
 
 . scripts/lib.sh
 install_missing python3-ipykernel python3-jupyter-client jupyter-notebook python3-jupyter-server python3-torch python3-nbclient python3-venv
+# --- Prometheus and JupyterHub (tests/prometheus, tests/hub): Debian's
+# prometheus gives the server the end-to-end test runs on 127.0.0.1 and
+# promtool for the rule unit tests. The tests start the binary themselves on a
+# random port with temporary dirs; they never use the package's service.
+install_missing prometheus
+# tests/hub: configurable-http-proxy for the real JupyterHub (JupyterHub itself
+# comes with .venv/current from requirements/current.txt).
+(cd tests/hub && npm ci --no-audit --no-fund --silent)
+# --- end Prometheus and JupyterHub
 command -v go >/dev/null || { echo "go not found: install Go 1.26 or newer"; exit 1; }
 command -v gcc >/dev/null || { echo "gcc not found (cgo builds the NVML bindings): apt-get install gcc"; exit 1; }
 make_venv current requirements/current.txt

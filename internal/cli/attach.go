@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/gpumem/gpumem/magics"
@@ -70,12 +69,7 @@ func runFree(ctx context.Context, env Env, args []string) error {
 	if len(pos) != 1 {
 		return fmt.Errorf("%w: want exactly one KERNEL, got %d", errUsage, len(pos))
 	}
-	req := api.FreeRequest{All: *all}
-	for _, v := range strings.Split(*vars, ",") {
-		if v = strings.TrimSpace(v); v != "" {
-			req.Vars = append(req.Vars, v)
-		}
-	}
+	req := api.FreeRequest{All: *all, Vars: splitList(*vars)}
 	if err := req.Validate(); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}

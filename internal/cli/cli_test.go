@@ -67,6 +67,19 @@ func TestWriteLsGolden(t *testing.T) {
 	golden(t, "ls_empty.txt", b.Bytes())
 }
 
+func TestWriteIdleGolden(t *testing.T) {
+	now := time.Date(2026, 11, 30, 14, 0, 0, 0, time.UTC)
+	rep := sampleReport()
+	rep.Notebooks[0].Activity = &attribution.Activity{ExecutionState: "idle", LastActivity: now.Add(-3 * time.Hour),
+		IdleSeconds: 3 * 3600, CullAt: now.Add(5 * time.Minute), CullAction: "shutdown"}
+	rep.Notebooks[1].Activity = &attribution.Activity{ExecutionState: "busy", LastActivity: now}
+	var b bytes.Buffer
+	if err := writeIdle(&b, rep, now); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "ls_idle.txt", b.Bytes())
+}
+
 func TestWriteKernelTableGolden(t *testing.T) {
 	var b bytes.Buffer
 	rows := []kernelRow{

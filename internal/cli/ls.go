@@ -52,8 +52,9 @@ func (w *watchFlag) Set(v string) error {
 }
 
 func runLs(ctx context.Context, env Env, args []string) error {
-	fs := newFlagSet(env, "ls", "[--json] [--watch[=INTERVAL]] [--runtime-dir DIR ...]")
+	fs := newFlagSet(env, "ls", "[--json] [--idle] [--watch[=INTERVAL]] [--runtime-dir DIR ...]")
 	asJSON := fs.Bool("json", false, "print JSON")
+	idle := fs.Bool("idle", false, "idle GPU holders: each kernel's idle time (its server's last_activity) beside its GPU memory, largest first")
 	var watch watchFlag
 	fs.Var(&watch, "watch", "redraw every INTERVAL (default 2s) until Ctrl-C")
 	var dirs stringList
@@ -83,8 +84,11 @@ func runLs(ctx context.Context, env Env, args []string) error {
 		for _, w := range rep.Warnings {
 			fmt.Fprintf(env.Stderr, "gpumem: %s\n", w)
 		}
-		if *asJSON {
+		switch {
+		case *asJSON:
 			return writeJSON(env.Stdout, rep)
+		case *idle:
+			return writeIdle(env.Stdout, rep, time.Now())
 		}
 		return writeLs(env.Stdout, rep)
 	}
@@ -104,7 +108,9 @@ func runLs(ctx context.Context, env Env, args []string) error {
 			// Home the cursor and clear, as watch(1) does, in one write.
 			b.WriteString("\x1b[H\x1b[2J")
 			fmt.Fprintf(&b, "Every %v: gpumem ls    %s\n\n", watch.interval, time.Now().Format("2006-01-02 15:04:05"))
-			if err == nil {
+			if err == nil && *idle {
+				_ = writeIdle(&b, rep, time.Now())
+			} else if err == nil {
 				_ = writeLs(&b, rep)
 			}
 		}
@@ -221,6 +227,18 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 		return attribution.Report{}, err
 	}
 	rep := obs.Report
+	now := time.Now()
+	for i := range rep.Notebooks {
+		for _, k := range res.Kernels {
+			if k.ID == rep.Notebooks[i].KernelID && k.Server.URL != "" && !k.LastActivity.IsZero() {
+				a := &attribution.Activity{ExecutionState: k.ExecutionState, LastActivity: k.LastActivity}
+				if k.ExecutionState == "idle" {
+					a.IdleSeconds = now.Sub(k.LastActivity).Seconds()
+				}
+				rep.Notebooks[i].Activity = a
+			}
+		}
+	}
 	for _, p := range res.Problems {
 		rep.Warnings = append(rep.Warnings, p.Error())
 	}
@@ -296,6 +314,34 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 		fmt.Fprintf(w, "Kernels without GPU memory: %s\n", strings.Join(idle, ", "))
 	}
 	return nil
+}
+
+// writeIdle renders each kernel's activity beside its GPU memory, largest
+// holder first: who sits on GPU memory without using it.
+func writeIdle(w io.Writer, rep attribution.Report, now time.Time) error {
+	nbs := append([]attribution.Notebook(nil), rep.Notebooks...)
+	sort.SliceStable(nbs, func(i, j int) bool { return nbs[i].GPUMemoryBytes > nbs[j].GPUMemoryBytes })
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NOTEBOOK\tKERNEL\tUSER\tSTATE\tIDLE\tMEMORY\tCULL")
+	for _, nb := range nbs {
+		name := nb.Notebook
+		if name == "" {
+			name = "(no notebook)"
+		}
+		state, idleFor, cull := "unknown (no server)", "-", "-"
+		if a := nb.Activity; a != nil {
+			state = a.ExecutionState
+			if a.ExecutionState == "idle" {
+				idleFor = (time.Duration(a.IdleSeconds) * time.Second).String()
+			}
+			if !a.CullAt.IsZero() {
+				cull = fmt.Sprintf("%s in %s", a.CullAction, a.CullAt.Sub(now).Round(time.Second))
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, shortID(nb.KernelID), orDash(nb.User), state, idleFor,
+			units.Bytes(nb.GPUMemoryBytes), cull)
+	}
+	return tw.Flush()
 }
 
 func onGPU(per []attribution.GPUBytes, index int) (uint64, bool) {

@@ -6,11 +6,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
+	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/nvml/driver"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/daemon"
@@ -26,18 +28,34 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	reclaim := fs.Bool("reclaim", true, "end orphans of a restarted or shut-down kernel that still hold GPU memory (false: only report them)")
 	grace := fs.Duration("reclaim-grace", 5*time.Second, "time between SIGTERM and SIGKILL when reclaiming")
 	allUsers := fs.Bool("reclaim-all-users", false, "as root, also reclaim other users' orphans")
+	everyUser := fs.Bool("all-users", false, "as root, find and watch every user's kernels (their runtime dirs, kernel processes, Jupyter servers); rescans every 2s unless --rescan says otherwise")
+	var onlyUsers stringList
+	fs.Var(&onlyUsers, "users", "with --all-users, only this user's kernels (repeatable)")
 	socket := fs.String("socket", "", "the local API's unix socket (default gpumem.sock in the runtime dir)")
 	socketMode := fs.String("socket-mode", "private", "private (0600, this user only) or shared (0666, callers identified by SO_PEERCRED)")
 	listen := fs.String("listen", "", "serve Prometheus /metrics on this address (e.g. 127.0.0.1:9464)")
 	allowRemote := fs.Bool("listen-allow-remote", false, "allow --listen on an address that is not loopback")
+	notebookLabel := fs.Bool("metrics-notebook-label", true, "export per-notebook series (kernel_id, notebook labels); false keeps only per-user series, for large fleets")
 	threshold := fs.Float64("alert-threshold", 0.8, "warn when a GPU's used memory passes this fraction of its total (0 disables)")
 	noNotebookAlerts := fs.Bool("no-notebook-alerts", false, "don't print alerts in notebooks")
 	noInject := fs.Bool("no-inject", false, "don't inject the %gpumem magics into kernels")
+	cullIdle := fs.Duration("cull-idle", 0, "cull kernels idle this long (by their server's last_activity) that hold GPU memory (0: off)")
+	cullMin := fs.String("cull-min-memory", "1GiB", "cull only kernels holding at least this much GPU memory (children included)")
+	cullAction := fs.String("cull-action", daemon.CullReport, "what culling does: report (log and count), free (cache-only free) or shutdown (through the kernel's server)")
+	cullWarn := fs.Duration("cull-warn", 10*time.Minute, "warn in the notebook this long before culling; any use cancels")
+	cullUsers := fs.String("cull-users", "", "in shared mode, cull only these users' kernels (comma-separated; default all)")
+	cullExempt := fs.String("cull-exempt-users", "", "never cull these users' kernels (comma-separated)")
 	logFormat := fs.String("log-format", "auto", "auto (readable on a terminal, JSON otherwise), json or console")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	kf := addKubeFlags(fs, env)
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if len(onlyUsers) > 0 && !*everyUser {
+		return fmt.Errorf("%w: --users limits --all-users: give --all-users too", errUsage)
+	}
+	if *everyUser && !flagGiven(fs, "rescan") {
+		*rescan = 2 * time.Second // a user who logs in is served within 5 s
 	}
 	mode, err := api.ParseMode(*socketMode)
 	if err != nil {
@@ -45,6 +63,15 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	}
 	if *threshold < 0 || *threshold > 1 {
 		return fmt.Errorf("%w: --alert-threshold=%v: want a fraction between 0 and 1", errUsage, *threshold)
+	}
+	minBytes, err := units.ParseBytes(*cullMin)
+	if err != nil {
+		return fmt.Errorf("%w: --cull-min-memory: %v", errUsage, err)
+	}
+	cull := daemon.CullConfig{Idle: *cullIdle, MinMemory: minBytes, Action: *cullAction, Warn: *cullWarn,
+		Users: splitList(*cullUsers), ExemptUsers: splitList(*cullExempt)}
+	if err := cull.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	log, err := newLogger(env.Stderr, *logFormat, *logLevel)
 	if err != nil {
@@ -70,6 +97,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	}
 	defer gpus.Close()
 	proc := env.procFS()
+	userDirs := allUserDirs(*everyUser, onlyUsers, proc)
 	d, err := daemon.New(daemon.Config{
 		RuntimeDirs:        runtimeDirs,
 		Interval:           *interval,
@@ -77,14 +105,17 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		Reclaim:            *reclaim,
 		ReclaimGrace:       *grace,
 		ReclaimAllUsers:    *allUsers,
+		AllUsers:           *everyUser,
 		SocketPath:         sock,
 		SocketMode:         mode,
 		MetricsAddr:        *listen,
 		MetricsAllowRemote: *allowRemote,
+		MetricsNoNotebook:  !*notebookLabel,
 		AlertThreshold:     *threshold,
 		NotebookAlerts:     !*noNotebookAlerts,
 		InjectMagics:       !*noInject,
-	}, daemon.Deps{GPUs: gpus, Procs: proc, Finder: discovery.NewProcFinder(proc), Pods: pods}, log)
+		Cull:               cull,
+	}, daemon.Deps{GPUs: gpus, Procs: proc, Finder: discovery.NewProcFinder(proc), UserDirs: userDirs, Pods: pods}, log)
 	if err != nil {
 		return err
 	}
@@ -108,4 +139,15 @@ func newLogger(w io.Writer, format, level string) (zerolog.Logger, error) {
 		return zerolog.Logger{}, fmt.Errorf("--log-format=%q: want auto, json or console", format)
 	}
 	return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), nil
+}
+
+// splitList splits a comma-separated flag, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
 }

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"flag"
-	"strings"
 	"time"
 )
 
@@ -29,14 +28,4 @@ func addKubeFlags(fs *flag.FlagSet, env Env) *kubeFlags {
 		serverLabels: fs.String("server-labels", "hub.jupyter.org/servername", "comma-separated pod labels naming the JupyterHub named server"),
 		syncTimeout:  fs.Duration("kubernetes-sync-timeout", 30*time.Second, "how long to wait for the first list of pods before serving without pod names"),
 	}
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, v := range strings.Split(s, ",") {
-		if v = strings.TrimSpace(v); v != "" {
-			out = append(out, v)
-		}
-	}
-	return out
 }

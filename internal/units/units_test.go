@@ -29,3 +29,30 @@ func TestBytes(t *testing.T) {
 		}
 	}
 }
+
+func TestParseBytes(t *testing.T) {
+	tests := []struct {
+		in   string
+		want uint64
+		err  bool
+	}{
+		{"1073741824", 1 << 30, false},
+		{"8GiB", 8 << 30, false},
+		{"8Gi", 8 << 30, false},
+		{"8G", 8 << 30, false},
+		{"8GB", 8e9, false},
+		{"512 MiB", 512 << 20, false},
+		{"1.5GiB", 3 << 29, false},
+		{"0", 0, false},
+		{"", 0, true},
+		{"GiB", 0, true},
+		{"-1GiB", 0, true},
+		{"8 parsecs", 0, true},
+	}
+	for _, tc := range tests {
+		got, err := ParseBytes(tc.in)
+		if (err != nil) != tc.err || got != tc.want {
+			t.Errorf("ParseBytes(%q) = %d, %v; want %d, error %v", tc.in, got, err, tc.want, tc.err)
+		}
+	}
+}

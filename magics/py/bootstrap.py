@@ -7,9 +7,10 @@
 # (JSON text: version, sidecar_socket, kernel_id, ...), request (JSON text:
 # the action's input).
 #
-# It installs the package from memory as sys.modules["_gpumem_magics"] and
-# "_gpumem_magics.<module>": no file is written and nothing is read from disk
-# but the standard library and IPython. The package's hygiene module, loaded
+# It installs the package from memory as sys.modules["_gpumem_magics"], its
+# modules as attributes of it (and not in sys.modules: gpumem leaves one
+# entry there): no file is written and nothing is read from disk but the
+# standard library and IPython. The package's hygiene module, loaded
 # first, leaves the kernel as it was (sys.last_*, last_execution_result, this
 # cell in linecache). It never raises: the report goes into
 # sys.modules["_gpumem_report_<nonce>"], which the request's user_expression
@@ -64,7 +65,7 @@ def _act(a, sources, shell, report):
     request = json.loads(a["request"])
     # The package's entry points, or the single module of a gpumem from
     # before the package layout, injected earlier into this kernel.
-    old = sys.modules.get(PACKAGE + ".magic") or sys.modules.get(PACKAGE)
+    old = getattr(sys.modules.get(PACKAGE), "magic", None) or sys.modules.get(PACKAGE)
     report["loaded_before"] = old is not None and hasattr(old, "install")
     report["frameworks_loaded"] = [m for m in ("torch", "cupy", "jax", "tensorflow") if m in sys.modules]
     current = report["loaded_before"] and getattr(old, "version", None) is not None and old.version() == config.get("version")
@@ -136,8 +137,10 @@ def _replace(sources):
 
 def _load(sources, name):
     """Imports the package from sources as name (and every module of it),
-    through a finder that is on sys.meta_path only while this runs. Returns
-    its magic module."""
+    through a finder that is on sys.meta_path only while this runs. The
+    modules then stay attributes of the package only: they import each other
+    at load time, so nothing looks them up in sys.modules later. Returns the
+    package's magic module."""
     import importlib
     import importlib.util
     import sys
@@ -170,7 +173,9 @@ def _load(sources, name):
         raise
     finally:
         sys.meta_path.remove(finder)
-    return sys.modules[name + ".magic"]
+    for k in [k for k in sys.modules if k.startswith(name + ".")]:
+        sys.modules.pop(k, None)
+    return sys.modules[name].magic
 
 
 class _GpumemReport(object):

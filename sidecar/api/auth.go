@@ -5,8 +5,12 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os/user"
+	"strconv"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gpumem/gpumem/sidecar/attribution"
 )
 
 // Peer is the process at the other end of a connection, as the kernel saw it
@@ -72,12 +76,12 @@ type access int
 const (
 	// accessAnyone: any caller the mode admits (shared: every local user).
 	accessAnyone access = iota
-	// accessKernel: admins and kernel callers.
-	accessKernel
-	// accessOwnKernel: admins and the kernel named in the path.
+	// accessUser: admins, and in shared mode any local user, who sees only
+	// what is theirs (the handler filters) and per-user totals of others.
+	accessUser
+	// accessOwnKernel: admins, and in shared mode the user owning the
+	// kernel named in the path (or a process of that kernel).
 	accessOwnKernel
-	// accessAdmin: admins only.
-	accessAdmin
 )
 
 // role is who a caller is, for authorization.
@@ -85,7 +89,7 @@ type role int
 
 const (
 	roleNone role = iota
-	roleKernel
+	roleUser
 	roleAdmin
 )
 
@@ -93,36 +97,42 @@ const (
 type caller struct {
 	peer     Peer
 	role     role
-	kernelID string // for roleKernel
+	user     string // for roleUser: the caller's user name
+	kernelID string // for roleUser: the kernel the calling process belongs to, if any
 }
 
 // kernelLookup is Backend.KernelOfPID.
 type kernelLookup func(ctx context.Context, pid int) (kernelID string, ownerUID uint32, ok bool)
 
-// identify decides a peer's role. It asks the backend only for callers that
-// are neither root nor the daemon's user in shared mode.
-func identify(ctx context.Context, mode Mode, daemonUID uint32, peer Peer, kernelOf kernelLookup) caller {
+// identify decides a peer's role: root and the daemon's user are admins;
+// in shared mode every other local user is a user, named as the report
+// names kernels' owners.
+func identify(ctx context.Context, mode Mode, daemonUID uint32, peer Peer, kernelOf kernelLookup, userName func(uint32) string) caller {
 	c := caller{peer: peer}
 	if peer.UID == 0 || peer.UID == daemonUID {
 		c.role = roleAdmin
 		return c
 	}
-	if mode != ModeShared || peer.PID <= 0 {
+	if mode != ModeShared {
+		return c
+	}
+	c.role, c.user = roleUser, userName(peer.UID)
+	if peer.PID <= 0 {
 		return c
 	}
 	id, owner, ok := kernelOf(ctx, peer.PID)
 	// The uid must match the kernel's owner: a process of another user that
 	// got a kernel process's pid after it exited is not that kernel.
 	if ok && id != "" && owner == peer.UID {
-		c.role = roleKernel
 		c.kernelID = id
 	}
 	return c
 }
 
-// authorize says whether c may use an endpoint requiring a; pathKernelID is
-// the {id} of the path for accessOwnKernel. The error is the 403 message.
-func authorize(mode Mode, c caller, a access, pathKernelID string) error {
+// authorize says whether c may use an endpoint requiring a; for
+// accessOwnKernel, pathKernelID is the path's {id} and owner the user the
+// report names for it ("" when unknown). The error is the 403 message.
+func authorize(mode Mode, c caller, a access, pathKernelID, owner string) error {
 	if c.role == roleAdmin {
 		return nil
 	}
@@ -132,23 +142,47 @@ func authorize(mode Mode, c caller, a access, pathKernelID string) error {
 	switch a {
 	case accessAnyone:
 		return nil
-	case accessKernel:
-		if c.role == roleKernel {
+	case accessUser:
+		if c.role == roleUser {
 			return nil
 		}
 	case accessOwnKernel:
-		if c.role == roleKernel && c.kernelID == pathKernelID {
+		if c.role == roleUser && (c.kernelID == pathKernelID || (owner != "" && owner == c.user)) {
 			return nil
 		}
-		if c.role == roleKernel {
-			return fmt.Errorf("a process of kernel %s may act on its own kernel only", c.kernelID)
-		}
-	case accessAdmin:
-		if c.role == roleKernel {
-			return fmt.Errorf("a process of kernel %s may not list all notebooks: use GET /api/v1/kernels/%s and /api/v1/users", c.kernelID, c.kernelID)
+		if c.role == roleUser {
+			return fmt.Errorf("kernel %s is not user %s's: a user may see and act on their own kernels only", pathKernelID, c.user)
 		}
 	}
-	return fmt.Errorf("uid %d pid %d is neither root, the daemon's user, nor a process of a Jupyter kernel", c.peer.UID, c.peer.PID)
+	return fmt.Errorf("uid %d pid %d may not use this endpoint", c.peer.UID, c.peer.PID)
+}
+
+// ownView is what a user may see of a report: their own notebooks and
+// other processes, the GPUs, and no warnings (they name others' files).
+// Others appear only as per-user totals (GET /api/v1/users).
+func ownView(rep attribution.Report, user string) attribution.Report {
+	out := attribution.Report{GPUs: rep.GPUs, Notebooks: []attribution.Notebook{}, Other: []attribution.OtherProcess{}}
+	for _, nb := range rep.Notebooks {
+		if nb.User == user {
+			out.Notebooks = append(out.Notebooks, nb)
+		}
+	}
+	for _, o := range rep.Other {
+		if o.User == user {
+			out.Other = append(out.Other, o)
+		}
+	}
+	return out
+}
+
+// lookupUserName names uid as procs names processes' owners: the account
+// name, else the number.
+func lookupUserName(uid uint32) string {
+	id := strconv.FormatUint(uint64(uid), 10)
+	if u, err := user.LookupId(id); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return id
 }
 
 // browserHeaders are headers only browsers (or things pretending to be one) send.

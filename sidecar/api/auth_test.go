@@ -21,16 +21,20 @@ func TestAuthorizeTable(t *testing.T) {
 		k, ok := kernels[pid]
 		return k.id, k.owner, ok
 	}
+	names := map[uint32]string{2000: "alice", 3000: "bob", 4000: "carol"}
+	userName := func(uid uint32) string { return names[uid] }
+	owners := map[string]string{"A": "alice", "B": "bob"}
 	type call struct {
 		a      access
 		pathID string
 	}
 	var (
 		healthz   = call{accessAnyone, ""}
-		gpus      = call{accessKernel, ""}
-		notebooks = call{accessAdmin, ""}
+		gpus      = call{accessUser, ""}
+		notebooks = call{accessUser, ""} // filtered to the caller's own
 		kernelA   = call{accessOwnKernel, "A"}
 		kernelB   = call{accessOwnKernel, "B"}
+		everyone  = []call{healthz, gpus, notebooks, kernelA, kernelB}
 	)
 	for _, tc := range []struct {
 		name  string
@@ -39,31 +43,52 @@ func TestAuthorizeTable(t *testing.T) {
 		allow []call
 		deny  []call
 	}{
-		{"private root", ModePrivate, Peer{PID: 1, UID: 0}, []call{healthz, gpus, notebooks, kernelA, kernelB}, nil},
-		{"private daemon user", ModePrivate, Peer{PID: 2, UID: daemonUID}, []call{healthz, gpus, notebooks, kernelA, kernelB}, nil},
-		{"private kernel of another user", ModePrivate, Peer{PID: 500, UID: 2000}, nil, []call{healthz, gpus, notebooks, kernelA, kernelB}},
-		{"private stranger", ModePrivate, Peer{PID: 7, UID: 4000}, nil, []call{healthz, gpus, notebooks, kernelA, kernelB}},
-		{"shared root", ModeShared, Peer{PID: 1, UID: 0}, []call{healthz, gpus, notebooks, kernelA, kernelB}, nil},
-		{"shared daemon user", ModeShared, Peer{PID: 2, UID: daemonUID}, []call{healthz, gpus, notebooks, kernelA, kernelB}, nil},
-		{"shared kernel A", ModeShared, Peer{PID: 500, UID: 2000}, []call{healthz, gpus, kernelA}, []call{notebooks, kernelB}},
-		{"shared kernel B", ModeShared, Peer{PID: 600, UID: 3000}, []call{healthz, gpus, kernelB}, []call{notebooks, kernelA}},
-		{"shared pid of A, other uid", ModeShared, Peer{PID: 500, UID: 4000}, []call{healthz}, []call{gpus, notebooks, kernelA, kernelB}},
-		{"shared stranger", ModeShared, Peer{PID: 7, UID: 4000}, []call{healthz}, []call{gpus, notebooks, kernelA, kernelB}},
-		{"shared pid unknown (other namespace)", ModeShared, Peer{PID: 0, UID: 2000}, []call{healthz}, []call{gpus, notebooks, kernelA, kernelB}},
+		{"private root", ModePrivate, Peer{PID: 1, UID: 0}, everyone, nil},
+		{"private daemon user", ModePrivate, Peer{PID: 2, UID: daemonUID}, everyone, nil},
+		{"private kernel of another user", ModePrivate, Peer{PID: 500, UID: 2000}, nil, everyone},
+		{"private stranger", ModePrivate, Peer{PID: 7, UID: 4000}, nil, everyone},
+		{"shared root", ModeShared, Peer{PID: 1, UID: 0}, everyone, nil},
+		{"shared daemon user", ModeShared, Peer{PID: 2, UID: daemonUID}, everyone, nil},
+		{"shared kernel A", ModeShared, Peer{PID: 500, UID: 2000}, []call{healthz, gpus, notebooks, kernelA}, []call{kernelB}},
+		{"shared kernel B", ModeShared, Peer{PID: 600, UID: 3000}, []call{healthz, gpus, notebooks, kernelB}, []call{kernelA}},
+		{"shared alice's shell", ModeShared, Peer{PID: 7, UID: 2000}, []call{healthz, gpus, notebooks, kernelA}, []call{kernelB}},
+		{"shared pid of A, other uid", ModeShared, Peer{PID: 500, UID: 4000}, []call{healthz, gpus, notebooks}, []call{kernelA, kernelB}},
+		{"shared user with no kernel", ModeShared, Peer{PID: 7, UID: 4000}, []call{healthz, gpus, notebooks}, []call{kernelA, kernelB}},
+		{"shared pid unknown (other namespace)", ModeShared, Peer{PID: 0, UID: 2000}, []call{healthz, kernelA}, []call{kernelB}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := identify(context.Background(), tc.mode, daemonUID, tc.peer, lookup)
+			c := identify(context.Background(), tc.mode, daemonUID, tc.peer, lookup, userName)
 			for _, cl := range tc.allow {
-				if err := authorize(tc.mode, c, cl.a, cl.pathID); err != nil {
+				if err := authorize(tc.mode, c, cl.a, cl.pathID, owners[cl.pathID]); err != nil {
 					t.Errorf("access %d to %q denied: %v", cl.a, cl.pathID, err)
 				}
 			}
 			for _, cl := range tc.deny {
-				if err := authorize(tc.mode, c, cl.a, cl.pathID); err == nil {
+				if err := authorize(tc.mode, c, cl.a, cl.pathID, owners[cl.pathID]); err == nil {
 					t.Errorf("access %d to %q allowed", cl.a, cl.pathID)
 				}
 			}
 		})
+	}
+}
+
+// A user's view holds their own notebooks and processes only, and no
+// warnings (they name other users' files).
+func TestOwnView(t *testing.T) {
+	rep := testReport()
+	rep.Warnings = []string{"kernel connection file /home/bob/x.json: not counted as a kernel"}
+	v := ownView(rep, "alice")
+	if len(v.Notebooks) != 2 || v.Notebooks[0].User != "alice" || v.Notebooks[1].User != "alice" {
+		t.Errorf("alice's notebooks: %+v", v.Notebooks)
+	}
+	if len(v.Other) != 0 || len(v.Warnings) != 0 || len(v.GPUs) != 2 {
+		t.Errorf("alice's view: other %+v, warnings %q, %d GPUs", v.Other, v.Warnings, len(v.GPUs))
+	}
+	if b := ownView(rep, "bob"); len(b.Notebooks) != 1 || len(b.Other) != 1 {
+		t.Errorf("bob's view: %+v", b)
+	}
+	if n := ownView(rep, "nobody"); len(n.Notebooks) != 0 || n.Notebooks == nil {
+		t.Errorf("a user with nothing gets an empty list, not null: %+v", n.Notebooks)
 	}
 }
 
@@ -108,19 +133,29 @@ func checkResults(t *testing.T, got map[string]string, want map[string]string) {
 }
 
 // A real process of a second uid, through a real socket, with real
-// SO_PEERCRED, in shared mode.
+// SO_PEERCRED, in shared mode: named alice, it sees and acts on alice's
+// kernels only, whether it is one of her kernels' processes or her shell.
 func TestSharedModeSecondUID(t *testing.T) {
 	dir, runAs := otherUser(t)
 	b := &fakeBackend{report: testReport()}
-	ts := startServer(t, dir, ModeShared, b)
-
-	t.Run("process of kernel A", func(t *testing.T) {
+	as := func(name string) func(*Server) {
+		return func(s *Server) {
+			s.userName = func(uid uint32) string {
+				if uid == otherUID {
+					return name
+				}
+				return lookupUserName(uid)
+			}
+		}
+	}
+	ts := startServerWith(t, dir, ModeShared, b, as("alice"))
+	alices := map[string]string{
+		reqHealthz: "200", reqGPUs: "200", reqUsers: "200", reqNotebooks: "200", reqKernels: "200",
+		reqKernelA: "200", reqFreeA: "200", reqKernelB: "403", reqFreeB: "403",
+	}
+	t.Run("process of alice's kernel A", func(t *testing.T) {
 		got := runAs(ts.path, func(pid int) { b.setKernel(pid, fakeKernel{id: "kernel-a", owner: otherUID}) }, allRequests...)
-		checkResults(t, got, map[string]string{
-			reqHealthz: "200", reqGPUs: "200", reqUsers: "200",
-			reqKernelA: "200", reqFreeA: "200",
-			reqNotebooks: "403", reqKernels: "403", reqKernelB: "403", reqFreeB: "403",
-		})
+		checkResults(t, got, alices)
 		var freedA, freedB int
 		for _, c := range b.freeCalls() {
 			if c.peer.UID != otherUID {
@@ -137,17 +172,20 @@ func TestSharedModeSecondUID(t *testing.T) {
 			t.Errorf("backend freed kernel-a %d times and kernel-b %d times for uid %d, want 1 and 0", freedA, freedB, otherUID)
 		}
 	})
-	t.Run("not a kernel process", func(t *testing.T) {
+	t.Run("alice's shell", func(t *testing.T) {
 		got := runAs(ts.path, nil, allRequests...)
-		checkResults(t, got, map[string]string{
-			reqHealthz: "200", reqGPUs: "403", reqUsers: "403", reqNotebooks: "403", reqKernels: "403",
-			reqKernelA: "403", reqKernelB: "403", reqFreeA: "403", reqFreeB: "403",
-		})
+		checkResults(t, got, alices)
 	})
-	t.Run("pid of kernel A owned by another uid", func(t *testing.T) {
-		got := runAs(ts.path, func(pid int) { b.setKernel(pid, fakeKernel{id: "kernel-a", owner: 1234}) }, allRequests...)
+	t.Run("a user with no kernel", func(t *testing.T) {
+		sub := filepath.Join(dir, "carol")
+		if err := os.Mkdir(sub, 0o711); err != nil {
+			t.Fatal(err)
+		}
+		other := startServerWith(t, sub, ModeShared, b, as("carol"))
+		got := runAs(other.path, func(pid int) { b.setKernel(pid, fakeKernel{id: "kernel-a", owner: 1234}) }, allRequests...)
 		checkResults(t, got, map[string]string{
-			reqHealthz: "200", reqGPUs: "403", reqKernelA: "403", reqFreeA: "403",
+			reqHealthz: "200", reqGPUs: "200", reqUsers: "200", reqNotebooks: "200", reqKernels: "200",
+			reqKernelA: "403", reqFreeA: "403", reqKernelB: "403", reqFreeB: "403",
 		})
 	})
 	t.Run("the daemon's own uid", func(t *testing.T) {

@@ -81,12 +81,14 @@ type Server struct {
 	log          zerolog.Logger
 	daemonUID    uint32
 	selfFreeWait time.Duration
+	userName     func(uid uint32) string
 }
 
 // NewServer returns a Server over backend. Admin rights go to root and to
 // the process's effective uid.
 func NewServer(backend Backend, opts Options) *Server {
-	return &Server{backend: backend, log: opts.Logger, daemonUID: uint32(os.Geteuid()), selfFreeWait: selfFreeWait}
+	return &Server{backend: backend, log: opts.Logger, daemonUID: uint32(os.Geteuid()), selfFreeWait: selfFreeWait,
+		userName: lookupUserName}
 }
 
 // Serve serves the API on ln until ctx is done, then shuts down (in-flight
@@ -146,10 +148,10 @@ func (s *Server) handler(mode Mode) http.Handler {
 		mux.Handle(pattern, s.authorized(mode, a, h))
 	}
 	route("GET /healthz", accessAnyone, s.serveHealthz)
-	route("GET /api/v1/gpus", accessKernel, s.serveGPUs)
-	route("GET /api/v1/users", accessKernel, s.serveUsers)
-	route("GET /api/v1/notebooks", accessAdmin, s.serveNotebooks)
-	route("GET /api/v1/kernels", accessAdmin, s.serveKernels)
+	route("GET /api/v1/gpus", accessUser, s.serveGPUs)
+	route("GET /api/v1/users", accessUser, s.serveUsers)
+	route("GET /api/v1/notebooks", accessUser, s.serveNotebooks)
+	route("GET /api/v1/kernels", accessUser, s.serveKernels)
 	route("GET /api/v1/kernels/{id}", accessOwnKernel, s.serveKernel)
 	route("POST /api/v1/kernels/{id}/free", accessOwnKernel, s.serveFree)
 
@@ -193,8 +195,12 @@ func (s *Server) handler(mode Mode) http.Handler {
 func (s *Server) authorized(mode Mode, a access, h func(http.ResponseWriter, *http.Request, caller)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		pr, _ := r.Context().Value(peerKey{}).(peerResult) // checked by handler
-		c := identify(r.Context(), mode, s.daemonUID, pr.peer, s.backend.KernelOfPID)
-		if err := authorize(mode, c, a, r.PathValue("id")); err != nil {
+		c := identify(r.Context(), mode, s.daemonUID, pr.peer, s.backend.KernelOfPID, s.userName)
+		owner := ""
+		if id := r.PathValue("id"); a == accessOwnKernel && c.role == roleUser {
+			owner = s.kernelOwner(r.Context(), id)
+		}
+		if err := authorize(mode, c, a, r.PathValue("id"), owner); err != nil {
 			s.writeError(w, r, http.StatusForbidden, err.Error())
 			return
 		}
@@ -236,19 +242,53 @@ func (s *Server) serveUsers(w http.ResponseWriter, r *http.Request, _ caller) {
 	s.writeJSON(w, r, http.StatusOK, UsersResponse{Users: SummarizeUsers(rep)})
 }
 
-func (s *Server) serveNotebooks(w http.ResponseWriter, r *http.Request, _ caller) {
+// kernelOwner is the user the report names for kernel id ("" if none).
+func (s *Server) kernelOwner(ctx context.Context, id string) string {
+	rep, err := s.backend.Report(ctx)
+	if err != nil {
+		return ""
+	}
+	for _, nb := range rep.Notebooks {
+		if nb.KernelID == id {
+			return nb.User
+		}
+	}
+	return ""
+}
+
+func (s *Server) serveNotebooks(w http.ResponseWriter, r *http.Request, c caller) {
 	rep, ok := s.report(w, r)
 	if !ok {
 		return
 	}
+	if c.role == roleUser {
+		rep = ownView(rep, c.user)
+	}
 	s.writeJSON(w, r, http.StatusOK, rep)
 }
 
-func (s *Server) serveKernels(w http.ResponseWriter, r *http.Request, _ caller) {
+func (s *Server) serveKernels(w http.ResponseWriter, r *http.Request, c caller) {
 	ks, err := s.backend.Kernels(r.Context())
 	if err != nil {
 		s.writeError(w, r, http.StatusServiceUnavailable, fmt.Sprintf("kernels: %v", err))
 		return
+	}
+	if c.role == roleUser { // their own kernels: what the report names theirs
+		rep, ok := s.report(w, r)
+		if !ok {
+			return
+		}
+		own := map[string]bool{}
+		for _, nb := range ownView(rep, c.user).Notebooks {
+			own[nb.KernelID] = true
+		}
+		mine := []KernelStatus{}
+		for _, k := range ks {
+			if own[k.KernelID] {
+				mine = append(mine, k)
+			}
+		}
+		ks = mine
 	}
 	if ks == nil {
 		ks = []KernelStatus{}

@@ -3,6 +3,8 @@
 // per-notebook GPU memory. It does no I/O.
 package attribution
 
+import "time"
+
 // Report is what `gpumem ls --json` prints and GET /api/v1/notebooks serves.
 type Report struct {
 	GPUs      []GPU          `json:"gpus"`
@@ -49,6 +51,22 @@ type Notebook struct {
 	Processes []ProcessBytes `json:"processes"`
 	// Pod is the Kubernetes pod of the kernel; nil off Kubernetes.
 	Pod *Pod `json:"pod,omitempty"`
+	// Activity is the kernel's server's view of it, when a server lists
+	// it; nil otherwise.
+	Activity *Activity `json:"activity,omitempty"`
+}
+
+// Activity is what a kernel's Jupyter server says of its activity, and
+// what gpumem's culling plans for it.
+type Activity struct {
+	ExecutionState string    `json:"execution_state"` // idle, busy, starting, ...
+	LastActivity   time.Time `json:"last_activity"`
+	// IdleSeconds is how long the kernel has been idle (0 while busy).
+	IdleSeconds float64 `json:"idle_seconds"`
+	// CullAt is when the kernel will be culled unless used (zero when no
+	// warning stands); CullAction is what will be done then.
+	CullAt     time.Time `json:"cull_at,omitzero"`
+	CullAction string    `json:"cull_action,omitempty"`
 }
 
 // ProcessBytes is one process's GPU memory.

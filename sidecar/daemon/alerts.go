@@ -23,12 +23,12 @@ import (
 
 // checkAlerts logs once when a GPU crosses the alert threshold, and again
 // when it falls back below it, and keeps the notebook alert file current.
-func (d *Daemon) checkAlerts(rep attribution.Report) {
-	if d.cfg.AlertThreshold <= 0 {
-		return
-	}
-	var active []notebookAlert
+func (d *Daemon) checkAlerts(rep attribution.Report, culls []notebookAlert) {
+	active := culls
 	for _, g := range rep.GPUs {
+		if d.cfg.AlertThreshold <= 0 {
+			break
+		}
 		over := metrics.OverThreshold(g, d.cfg.AlertThreshold)
 		d.mu.Lock()
 		was := d.alerted[g.Index]
@@ -64,15 +64,15 @@ func (d *Daemon) checkAlerts(rep attribution.Report) {
 			})
 		}
 	}
-	if d.cfg.NotebookAlerts {
+	if d.cfg.NotebookAlerts && (d.cfg.AlertThreshold > 0 || d.cfg.Cull.Enabled()) {
 		d.writeAlerts(active)
 	}
 }
 
 // notebookAlert is one entry of the alert file the injected magics read.
 type notebookAlert struct {
-	ID      string   `json:"id"` // new for each crossing: shown once per kernel
-	GPU     int      `json:"gpu"`
+	ID      string   `json:"id"`  // new for each crossing: shown once per kernel
+	GPU     int      `json:"gpu"` // -1 for a kernel's own alert (a cull warning)
 	Message string   `json:"message"`
 	Kernels []string `json:"kernels"` // the kernels using that GPU
 }

@@ -93,17 +93,21 @@ func (d *Daemon) Free(ctx context.Context, kernelID string, req api.FreeRequest)
 	if client == nil {
 		return nil, fmt.Errorf("kernel %s is not attached yet (starting, or not answering); try again", kernelID)
 	}
-	before, berr := d.KernelNow(ctx, kernelID)
-	rep, err := magics.FreeCache(ctx, client, magics.FreeOptions{Vars: req.Vars, All: req.All})
+	// The driver's figure, read now before and after: the report's JSON
+	// and the kernel's text show the same two readings.
+	driverNow := func(ctx context.Context) *uint64 {
+		nb, err := d.KernelNow(ctx, kernelID)
+		if err != nil {
+			return nil
+		}
+		return &nb.GPUMemoryBytes
+	}
+	rep, err := magics.FreeCache(ctx, client, magics.FreeOptions{Vars: req.Vars, All: req.All, DriverBytes: driverNow})
 	if errors.Is(err, magics.ErrFreeRefused) {
 		return nil, fmt.Errorf("%w: %w", api.ErrRefused, err)
 	}
 	if err != nil {
 		return nil, err
-	}
-	after, aerr := d.KernelNow(ctx, kernelID)
-	if berr == nil && aerr == nil {
-		rep.Driver = &magics.DriverDelta{Before: before.GPUMemoryBytes, After: after.GPUMemoryBytes}
 	}
 	d.sampleSoon() // the report too
 	return json.Marshal(rep)

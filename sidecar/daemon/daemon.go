@@ -38,17 +38,21 @@ type Config struct {
 	Reclaim         bool
 	ReclaimGrace    time.Duration
 	ReclaimAllUsers bool
+	AllUsers        bool // as root, also watch every user's runtime dirs (Deps.UserDirs finds them)
 
 	SocketPath string
 	SocketMode api.Mode
 
 	MetricsAddr        string // "" = no metrics listener
 	MetricsAllowRemote bool
+	MetricsNoNotebook  bool // no per-notebook series (kernel_id, notebook labels); per-user ones remain
 
 	AlertThreshold float64 // fraction of a GPU's memory; <= 0 disables
 	NotebookAlerts bool
 
 	InjectMagics bool
+
+	Cull CullConfig
 }
 
 // Deps are the daemon's windows on the system, built by its caller (the
@@ -60,6 +64,8 @@ type Deps struct {
 	Procs attribution.ProcScanner
 	// Finder proves which process serves a connection file.
 	Finder discovery.ProcessFinder
+	// UserDirs finds every user's runtime dirs (AllUsers); nil: none.
+	UserDirs func() ([]discovery.UserDir, []error)
 	// Terminate ends a process (SIGTERM, then SIGKILL after grace) if its
 	// start time is still start; nil means the real one, through a pidfd.
 	Terminate func(ctx context.Context, pid int, start uint64, grace time.Duration) (killed bool, err error)
@@ -92,6 +98,7 @@ type Daemon struct {
 	finder    discovery.ProcessFinder
 	terminate func(ctx context.Context, pid int, start uint64, grace time.Duration) (bool, error)
 	pods      attribution.Pods
+	userDirs  func() ([]discovery.UserDir, []error)
 	metrics   *metrics.Metrics
 	socket    string
 
@@ -126,8 +133,14 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 	if len(cfg.RuntimeDirs) == 0 {
 		return nil, errors.New("no runtime dir to watch")
 	}
+	if err := checkAllUsers(cfg); err != nil {
+		return nil, err
+	}
 	if cfg.ReclaimAllUsers && os.Geteuid() != 0 {
 		return nil, errors.New("--reclaim-all-users needs root: only root may end other users' processes")
+	}
+	if err := cfg.Cull.Validate(); err != nil {
+		return nil, err
 	}
 	if deps.GPUs == nil || deps.Procs == nil || deps.Finder == nil {
 		return nil, errors.New("daemon: GPUs, Procs and Finder are required")
@@ -146,6 +159,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 		finder:       deps.Finder,
 		terminate:    deps.Terminate,
 		pods:         deps.Pods,
+		userDirs:     deps.UserDirs,
 		kernels:      map[string]*kernelState{},
 		alerted:      map[int]bool{},
 		alertEpisode: map[int]int{},
@@ -155,7 +169,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 		locks:        newDirLocks(cfg.RuntimeDirs),
 		problems:     map[string]time.Time{},
 	}
-	d.metrics = metrics.New(d, log)
+	d.metrics = metrics.New(d, log, metrics.PerNotebook(!cfg.MetricsNoNotebook))
 	return d, nil
 }
 
@@ -205,7 +219,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go func() { defer parts.Done(); _ = w.Run(ctx) }()
 
 	d.log.Info().Strs("runtime_dirs", d.cfg.RuntimeDirs).Str("socket", d.socket).
-		Dur("interval", d.cfg.Interval).Bool("reclaim", d.cfg.Reclaim).Msg("gpumem serve started")
+		Dur("interval", d.cfg.Interval).Bool("reclaim", d.cfg.Reclaim).Str("cull", d.cfg.Cull.summary()).Msg("gpumem serve started")
 
 	ticker := time.NewTicker(d.cfg.Interval)
 	defer ticker.Stop()
@@ -250,6 +264,7 @@ const missingGrace = 300 * time.Millisecond
 // is: until then its tree stays its own, protected and attributed (sample
 // retires it when the process exits).
 func (d *Daemon) scan(ctx context.Context) {
+	d.addUserDirs()
 	res := discovery.Discover(ctx, discovery.Options{RuntimeDirs: d.watchedDirs(), Procs: knownFinder{d}})
 	for _, p := range res.Problems {
 		d.problem(p)
@@ -312,6 +327,8 @@ func (d *Daemon) scan(ctx context.Context) {
 			ks.serverURL = k.ServerURL
 		}
 		ks.fileUID, ks.fileID = k.FileUID, k.FileID
+		// Zero when no server answered for it now: nothing stale is judged.
+		ks.server, ks.execState, ks.lastActivity = k.Server, k.ExecutionState, k.LastActivity
 		if k.PID > 0 && k.PIDProven {
 			d.setKernelProcessLocked(ks, procID{k.PID, k.PIDStart})
 		}

@@ -45,6 +45,26 @@ type kernelState struct {
 	// proving is true while a kernel_info request checks that an unproven
 	// port owner holds the file's key.
 	proving bool
+	// server, execState and lastActivity are the kernel's server's view of
+	// it at the last scan that could ask (zero without a server).
+	server       discovery.Server
+	execState    string
+	lastActivity time.Time
+	cull         cullState
+	// injectSince is when an injection still waiting for its reply was
+	// sent (zero when none): a kernel that does not answer it for long is
+	// running a cell, even one started before the daemon attached.
+	injectSince time.Time
+}
+
+// shellBusy reports whether the kernel runs a cell, as far as the daemon
+// can tell by itself: its client saw a cell's busy status on iopub, or an
+// injection has waited for its reply behind one. Called with Daemon.mu held.
+func (ks *kernelState) shellBusy(now time.Time) bool {
+	if ks.client != nil && ks.client.ExecutionState() == "busy" {
+		return true
+	}
+	return !ks.injectSince.IsZero() && now.Sub(ks.injectSince) > 2*time.Second
 }
 
 func newKernelState(k discovery.Kernel) *kernelState {
@@ -221,8 +241,16 @@ func (d *Daemon) startInject(ctx context.Context, ks *kernelState, c *protocol.C
 		close(done)
 		return done
 	}
+	d.mu.Lock()
+	ks.injectSince = time.Now()
+	d.mu.Unlock()
 	go func() {
 		defer close(done)
+		defer func() {
+			d.mu.Lock()
+			ks.injectSince = time.Time{}
+			d.mu.Unlock()
+		}()
 		log := d.log.With().Str("kernel_id", ks.id).Logger()
 		opts := magics.InjectOptions{SidecarSocket: d.socket, KernelID: ks.id}
 		if d.cfg.NotebookAlerts && d.cfg.AlertThreshold > 0 {

@@ -86,6 +86,7 @@ func (d *Daemon) sample(ctx context.Context) {
 	}
 
 	attribution.AddPods(&rep, obs.Table, d.pods)
+	culls := d.cull(ctx, &rep)
 	elapsed := time.Since(start)
 	d.mu.Lock()
 	attached := 0
@@ -97,7 +98,7 @@ func (d *Daemon) sample(ctx context.Context) {
 	d.last = metrics.Snapshot{Report: rep, AttachedKernels: attached, SampleDuration: elapsed,
 		SampleSuccess: true, SampledAt: time.Now(), AlertThreshold: d.cfg.AlertThreshold}
 	d.mu.Unlock()
-	d.checkAlerts(rep)
+	d.checkAlerts(rep, culls)
 }
 
 // resolveKernelProcesses finds the process of kernels whose process is not

@@ -39,6 +39,14 @@ type Kernel struct {
 	PIDUIDMatch bool
 	Unproven    string
 
+	// Server is the server whose sessions list the kernel (ServerURL's);
+	// the zero Server without one. ExecutionState and LastActivity are that
+	// server's view of the kernel ("" and zero when unknown): what its own
+	// idle culler judges by.
+	Server         Server
+	ExecutionState string
+	LastActivity   time.Time
+
 	// NotebookFrom says where Notebook came from: "server" (its
 	// /api/sessions), "JPY_SESSION_NAME" (the kernel's environment, set by
 	// jupyter_server 2 and VS Code; stale after a rename) or "papermill" (the
@@ -280,6 +288,9 @@ func attachSessions(ctx context.Context, hc *http.Client, servers []Server, kern
 				k.KernelName = sess.Kernel.Name
 			}
 			k.Notebook = a.server.NotebookPath(sess.Path)
+			k.Server = a.server
+			k.ExecutionState = sess.Kernel.ExecutionState
+			k.LastActivity, _ = time.Parse(time.RFC3339Nano, sess.Kernel.LastActivity)
 			k.NotebookFrom = "server"
 		}
 	}

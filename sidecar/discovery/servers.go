@@ -100,7 +100,10 @@ func (s Server) Sessions(ctx context.Context, hc *http.Client) ([]Session, error
 	if err != nil {
 		return nil, fmt.Errorf("server %s (%s): %w", s.URL, s.File, err)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target+"api/sessions", nil)
+	// no_track_activity: jupyter_server would otherwise count the poll as
+	// the user's activity, and JupyterHub's idle culler would never stop
+	// the server (Notebook 6 ignores it).
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target+"api/sessions?no_track_activity=1", nil)
 	if err != nil {
 		return nil, fmt.Errorf("server %s (%s): %w", s.URL, s.File, err)
 	}

@@ -62,6 +62,8 @@ var (
 		"Memory in use on the GPU in bytes, as the driver reports it (driver-reserved memory included).", gpuLabels, nil)
 	descNotebook = prometheus.NewDesc("gpumem_notebook_gpu_memory_bytes",
 		"GPU memory held by the processes of a notebook's kernel, in bytes.", notebookLabels, nil)
+	descUser = prometheus.NewDesc("gpumem_user_gpu_memory_bytes",
+		"GPU memory held by the processes of a user's notebook kernels, in bytes.", []string{"gpu", "user"}, nil)
 	descOther = prometheus.NewDesc("gpumem_other_gpu_memory_bytes",
 		"GPU memory held by processes that belong to no kernel, in bytes.", []string{"gpu"}, nil)
 	descAlert = prometheus.NewDesc("gpumem_gpu_memory_alert",
@@ -76,6 +78,11 @@ var (
 		"1 when the last sample of GPU memory succeeded, else 0.", nil, nil)
 	descSampleTime = prometheus.NewDesc("gpumem_last_sample_timestamp_seconds",
 		"Unix time of the last successful sample of GPU memory.", nil, nil)
+	idleLabels    = []string{"kernel_id", "notebook", "user"}
+	descIdleBytes = prometheus.NewDesc("gpumem_idle_gpu_memory_bytes",
+		"GPU memory held by an idle kernel (its server reports it idle), in bytes.", idleLabels, nil)
+	descIdleSeconds = prometheus.NewDesc("gpumem_kernel_idle_seconds",
+		"How long a kernel that holds GPU memory has been idle, by its server's last_activity, in seconds.", idleLabels, nil)
 	descSimulated = prometheus.NewDesc("gpumem_simulated",
 		"1 when the GPU figures come from a simulated-GPU file, not from the driver.", nil, nil)
 )
@@ -84,12 +91,22 @@ var (
 // state survives between scrapes, so nothing goes stale.
 type snapshotCollector struct {
 	src Source
+	// perNotebook emits gpumem_notebook_gpu_memory_bytes. Each kernel a user
+	// starts is a new series (kernel_id, notebook): on a large fleet that
+	// churn, not the GPUs, is what fills Prometheus, so it can be turned off,
+	// leaving the per-user series, bounded by users × GPUs.
+	perNotebook bool
 }
 
 func (c snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descGPUTotal, descGPUUsed, descNotebook, descOther, descAlert,
+	for _, d := range []*prometheus.Desc{descGPUTotal, descGPUUsed, descUser, descOther, descAlert,
 		descThreshold, descAttached, descSampleDuration, descSampleSuccess, descSampleTime, descSimulated} {
 		ch <- d
+	}
+	if c.perNotebook {
+		ch <- descNotebook
+		ch <- descIdleBytes
+		ch <- descIdleSeconds
 	}
 }
 
@@ -122,8 +139,14 @@ func (c snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		kernelID, notebook, user string
 		gpu                      int
 	}
+	type userKey struct {
+		user string
+		gpu  int
+	}
 	var order []nbKey
+	var userOrder []userKey
 	bytes := map[nbKey]uint64{}
+	userBytes := map[userKey]uint64{}
 	for _, nb := range rep.Notebooks {
 		for _, g := range nb.PerGPU {
 			k := nbKey{nb.KernelID, nb.Notebook, nb.User, g.Index}
@@ -131,10 +154,36 @@ func (c snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 				order = append(order, k)
 			}
 			bytes[k] += g.Bytes
+			u := userKey{nb.User, g.Index}
+			if _, ok := userBytes[u]; !ok {
+				userOrder = append(userOrder, u)
+			}
+			userBytes[u] += g.Bytes
 		}
 	}
-	for _, k := range order {
-		gauge(descNotebook, float64(bytes[k]), k.kernelID, k.notebook, strconv.Itoa(k.gpu), k.user)
+	if c.perNotebook {
+		for _, k := range order {
+			gauge(descNotebook, float64(bytes[k]), k.kernelID, k.notebook, strconv.Itoa(k.gpu), k.user)
+		}
+	}
+	for _, u := range userOrder {
+		gauge(descUser, float64(userBytes[u]), strconv.Itoa(u.gpu), u.user)
+	}
+
+	// Idle GPU holders: what GPU-aware culling acts on. Labelled by kernel
+	// and notebook, so dropped with them.
+	seenIdle := map[string]bool{}
+	for _, nb := range rep.Notebooks {
+		if !c.perNotebook {
+			break
+		}
+		a := nb.Activity
+		if a == nil || a.ExecutionState != "idle" || nb.GPUMemoryBytes == 0 || seenIdle[nb.KernelID] {
+			continue
+		}
+		seenIdle[nb.KernelID] = true
+		gauge(descIdleBytes, float64(nb.GPUMemoryBytes), nb.KernelID, nb.Notebook, nb.User)
+		gauge(descIdleSeconds, a.IdleSeconds, nb.KernelID, nb.Notebook, nb.User)
 	}
 
 	threshold := snap.AlertThreshold
@@ -165,11 +214,26 @@ type Metrics struct {
 	log            zerolog.Logger
 	reclaimedBytes prometheus.Counter
 	reclaimedProcs prometheus.Counter
+	culled         *prometheus.CounterVec
+}
+
+// Option changes what New's registry exports.
+type Option func(*snapshotCollector)
+
+// PerNotebook says whether to export gpumem_notebook_gpu_memory_bytes, the
+// one family labelled by kernel_id and notebook (default true). Without it
+// the per-user family still says who holds what.
+func PerNotebook(on bool) Option {
+	return func(c *snapshotCollector) { c.perNotebook = on }
 }
 
 // New registers a collector over src, the reclaim counters and the Go and
 // process collectors in a new registry.
-func New(src Source, log zerolog.Logger) *Metrics {
+func New(src Source, log zerolog.Logger, opts ...Option) *Metrics {
+	coll := snapshotCollector{src: src, perNotebook: true}
+	for _, o := range opts {
+		o(&coll)
+	}
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
 		log: log,
@@ -181,12 +245,17 @@ func New(src Source, log zerolog.Logger) *Metrics {
 			Name: "gpumem_reclaimed_processes_total",
 			Help: "Orphaned processes of restarted or shut-down kernels that the daemon ended.",
 		}),
+		culled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpumem_culled_kernels_total",
+			Help: "Idle kernels holding GPU memory that GPU-aware culling acted on, by action (report, free, shutdown).",
+		}, []string{"action"}),
 	}
 	m.reg.MustRegister(
-		snapshotCollector{src: src},
-		podCollector{src: src},
+		coll,
+		podCollector{src: src, perNotebook: coll.perNotebook},
 		m.reclaimedBytes,
 		m.reclaimedProcs,
+		m.culled,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -200,6 +269,9 @@ func (m *Metrics) AddReclaimed(processes int, bytes uint64) {
 	}
 	m.reclaimedBytes.Add(float64(bytes))
 }
+
+// AddCulled counts one culling action.
+func (m *Metrics) AddCulled(action string) { m.culled.WithLabelValues(action).Inc() }
 
 // Registry is where the daemon may register collectors of its own.
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }

@@ -439,3 +439,34 @@ func TestReclaimedCounters(t *testing.T) {
 		t.Errorf("reclaimed bytes %v, want 150", got)
 	}
 }
+
+// Without the per-notebook family no series carries a kernel id or a
+// notebook path; the per-user sums still add up to what the notebooks hold.
+func TestPerNotebookOff(t *testing.T) {
+	m := New(&fakeSource{snap: testSnapshot()}, zerolog.New(io.Discard), PerNotebook(false))
+	fams, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() == "gpumem_notebook_gpu_memory_bytes" {
+			t.Errorf("gpumem_notebook_gpu_memory_bytes exported with PerNotebook(false)")
+		}
+		for _, mt := range f.GetMetric() {
+			for _, l := range mt.GetLabel() {
+				if l.GetName() == "notebook" || l.GetName() == "kernel_id" || strings.Contains(l.GetValue(), ".ipynb") {
+					t.Errorf("%s has label %s=%q with PerNotebook(false)", f.GetName(), l.GetName(), l.GetValue())
+				}
+			}
+		}
+	}
+	expected := `# HELP gpumem_user_gpu_memory_bytes GPU memory held by the processes of a user's notebook kernels, in bytes.
+# TYPE gpumem_user_gpu_memory_bytes gauge
+gpumem_user_gpu_memory_bytes{gpu="0",user="alice"} 7.516192768e+10
+gpumem_user_gpu_memory_bytes{gpu="0",user="bob"} 1.073741824e+10
+gpumem_user_gpu_memory_bytes{gpu="1",user="bob"} 1.073741824e+10
+`
+	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(expected), "gpumem_user_gpu_memory_bytes"); err != nil {
+		t.Error(err)
+	}
+}

@@ -10,12 +10,18 @@ import (
 // one series per (pod, container, notebook, GPU) so that a query can sum
 // by pod, namespace or JupyterHub user without joining: a notebook's bytes
 // carry its path, a pod's other processes carry notebook="". Off
-// Kubernetes (no process has a pod) it gives nothing.
+// Kubernetes (no process has a pod) it gives nothing. Without perNotebook
+// (PerNotebook(false), for fleets that keep per-kernel series out of
+// Prometheus) kernel_id and notebook stay empty and a pod's notebooks sum
+// into one series per container and GPU.
 var descPod = prometheus.NewDesc("gpumem_pod_gpu_memory_bytes",
 	"GPU memory held by the processes of a Kubernetes pod, in bytes, by container and notebook (notebook is empty for processes of no kernel); user is the JupyterHub user from the pod's labels.",
 	[]string{"namespace", "pod", "container", "user", "notebook", "kernel_id", "gpu"}, nil)
 
-type podCollector struct{ src Source }
+type podCollector struct {
+	src         Source
+	perNotebook bool
+}
 
 func (c podCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descPod }
 
@@ -38,7 +44,11 @@ func (c podCollector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		for _, g := range nb.PerGPU {
-			add(key{nb.Pod.Namespace, nb.Pod.Name, nb.Pod.Container, nb.Pod.User, nb.Notebook, nb.KernelID, g.Index}, g.Bytes)
+			k := key{nb.Pod.Namespace, nb.Pod.Name, nb.Pod.Container, nb.Pod.User, "", "", g.Index}
+			if c.perNotebook {
+				k.notebook, k.kernelID = nb.Notebook, nb.KernelID
+			}
+			add(k, g.Bytes)
 		}
 	}
 	for _, p := range rep.Other {

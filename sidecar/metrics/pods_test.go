@@ -3,6 +3,7 @@ package metrics
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,7 +31,7 @@ func TestPodSeries(t *testing.T) {
 		{PID: 50, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: gib}}},
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(podCollector{src: &fakeSource{snap: snap}})
+	reg.MustRegister(podCollector{src: &fakeSource{snap: snap}, perNotebook: true})
 	golden := filepath.Join("testdata", "pods.golden")
 	want, err := os.Open(golden)
 	if err != nil {
@@ -42,6 +43,19 @@ func TestPodSeries(t *testing.T) {
 	}
 	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
 		t.Errorf("lint: %v %v", problems, err)
+	}
+
+	// Without per-notebook series: one series per pod, container and GPU.
+	reg = prometheus.NewRegistry()
+	reg.MustRegister(podCollector{src: &fakeSource{snap: snap}})
+	perPod := `# HELP gpumem_pod_gpu_memory_bytes GPU memory held by the processes of a Kubernetes pod, in bytes, by container and notebook (notebook is empty for processes of no kernel); user is the JupyterHub user from the pod's labels.
+# TYPE gpumem_pod_gpu_memory_bytes gauge
+gpumem_pod_gpu_memory_bytes{container="notebook",gpu="0",kernel_id="",namespace="jhub",notebook="",pod="jupyter-alice",user="alice"} 5.36870912e+09
+gpumem_pod_gpu_memory_bytes{container="notebook",gpu="1",kernel_id="",namespace="jhub",notebook="",pod="jupyter-alice",user="alice"} 1.073741824e+09
+gpumem_pod_gpu_memory_bytes{container="main",gpu="0",kernel_id="",namespace="ml",notebook="",pod="trainer-0",user=""} 1.610612736e+09
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(perPod), "gpumem_pod_gpu_memory_bytes"); err != nil {
+		t.Error(err)
 	}
 
 	// Off Kubernetes: no series at all.

@@ -3,7 +3,9 @@
 gpumem sends this package over the Jupyter protocol as one silent execute
 (see magics/inject.go and bootstrap.py); nothing is installed in the user's
 environment and no file is written. The bootstrap registers it as
-sys.modules["_gpumem_magics"] and its modules as "_gpumem_magics.<name>".
+sys.modules["_gpumem_magics"], its modules as attributes of it only; they
+import each other at the top, never inside a function, since later
+imports would not find them in sys.modules.
 
 Rules this code keeps, because it runs inside someone else's notebook:
   - it never imports torch, tensorflow, jax or cupy: it only uses the ones

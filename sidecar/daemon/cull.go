@@ -1,0 +1,285 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gpumem/gpumem/internal/units"
+	"github.com/gpumem/gpumem/magics"
+	"github.com/gpumem/gpumem/sidecar/attribution"
+	"github.com/gpumem/gpumem/sidecar/discovery"
+)
+
+// GPU-aware culling: Jupyter's own cullers judge by activity alone; this one
+// acts only on an idle kernel that holds GPU memory, warns first, and never
+// touches a busy kernel, one whose server cannot be asked, or one used
+// since the warning.
+
+// Cull actions.
+const (
+	CullReport   = "report"   // log and count only
+	CullFree     = "free"     // cache-only free through the magics
+	CullShutdown = "shutdown" // DELETE /api/kernels/{id} on its server
+)
+
+// CullConfig is `gpumem serve --cull-*`.
+type CullConfig struct {
+	Idle      time.Duration // idle this long (server's last_activity); 0 disables culling
+	MinMemory uint64        // only kernels holding at least this (driver's figure, children included)
+	Action    string        // CullReport, CullFree or CullShutdown
+	Warn      time.Duration // warning period before acting
+	// Users, when set, are the only users whose kernels may be culled;
+	// ExemptUsers are never culled.
+	Users, ExemptUsers []string
+}
+
+// Enabled reports whether culling is on.
+func (c CullConfig) Enabled() bool { return c.Idle > 0 }
+
+// Validate checks the flags.
+func (c CullConfig) Validate() error {
+	if !c.Enabled() {
+		return nil
+	}
+	switch c.Action {
+	case CullReport, CullFree, CullShutdown:
+	default:
+		return fmt.Errorf("--cull-action=%q: want report, free or shutdown", c.Action)
+	}
+	if c.Warn < 0 {
+		return fmt.Errorf("--cull-warn=%v: want a duration of 0 or more", c.Warn)
+	}
+	return nil
+}
+
+// cullState is a kernel's culling progress, guarded by Daemon.mu.
+type cullState struct {
+	warnedAt       time.Time // zero: no warning stands
+	deadline       time.Time
+	activityAtWarn time.Time // the server's last_activity when warned
+	warnings       int       // warnings so far: each alert id is new
+	// doneAt is the server's last_activity when the action was taken: the
+	// kernel is not culled again until it has been used.
+	doneAt time.Time
+}
+
+// cullVerdict is what to do with a kernel now.
+type cullVerdict int
+
+const (
+	cullNothing cullVerdict = iota
+	cullWarnNow
+	cullCancel
+	cullAct
+	cullUnknown // its server cannot be asked: never culled, say so
+)
+
+// cullInput is what the decision needs of one kernel.
+type cullInput struct {
+	now          time.Time
+	hasServer    bool
+	execState    string
+	lastActivity time.Time
+	bytes        uint64
+	user         string
+	state        cullState
+}
+
+// decide is the culling policy, pure.
+func (c CullConfig) decide(in cullInput) (cullVerdict, string) {
+	warned := !in.state.warnedAt.IsZero()
+	cancel := func(why string) (cullVerdict, string) {
+		if warned {
+			return cullCancel, why
+		}
+		return cullNothing, why
+	}
+	switch {
+	case !in.hasServer || in.lastActivity.IsZero():
+		return cullUnknown, "no Jupyter server reports this kernel's activity"
+	case len(c.Users) > 0 && !slices.Contains(c.Users, in.user),
+		slices.Contains(c.ExemptUsers, in.user):
+		return cancel("user " + in.user + " is not culled")
+	case in.execState != "idle":
+		return cancel("the kernel is " + in.execState)
+	case warned && in.lastActivity.After(in.state.activityAtWarn):
+		return cullCancel, "used since the warning"
+	case !in.state.doneAt.IsZero() && !in.lastActivity.After(in.state.doneAt):
+		return cullNothing, "already culled; not used since"
+	case in.now.Sub(in.lastActivity) < c.Idle:
+		return cancel("idle for less than --cull-idle")
+	case in.bytes < c.MinMemory:
+		return cancel("holds less than --cull-min-memory")
+	case !warned:
+		return cullWarnNow, "idle and holding GPU memory"
+	case in.now.Before(in.state.deadline):
+		return cullNothing, "within its warning period"
+	}
+	return cullAct, "idle through its warning period"
+}
+
+// cullMessage is the warning shown in the notebook and JupyterLab.
+func cullMessage(action string, bytes uint64, idle time.Duration, at time.Time) string {
+	verb := map[string]string{CullReport: "reported as an idle GPU holder", CullFree: "have its GPU caches freed",
+		CullShutdown: "be shut down"}[action]
+	return fmt.Sprintf("gpumem: this kernel holds %s and has been idle %s; it will %s at %s unless used.",
+		units.Bytes(bytes), idle.Round(time.Second), verb, at.Format("15:04:05"))
+}
+
+// cull runs the policy over the kernels of rep (the sample just taken),
+// decorates rep's notebooks with their activity, starts the actions due,
+// and returns the warnings that stand, for the notebook alert file.
+func (d *Daemon) cull(ctx context.Context, rep *attribution.Report) []notebookAlert {
+	now := time.Now()
+	bytes := map[string]uint64{}
+	users := map[string]string{}
+	for _, nb := range rep.Notebooks {
+		bytes[nb.KernelID], users[nb.KernelID] = nb.GPUMemoryBytes, nb.User
+	}
+	type job struct {
+		ks     *kernelState
+		bytes  uint64
+		server discovery.Server
+	}
+	var jobs []job
+	var alerts []notebookAlert
+	activity := map[string]*attribution.Activity{}
+	d.mu.Lock()
+	for _, ks := range d.kernels {
+		if ks.server.URL == "" || ks.lastActivity.IsZero() {
+			if d.cfg.Cull.Enabled() && bytes[ks.id] >= d.cfg.Cull.MinMemory && !ks.cur.isZero() {
+				d.problem(fmt.Errorf("kernel %s (%s) holds %s, but no Jupyter server reports its activity: never culled",
+					ks.id, ks.notebook, units.Bytes(bytes[ks.id])))
+			}
+			ks.cull.warnedAt = time.Time{}
+			continue
+		}
+		act := &attribution.Activity{ExecutionState: ks.execState, LastActivity: ks.lastActivity}
+		if ks.execState == "idle" {
+			act.IdleSeconds = now.Sub(ks.lastActivity).Seconds()
+		}
+		activity[ks.id] = act
+		if !d.cfg.Cull.Enabled() {
+			continue
+		}
+		// The server's execution_state follows every status message, those
+		// of control requests (answered while a cell runs) too: the
+		// daemon's own view of the shell wins when it sees a cell running.
+		state := ks.execState
+		if ks.shellBusy(now) {
+			state, act.ExecutionState, act.IdleSeconds = "busy", "busy", 0
+		}
+		in := cullInput{now: now, hasServer: true, execState: state, lastActivity: ks.lastActivity,
+			bytes: bytes[ks.id], user: users[ks.id], state: ks.cull}
+		verdict, why := d.cfg.Cull.decide(in)
+		log := d.log.With().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Str("user", users[ks.id]).
+			Uint64("bytes", bytes[ks.id]).Dur("idle", now.Sub(ks.lastActivity)).Str("action", d.cfg.Cull.Action).Logger()
+		switch verdict {
+		case cullWarnNow:
+			ks.cull.warnedAt, ks.cull.deadline, ks.cull.activityAtWarn = now, now.Add(d.cfg.Cull.Warn), ks.lastActivity
+			ks.cull.warnings++
+			log.Warn().Time("cull_at", ks.cull.deadline).Msg("idle kernel holds GPU memory: warned")
+		case cullCancel:
+			ks.cull.warnedAt = time.Time{}
+			log.Info().Str("reason", why).Msg("cull cancelled")
+		case cullAct:
+			ks.cull.warnedAt, ks.cull.doneAt = time.Time{}, ks.lastActivity
+			jobs = append(jobs, job{ks, bytes[ks.id], ks.server})
+		}
+		if !ks.cull.warnedAt.IsZero() {
+			act.CullAt, act.CullAction = ks.cull.deadline, d.cfg.Cull.Action
+			alerts = append(alerts, notebookAlert{
+				ID:      fmt.Sprintf("cull-%s-%d", ks.id, ks.cull.warnings),
+				GPU:     -1,
+				Message: cullMessage(d.cfg.Cull.Action, bytes[ks.id], now.Sub(ks.lastActivity), ks.cull.deadline),
+				Kernels: []string{ks.id},
+			})
+		}
+	}
+	d.mu.Unlock()
+	for i := range rep.Notebooks {
+		rep.Notebooks[i].Activity = activity[rep.Notebooks[i].KernelID]
+	}
+	for _, j := range jobs {
+		d.wg.Add(1)
+		go func() { defer d.wg.Done(); d.cullKernel(ctx, j.ks, j.server, j.bytes) }()
+	}
+	return alerts
+}
+
+// cullKernel asks the server once more (the kernel may have been used
+// since the last scan) and, if it is still idle and unused, acts.
+func (d *Daemon) cullKernel(ctx context.Context, ks *kernelState, server discovery.Server, bytes uint64) {
+	d.mu.Lock()
+	notebook, since, client, busy := ks.notebook, ks.cull.doneAt, ks.client, ks.shellBusy(time.Now())
+	d.mu.Unlock()
+	log := d.log.With().Str("kernel_id", ks.id).Str("notebook", notebook).Uint64("bytes", bytes).
+		Str("action", d.cfg.Cull.Action).Logger()
+	if busy {
+		log.Info().Msg("cull cancelled: a cell is running")
+		return
+	}
+	hc := &http.Client{Timeout: 10 * time.Second}
+	sessions, err := server.Sessions(ctx, hc)
+	if err != nil {
+		log.Warn().Err(err).Msg("cull: the kernel's server cannot be asked; nothing done")
+		return
+	}
+	fresh := false
+	for _, s := range sessions {
+		if s.Kernel.ID != ks.id {
+			continue
+		}
+		last, _ := time.Parse(time.RFC3339Nano, s.Kernel.LastActivity)
+		if s.Kernel.ExecutionState != "idle" || last.After(since) {
+			log.Info().Str("state", s.Kernel.ExecutionState).Msg("cull cancelled: the kernel was used")
+			return
+		}
+		fresh = true
+	}
+	if !fresh {
+		log.Info().Msg("cull: the server no longer lists the kernel; nothing done")
+		return
+	}
+	switch d.cfg.Cull.Action {
+	case CullReport:
+		log.Warn().Msg("idle kernel holds GPU memory (culling reports only)")
+	case CullFree:
+		if client == nil {
+			log.Warn().Msg("cull: not attached to the kernel; nothing freed")
+			return
+		}
+		rep, err := magics.FreeCache(ctx, client, magics.FreeOptions{})
+		if err != nil {
+			log.Warn().Err(err).Msg("cull: free failed")
+			return
+		}
+		log.Warn().Int("frameworks", len(rep.Frameworks)).Msg("idle kernel's GPU caches freed")
+	case CullShutdown:
+		if err := server.ShutdownKernel(ctx, hc, ks.id); err != nil {
+			log.Warn().Err(err).Msg("cull: shutdown failed")
+			return
+		}
+		log.Warn().Msg("idle kernel holding GPU memory shut down through its server")
+	}
+	d.metrics.AddCulled(d.cfg.Cull.Action)
+}
+
+// cullFlagsSummary is the culling setup, for the start-up log.
+func (c CullConfig) summary() string {
+	if !c.Enabled() {
+		return "off"
+	}
+	s := fmt.Sprintf("%s after %v idle holding >= %s, warned %v before", c.Action, c.Idle, units.Bytes(c.MinMemory), c.Warn)
+	if len(c.Users) > 0 {
+		s += "; users " + strings.Join(c.Users, ",")
+	}
+	if len(c.ExemptUsers) > 0 {
+		s += "; exempt " + strings.Join(c.ExemptUsers, ",")
+	}
+	return s
+}
