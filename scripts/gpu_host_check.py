@@ -22,6 +22,7 @@ deadline.
 
 import json
 import os
+import re
 import secrets
 import statistics
 import subprocess
@@ -234,6 +235,40 @@ print(os.getpid(), _child.pid)
         "PASS" if fr.returncode == 0 else "FAIL",
         "gpumem free (cache-only, through the daemon): kernel pid %d NVML %d -> %d MiB" % (kpid, before, after),
     )
+
+    # %gpumem free in the notebook: the driver's figure it reports after
+    # freeing is read then (through the daemon, on demand), not the last
+    # sample's.
+    out.clear()
+    code = r"""
+import re, torch
+x2 = torch.empty(3 << 30, dtype=torch.uint8, device="cuda"); torch.cuda.synchronize()
+from IPython.utils.capture import capture_output
+with capture_output() as _c:
+    get_ipython().run_line_magic("gpumem", "free x2")
+_t = "\n".join(o.data.get("text/plain", "") for o in _c.outputs)
+print(_t)
+"""
+    r = kc.execute_interactive(
+        code, timeout=180, output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None
+    )
+    text = "".join(out)
+    print("---- %%gpumem free x2 (in the notebook)\n%s----" % text, flush=True)
+    m = re.search(r"driver \(NVML\): ([\d.]+) (\w+) -> ([\d.]+) (\w+) for this kernel", text)
+    if r["content"]["status"] != "ok" or not m:
+        result("FAIL", "%gpumem free x2: no driver line in the report")
+    else:
+        unit = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+        rep_before = float(m.group(1)) * unit[m.group(2)]
+        rep_after = float(m.group(3)) * unit[m.group(4)]
+        s = smi()
+        tree = (s.get(kpid, 0) + s.get(cpid, 0)) * (1 << 20)
+        ok = abs(rep_after - tree) < (128 << 20) and rep_before - rep_after > (2 << 30)
+        result(
+            "PASS" if ok else "FAIL",
+            "%%gpumem free's driver figure %.2f -> %.2f GiB; nvidia-smi for the kernel's tree now %.2f GiB (read during the free, not the last sample)"
+            % (rep_before / (1 << 30), rep_after / (1 << 30), tree / (1 << 30)),
+        )
 
     # Restart: the child survives Jupyter's process-group kill; the daemon ends it.
     kc.stop_channels()

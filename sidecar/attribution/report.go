@@ -12,6 +12,10 @@ type Report struct {
 	Other     []OtherProcess `json:"other"`
 	// Warnings are non-fatal problems met while sampling (e.g. no driver).
 	Warnings []string `json:"warnings,omitempty"`
+	// View is "own" when the report holds only the asking user's notebooks
+	// and processes (a user of a shared daemon): the others are in the
+	// per-user totals. Empty for the whole report.
+	View string `json:"view,omitempty"`
 }
 
 // GPU is one physical device with its memory totals. With MIG on, the
