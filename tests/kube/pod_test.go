@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,12 +29,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpumem/gpumem/internal/testenv"
-	"github.com/gpumem/gpumem/sidecar/api"
+	"github.com/gpumem/gpumem/sidecar/attribution"
 )
 
 // TestImageNamesPods runs the image as the DaemonSet does, end to end but
-// for the cluster: `gpumem serve --kubernetes` in its own pid and mount
-// namespaces (unshare, chroot into the image's rootfs), with the host's
+// for the cluster: `gpumem serve --kubernetes` as nobody, in its own pid
+// and mount namespaces (unshare, chroot into the image's rootfs), with the host's
 // /proc at /host/proc, a service account mounted where the kubelet mounts
 // it, and KUBERNETES_SERVICE_HOST/PORT naming a TLS server that answers
 // the pod list and watch as an API server does. The GPU process is a real
@@ -104,7 +105,8 @@ func TestImageNamesPods(t *testing.T) {
 				ListMeta: metav1.ListMeta{ResourceVersion: "7"}, Items: []corev1.Pod{pod}})
 		}
 	}))
-	t.Cleanup(srv.Close)
+	// The daemon's watch stays open until its connection closes.
+	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
 	host, port, _ := strings.Cut(strings.TrimPrefix(srv.URL, "https://"), ":")
 
 	// The service account as the kubelet mounts it, inside the image.
@@ -121,10 +123,6 @@ func TestImageNamesPods(t *testing.T) {
 	const used = 5 << 30
 	doc := fmt.Sprintf(`{"gpus":[{"name":"Simulated H200","uuid":"GPU-1","memory_total_bytes":%d,"processes":[{"pid":%d,"used_bytes":%d}]}]}`,
 		uint64(141<<30), sleeper.Process.Pid, used)
-	run := filepath.Join(rootfs, "run", "gpumem")
-	if err := os.MkdirAll(run, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	if err := os.WriteFile(filepath.Join(rootfs, "run", "gpus.json"), []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -132,21 +130,65 @@ func TestImageNamesPods(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The container as the chart renders it: its args and env, its user,
+	// its emptyDirs (tmpfs, world-writable as the kubelet makes them) and
+	// its read-only root. Only --listen is overridden (the last flag
+	// wins), to a free loopback port.
+	ds := collect(t, decodeAll(t, render(t))).ds
+	podSpec := ds.Spec.Template.Spec
+	c := podSpec.Containers[0]
 	metricsPort := testenv.FreePort(t)
-	script := `set -e
-mount --make-rprivate /
-mount --rbind /proc "$ROOTFS/host/proc"
-mount -t proc proc "$ROOTFS/proc"
-exec chroot "$ROOTFS" /usr/local/bin/gpumem "$@"`
-	cmd := exec.Command("unshare", "--pid", "--fork", "--kill-child", "--mount", "--", "sh", "-c", script, "sh",
-		"serve", "--kubernetes", "--listen=127.0.0.1:"+strconv.Itoa(metricsPort), "--socket=/run/gpumem/gpumem.sock",
-		"--no-inject", "--reclaim=false", "--log-format=json")
-	cmd.Env = []string{
-		"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "ROOTFS=" + rootfs,
-		"NODE_NAME=gpu-1", "KUBERNETES_SERVICE_HOST=" + host, "KUBERNETES_SERVICE_PORT=" + port,
-		"JUPYTER_RUNTIME_DIR=/run/gpumem", "HOME=/run/gpumem",
-		"GPUMEM_PROC_ROOT=/host/proc", "GPUMEM_FAKE_GPU=/run/gpus.json",
+	args := append(slices.Clone(c.Args), "--listen=127.0.0.1:"+strconv.Itoa(metricsPort))
+	var daemonEnv []string
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName":
+			daemonEnv = append(daemonEnv, e.Name+"=gpu-1")
+		case e.ValueFrom != nil:
+			t.Fatalf("env %s comes from %+v: the test cannot play it", e.Name, e.ValueFrom)
+		default:
+			daemonEnv = append(daemonEnv, e.Name+"="+e.Value)
+		}
 	}
+	env := append([]string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "ROOTFS=" + rootfs,
+		"KUBERNETES_SERVICE_HOST=" + host, "KUBERNETES_SERVICE_PORT=" + port,
+		"GPUMEM_PROC_ROOT=/host/proc", "GPUMEM_FAKE_GPU=/run/gpus.json"}, daemonEnv...)
+	emptyDirs := map[string]bool{}
+	for _, v := range podSpec.Volumes {
+		if v.EmptyDir != nil {
+			emptyDirs[v.Name] = true
+		}
+	}
+	var mounts strings.Builder
+	for _, m := range c.VolumeMounts {
+		if !emptyDirs[m.Name] {
+			t.Fatalf("volume %s is not an emptyDir: the test cannot play it", m.Name)
+		}
+		fmt.Fprintf(&mounts, "mount -t tmpfs -o mode=0777 tmpfs \"$ROOTFS%s\"\n", m.MountPath)
+	}
+	readOnly := ""
+	if sc := c.SecurityContext; sc != nil && sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem {
+		readOnly = `mount -o remount,bind,ro "$ROOTFS"` + "\n"
+	}
+	psc := podSpec.SecurityContext
+	if psc == nil || psc.RunAsUser == nil || psc.RunAsGroup == nil {
+		t.Fatal("the chart sets no runAsUser/runAsGroup")
+	}
+	// A setuid away from root clears the effective capabilities, as the
+	// chart's drop ALL does.
+	userspec := fmt.Sprintf("%d:%d", *psc.RunAsUser, *psc.RunAsGroup)
+
+	// The root is bound onto itself first, so that it can be made
+	// read-only under the mounts made on it.
+	script := "set -e\n" +
+		"mount --make-rprivate /\n" +
+		`mount --bind "$ROOTFS" "$ROOTFS"` + "\n" +
+		`mount --rbind /proc "$ROOTFS/host/proc"` + "\n" +
+		`mount -t proc proc "$ROOTFS/proc"` + "\n" +
+		mounts.String() + readOnly +
+		`exec chroot --userspec=` + userspec + ` "$ROOTFS" /usr/local/bin/gpumem "$@"`
+	cmd := exec.Command("unshare", append([]string{"--pid", "--fork", "--kill-child", "--mount", "--", "sh", "-c", script, "sh"}, args...)...)
+	cmd.Env = env
 	var logs syncBuffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
@@ -154,12 +196,17 @@ exec chroot "$ROOTFS" /usr/local/bin/gpumem "$@"`
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
+	// The container's first process is the daemon, pid 1 of its pid
+	// namespace: ending it ends the namespace. unshare's --kill-child
+	// does not reach it (the setuid to nobody clears the parent-death
+	// signal), so the test ends it itself.
+	daemonPID := childOf(t, cmd.Process.Pid, exited)
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = syscall.Kill(daemonPID, syscall.SIGTERM)
 		select {
 		case <-exited:
 		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
+			_ = syscall.Kill(daemonPID, syscall.SIGKILL)
 			<-exited
 		}
 	})
@@ -187,16 +234,29 @@ exec chroot "$ROOTFS" /usr/local/bin/gpumem "$@"`
 		body = string(b)
 	}
 
-	// The local API (its socket is in the image's /run/gpumem) says the same.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	rep, err := api.NewClient(filepath.Join(run, "gpumem.sock")).Notebooks(ctx)
+	// What `kubectl exec ds/gpumem -- gpumem ls --json` does: a second
+	// process in the container's namespaces, with its env and user, reads
+	// the daemon's report through the socket in the emptyDir.
+	lsCtx, lsCancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer lsCancel()
+	chroot, err := exec.LookPath("chroot")
 	if err != nil {
-		t.Fatalf("GET /api/v1/notebooks: %v\n%s", err, logs.String())
+		t.Fatal(err)
+	}
+	ls := exec.CommandContext(lsCtx, "nsenter", "-t", strconv.Itoa(daemonPID), "-m", "-p", "--",
+		chroot, "--userspec="+userspec, rootfs, "/usr/local/bin/gpumem", "ls", "--json")
+	ls.Env = daemonEnv
+	out, err := ls.CombinedOutput()
+	if err != nil {
+		t.Fatalf("gpumem ls --json in the container: %v\n%s\ndaemon log:\n%s", err, out, logs.String())
+	}
+	var rep attribution.Report
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("gpumem ls --json: %v\n%s", err, out)
 	}
 	if len(rep.Other) != 1 || rep.Other[0].Pod == nil || rep.Other[0].Pod.Name != "jupyter-alice" ||
 		rep.Other[0].Pod.UID != podUID || rep.Other[0].Pod.User != "alice" || rep.Other[0].Pod.Container != "notebook" {
-		t.Errorf("API report's other processes: %+v", rep.Other)
+		t.Errorf("gpumem ls --json in the container, other processes: %+v (without pods it is ls's own report, not the daemon's)", rep.Other)
 	}
 	if !logContains(logs.String(), "watching this node's pods") {
 		t.Errorf("no log of the informer's sync:\n%s", logs.String())
@@ -301,4 +361,30 @@ func logContains(logs, msg string) bool {
 		}
 	}
 	return false
+}
+
+// childOf waits (30 s) for pid's one child (unshare --fork's child, which
+// becomes the daemon) and returns it.
+func childOf(t *testing.T, pid int, exited <-chan struct{}) int {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+		if fields := strings.Fields(string(data)); err == nil && len(fields) == 1 {
+			child, err := strconv.Atoi(fields[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			return child
+		}
+		select {
+		case <-exited:
+			t.Fatalf("unshare (pid %d) exited before starting the daemon", pid)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("unshare (pid %d) has no single child after 30s", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
