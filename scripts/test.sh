@@ -53,11 +53,23 @@ e2e=(./protocol/ ./magics/ ./sidecar/discovery/ ./tests/...)
 kernel_only=(./protocol/ ./magics/)
 mapfile -t unit < <(go list ./... | grep -v -x -e '.*/protocol' -e '.*/magics' -e '.*/sidecar/discovery' -e '.*/tests' -e '.*/tests/.*')
 
+# Every stack runs even when one fails: the summary says which failed.
+failed=()
 echo "== unit packages"
-go test -race -count=1 -timeout 10m "${unit[@]}"
+go test -race -count=1 -timeout 10m "${unit[@]}" || failed+=(unit)
 for stack in ${GPUMEM_TEST_STACKS:-debian12 current ipykernel6}; do
   pkgs=("${e2e[@]}")
   [ "$stack" = ipykernel6 ] && pkgs=("${kernel_only[@]}")
   echo "== end-to-end on the $stack stack"
-  GPUMEM_TEST_STACK=$stack go test -race -count=1 -timeout 15m "${pkgs[@]}"
+  GPUMEM_TEST_STACK=$stack go test -race -count=1 -timeout 15m "${pkgs[@]}" || failed+=("$stack")
 done
+# The JupyterLab extension: built from its lock files into .venv/current,
+# then its front-end unit tests, its server extension's tests and the
+# browser tests (Debian's chromium).
+echo "== JupyterLab extension"
+bash labextension/scripts/test.sh || failed+=(labextension)
+if ((${#failed[@]})); then
+  echo "FAILED: ${failed[*]}"
+  exit 1
+fi
+echo "all passed"

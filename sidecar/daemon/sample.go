@@ -87,6 +87,7 @@ func (d *Daemon) sample(ctx context.Context) {
 
 	attribution.AddPods(&rep, obs.Table, d.pods)
 	culls := d.cull(ctx, &rep)
+	sampledAt := d.recordHistory(time.Now(), &rep)
 	elapsed := time.Since(start)
 	d.mu.Lock()
 	attached := 0
@@ -95,9 +96,11 @@ func (d *Daemon) sample(ctx context.Context) {
 			attached++
 		}
 	}
+	d.sampleSeq++ // a new report: the encoded one is stale
 	d.last = metrics.Snapshot{Report: rep, AttachedKernels: attached, SampleDuration: elapsed,
 		SampleSuccess: true, SampledAt: time.Now(), AlertThreshold: d.cfg.AlertThreshold}
 	d.mu.Unlock()
+	d.historySampled(sampledAt)
 	d.checkAlerts(rep, culls)
 }
 

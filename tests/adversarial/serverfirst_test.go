@@ -14,7 +14,7 @@ import (
 // names the notebook, remembered from when the server answered.
 func TestReclaimNamesNotebookAfterServerDied(t *testing.T) {
 	testenv.Require(t, "notebook", "ipykernel")
-	srv := testenv.StartServer(t, testenv.Notebook6)
+	srv := testenv.StartServer(t, testenv.NotebookServer())
 	sess := srv.CreateSession(t, "team/train.ipynb")
 	k := &testenv.Kernel{Dir: srv.Dir, ConnectionFile: srv.ConnectionFile(sess.Kernel.ID), ID: sess.Kernel.ID}
 	testenv.WaitKernelListening(t, k.ConnectionFile, 60*time.Second)
