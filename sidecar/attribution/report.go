@@ -56,6 +56,8 @@ type Notebook struct {
 	// Processes breaks GPUMemoryBytes down by process (those holding GPU
 	// memory, by pid): what nvidia-smi lists, attributed.
 	Processes []ProcessBytes `json:"processes"`
+	// Pod is the Kubernetes pod of the kernel; nil off Kubernetes.
+	Pod *Pod `json:"pod,omitempty"`
 	// Activity is the kernel's server's view of it, when a server lists
 	// it; nil otherwise.
 	Activity *Activity `json:"activity,omitempty"`
@@ -86,4 +88,6 @@ type OtherProcess struct {
 	User    string     `json:"user"`
 	Command string     `json:"command"`
 	PerGPU  []GPUBytes `json:"per_gpu"`
+	// Pod is the Kubernetes pod of the process; nil off Kubernetes.
+	Pod *Pod `json:"pod,omitempty"`
 }

@@ -69,6 +69,8 @@ type Deps struct {
 	// Terminate ends a process (SIGTERM, then SIGKILL after grace) if its
 	// start time is still start; nil means the real one, through a pidfd.
 	Terminate func(ctx context.Context, pid int, start uint64, grace time.Duration) (killed bool, err error)
+	// Pods names the Kubernetes pod of each process; nil off Kubernetes.
+	Pods attribution.Pods
 }
 
 func (c *Config) defaults() {
@@ -95,6 +97,7 @@ type Daemon struct {
 	fs        attribution.ProcScanner
 	finder    discovery.ProcessFinder
 	terminate func(ctx context.Context, pid int, start uint64, grace time.Duration) (bool, error)
+	pods      attribution.Pods
 	userDirs  func() ([]discovery.UserDir, []error)
 	metrics   *metrics.Metrics
 	socket    string
@@ -162,6 +165,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 		fs:           deps.Procs,
 		finder:       deps.Finder,
 		terminate:    deps.Terminate,
+		pods:         deps.Pods,
 		userDirs:     deps.UserDirs,
 		kernels:      map[string]*kernelState{},
 		alerted:      map[int]bool{},

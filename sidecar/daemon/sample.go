@@ -85,6 +85,7 @@ func (d *Daemon) sample(ctx context.Context) {
 		d.resolveKernelProcesses(ctx, unknown)
 	}
 
+	attribution.AddPods(&rep, obs.Table, d.pods)
 	culls := d.cull(ctx, &rep)
 	sampledAt := d.recordHistory(time.Now(), &rep)
 	elapsed := time.Since(start)

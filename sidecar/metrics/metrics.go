@@ -264,6 +264,7 @@ func New(src Source, log zerolog.Logger, opts ...Option) *Metrics {
 	}
 	m.reg.MustRegister(
 		coll,
+		podCollector{src: src, perNotebook: coll.perNotebook},
 		m.reclaimedBytes,
 		m.reclaimedProcs,
 		m.culled,
