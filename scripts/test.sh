@@ -48,6 +48,10 @@ go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 # --- end of static checks ---
 
 go vet ./...
+go vet -tags kubernetes ./internal/cli/ ./sidecar/kube/
+# The Helm chart: helm built from its module (once, cached), lint, template,
+# and the checked-in manifests must match; tests/kube then uses that helm.
+bash tests/kube/check.sh
 
 e2e=(./protocol/ ./magics/ ./sidecar/discovery/ ./tests/...)
 kernel_only=(./protocol/ ./magics/)
