@@ -114,18 +114,37 @@ func TestServeSharedModePeerCredentials(t *testing.T) {
 	if fi, err := os.Stat(d.Socket); err != nil || fi.Mode().Perm() != 0o666 {
 		t.Fatalf("shared socket mode %v (%v), want 0666", fi.Mode().Perm(), err)
 	}
+	// root's notebook; another user sees none of it and cannot free it.
+	nb := openNotebook(t, srv, "roots/secret.ipynb")
+	gpu.Set(t, testenv.FakeProc{PID: nb.pid, UsedBytes: 1 << 30})
+	waitNotebookHas(t, d, nb.sess.Kernel.ID, nb.pid)
 	code := `import socket, sys
-s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
-s.sendall(b"GET /api/v1/notebooks HTTP/1.0\r\nHost: localhost\r\n\r\n")
-print(s.recv(100).split(b"\r\n")[0].decode())`
-	cmd := exec.Command(testenv.Python(), "-c", code, d.Socket)
+def ask(req):
+    s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+    s.sendall(req)
+    data = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode()
+print(ask(b"GET /api/v1/notebooks HTTP/1.0\r\nHost: localhost\r\n\r\n"))
+print(ask(("POST /api/v1/kernels/%s/free HTTP/1.0\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n" % sys.argv[2]).encode()))`
+	cmd := exec.Command(testenv.Python(), "-c", code, d.Socket, nb.sess.Kernel.ID)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("client as uid 65534: %v\n%s", err, out)
 	}
-	if !strings.Contains(string(out), "403") {
-		t.Fatalf("uid 65534 got %q, want 403", out)
+	got := string(out)
+	if !strings.HasPrefix(got, "HTTP/1.0 200") || !strings.Contains(got, `"view":"own"`) || !strings.Contains(got, "HTTP/1.0 403") {
+		t.Fatalf("uid 65534 got %q, want its own (empty) view and 403 on root's kernel", got)
+	}
+	for _, leak := range []string{"secret.ipynb", nb.sess.Kernel.ID + `"`} {
+		if strings.Contains(strings.SplitN(got, "HTTP/1.0 403", 2)[0], leak) {
+			t.Errorf("uid 65534 sees root's %q:\n%s", leak, got)
+		}
 	}
 	// The daemon's own user (root here) may read everything.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
