@@ -130,9 +130,6 @@ type generation struct {
 
 	shell, control, iopub, hb zmq4.Socket
 
-	hbSent    chan struct{}
-	hbReplies chan error
-
 	failOnce sync.Once
 	failed   chan struct{}
 	err      error // set before failed is closed
@@ -254,13 +251,11 @@ func describe(path string, info ConnectionInfo) string {
 func (c *Client) connect(ctx context.Context, info ConnectionInfo) (*generation, KernelInfo, error) {
 	gctx, gcancel := context.WithCancel(c.ctx)
 	g := &generation{
-		info:      info,
-		key:       []byte(info.Key),
-		ctx:       gctx,
-		cancel:    gcancel,
-		hbSent:    make(chan struct{}),
-		hbReplies: make(chan error),
-		failed:    make(chan struct{}),
+		info:   info,
+		key:    []byte(info.Key),
+		ctx:    gctx,
+		cancel: gcancel,
+		failed: make(chan struct{}),
 	}
 	// zmq4's Dial ignores contexts other than the socket's own: tie the
 	// sockets to ctx while dialing.
@@ -274,12 +269,11 @@ func (c *Client) connect(ctx context.Context, info ConnectionInfo) (*generation,
 		g.close()
 		return nil, KernelInfo{}, err
 	}
-	g.wg.Add(5)
+	g.wg.Add(4)
 	go c.readReplies(g, g.shell, "shell")
 	go c.readReplies(g, g.control, "control")
 	go c.readIOPub(g)
 	go c.heartbeat(g)
-	go c.heartbeatReceiver(g)
 
 	msg, err := c.roundTripOn(ctx, g, true, "kernel_info_request", nil)
 	if err != nil {
@@ -589,58 +583,32 @@ func (c *Client) heartbeat(g *generation) {
 			g.fail(fmt.Errorf("heartbeat: %w", err))
 			return
 		}
-		select {
-		case g.hbSent <- struct{}{}:
-		case <-g.ctx.Done():
+		// zmq4's REQ Recv blocks until an answer or Close, whatever ctx
+		// says: the same goroutine waits for the answer, and a timer fails
+		// the generation when none comes in time (its sockets are then
+		// closed, which ends the Recv). One goroutine per kernel instead of
+		// a sender and a receiver: a daemon follows a thousand kernels.
+		timeout := time.AfterFunc(c.opts.HeartbeatTimeout, func() {
+			g.fail(fmt.Errorf("%w: no answer within %v", ErrHeartbeatMissed, c.opts.HeartbeatTimeout))
+		})
+		_, err := g.hb.Recv()
+		if !timeout.Stop() || g.ctx.Err() != nil {
+			return // the generation failed (no answer in time) or is closing
+		}
+		if err != nil {
+			g.fail(fmt.Errorf("heartbeat: %w", err))
 			return
 		}
-		timeout := time.NewTimer(c.opts.HeartbeatTimeout)
 		select {
-		case err := <-g.hbReplies:
-			timeout.Stop()
-			if err != nil {
-				g.fail(fmt.Errorf("heartbeat: %w", err))
-				return
-			}
-			select {
-			case <-g.failed:
-			default:
-				c.alive.Store(true)
-			}
-		case <-timeout.C:
-			g.fail(fmt.Errorf("%w: no answer within %v", ErrHeartbeatMissed, c.opts.HeartbeatTimeout))
-			return
-		case <-g.ctx.Done():
-			timeout.Stop()
-			return
+		case <-g.failed:
+		default:
+			c.alive.Store(true)
 		}
 		wait := time.NewTimer(c.opts.HeartbeatInterval)
 		select {
 		case <-wait.C:
 		case <-g.ctx.Done():
 			wait.Stop()
-			return
-		}
-	}
-}
-
-// heartbeatReceiver waits for each ping's answer. zmq4's REQ Recv blocks
-// until an answer or Close; it must not be called before a Send.
-func (c *Client) heartbeatReceiver(g *generation) {
-	defer g.wg.Done()
-	for {
-		select {
-		case <-g.hbSent:
-		case <-g.ctx.Done():
-			return
-		}
-		_, err := g.hb.Recv()
-		select {
-		case g.hbReplies <- err:
-		case <-g.ctx.Done():
-			return
-		}
-		if err != nil {
 			return
 		}
 	}

@@ -494,7 +494,7 @@ func testRestartThroughServer(t *testing.T, kind testenv.ServerKind) {
 	oldSession, oldInfo := c.Session(), c.Info()
 
 	s.JSON(t, http.MethodPost, "api/kernels/"+sess.Kernel.ID+"/restart", nil, nil)
-	ev := waitEvent(t, c, EventRestarted, 30*time.Second)
+	ev := waitEvent(t, c, EventRestarted, 90*time.Second) // a loaded 2-core CI box restarts slowly
 	if ev.Session == "" || ev.Session == oldSession || ev.Session != c.Session() {
 		t.Fatalf("restarted event %v; old session %s, now %s", ev, oldSession, c.Session())
 	}
@@ -552,7 +552,7 @@ func TestReconnectNewPorts(t *testing.T) {
 	waitEvent(t, c, EventDead, 3*time.Second)
 	testenv.ConnectionJSON(t, k.ConnectionFile, k.Key)
 	p := testenv.Start(t, testenv.Env(k.Dir), k.Dir, testenv.Python(), "-m", "ipykernel_launcher", "-f", k.ConnectionFile)
-	ev := waitEvent(t, c, EventRestarted, 30*time.Second)
+	ev := waitEvent(t, c, EventRestarted, 90*time.Second) // a loaded 2-core CI box restarts slowly
 	if ev.Session == oldSession || c.Info().ShellPort == oldShell {
 		t.Fatalf("restarted %v: session %s → %s, shell port %d → %d", ev, oldSession, ev.Session, oldShell, c.Info().ShellPort)
 	}

@@ -14,7 +14,15 @@ GPUMEM_BIN naming a gpumem binary built with cgo:
   3. timing, in one run, alternating: `gpumem ls --json` vs
      `nvidia-smi --query-compute-apps=pid,used_memory --format=csv`;
   4. `gpumem serve` running: a REST restart of the kernel leaves the child an
-     orphan holding CUDA memory; NVML must show it gone within 5 s.
+     orphan holding CUDA memory; NVML must show it gone within 5 s;
+  5. where `gpumem ls`'s time goes: medians of `gpumem version` (process
+     start and exit), `gpumem ls --json` on a simulated GPU file equal to
+     this host's (everything but NVML), and the phases `gpumem ls` reports
+     with GPUMEM_TIMING=1 (NVML open, NVML sample, discovery, /proc, output);
+  6. with two GPUs or more: a kernel on GPU 0, one on GPU 1 and one on both;
+     each notebook's per-GPU figures from `gpumem ls --json` (standalone and
+     through the daemon) must equal nvidia-smi's, GPU by GPU. With one GPU
+     it says it did not run.
 
 Prints PASS/FAIL/INFO lines; exit 1 if any check failed. Every wait has a
 deadline.
@@ -22,6 +30,7 @@ deadline.
 
 import json
 import os
+import re
 import secrets
 import statistics
 import subprocess
@@ -52,6 +61,30 @@ def smi():
         pid, mib = [x.strip() for x in line.split(",")]
         procs[int(pid)] = int(mib)
     return procs
+
+
+def smi_by_gpu():
+    """{(gpu_uuid, pid): MiB} from nvidia-smi --query-compute-apps."""
+    out = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    procs = {}
+    for line in out.strip().splitlines():
+        uuid, pid, mib = [x.strip() for x in line.split(",")]
+        procs[(uuid, int(pid))] = int(mib)
+    return procs
+
+
+def gpu_count():
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    return len([line for line in out.splitlines() if line.startswith("GPU ")])
+
+
+def median_ms(xs):
+    return statistics.median(xs) * 1e3
 
 
 def wait(what, cond, timeout):
@@ -105,6 +138,10 @@ def main():
     )
     try:
         run(api, root)
+        if gpu_count() >= 2:
+            two_gpus(api, root)
+        else:
+            result("INFO", "two-GPU check not run: this host has %d GPU" % gpu_count())
     finally:
         daemon.terminate()
         server.terminate()
@@ -204,6 +241,11 @@ print(os.getpid(), _child.pid)
         "timing (30 runs each, alternating): gpumem ls --json median %.1f ms (min %.1f), nvidia-smi median %.1f ms (min %.1f): ratio %.2f (target <= 1.5)"
         % (ml * 1e3, min(t_ls) * 1e3, ms * 1e3, min(t_smi) * 1e3, ml / ms),
     )
+    result(
+        "PASS" if ml / ms <= 1.0 else "FAIL",
+        "gpumem ls --json standalone %.2fx nvidia-smi (scale target <= 1.0)" % (ml / ms),
+    )
+    phase_breakdown(env, rep)
 
     # The daemon sees the notebook too.
     sock = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "gpumem.sock")
@@ -235,6 +277,40 @@ print(os.getpid(), _child.pid)
         "gpumem free (cache-only, through the daemon): kernel pid %d NVML %d -> %d MiB" % (kpid, before, after),
     )
 
+    # %gpumem free in the notebook: the driver's figure it reports after
+    # freeing is read then (through the daemon, on demand), not the last
+    # sample's.
+    out.clear()
+    code = r"""
+import re, torch
+x2 = torch.empty(3 << 30, dtype=torch.uint8, device="cuda"); torch.cuda.synchronize()
+from IPython.utils.capture import capture_output
+with capture_output() as _c:
+    get_ipython().run_line_magic("gpumem", "free x2")
+_t = "\n".join(o.data.get("text/plain", "") for o in _c.outputs)
+print(_t)
+"""
+    r = kc.execute_interactive(
+        code, timeout=180, output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None
+    )
+    text = "".join(out)
+    print("---- %%gpumem free x2 (in the notebook)\n%s----" % text, flush=True)
+    m = re.search(r"driver \(NVML\): ([\d.]+) (\w+) -> ([\d.]+) (\w+) for this kernel", text)
+    if r["content"]["status"] != "ok" or not m:
+        result("FAIL", "%gpumem free x2: no driver line in the report")
+    else:
+        unit = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+        rep_before = float(m.group(1)) * unit[m.group(2)]
+        rep_after = float(m.group(3)) * unit[m.group(4)]
+        s = smi()
+        tree = (s.get(kpid, 0) + s.get(cpid, 0)) * (1 << 20)
+        ok = abs(rep_after - tree) < (128 << 20) and rep_before - rep_after > (2 << 30)
+        result(
+            "PASS" if ok else "FAIL",
+            "%%gpumem free's driver figure %.2f -> %.2f GiB; nvidia-smi for the kernel's tree now %.2f GiB (read during the free, not the last sample)"
+            % (rep_before / (1 << 30), rep_after / (1 << 30), tree / (1 << 30)),
+        )
+
     # Restart: the child survives Jupyter's process-group kill; the daemon ends it.
     kc.stop_channels()
     t0 = time.monotonic()
@@ -252,6 +328,164 @@ print(os.getpid(), _child.pid)
         for line in f:
             if str(cpid) in line or "restart" in line or "exited" in line:
                 print("LOG " + line.strip(), flush=True)
+
+
+def phase_breakdown(env, rep):
+    """Where standalone `gpumem ls --json`'s wall time goes, 30 runs each,
+    alternating with nvidia-smi again (same conditions as the ratio)."""
+    # The simulated GPU file equal to this host's GPUs and processes: ls
+    # without NVML.
+    fake = os.path.join(OUT, "gpus-like-this-host.json")
+    gpus = []
+    for g in rep["gpus"]:
+        procs = []
+        for src in rep["notebooks"] + rep["other"]:
+            for p in src.get("processes", [src]):
+                for pg in p.get("per_gpu", []):
+                    if pg["index"] == g["index"] and "pid" in p:
+                        procs.append({"pid": p["pid"], "used_bytes": pg["bytes"]})
+        gpus.append({"name": g["name"], "uuid": g["uuid"], "memory_total_bytes": g["memory_total_bytes"], "processes": procs})
+    with open(fake, "w") as f:
+        json.dump({"gpus": gpus}, f)
+    fenv = dict(env, GPUMEM_FAKE_GPU=fake)
+    tenv = dict(env, GPUMEM_TIMING="1")
+    t = {"version": [], "ls_no_nvml": [], "ls_timed": [], "smi": []}
+    phases = {}
+    for _ in range(30):
+        for name, argv, e in (
+            ("version", [BIN, "version"], env),
+            ("ls_no_nvml", [BIN, "ls", "--json"], fenv),
+            ("ls_timed", [BIN, "ls", "--json"], tenv),
+            ("smi", ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv"], env),
+        ):
+            t0 = time.perf_counter()
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=e)
+            t[name].append(time.perf_counter() - t0)
+            if name == "ls_timed":
+                for line in r.stderr.splitlines():
+                    if line.startswith("gpumem timing:"):
+                        for kv in line.split(":", 1)[1].split():
+                            k, v = kv.split("=")
+                            phases.setdefault(k, []).append(float(v[: -len("ms")]))
+    result(
+        "INFO",
+        "ls phases (medians of 30, ms): exec wall %.1f = process start+exit ~%.1f (gpumem version) + in-process total %.1f; "
+        "nvidia-smi %.1f; ls with a simulated GPU file like this host's (no NVML) %.1f"
+        % (
+            median_ms(t["ls_timed"]),
+            median_ms(t["version"]),
+            statistics.median(phases.get("total", [0])),
+            median_ms(t["smi"]),
+            median_ms(t["ls_no_nvml"]),
+        ),
+    )
+    result(
+        "INFO",
+        "ls in-process phases (medians, ms; nvml_* run beside discover, wait_gpus is the wait for NVML after it): "
+        + " ".join("%s=%.2f" % (k, statistics.median(v)) for k, v in phases.items()),
+    )
+
+
+def two_gpus(api, root):
+    """A kernel on GPU 0, one on GPU 1 and one on both: gpumem's per-GPU
+    figures for each notebook equal nvidia-smi's, GPU by GPU, standalone and
+    through the daemon."""
+    from jupyter_client import BlockingKernelClient
+
+    layouts = {
+        "gpu0.ipynb": {0: 1 << 30},
+        "gpu1.ipynb": {1: 3 << 29},
+        "both.ipynb": {0: 1 << 29, 1: 3 << 28},
+    }
+    kernels = {}
+    for name, per_gpu in layouts.items():
+        with open(os.path.join(root, "team", name), "w") as f:
+            f.write('{"cells":[],"metadata":{},"nbformat":4,"nbformat_minor":5}')
+        sess = api(
+            "POST", "api/sessions", {"path": "team/" + name, "type": "notebook", "name": name, "kernel": {"name": "python3"}}
+        )
+        kid = sess["kernel"]["id"]
+        cf = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "kernel-%s.json" % kid)
+        wait("connection file of " + name, lambda cf=cf: os.path.exists(cf), 60)
+        deadline = time.monotonic() + 90
+        while True:
+            kc = BlockingKernelClient(connection_file=cf)
+            kc.load_connection_file()
+            kc.start_channels()
+            try:
+                kc.wait_for_ready(timeout=10)
+                break
+            except RuntimeError:  # "Kernel died" while its heartbeat is not up yet
+                kc.stop_channels()
+                if time.monotonic() > deadline:
+                    raise
+        code = "import os, torch\n_t = [%s]\nfor _x in _t: torch.cuda.synchronize(_x.device)\nprint(os.getpid())" % ", ".join(
+            'torch.empty(%d, dtype=torch.uint8, device="cuda:%d")' % (n, i) for i, n in per_gpu.items()
+        )
+        out = []
+        r = kc.execute_interactive(
+            code,
+            timeout=180,
+            output_hook=lambda m, out=out: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
+        )
+        if r["content"]["status"] != "ok":
+            result("FAIL", "two GPUs: kernel code for %s: %s" % (name, r["content"]))
+            return
+        kernels[kid] = (name, int("".join(out).split()[0]), sorted(per_gpu))
+        kc.stop_channels()
+    result("INFO", "two GPUs: kernels %s" % {n: "pid %d on GPU %s" % (p, g) for n, p, g in kernels.values()})
+    wait(
+        "nvidia-smi lists every kernel on its GPUs",
+        lambda: (lambda s: all(any(pid == p for (_, p) in s) for (_, pid, _) in kernels.values()))(smi_by_gpu()),
+        60,
+    )
+
+    def check(label, env):
+        def attempt():
+            ls = subprocess.run([BIN, "ls", "--json"], capture_output=True, text=True, timeout=60, env=env)
+            rep = json.loads(ls.stdout)
+            s = smi_by_gpu()
+            uuid_of = {g["index"]: g["uuid"] for g in rep["gpus"]}
+            lines = []
+            for kid, (name, _pid, gpus_used) in kernels.items():
+                nbs = [n for n in rep["notebooks"] if n["kernel_id"] == kid]
+                if len(nbs) != 1:
+                    lines.append((False, "%s: %s not in gpumem ls --json" % (label, name)))
+                    continue
+                got = {uuid_of[pg["index"]]: pg["bytes"] for pg in nbs[0]["per_gpu"]}
+                pids = set(nbs[0]["pids"])
+                want = {}
+                for (uuid, p), mib in s.items():
+                    if p in pids:
+                        want[uuid] = want.get(uuid, 0) + mib * (1 << 20)
+                on = sorted(uuid_of[i] for i in gpus_used if i in uuid_of)
+                ok = got == want and sorted(got) == on
+                lines.append(
+                    (
+                        ok,
+                        "%s: %s per GPU: gpumem %s = nvidia-smi %s (on GPUs %s)"
+                        % (label, name, {u[-8:]: b for u, b in got.items()}, {u[-8:]: b for u, b in want.items()}, gpus_used),
+                    )
+                )
+            return lines
+
+        # Figures settle within a sample of the daemon's: a few tries.
+        deadline = time.monotonic() + 15
+        while True:
+            lines = attempt()
+            if all(ok for ok, _ in lines) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        for ok, msg in lines:
+            result("PASS" if ok else "FAIL", "two GPUs: " + msg)
+
+    check("standalone", dict(os.environ, GPUMEM_SOCKET="/nonexistent/gpumem.sock"))
+    check("through the daemon", dict(os.environ))
+    for kid in kernels:
+        try:
+            api("DELETE", "api/kernels/%s" % kid)
+        except Exception as e:
+            result("INFO", "two GPUs: shutting down kernel %s: %s" % (kid, e))
 
 
 if __name__ == "__main__":

@@ -63,6 +63,11 @@ for stack in ${GPUMEM_TEST_STACKS:-debian12 current ipykernel6}; do
   echo "== end-to-end on the $stack stack"
   GPUMEM_TEST_STACK=$stack go test -race -count=1 -timeout 15m "${pkgs[@]}" || failed+=("$stack")
 done
+# The JupyterLab extension: built from its lock files into .venv/current,
+# then its front-end unit tests, its server extension's tests and the
+# browser tests (Debian's chromium).
+echo "== JupyterLab extension"
+bash labextension/scripts/test.sh || failed+=(labextension)
 if ((${#failed[@]})); then
   echo "FAILED: ${failed[*]}"
   exit 1

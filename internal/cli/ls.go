@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -62,14 +63,18 @@ func runLs(ctx context.Context, env Env, args []string) error {
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	tm := newLsTiming(env)
+	defer tm.print(env.Stderr)
 	var sampler reporter
+	probe := time.Now()
 	if sock := daemonSocket(env, dirs); sock != "" {
 		if d, ok := dialDaemonReporter(ctx, sock); ok {
 			sampler = d
 		}
 	}
+	tm.mark("daemon_probe", probe)
 	if sampler == nil {
-		standalone, err := newLsSampler(env, dirs)
+		standalone, err := newLsSampler(env, dirs, tm)
 		if err != nil {
 			return err
 		}
@@ -84,6 +89,7 @@ func runLs(ctx context.Context, env Env, args []string) error {
 		for _, w := range rep.Warnings {
 			fmt.Fprintf(env.Stderr, "gpumem: %s\n", w)
 		}
+		defer tm.mark("output", time.Now())
 		switch {
 		case *asJSON:
 			return writeJSON(env.Stdout, rep)
@@ -168,7 +174,8 @@ func (r *daemonReporter) Close() { r.c.Close() }
 
 // lsSampler builds a Report standalone: discovery, NVML (or the simulated
 // GPU) and /proc. NVML's start (Init, then the first process list: about
-// 17 ms on an H200) runs while discovery asks the servers and reads /proc.
+// 17 ms on an H200) runs while discovery asks the servers and reads /proc,
+// and while the process tree is read.
 type lsSampler struct {
 	env     Env
 	dirs    []string
@@ -176,13 +183,56 @@ type lsSampler struct {
 	opened  chan struct{} // closed once gpus/openErr are set
 	gpus    *nvml.Source
 	openErr error
+	tm      *lsTiming // nil unless GPUMEM_TIMING is set
 }
 
-func newLsSampler(env Env, dirs []string) (*lsSampler, error) {
-	s := &lsSampler{env: env, dirs: dirs, fs: env.procFS(), opened: make(chan struct{})}
+// lsTiming is how long each phase of one `gpumem ls` took, printed to
+// stderr when GPUMEM_TIMING is set: the phase breakdown on a host where
+// only the binary runs (a GPU host), beside the wall time a script sees
+// (the difference is the process's start and exit). A nil *lsTiming
+// records nothing.
+type lsTiming struct {
+	start  time.Time
+	mu     sync.Mutex
+	phases []string
+}
+
+func newLsTiming(env Env) *lsTiming {
+	if env.getenv("GPUMEM_TIMING") == "" {
+		return nil
+	}
+	return &lsTiming{start: time.Now()}
+}
+
+// mark records phase name as running from since until now.
+func (t *lsTiming) mark(name string, since time.Time) {
+	if t == nil {
+		return
+	}
+	now := time.Now()
+	t.mu.Lock()
+	t.phases = append(t.phases, fmt.Sprintf("%s=%.2fms", name, float64(now.Sub(since))/1e6))
+	t.mu.Unlock()
+}
+
+// print writes one line: "gpumem timing: phase=ms ... total=ms".
+func (t *lsTiming) print(w io.Writer) {
+	if t == nil {
+		return
+	}
+	t.mark("total", t.start)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	fmt.Fprintf(w, "gpumem timing: %s\n", strings.Join(t.phases, " "))
+}
+
+func newLsSampler(env Env, dirs []string, tm *lsTiming) (*lsSampler, error) {
+	s := &lsSampler{env: env, dirs: dirs, fs: env.procFS(), opened: make(chan struct{}), tm: tm}
 	go func() {
 		defer close(s.opened)
+		start := time.Now()
 		s.gpus, s.openErr = driver.Open(driver.Options{FakeGPUFile: env.getenv("GPUMEM_FAKE_GPU")})
+		s.tm.mark("nvml_open", start) // Init, dlopen included
 	}()
 	return s, nil
 }
@@ -206,11 +256,22 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 			gpuc <- sampled{err: s.openErr}
 			return
 		}
+		start := time.Now()
 		snap, err := s.gpus.Sample(ctx)
+		s.tm.mark("nvml_sample", start)
 		gpuc <- sampled{snap, err}
 	}()
+	start := time.Now()
 	res := discoverKernels(ctx, s.env, s.fs, s.dirs)
+	s.tm.mark("discover", start)
+	// The process tree is read while NVML may still be starting; only the
+	// processes it lists are read in full after it (procs.Prescan).
+	start = time.Now()
+	tree := s.fs.Prescan()
+	s.tm.mark("prescan", start)
+	start = time.Now()
 	g := <-gpuc
+	s.tm.mark("wait_gpus", start)
 	if g.err != nil {
 		return attribution.Report{}, g.err
 	}
@@ -222,7 +283,9 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 		}
 		kernels = append(kernels, kernel)
 	}
-	obs, err := attribution.ObserveSnapshot(g.snap, s.fs, kernels)
+	start = time.Now()
+	obs, err := attribution.ObserveSnapshot(g.snap, tree, kernels)
+	s.tm.mark("observe", start)
 	if err != nil {
 		return attribution.Report{}, err
 	}

@@ -161,7 +161,7 @@ func authorize(mode Mode, c caller, a access, pathKernelID, owner string) error 
 // other processes, the GPUs, and no warnings (they name others' files).
 // Others appear only as per-user totals (GET /api/v1/users).
 func ownView(rep attribution.Report, user string) attribution.Report {
-	out := attribution.Report{GPUs: rep.GPUs, Notebooks: []attribution.Notebook{}, Other: []attribution.OtherProcess{}}
+	out := attribution.Report{GPUs: rep.GPUs, Notebooks: []attribution.Notebook{}, Other: []attribution.OtherProcess{}, View: "own"}
 	for _, nb := range rep.Notebooks {
 		if nb.User == user {
 			out.Notebooks = append(out.Notebooks, nb)

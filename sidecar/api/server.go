@@ -155,8 +155,7 @@ func (s *Server) handler(mode Mode) http.Handler {
 	route("GET /api/v1/kernels/{id}", accessOwnKernel, s.serveKernel)
 	route("POST /api/v1/kernels/{id}/free", accessOwnKernel, s.serveFree)
 
-	// The same paths without a method: any other method gets 405.
-	for path, allow := range map[string]string{
+	allows := map[string]string{
 		"/healthz":                  "GET, HEAD",
 		"/api/v1/gpus":              "GET, HEAD",
 		"/api/v1/users":             "GET, HEAD",
@@ -164,7 +163,10 @@ func (s *Server) handler(mode Mode) http.Handler {
 		"/api/v1/kernels":           "GET, HEAD",
 		"/api/v1/kernels/{id}":      "GET, HEAD",
 		"/api/v1/kernels/{id}/free": "POST",
-	} {
+	}
+	s.extraRoutes(route, allows) // history and kernel queries: history.go
+	// The same paths without a method: any other method gets 405.
+	for path, allow := range allows {
 		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", allow)
 			s.writeError(w, r, http.StatusMethodNotAllowed, fmt.Sprintf("method %s is not allowed on %s: use %s", r.Method, r.URL.Path, allow))
@@ -256,7 +258,26 @@ func (s *Server) kernelOwner(ctx context.Context, id string) string {
 	return ""
 }
 
+// ReportEncoder is a Backend that also hands out its report already
+// encoded as JSON (exactly json.Marshal of Report's value), encoding it once
+// per sample: with a thousand kernels the encoding costs milliseconds, and
+// every poll of /api/v1/notebooks (a dashboard, each user's `gpumem ls`)
+// would pay it again. The bytes are shared: the server does not modify
+// them.
+type ReportEncoder interface {
+	ReportJSON(ctx context.Context) ([]byte, error)
+}
+
 func (s *Server) serveNotebooks(w http.ResponseWriter, r *http.Request, c caller) {
+	if enc, ok := s.backend.(ReportEncoder); ok && c.role != roleUser {
+		body, err := enc.ReportJSON(r.Context())
+		if err != nil {
+			s.writeError(w, r, http.StatusServiceUnavailable, fmt.Sprintf("no GPU memory snapshot: %v", err))
+			return
+		}
+		s.writeBody(w, http.StatusOK, body)
+		return
+	}
 	rep, ok := s.report(w, r)
 	if !ok {
 		return
@@ -417,10 +438,19 @@ func (s *Server) writeJSON(w http.ResponseWriter, r *http.Request, status int, v
 		s.writeError(w, r, http.StatusInternalServerError, fmt.Sprintf("encode reply: %v", err))
 		return
 	}
+	s.writeBody(w, status, append(body, '\n'))
+}
+
+// writeBody sends an encoded JSON reply; one without its final newline
+// gets it (written apart: body may be shared with other requests).
+func (s *Server) writeBody(w http.ResponseWriter, status int, body []byte) {
 	w.Header().Set("Content-Type", "application/json")
 	setNoCache(w)
 	w.WriteHeader(status)
-	_, _ = w.Write(append(body, '\n'))
+	_, _ = w.Write(body)
+	if len(body) == 0 || body[len(body)-1] != '\n' {
+		_, _ = w.Write([]byte{'\n'})
+	}
 }
 
 // errorBody is every error reply.
@@ -447,8 +477,5 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, status int, 
 		ev.Msg(http.StatusText(status))
 	}
 	body, _ := json.Marshal(errorBody{Error: msg}) // a struct of one string always encodes
-	w.Header().Set("Content-Type", "application/json")
-	setNoCache(w)
-	w.WriteHeader(status)
-	_, _ = w.Write(append(body, '\n'))
+	s.writeBody(w, status, append(body, '\n'))
 }

@@ -12,6 +12,10 @@ type Report struct {
 	Other     []OtherProcess `json:"other"`
 	// Warnings are non-fatal problems met while sampling (e.g. no driver).
 	Warnings []string `json:"warnings,omitempty"`
+	// View is "own" when the report holds only the asking user's notebooks
+	// and processes (a user of a shared daemon): the others are in the
+	// per-user totals. Empty for the whole report.
+	View string `json:"view,omitempty"`
 }
 
 // GPU is one physical device with its memory totals. With MIG on, the
@@ -40,12 +44,15 @@ type GPUBytes struct {
 
 // Notebook is one kernel and the GPU memory its processes hold.
 type Notebook struct {
-	KernelID       string     `json:"kernel_id"`
-	Notebook       string     `json:"notebook"` // absolute path; "" for a kernel without a server
-	PIDs           []int      `json:"pids"`     // kernel pid first, then the tree's processes holding GPU memory
-	User           string     `json:"user"`
-	GPUMemoryBytes uint64     `json:"gpu_memory_bytes"`
-	PerGPU         []GPUBytes `json:"per_gpu"`
+	KernelID       string `json:"kernel_id"`
+	Notebook       string `json:"notebook"` // absolute path; "" for a kernel without a server
+	PIDs           []int  `json:"pids"`     // kernel pid first, then the tree's processes holding GPU memory
+	User           string `json:"user"`
+	GPUMemoryBytes uint64 `json:"gpu_memory_bytes"`
+	// PeakBytes is the highest GPUMemoryBytes since the kernel process
+	// started, as gpumem serve sampled it; absent without the daemon.
+	PeakBytes uint64     `json:"peak_bytes,omitempty"`
+	PerGPU    []GPUBytes `json:"per_gpu"`
 	// Processes breaks GPUMemoryBytes down by process (those holding GPU
 	// memory, by pid): what nvidia-smi lists, attributed.
 	Processes []ProcessBytes `json:"processes"`

@@ -31,6 +31,34 @@ func (d *Daemon) Report(ctx context.Context) (attribution.Report, error) {
 	return d.last.Report, nil
 }
 
+// ReportJSON implements api.ReportEncoder: the last sample's report,
+// encoded once per sample (outside d.mu: encoding a thousand notebooks
+// takes milliseconds, and a sample must not wait for it).
+func (d *Daemon) ReportJSON(ctx context.Context) ([]byte, error) {
+	d.mu.Lock()
+	if d.last.SampledAt.IsZero() {
+		d.mu.Unlock()
+		return nil, fmt.Errorf("no sample yet: the daemon started less than --interval ago")
+	}
+	if d.reportJSON != nil && d.reportJSONSeq == d.sampleSeq {
+		body := d.reportJSON
+		d.mu.Unlock()
+		return body, nil
+	}
+	rep, seq := d.last.Report, d.sampleSeq
+	d.mu.Unlock()
+	body, err := json.Marshal(rep)
+	if err != nil {
+		return nil, fmt.Errorf("encode the report: %w", err)
+	}
+	d.mu.Lock()
+	if seq == d.sampleSeq { // not replaced by a sample meanwhile
+		d.reportJSON, d.reportJSONSeq = body, seq
+	}
+	d.mu.Unlock()
+	return body, nil
+}
+
 // KernelOfPID implements api.Backend: the kernel whose live process tree
 // holds pid.
 func (d *Daemon) KernelOfPID(ctx context.Context, pid int) (string, uint32, bool) {

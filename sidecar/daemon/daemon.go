@@ -105,8 +105,15 @@ type Daemon struct {
 	alerted      map[int]bool // GPU index → alert raised
 	alertEpisode map[int]int  // GPU index → crossings so far
 	lastAlerts   []byte       // the alert file's content
+	// sampleSeq counts the reports kept in last; reportJSON is the one
+	// numbered reportJSONSeq, encoded (see ReportJSON).
+	sampleSeq     uint64
+	reportJSON    []byte
+	reportJSONSeq uint64
 
 	wg sync.WaitGroup // kernel and reclaim goroutines
+
+	hist *historyParts // figures over time and reclaim events: history.go
 
 	locks     *dirLocks
 	problemMu sync.Mutex
@@ -166,6 +173,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 		problems:     map[string]time.Time{},
 	}
 	d.metrics = metrics.New(d, log, metrics.PerNotebook(!cfg.MetricsNoNotebook))
+	d.hist = newHistoryParts(cfg.Interval)
 	return d, nil
 }
 

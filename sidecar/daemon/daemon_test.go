@@ -1,7 +1,9 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -371,4 +373,32 @@ func poll(t *testing.T, what string, cond func() bool) {
 func sortInts(v []int) []int {
 	slices.Sort(v)
 	return v
+}
+
+// ReportJSON is the last report encoded as json.Marshal encodes it, the
+// same bytes until the next sample, new ones after it.
+func TestReportJSONCachedPerSample(t *testing.T) {
+	r, _, _ := twoKernels(t, Config{})
+	same := func() []byte {
+		t.Helper()
+		rep, err := r.d.Report(r.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := json.Marshal(rep)
+		got, err := r.d.ReportJSON(r.ctx)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("ReportJSON = %s, %v\nwant %s", got, err, want)
+		}
+		return got
+	}
+	first := same()
+	if again := same(); &again[0] != &first[0] {
+		t.Error("the report was encoded again without a new sample")
+	}
+	r.setGPU(100, 3<<30)
+	r.d.sample(r.ctx)
+	if next := same(); bytes.Equal(next, first) {
+		t.Error("a new sample with new figures kept the old encoding")
+	}
 }

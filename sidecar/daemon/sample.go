@@ -86,6 +86,7 @@ func (d *Daemon) sample(ctx context.Context) {
 	}
 
 	culls := d.cull(ctx, &rep)
+	sampledAt := d.recordHistory(time.Now(), &rep)
 	elapsed := time.Since(start)
 	d.mu.Lock()
 	attached := 0
@@ -94,9 +95,11 @@ func (d *Daemon) sample(ctx context.Context) {
 			attached++
 		}
 	}
+	d.sampleSeq++ // a new report: the encoded one is stale
 	d.last = metrics.Snapshot{Report: rep, AttachedKernels: attached, SampleDuration: elapsed,
 		SampleSuccess: true, SampledAt: time.Now(), AlertThreshold: d.cfg.AlertThreshold}
 	d.mu.Unlock()
+	d.historySampled(sampledAt)
 	d.checkAlerts(rep, culls)
 }
 

@@ -7,6 +7,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -54,15 +55,29 @@ func (fs *FS) ScanTree(details []int) (*Table, error) {
 }
 
 func (fs *FS) scan(full bool, details []int) (*Table, error) {
-	pids, err := fs.pids()
+	rootfd, kept, err := fs.readAll(full)
 	if err != nil {
 		return nil, err
 	}
-	rootfd, err := syscall.Open(fs.root(), syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("read processes: %w", err)
-	}
 	defer syscall.Close(rootfd)
+	if !full && len(details) > 0 {
+		fs.readDetails(rootfd, kept, details)
+	}
+	fs.resolveUsers(kept)
+	return NewTable(kept), nil
+}
+
+// readAll reads every process (its stat, or in full) and returns them with
+// an open descriptor of the root, which the caller closes.
+func (fs *FS) readAll(full bool) (rootfd int, kept []Proc, err error) {
+	pids, err := fs.pids()
+	if err != nil {
+		return -1, nil, err
+	}
+	rootfd, err = syscall.Open(fs.root(), syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, nil, fmt.Errorf("read processes: %w", err)
+	}
 
 	procs := make([]Proc, len(pids))
 	ok := make([]bool, len(pids))
@@ -74,17 +89,62 @@ func (fs *FS) scan(full bool, details []int) (*Table, error) {
 		}
 		return buf
 	})
-	kept := procs[:0]
+	kept = procs[:0]
 	for i := range procs {
 		if ok[i] {
 			kept = append(kept, procs[i])
 		}
 	}
-	if !full && len(details) > 0 {
-		fs.readDetails(rootfd, kept, details)
+	return rootfd, kept, nil
+}
+
+// Prescan is ScanTree's pass over every process's stat, made before the
+// processes to read in full are known: `gpumem ls` makes it while NVML
+// starts, and reads only the GPU processes' details once NVML has listed
+// them.
+type Prescan struct {
+	fs    *FS
+	procs []Proc
+	err   error
+}
+
+// Prescan reads every process's stat now.
+func (fs *FS) Prescan() *Prescan {
+	rootfd, procs, err := fs.readAll(false)
+	if err == nil {
+		syscall.Close(rootfd)
 	}
-	fs.resolveUsers(kept)
-	return NewTable(kept), nil
+	return &Prescan{fs: fs, procs: procs, err: err}
+}
+
+// ScanTree is FS.ScanTree over the tree read by Prescan, with details read
+// now. A pid of details that the tree lacks (a process started since, or
+// one of a nested pid namespace) makes it a fresh FS.ScanTree, as does a
+// failed prescan: it never knows less than a fresh scan would.
+func (p *Prescan) ScanTree(details []int) (*Table, error) {
+	if p.err != nil {
+		return p.fs.ScanTree(details)
+	}
+	have := make(map[int]bool, len(p.procs))
+	for _, pr := range p.procs {
+		have[pr.PID] = true
+	}
+	for _, pid := range details {
+		if !have[pid] {
+			return p.fs.ScanTree(details)
+		}
+	}
+	rootfd, err := syscall.Open(p.fs.root(), syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("read processes: %w", err)
+	}
+	defer syscall.Close(rootfd)
+	procs := slices.Clone(p.procs) // readDetails fills in place
+	if len(details) > 0 {
+		p.fs.readDetails(rootfd, procs, details)
+	}
+	p.fs.resolveUsers(procs)
+	return NewTable(procs), nil
 }
 
 // readDetails reads in full the processes of procs that details names,

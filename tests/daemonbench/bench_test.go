@@ -142,7 +142,7 @@ func BenchmarkServe50Kernels(b *testing.B) {
 	reap := testenv.NewReaper(b, srv)
 	gpu := newFakeGPU(b)
 	port := strconv.Itoa(testenv.FreePort(b))
-	d := startDaemon(b, srv, gpu, "--listen=127.0.0.1:"+port) // defaults: --interval 1s, --log-level info
+	d := startDaemon(b, srv.Dir, gpu, "--listen=127.0.0.1:"+port) // defaults: --interval 1s, --log-level info
 
 	idle := measure(b, d, 10*time.Second)
 	b.Logf("no kernels: %v", idle)
@@ -310,7 +310,7 @@ func BenchmarkKernelStartToMagic(b *testing.B) {
 	srv := testenv.StartServer(b, testenv.NotebookServer())
 	testenv.NewReaper(b, srv)
 	gpu := newFakeGPU(b)
-	d := startDaemon(b, srv, gpu, "--log-level=debug") // debug: attach retries are logged
+	d := startDaemon(b, srv.Dir, gpu, "--log-level=debug") // debug: attach retries are logged
 	files := watchConnFiles(b, srv.RuntimeDir())
 
 	var fileToMagic, postToMagic, fileToReady, readyToMagic, readyToAttached, attachedToInjected []time.Duration
@@ -389,7 +389,7 @@ func BenchmarkRestartOrphansGone(b *testing.B) {
 	srv := testenv.StartServer(b, testenv.NotebookServer())
 	reap := testenv.NewReaper(b, srv)
 	gpu := newFakeGPU(b)
-	d := startDaemon(b, srv, gpu, "--log-level=debug")
+	d := startDaemon(b, srv.Dir, gpu, "--log-level=debug")
 	sess, _ := createSession(b, srv, "restart/orphans.ipynb")
 	cf := srv.ConnectionFile(sess.Kernel.ID)
 	c, _ := dialKernel(b, cf)

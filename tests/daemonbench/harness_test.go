@@ -23,12 +23,7 @@ import (
 	"github.com/gpumem/gpumem/sidecar/api"
 )
 
-var (
-	buildOnce sync.Once
-	binDir    string // removed by TestMain
-	gpumemBin string
-	buildErr  error
-)
+var binDir string // built binaries; removed by TestMain
 
 func TestMain(m *testing.M) {
 	code := m.Run()
@@ -40,24 +35,46 @@ func TestMain(m *testing.M) {
 
 // gpumemBinary builds ./cmd/gpumem once, on the first benchmark's demand, so
 // that `go test ./...` (no -bench) builds nothing. No -race: the figures are
-// those of the binary users run.
+// those of the binary users run. DAEMONBENCH_BIN names a prebuilt binary
+// instead (another commit's, for a before/after in one sitting).
 func gpumemBinary(b *testing.B) string {
 	b.Helper()
-	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "gpumem-daemonbench-")
-		if buildErr != nil {
-			return
-		}
-		gpumemBin = filepath.Join(binDir, "gpumem")
-		out, err := exec.Command("go", "build", "-o", gpumemBin, "github.com/gpumem/gpumem/cmd/gpumem").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/gpumem: %w\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		b.Fatal(buildErr)
+	if bin := os.Getenv("DAEMONBENCH_BIN"); bin != "" {
+		return bin
 	}
-	return gpumemBin
+	return buildBinary(b, "gpumem", "github.com/gpumem/gpumem/cmd/gpumem")
+}
+
+// fakeKernelBinary builds ./tests/daemonbench/fakekernel once.
+func fakeKernelBinary(b *testing.B) string {
+	b.Helper()
+	return buildBinary(b, "fakekernel", "github.com/gpumem/gpumem/tests/daemonbench/fakekernel")
+}
+
+var built = map[string]string{} // name → binary; guarded by buildMu
+
+var buildMu sync.Mutex
+
+func buildBinary(b *testing.B, name, pkg string) string {
+	b.Helper()
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if bin, ok := built[name]; ok {
+		return bin
+	}
+	if binDir == "" {
+		var err error
+		if binDir, err = os.MkdirTemp("", "gpumem-daemonbench-"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	bin := filepath.Join(binDir, name)
+	out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
+	if err != nil {
+		b.Fatalf("go build %s: %v\n%s", pkg, err, out)
+	}
+	built[name] = bin
+	return bin
 }
 
 // fakeGPU is the simulated-GPU file (GPUMEM_FAKE_GPU) the daemon re-reads
@@ -70,23 +87,32 @@ func newFakeGPU(b *testing.B) *fakeGPU {
 	return g
 }
 
-// set lists the processes holding memory: pid → bytes.
+// set lists the processes holding memory on one GPU: pid → bytes.
 func (g *fakeGPU) set(b *testing.B, held map[int]uint64) {
+	b.Helper()
+	g.setGPUs(b, []map[int]uint64{held})
+}
+
+// setGPUs lists the processes holding memory on each of len(held) GPUs.
+func (g *fakeGPU) setGPUs(b *testing.B, held []map[int]uint64) {
 	b.Helper()
 	type proc struct {
 		PID       int    `json:"pid"`
 		UsedBytes uint64 `json:"used_bytes"`
 	}
-	procs := []proc{}
-	for pid, bytes := range held {
-		procs = append(procs, proc{pid, bytes})
+	var gpus []any
+	for i, h := range held {
+		procs := []proc{}
+		for pid, bytes := range h {
+			procs = append(procs, proc{pid, bytes})
+		}
+		slices.SortFunc(procs, func(x, y proc) int { return x.PID - y.PID })
+		gpus = append(gpus, map[string]any{
+			"name": "Simulated H200", "uuid": fmt.Sprintf("GPU-00000000-0000-0000-0000-0000%08x", i),
+			"memory_total_bytes": uint64(141 << 30), "processes": procs,
+		})
 	}
-	slices.SortFunc(procs, func(x, y proc) int { return x.PID - y.PID })
-	doc := map[string]any{"gpus": []any{map[string]any{
-		"name": "Simulated H200", "uuid": "GPU-00000000-0000-0000-0000-00000000bench",
-		"memory_total_bytes": uint64(80 << 30), "processes": procs,
-	}}}
-	data, err := json.Marshal(doc)
+	data, err := json.Marshal(map[string]any{"gpus": gpus})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -107,23 +133,25 @@ type logLine struct {
 
 // daemon is a running `gpumem serve`, in its own process group.
 type daemon struct {
-	cmd    *exec.Cmd
-	client *api.Client
-	done   chan struct{}
+	cmd     *exec.Cmd
+	client  *api.Client
+	done    chan struct{}
+	started time.Time // when the process was started
 
 	mu    sync.Mutex
 	lines []logLine
 	raw   strings.Builder
 }
 
-// startDaemon runs `gpumem serve --log-format=json args...` on srv's runtime
-// dir with the simulated GPU, and waits until its API answers. It is stopped
+// startDaemon runs `gpumem serve --log-format=json args...` on the runtime
+// dir of dir's Jupyter environment (testenv.Env; a server's srv.Dir) with
+// the simulated GPU, and waits until its API answers. It is stopped
 // (SIGTERM, then SIGKILL of its group) in Cleanup.
-func startDaemon(b *testing.B, srv *testenv.Server, gpu *fakeGPU, args ...string) *daemon {
+func startDaemon(b *testing.B, dir string, gpu *fakeGPU, args ...string) *daemon {
 	b.Helper()
-	sock := filepath.Join(srv.RuntimeDir(), api.DefaultSocketName)
+	sock := filepath.Join(dir, "runtime", api.DefaultSocketName)
 	cmd := exec.Command(gpumemBinary(b), append([]string{"serve", "--log-format=json"}, args...)...)
-	cmd.Env = testenv.Env(srv.Dir, "GPUMEM_FAKE_GPU="+gpu.path)
+	cmd.Env = testenv.Env(dir, "GPUMEM_FAKE_GPU="+gpu.path)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -132,7 +160,7 @@ func startDaemon(b *testing.B, srv *testenv.Server, gpu *fakeGPU, args ...string
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	d := &daemon{cmd: cmd, client: api.NewClient(sock), done: make(chan struct{})}
+	d := &daemon{cmd: cmd, client: api.NewClient(sock), done: make(chan struct{}), started: time.Now()}
 	// The one reader of the daemon's log; it ends at EOF, when it exits.
 	go func() {
 		defer close(d.done)

@@ -33,6 +33,9 @@ const gib = 1 << 30
 const (
 	seriesPerHost = 8 // threshold, attached, sample duration/success/timestamp, simulated, reclaimed bytes/processes
 	seriesPerGPU  = 4 // total, used, other, alert
+	// An idle kernel holding GPU memory: its bytes and idle seconds (with
+	// notebook labels only).
+	seriesPerIdleNotebook = 2
 )
 
 type simProc struct {
@@ -197,8 +200,12 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	writeGPUs(t, gpuFile, gpus)
 
 	full, fullAddr := startServe(t, srv, gpuFile)
+	// Both kernels sit idle holding memory: once their servers say so, the
+	// idle series are there too, and the page stays as it is.
 	fullText := waitMetrics(t, full, fullAddr, sessA.Kernel.ID, sessB.Kernel.ID,
-		fmt.Sprintf(`gpumem_notebook_gpu_memory_bytes{gpu="0",kernel_id=%q,notebook=%q,user=%q} 7.0866960384e+10`, sessA.Kernel.ID, nbA, me.Username))
+		fmt.Sprintf(`gpumem_notebook_gpu_memory_bytes{gpu="0",kernel_id=%q,notebook=%q,user=%q} 7.0866960384e+10`, sessA.Kernel.ID, nbA, me.Username),
+		fmt.Sprintf(`gpumem_idle_gpu_memory_bytes{kernel_id=%q`, sessA.Kernel.ID),
+		fmt.Sprintf(`gpumem_idle_gpu_memory_bytes{kernel_id=%q`, sessB.Kernel.ID))
 	// The second "host": one daemon per runtime dir, so its own server, with
 	// the same layout (C in place of A and its orphan, D of B).
 	srv2 := testenv.StartServer(t, testenv.NotebookServer())
@@ -227,9 +234,9 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	// Cardinality of the real /metrics against the documented budget:
 	// notebook A holds memory on 1 GPU, B on 2; one user on 2 GPUs.
 	fullCounts, leanCounts := countSeries(t, fullText), countSeries(t, leanText)
-	notebookGPUs, userGPUs := 3, 2
+	notebookGPUs, userGPUs, idleNotebooks := 3, 2, 2
 	t.Run("label budget", func(t *testing.T) {
-		wantFull := seriesPerHost + seriesPerGPU*len(gpus) + notebookGPUs + userGPUs
+		wantFull := seriesPerHost + seriesPerGPU*len(gpus) + notebookGPUs + userGPUs + seriesPerIdleNotebook*idleNotebooks
 		wantLean := seriesPerHost + seriesPerGPU*len(gpus) + userGPUs
 		if got := sumSeries(fullCounts, "gpumem_"); got != wantFull {
 			t.Errorf("/metrics with notebook labels: %d gpumem_ series, budget says %d: %v", got, wantFull, fullCounts)

@@ -83,79 +83,66 @@ def top_data(timeout=1.0):
         return {"kind": "top", "error": (mine or {}).get("error", "gpumem serve did not answer")}
     my_gpus = {g["index"] for g in mine.get("per_gpu", []) if g.get("bytes")}
     status, body = sidecar_get("/api/v1/notebooks", timeout)
-    gpus, note = [], ""
-    if status == 200:
-        rep = json.loads(body.decode("utf-8"))
-        for g in rep.get("gpus") or []:
-            if g.get("index") not in my_gpus:
-                continue
-            holders = []
-            for nb in rep.get("notebooks") or []:
-                for pg in nb.get("per_gpu") or []:
-                    if pg.get("index") == g.get("index") and pg.get("bytes"):
-                        holders.append(
-                            {
-                                "name": nb.get("notebook") or "kernel " + nb.get("kernel_id", "")[:8],
-                                "user": nb.get("user", ""),
-                                "bytes": int(pg["bytes"]),
-                                "self": nb.get("kernel_id") == state.config.get("kernel_id"),
-                            }
-                        )
-            for o in rep.get("other") or []:
-                for pg in o.get("per_gpu") or []:
-                    if pg.get("index") == g.get("index") and pg.get("bytes"):
-                        holders.append(
-                            {
-                                "name": "pid %s: %s" % (o.get("pid"), (o.get("command") or "")[:60]),
-                                "user": o.get("user", ""),
-                                "bytes": int(pg["bytes"]),
-                            }
-                        )
-            holders.sort(key=lambda h: -h["bytes"])
-            gpus.append(
-                {
-                    "index": g.get("index"),
-                    "name": g.get("name", ""),
-                    "used": g.get("memory_used_bytes", 0),
-                    "total": g.get("memory_total_bytes", 0),
-                    "holders": holders,
-                }
-            )
-    elif status == 403:
-        # Shared mode: a kernel may see per-user totals, not others' notebooks.
-        s2, b2 = sidecar_get("/api/v1/users", timeout)
-        s3, b3 = sidecar_get("/api/v1/gpus", timeout)
-        if s2 != 200 or s3 != 200:
-            return {"kind": "top", "error": "gpumem serve answered %d" % (s2 if s2 != 200 else s3)}
-        users = json.loads(b2.decode("utf-8")).get("users") or []
-        for g in json.loads(b3.decode("utf-8")).get("gpus") or []:
-            if g.get("index") not in my_gpus:
-                continue
-            holders = []
-            for u in users:
-                for pg in u.get("per_gpu") or []:
-                    if pg.get("index") == g.get("index") and pg.get("bytes"):
-                        holders.append(
-                            {
-                                "name": "user %s (%d notebook%s)"
-                                % (u.get("user"), u.get("notebooks", 0), "" if u.get("notebooks", 0) == 1 else "s"),
-                                "user": u.get("user", ""),
-                                "bytes": int(pg["bytes"]),
-                            }
-                        )
-            holders.sort(key=lambda h: -h["bytes"])
-            gpus.append(
-                {
-                    "index": g.get("index"),
-                    "name": g.get("name", ""),
-                    "used": g.get("memory_used_bytes", 0),
-                    "total": g.get("memory_total_bytes", 0),
-                    "holders": holders,
-                }
-            )
-        note = "gpumem serve runs in shared mode: other users' notebooks are shown as per-user totals."
-    else:
+    if status != 200:
         return {"kind": "top", "error": "gpumem serve answered %d: %s" % (status, api_error(body))}
+    rep = json.loads(body.decode("utf-8"))
+    users, note = [], ""
+    if rep.get("view") == "own":
+        # A shared daemon shows a user their own notebooks, and the other
+        # users as per-user totals.
+        s2, b2 = sidecar_get("/api/v1/users", timeout)
+        if s2 != 200:
+            return {"kind": "top", "error": "gpumem serve answered %d: %s" % (s2, api_error(b2))}
+        mine_users = {nb.get("user") for nb in rep.get("notebooks") or []}
+        users = [u for u in json.loads(b2.decode("utf-8")).get("users") or [] if u.get("user") not in mine_users]
+        note = "gpumem serve runs in shared mode: other users' notebooks are shown as per-user totals."
+    gpus = []
+    for g in rep.get("gpus") or []:
+        if g.get("index") not in my_gpus:
+            continue
+        holders = []
+        for nb in rep.get("notebooks") or []:
+            for pg in nb.get("per_gpu") or []:
+                if pg.get("index") == g.get("index") and pg.get("bytes"):
+                    holders.append(
+                        {
+                            "name": nb.get("notebook") or "kernel " + nb.get("kernel_id", "")[:8],
+                            "user": nb.get("user", ""),
+                            "bytes": int(pg["bytes"]),
+                            "self": nb.get("kernel_id") == state.config.get("kernel_id"),
+                        }
+                    )
+        for o in rep.get("other") or []:
+            for pg in o.get("per_gpu") or []:
+                if pg.get("index") == g.get("index") and pg.get("bytes"):
+                    holders.append(
+                        {
+                            "name": "pid %s: %s" % (o.get("pid"), (o.get("command") or "")[:60]),
+                            "user": o.get("user", ""),
+                            "bytes": int(pg["bytes"]),
+                        }
+                    )
+        for u in users:
+            for pg in u.get("per_gpu") or []:
+                if pg.get("index") == g.get("index") and pg.get("bytes"):
+                    n = u.get("notebooks", 0)
+                    holders.append(
+                        {
+                            "name": "user %s (%d notebook%s)" % (u.get("user"), n, "" if n == 1 else "s"),
+                            "user": u.get("user", ""),
+                            "bytes": int(pg["bytes"]),
+                        }
+                    )
+        holders.sort(key=lambda h: -h["bytes"])
+        gpus.append(
+            {
+                "index": g.get("index"),
+                "name": g.get("name", ""),
+                "used": g.get("memory_used_bytes", 0),
+                "total": g.get("memory_total_bytes", 0),
+                "holders": holders,
+            }
+        )
     return {"kind": "top", "gpus": gpus, "note": note}
 
 
