@@ -114,6 +114,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		AlertThreshold:     *threshold,
 		NotebookAlerts:     !*noNotebookAlerts,
 		InjectMagics:       !*noInject,
+		ServerToken:        env.getenv("GPUMEM_SERVER_TOKEN"),
 		Cull:               cull,
 	}, daemon.Deps{GPUs: gpus, Procs: proc, Finder: discovery.NewProcFinder(proc), UserDirs: userDirs, Pods: pods}, log)
 	if err != nil {

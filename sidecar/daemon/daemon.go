@@ -52,6 +52,10 @@ type Config struct {
 
 	InjectMagics bool
 
+	// ServerToken (GPUMEM_SERVER_TOKEN) is sent to servers whose info
+	// file holds no token.
+	ServerToken string
+
 	Cull CullConfig
 }
 
@@ -273,7 +277,8 @@ const missingGrace = 300 * time.Millisecond
 // retires it when the process exits).
 func (d *Daemon) scan(ctx context.Context) {
 	d.addUserDirs()
-	res := discovery.Discover(ctx, discovery.Options{RuntimeDirs: d.watchedDirs(), Procs: knownFinder{d}})
+	res := discovery.Discover(ctx, discovery.Options{RuntimeDirs: d.watchedDirs(), Procs: knownFinder{d},
+		ServerToken: d.cfg.ServerToken})
 	for _, p := range res.Problems {
 		d.problem(p)
 	}
