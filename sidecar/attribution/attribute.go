@@ -3,7 +3,6 @@ package attribution
 import (
 	"cmp"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -215,10 +214,8 @@ func (c *claims) notebooks() []Notebook {
 		}
 		if kp, ok := c.table.Lookup(c.kernelPID[ki], k.StartTime); ok {
 			nb.User = kp.User
-			// JPY_SESSION_NAME: jupyter_server 2 writes the absolute path;
-			// 1.x a path relative to its root, which names nothing here.
-			if nb.Notebook == "" && filepath.IsAbs(kp.SessionName) {
-				nb.Notebook = kp.SessionName
+			if nb.Notebook == "" {
+				nb.Notebook = kp.SessionName // JPY_SESSION_NAME, jupyter_server ≥ 2
 			}
 		}
 		if nb.User == "" { // the kernel is gone: its orphans' user
