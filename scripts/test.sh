@@ -60,7 +60,7 @@ mapfile -t unit < <(go list ./... | grep -v -x -e '.*/protocol' -e '.*/magics' -
 # Every stack runs even when one fails: the summary says which failed.
 failed=()
 echo "== unit packages"
-go test -race -count=1 -timeout 10m "${unit[@]}" || failed+=(unit)
+go test -race -count=1 -cover -timeout 10m "${unit[@]}" || failed+=(unit)
 for stack in ${GPUMEM_TEST_STACKS:-debian12 current ipykernel6}; do
   pkgs=("${e2e[@]}")
   [ "$stack" = ipykernel6 ] && pkgs=("${kernel_only[@]}")
