@@ -60,7 +60,12 @@ mapfile -t unit < <(go list ./... | grep -v -x -e '.*/protocol' -e '.*/magics' -
 # Every stack runs even when one fails: the summary says which failed.
 failed=()
 echo "== unit packages"
-go test -race -count=1 -cover -timeout 10m "${unit[@]}" || failed+=(unit)
+unit_log=$(mktemp)
+go test -race -count=1 -cover -timeout 10m "${unit[@]}" 2>&1 | tee "$unit_log" || failed+=(unit)
+# The daemon's state changes are unit-tested: keep its coverage over 70%.
+cov=$(awk '$2 ~ /\/sidecar\/daemon$/ { for (i = 1; i <= NF; i++) if ($i ~ /%$/) { sub(/%/, "", $i); print $i } }' "$unit_log")
+awk -v c="${cov:-0}" 'BEGIN { exit !(c + 0 >= 70) }' || { echo "sidecar/daemon statement coverage ${cov:-?}% is under 70%"; failed+=(coverage); }
+rm -f "$unit_log"
 for stack in ${GPUMEM_TEST_STACKS:-debian12 current ipykernel6}; do
   pkgs=("${e2e[@]}")
   [ "$stack" = ipykernel6 ] && pkgs=("${kernel_only[@]}")
