@@ -141,11 +141,13 @@ type Store struct {
 // New returns an empty Store.
 func New(opts Options) *Store {
 	opts.defaults()
+	// A sampling interval longer than a window (gpumem serve --interval=1h)
+	// still keeps one point: never a ring of no slots.
 	return &Store{
 		opts:       opts,
-		fineLen:    int(opts.FineWindow / opts.FineStep),
-		coarseLen:  int(opts.CoarseWindow / opts.CoarseStep),
-		coarseSecs: int64(opts.CoarseStep / time.Second),
+		fineLen:    max(1, int(opts.FineWindow/opts.FineStep)),
+		coarseLen:  max(1, int(opts.CoarseWindow/opts.CoarseStep)),
+		coarseSecs: max(1, int64(opts.CoarseStep/time.Second)),
 		series:     map[Key]*series{},
 	}
 }

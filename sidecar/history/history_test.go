@@ -227,3 +227,21 @@ func BenchmarkRecord100Notebooks(b *testing.B) {
 		s.Record(at(int64(1_700_000_000+i)), samples)
 	}
 }
+
+// A sampling interval longer than a window (or a window of zero slots)
+// keeps one point instead of panicking.
+func TestIntervalLongerThanWindow(t *testing.T) {
+	for _, o := range []Options{
+		{FineStep: time.Hour},
+		{FineStep: time.Second, FineWindow: time.Millisecond, CoarseStep: 2 * time.Hour, CoarseWindow: time.Hour},
+	} {
+		s := New(o)
+		k := Key{KindNotebook, "k"}
+		for i := int64(0); i < 3; i++ {
+			s.Record(at(1_000_000_000+i*3600), []Sample{{Key: k, Bytes: uint64(i + 1)}})
+		}
+		if got := s.fineLen; got < 1 {
+			t.Errorf("%+v: fine ring of %d slots", o, got)
+		}
+	}
+}

@@ -43,7 +43,7 @@ func TestImageAttributesHostKernels(t *testing.T) {
 	}
 	rootfs := imageRootfs(t)
 
-	srv := testenv.StartServer(t, testenv.Notebook6)
+	srv := testenv.StartServer(t, testenv.NotebookServer())
 	reap := testenv.NewReaper(t, srv)
 	sess := srv.CreateSession(t, "team/train.ipynb")
 	conn := srv.ConnectionFile(sess.Kernel.ID)
