@@ -38,6 +38,27 @@ func BuildGpumem(dir string) (string, error) {
 	return bin, nil
 }
 
+// RunWithGpumem is a TestMain's body for packages that run the binary: it
+// builds gpumem (BuildGpumem) into a temporary dir named after prefix
+// (mode 0755: tests may run it as other users), sets *bin, runs the tests
+// and removes the dir. It returns the exit code.
+func RunWithGpumem(m *testing.M, prefix string, bin *string) int {
+	dir, err := os.MkdirTemp("", prefix)
+	if err == nil {
+		err = os.Chmod(dir, 0o755)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if *bin, err = BuildGpumem(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
 // FakeGPU is a simulated-GPU file; the daemon re-reads it every sample.
 type FakeGPU struct {
 	Path string

@@ -10,7 +10,6 @@ package adversarial
 import (
 	"bufio"
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,19 +26,7 @@ import (
 var gpumemBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "gpumem-adversarial")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	gpumemBin, err = testenv.BuildGpumem(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testenv.RunWithGpumem(m, "gpumem-adversarial", &gpumemBin))
 }
 
 // jupyterDir makes a confined Jupyter environment (see testenv.Env) with

@@ -9,35 +9,16 @@
 package hub
 
 import (
-	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
+
+	"github.com/gpumem/gpumem/internal/testenv"
 )
 
 var gpumemBin string
 
 func TestMain(m *testing.M) {
-	// The users run the CLI too: the binary's dir must be theirs to enter.
-	dir, err := os.MkdirTemp("", "gpumem-hub-test")
-	if err == nil {
-		err = os.Chmod(dir, 0o755)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	gpumemBin = filepath.Join(dir, "gpumem")
-	build := exec.Command("go", "build", "-race", "-o", gpumemBin, "../../cmd/gpumem")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building gpumem:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testenv.RunWithGpumem(m, "gpumem-hub-test", &gpumemBin))
 }
 
 // need fails under CI=true and skips elsewhere.

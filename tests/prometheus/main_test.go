@@ -31,22 +31,7 @@ import (
 var gpumemBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "gpumem-prometheus-test")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	gpumemBin = filepath.Join(dir, "gpumem")
-	// Same flags as tests/serve, so the build cache serves both.
-	build := exec.Command("go", "build", "-race", "-o", gpumemBin, "../../cmd/gpumem")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building gpumem:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testenv.RunWithGpumem(m, "gpumem-prometheus-test", &gpumemBin))
 }
 
 // requireTool returns the path of a Prometheus binary, failing under CI=true

@@ -15,19 +15,7 @@ import (
 var gpumemBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "gpumem-serve-test")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	gpumemBin, err = testenv.BuildGpumem(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testenv.RunWithGpumem(m, "gpumem-serve-test", &gpumemBin))
 }
 
 // startDaemon runs gpumem serve on srv's runtime dir and waits until its
