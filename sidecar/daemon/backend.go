@@ -105,21 +105,9 @@ func (d *Daemon) KernelNow(ctx context.Context, kernelID string) (attribution.No
 // driver's figure for the kernel's processes before and after, each read
 // when it is reported (the last sample may be a second old).
 func (d *Daemon) Free(ctx context.Context, kernelID string, req api.FreeRequest) (json.RawMessage, error) {
-	d.mu.Lock()
-	var client *protocol.Client
-	found := false
-	for _, k := range d.kernels {
-		if k.id == kernelID {
-			client, found = k.client, true
-			break
-		}
-	}
-	d.mu.Unlock()
-	if !found {
-		return nil, fmt.Errorf("kernel %s: %w", kernelID, api.ErrKernelNotFound)
-	}
-	if client == nil {
-		return nil, fmt.Errorf("kernel %s is not attached yet (starting, or not answering); try again", kernelID)
+	client, err := d.attachedClient(kernelID)
+	if err != nil {
+		return nil, err
 	}
 	// The driver's figure, read now before and after: the report's JSON
 	// and the kernel's text show the same two readings.
@@ -163,4 +151,20 @@ func (d *Daemon) Kernels(ctx context.Context) ([]api.KernelStatus, error) {
 		return out[i].ConnectionFile < out[j].ConnectionFile
 	})
 	return out, nil
+}
+
+// attachedClient is the client attached to kernel kernelID, or an error
+// wrapping api.ErrKernelNotFound for a kernel the daemon does not follow.
+func (d *Daemon) attachedClient(kernelID string) (*protocol.Client, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, k := range d.kernels {
+		if k.id == kernelID {
+			if k.client == nil {
+				return nil, fmt.Errorf("kernel %s is not attached yet (starting, or not answering); try again", kernelID)
+			}
+			return k.client, nil
+		}
+	}
+	return nil, fmt.Errorf("kernel %s: %w", kernelID, api.ErrKernelNotFound)
 }

@@ -3,13 +3,11 @@ package daemon
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/gpumem/gpumem/magics"
-	"github.com/gpumem/gpumem/protocol"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/history"
@@ -159,21 +157,9 @@ func (d *Daemon) KernelSummary(ctx context.Context, kernelID string) (json.RawMe
 const queryTimeout = 20 * time.Second
 
 func (d *Daemon) kernelQuery(ctx context.Context, kernelID string, q func(context.Context, magics.Executor) (json.RawMessage, error)) (json.RawMessage, error) {
-	d.mu.Lock()
-	var client *protocol.Client
-	found := false
-	for _, k := range d.kernels {
-		if k.id == kernelID {
-			client, found = k.client, true
-			break
-		}
-	}
-	d.mu.Unlock()
-	if !found {
-		return nil, fmt.Errorf("kernel %s: %w", kernelID, api.ErrKernelNotFound)
-	}
-	if client == nil {
-		return nil, fmt.Errorf("kernel %s is not attached yet (starting, or not answering); try again", kernelID)
+	client, err := d.attachedClient(kernelID)
+	if err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
