@@ -361,6 +361,22 @@ def inject(drv, args):
     return ok
 
 
+def nvml_gpus(pid):
+    """How many GPUs the driver lists pid on: each holds a CUDA context of
+    its own (JAX opens one on every visible GPU)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return 1
+    n = sum(1 for line in out.stdout.splitlines() if line.split(",")[0].strip() == str(pid))
+    return max(n, 1)
+
+
 def wait_nvml(pid, limit_mib, seconds):
     """Polls the driver's figure until it is <= limit_mib or seconds pass.
     Returns (last MiB, seconds waited)."""
@@ -474,7 +490,8 @@ def scenario_leaks(args, fw, env, name=None):
         if not gpu:
             result("SKIP", "%s: NVML checks (--device cpu)" % name)
             return
-        limit = int(args.context_gib * 1024)
+        contexts = nvml_gpus(drv.pid)
+        limit = int(args.context_gib * 1024) * contexts
         mib, waited = wait_nvml(drv.pid, limit, 1.0)
         ok = mib is not None and mib <= limit
         expect_pool = fw == "jax" and env.get("XLA_PYTHON_CLIENT_ALLOCATOR") != "platform"
@@ -491,7 +508,8 @@ def scenario_leaks(args, fw, env, name=None):
         else:
             check(
                 ok,
-                "%s: NVML for the kernel <= %d MiB (the CUDA context) within 1 s of free" % (name, limit),
+                "%s: NVML for the kernel <= %d MiB (the CUDA context on %d GPU%s) within 1 s of free"
+                % (name, limit, contexts, "" if contexts == 1 else "s"),
                 "%s -> %s MiB, %.2f s after a free that took %.2f s" % (nv_before, mib, waited, free_s),
             )
         print_outputs("%gpumem (after)", cell(drv, "%gpumem"))

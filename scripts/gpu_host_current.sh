@@ -22,7 +22,7 @@
 #   1. scripts/gpu_host_check.py against a jupyter_server 2 + ipykernel 7
 #      kernel (attribution vs nvidia-smi, timing, gpumem free through the
 #      daemon, orphan reclaimed after a restart);
-#   2. magics/gpu_check.py in kernel mode (ipykernel 7 / IPython 9): the
+#   2. scripts/gpu_check.py in kernel mode (ipykernel 7 / IPython 9): the
 #      magics' free path on PyTorch, CuPy and JAX.
 # Outputs land in $OUT (default /tmp/gpumem-current-out): gpu_host_check.txt,
 # gpu_check_kernel.txt, versions.txt, and the server's and daemon's logs.
@@ -80,7 +80,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 rc=0
 echo "== scripts/gpu_host_check.py (jupyter_server 2 + ipykernel 7)"
 "$PY" scripts/gpu_host_check.py 2>&1 | tee "$OUT/gpu_host_check.txt" || rc=1
-echo "== magics/gpu_check.py --mode kernel (ipykernel 7, IPython 9)"
-"$PY" magics/gpu_check.py magics/gpumem_magics.py --mode kernel 2>&1 | tee "$OUT/gpu_check_kernel.txt" || rc=1
+echo "== scripts/gpu_check.py --mode kernel (ipykernel 7, IPython 9)"
+"$PY" scripts/gpu_check.py magics/py --mode kernel 2>&1 | tee "$OUT/gpu_check_kernel.txt" || rc=1
 cp "$P"/runtime/*.log "$OUT"/ 2>/dev/null || true
 exit $rc

@@ -48,16 +48,37 @@ go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 # --- end of static checks ---
 
 go vet ./...
+go vet -tags kubernetes ./internal/cli/ ./sidecar/kube/
+# The Helm chart: helm built from its module (once, cached), lint, template,
+# and the checked-in manifests must match; tests/kube then uses that helm.
+bash tests/kube/check.sh
 
 e2e=(./protocol/ ./magics/ ./sidecar/discovery/ ./tests/...)
 kernel_only=(./protocol/ ./magics/)
 mapfile -t unit < <(go list ./... | grep -v -x -e '.*/protocol' -e '.*/magics' -e '.*/sidecar/discovery' -e '.*/tests' -e '.*/tests/.*')
 
+# Every stack runs even when one fails: the summary says which failed.
+failed=()
 echo "== unit packages"
-go test -race -count=1 -timeout 10m "${unit[@]}"
+unit_log=$(mktemp)
+go test -race -count=1 -cover -timeout 10m "${unit[@]}" 2>&1 | tee "$unit_log" || failed+=(unit)
+# The daemon's state changes are unit-tested: keep its coverage over 70%.
+cov=$(awk '$2 ~ /\/sidecar\/daemon$/ { for (i = 1; i <= NF; i++) if ($i ~ /%$/) { sub(/%/, "", $i); print $i } }' "$unit_log")
+awk -v c="${cov:-0}" 'BEGIN { exit !(c + 0 >= 70) }' || { echo "sidecar/daemon statement coverage ${cov:-?}% is under 70%"; failed+=(coverage); }
+rm -f "$unit_log"
 for stack in ${GPUMEM_TEST_STACKS:-debian12 current ipykernel6}; do
   pkgs=("${e2e[@]}")
   [ "$stack" = ipykernel6 ] && pkgs=("${kernel_only[@]}")
   echo "== end-to-end on the $stack stack"
-  GPUMEM_TEST_STACK=$stack go test -race -count=1 -timeout 15m "${pkgs[@]}"
+  GPUMEM_TEST_STACK=$stack go test -race -count=1 -timeout 15m "${pkgs[@]}" || failed+=("$stack")
 done
+# The JupyterLab extension: built from its lock files into .venv/current,
+# then its front-end unit tests, its server extension's tests and the
+# browser tests (Debian's chromium).
+echo "== JupyterLab extension"
+bash labextension/scripts/test.sh || failed+=(labextension)
+if ((${#failed[@]})); then
+  echo "FAILED: ${failed[*]}"
+  exit 1
+fi
+echo "all passed"

@@ -21,7 +21,7 @@ import (
 // (MIME in magics/py/gpumem_magics/state.py).
 const gpumemMIME = "application/vnd.gpumem.v1+json"
 
-// TestAttach is `gpumem attach KERNEL` (issue 4, point 2) against a real
+// TestAttach is `gpumem attach KERNEL` against a real
 // Notebook 6 server: two notebooks a/x.ipynb and b/x.ipynb (with CPU torch
 // tensors), a kernel without a server whose id shares its first nine
 // characters with a/x.ipynb's kernel, and a kernel whose connection file is
@@ -200,7 +200,7 @@ func TestAttach(t *testing.T) {
 	})
 }
 
-// TestFree is `gpumem free KERNEL` standalone (issue 4, point 4) in a real
+// TestFree is `gpumem free KERNEL` standalone in a real
 // kernel holding CPU tensors a and b, a displayed last (in Out and _), never
 // attached: the default frees caches only and touches no variable; --vars a
 // deletes a and IPython's hidden references to it (a weakref made in the

@@ -18,7 +18,7 @@ import (
 	"github.com/gpumem/gpumem/internal/testenv"
 )
 
-// TestLs is issue 3's CI scenario: real kernels behind a real Notebook 6
+// TestLs is gpumem ls's end-to-end scenario: real kernels behind a real Notebook 6
 // server; one kernel starts a child and a child in a new session
 // (start_new_session=True, as pools and inference servers do); the test
 // starts an unrelated process. A simulated GPU file (two GPUs) lists all of

@@ -234,7 +234,7 @@ func currentUser(t testing.TB) string {
 	return u.Username
 }
 
-// lsReport is `gpumem ls --json` as issue 3 and sidecar/attribution/report.go
+// lsReport is `gpumem ls --json` as sidecar/attribution/report.go
 // define it; decoded here independently so the wire format is what is tested.
 type lsReport struct {
 	GPUs []struct {

@@ -133,6 +133,9 @@ func TestRunExitCodes(t *testing.T) {
 		{[]string{"ls", "--bogus"}, 2, "flag provided but not defined"},
 		{[]string{"serve", "--socket-mode=open"}, 2, "socket-mode"},
 		{[]string{"serve", "--alert-threshold=2"}, 2, "between 0 and 1"},
+		// Not in a cluster (with -tags kubernetes), or a build without
+		// client-go: either way a clear error, before anything starts.
+		{[]string{"serve", "--kubernetes"}, 1, "--kubernetes: "},
 		{[]string{"free"}, 2, "want exactly one KERNEL"},
 		{[]string{"free", "k", "--vars", "1bad"}, 2, ""},
 		{[]string{"attach", "a", "b"}, 2, "want exactly one KERNEL"},

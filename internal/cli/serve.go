@@ -47,6 +47,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	cullExempt := fs.String("cull-exempt-users", "", "never cull these users' kernels (comma-separated)")
 	logFormat := fs.String("log-format", "auto", "auto (readable on a terminal, JSON otherwise), json or console")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	kf := addKubeFlags(fs, env)
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -76,6 +77,11 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
+	pods, stopPods, err := kf.start(ctx, env.procFS(), log)
+	if err != nil {
+		return err
+	}
+	defer stopPods()
 	runtimeDirs := discovery.RuntimeDirs(env.getenv, dirs)
 	sock := *socket
 	if sock == "" {
@@ -108,8 +114,9 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		AlertThreshold:     *threshold,
 		NotebookAlerts:     !*noNotebookAlerts,
 		InjectMagics:       !*noInject,
+		ServerToken:        env.getenv("GPUMEM_SERVER_TOKEN"),
 		Cull:               cull,
-	}, daemon.Deps{GPUs: gpus, Procs: proc, Finder: discovery.NewProcFinder(proc), UserDirs: userDirs}, log)
+	}, daemon.Deps{GPUs: gpus, Procs: proc, Finder: discovery.NewProcFinder(proc), UserDirs: userDirs, Pods: pods}, log)
 	if err != nil {
 		return err
 	}

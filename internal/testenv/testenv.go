@@ -372,6 +372,11 @@ func StartServerWith(t testing.TB, kind ServerKind, o ServerOptions) *Server {
 		}
 		s.URL = "http+unix://" + strings.ReplaceAll(s.Sock, "/", "%2F") + base
 		s.reqBase = "http://localhost" + base
+	} else if portZero(kind) {
+		// The server binds a port of its own choosing and writes it in its
+		// info file: a port picked here and freed could be taken (by a
+		// kernel of another test) before the server binds it.
+		args = append(args, "--ip=127.0.0.1", "--port=0")
 	} else {
 		port := FreePort(t)
 		args = append(args, "--ip=127.0.0.1", "--port="+strconv.Itoa(port), "--port-retries=0")
@@ -404,6 +409,10 @@ func StartServerWith(t testing.TB, kind ServerKind, o ServerOptions) *Server {
 	}
 	s.Proc = Start(t, Env(dir, o.Env...), dir, args...)
 	deadline := time.Now().Add(60 * time.Second)
+	if s.URL == "" {
+		s.URL = s.waitInfoURL(t, deadline)
+		s.reqBase = s.URL
+	}
 	for {
 		// Before the password login, a 403 also tells the server is up.
 		resp, err := s.Do(http.MethodGet, "api/status", nil)
@@ -422,6 +431,31 @@ func StartServerWith(t testing.TB, kind ServerKind, o ServerOptions) *Server {
 		s.login(t, o.Password)
 	}
 	return s
+}
+
+// portZero reports whether kind, on this stack, takes --port=0 and writes
+// the port it bound into its info file: jupyter_server 2 does; jupyter_server
+// 1.23 and Notebook 6 write port 0.
+func portZero(kind ServerKind) bool {
+	return kind != Notebook6 && CurrentStack() == Current
+}
+
+// waitInfoURL waits for the server's jpserver-<pid>.json and returns its url.
+func (s *Server) waitInfoURL(t testing.TB, deadline time.Time) string {
+	t.Helper()
+	file := filepath.Join(s.RuntimeDir(), fmt.Sprintf("%s%d.json", s.Kind.InfoPrefix(), s.Cmd.Process.Pid))
+	for {
+		var info struct {
+			URL string `json:"url"`
+		}
+		if b, err := os.ReadFile(file); err == nil && json.Unmarshal(b, &info) == nil && info.URL != "" {
+			return info.URL
+		}
+		if s.Exited() || time.Now().After(deadline) {
+			t.Fatalf("%s wrote no %s:\n%s", s.Kind, file, s.Output())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // hashPassword hashes pw as kind expects it.

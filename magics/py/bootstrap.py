@@ -2,10 +2,10 @@
 # fresh globals dict holding _ARGS, so nothing here reaches the user's
 # namespace.
 #
-# _ARGS: nonce, action ("inject" | "free" | "render" | "status"), bundle (the
-# package gpumem_magics as base64 of zlib of JSON {module: source}), config
-# (JSON text: version, sidecar_socket, kernel_id, ...), request (JSON text:
-# the action's input).
+# _ARGS: nonce, action ("inject" | "free" | "render" | "status" | "vars" |
+# "summary"), bundle (the package gpumem_magics as base64 of zlib of JSON
+# {module: source}), config (JSON text: version, sidecar_socket, kernel_id,
+# ...), request (JSON text: the action's input).
 #
 # It installs the package from memory as sys.modules["_gpumem_magics"], its
 # modules as attributes of it (and not in sys.modules: gpumem leaves one
@@ -79,7 +79,7 @@ def _act(a, sources, shell, report):
                 pass
         magic.install(shell, config)
         report.update(ok=True, replaced=report["loaded_before"], version=magic.version())
-    elif action in ("free", "render"):
+    elif action in ("free", "render", "vars", "summary"):
         if current:
             report["result"] = _run(old, action, request)
         else:
@@ -105,6 +105,10 @@ def _act(a, sources, shell, report):
 def _run(magic, action, request):
     if action == "free":
         return magic.api_free(request)
+    if action == "vars":
+        return magic.api_vars(request)
+    if action == "summary":
+        return magic.api_summary()
     return magic.api_render(request)
 
 

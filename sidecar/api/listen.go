@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -34,6 +35,7 @@ type Listener struct {
 
 	closeOnce sync.Once
 	closeErr  error
+	keepFile  atomic.Bool
 }
 
 // Listen creates the unix socket at path with the permissions of mode (0600
@@ -187,13 +189,17 @@ func (l *Listener) Mode() Mode { return l.mode }
 
 // Abandon makes Close leave the socket file alone: the path already names
 // a new socket (the old one's dir was deleted and the daemon listens anew).
-func (l *Listener) Abandon() { l.ul.SetUnlinkOnClose(false) }
+// Close applies it, in the goroutine that closes.
+func (l *Listener) Abandon() { l.keepFile.Store(true) }
 
 // Close stops accepting, removes the socket file and releases the lock.
 // It is safe to call more than once.
 func (l *Listener) Close() error {
 	l.closeOnce.Do(func() {
-		err := l.ul.Close() // unlinks the socket file
+		if l.keepFile.Load() {
+			l.ul.SetUnlinkOnClose(false)
+		}
+		err := l.ul.Close() // unlinks the socket file unless abandoned
 		if lerr := l.lock.Close(); lerr != nil && err == nil {
 			err = lerr
 		}

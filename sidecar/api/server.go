@@ -155,8 +155,7 @@ func (s *Server) handler(mode Mode) http.Handler {
 	route("GET /api/v1/kernels/{id}", accessOwnKernel, s.serveKernel)
 	route("POST /api/v1/kernels/{id}/free", accessOwnKernel, s.serveFree)
 
-	// The same paths without a method: any other method gets 405.
-	for path, allow := range map[string]string{
+	allows := map[string]string{
 		"/healthz":                  "GET, HEAD",
 		"/api/v1/gpus":              "GET, HEAD",
 		"/api/v1/users":             "GET, HEAD",
@@ -164,7 +163,10 @@ func (s *Server) handler(mode Mode) http.Handler {
 		"/api/v1/kernels":           "GET, HEAD",
 		"/api/v1/kernels/{id}":      "GET, HEAD",
 		"/api/v1/kernels/{id}/free": "POST",
-	} {
+	}
+	s.extraRoutes(route, allows) // history and kernel queries: history.go
+	// The same paths without a method: any other method gets 405.
+	for path, allow := range allows {
 		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", allow)
 			s.writeError(w, r, http.StatusMethodNotAllowed, fmt.Sprintf("method %s is not allowed on %s: use %s", r.Method, r.URL.Path, allow))

@@ -8,7 +8,7 @@ import (
 	"github.com/gpumem/gpumem/sidecar/procs/procstest"
 )
 
-// Issue 3's figure: process scan and attribution over a 5,000-process
+// The figure that matters: process scan and attribution over a 5,000-process
 // fixture tree, target < 30 ms. The tree (20 kernels with workers and deep
 // chains, orphans, daemons) is written once into a temp dir; each iteration
 // is what `gpumem ls` does after sampling NVML: ScanTree with details for

@@ -44,15 +44,20 @@ type GPUBytes struct {
 
 // Notebook is one kernel and the GPU memory its processes hold.
 type Notebook struct {
-	KernelID       string     `json:"kernel_id"`
-	Notebook       string     `json:"notebook"` // absolute path; "" for a kernel without a server
-	PIDs           []int      `json:"pids"`     // kernel pid first, then the tree's processes holding GPU memory
-	User           string     `json:"user"`
-	GPUMemoryBytes uint64     `json:"gpu_memory_bytes"`
-	PerGPU         []GPUBytes `json:"per_gpu"`
+	KernelID       string `json:"kernel_id"`
+	Notebook       string `json:"notebook"` // absolute path; "" for a kernel without a server
+	PIDs           []int  `json:"pids"`     // kernel pid first, then the tree's processes holding GPU memory
+	User           string `json:"user"`
+	GPUMemoryBytes uint64 `json:"gpu_memory_bytes"`
+	// PeakBytes is the highest GPUMemoryBytes since the kernel process
+	// started, as gpumem serve sampled it; absent without the daemon.
+	PeakBytes uint64     `json:"peak_bytes,omitempty"`
+	PerGPU    []GPUBytes `json:"per_gpu"`
 	// Processes breaks GPUMemoryBytes down by process (those holding GPU
 	// memory, by pid): what nvidia-smi lists, attributed.
 	Processes []ProcessBytes `json:"processes"`
+	// Pod is the Kubernetes pod of the kernel; nil off Kubernetes.
+	Pod *Pod `json:"pod,omitempty"`
 	// Activity is the kernel's server's view of it, when a server lists
 	// it; nil otherwise.
 	Activity *Activity `json:"activity,omitempty"`
@@ -83,4 +88,6 @@ type OtherProcess struct {
 	User    string     `json:"user"`
 	Command string     `json:"command"`
 	PerGPU  []GPUBytes `json:"per_gpu"`
+	// Pod is the Kubernetes pod of the process; nil off Kubernetes.
+	Pod *Pod `json:"pod,omitempty"`
 }

@@ -52,6 +52,10 @@ type Config struct {
 
 	InjectMagics bool
 
+	// ServerToken (GPUMEM_SERVER_TOKEN) is sent to servers whose info
+	// file holds no token.
+	ServerToken string
+
 	Cull CullConfig
 }
 
@@ -69,6 +73,8 @@ type Deps struct {
 	// Terminate ends a process (SIGTERM, then SIGKILL after grace) if its
 	// start time is still start; nil means the real one, through a pidfd.
 	Terminate func(ctx context.Context, pid int, start uint64, grace time.Duration) (killed bool, err error)
+	// Pods names the Kubernetes pod of each process; nil off Kubernetes.
+	Pods attribution.Pods
 }
 
 func (c *Config) defaults() {
@@ -95,6 +101,7 @@ type Daemon struct {
 	fs        attribution.ProcScanner
 	finder    discovery.ProcessFinder
 	terminate func(ctx context.Context, pid int, start uint64, grace time.Duration) (bool, error)
+	pods      attribution.Pods
 	userDirs  func() ([]discovery.UserDir, []error)
 	metrics   *metrics.Metrics
 	socket    string
@@ -112,6 +119,8 @@ type Daemon struct {
 	reportJSONSeq uint64
 
 	wg sync.WaitGroup // kernel and reclaim goroutines
+
+	hist *historyParts // figures over time and reclaim events: history.go
 
 	locks     *dirLocks
 	problemMu sync.Mutex
@@ -160,6 +169,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 		fs:           deps.Procs,
 		finder:       deps.Finder,
 		terminate:    deps.Terminate,
+		pods:         deps.Pods,
 		userDirs:     deps.UserDirs,
 		kernels:      map[string]*kernelState{},
 		alerted:      map[int]bool{},
@@ -171,6 +181,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 		problems:     map[string]time.Time{},
 	}
 	d.metrics = metrics.New(d, log, metrics.PerNotebook(!cfg.MetricsNoNotebook))
+	d.hist = newHistoryParts(cfg.Interval)
 	return d, nil
 }
 
@@ -266,7 +277,8 @@ const missingGrace = 300 * time.Millisecond
 // retires it when the process exits).
 func (d *Daemon) scan(ctx context.Context) {
 	d.addUserDirs()
-	res := discovery.Discover(ctx, discovery.Options{RuntimeDirs: d.watchedDirs(), Procs: knownFinder{d}})
+	res := discovery.Discover(ctx, discovery.Options{RuntimeDirs: d.watchedDirs(), Procs: knownFinder{d},
+		ServerToken: d.cfg.ServerToken})
 	for _, p := range res.Problems {
 		d.problem(p)
 	}

@@ -199,6 +199,9 @@ func (d *Daemon) follow(ctx context.Context, ks *kernelState, c *protocol.Client
 	notebook := ks.notebook // scan updates it under d.mu
 	d.mu.Unlock()
 	log.Info().Str("notebook", notebook).Msg("attached")
+	// jupyter_server 2 writes the connection file before the session names
+	// the notebook: look again now rather than at the next rescan.
+	d.rescan()
 
 	injectDone := d.startInject(ctx, ks, c)
 	defer func() {

@@ -43,6 +43,9 @@ func (d *Daemon) reclaim(ctx context.Context, ks *kernelState, recorded map[proc
 			return b, ok
 		},
 	}
+	var ended int
+	var endedBytes uint64
+	defer func() { d.recordReclaim(ks, notebook, why, ended, endedBytes) }()
 	for _, dec := range policy.decide(recorded, table) {
 		log := d.log.With().Str("kernel_id", ks.id).Str("notebook", notebook).Int("pid", dec.ID.PID).
 			Str("argv", dec.Argv).Uint64("bytes", dec.Bytes).Str("after", why).Logger()
@@ -63,6 +66,7 @@ func (d *Daemon) reclaim(ctx context.Context, ks *kernelState, recorded map[proc
 			log.Warn().Err(err).Msg("could not end orphan")
 		default:
 			d.metrics.AddReclaimed(1, dec.Bytes)
+			ended, endedBytes = ended+1, endedBytes+dec.Bytes
 			if killed {
 				log.Warn().Msg("orphan ignored SIGTERM; killed (SIGKILL)")
 			} else {

@@ -85,7 +85,9 @@ func (d *Daemon) sample(ctx context.Context) {
 		d.resolveKernelProcesses(ctx, unknown)
 	}
 
+	attribution.AddPods(&rep, obs.Table, d.pods)
 	culls := d.cull(ctx, &rep)
+	sampledAt := d.recordHistory(time.Now(), &rep)
 	elapsed := time.Since(start)
 	d.mu.Lock()
 	attached := 0
@@ -98,6 +100,7 @@ func (d *Daemon) sample(ctx context.Context) {
 	d.last = metrics.Snapshot{Report: rep, AttachedKernels: attached, SampleDuration: elapsed,
 		SampleSuccess: true, SampledAt: time.Now(), AlertThreshold: d.cfg.AlertThreshold}
 	d.mu.Unlock()
+	d.historySampled(sampledAt)
 	d.checkAlerts(rep, culls)
 }
 

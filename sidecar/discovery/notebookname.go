@@ -13,7 +13,7 @@ import (
 //   - JPY_SESSION_NAME in its environment: jupyter_server 2 sets it to the
 //     notebook's absolute path (stale after a rename; jupyter_server 1 to a
 //     path relative to its root, which is not used), VS Code's Jupyter
-//     extension sets it too (its issue 16307); nbclient, papermill, jupyter console and
+//     extension sets it too; nbclient, papermill, jupyter console and
 //     KernelManager do not (measured: nbclient 0.11, papermill 2.7).
 //   - papermill's command line: its kernel's parent is `papermill IN OUT`,
 //     and IN is the notebook it runs.

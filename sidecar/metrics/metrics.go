@@ -62,6 +62,9 @@ var (
 		"Memory in use on the GPU in bytes, as the driver reports it (driver-reserved memory included).", gpuLabels, nil)
 	descNotebook = prometheus.NewDesc("gpumem_notebook_gpu_memory_bytes",
 		"GPU memory held by the processes of a notebook's kernel, in bytes.", notebookLabels, nil)
+	descNotebookPeak = prometheus.NewDesc("gpumem_notebook_gpu_memory_peak_bytes",
+		"Highest GPU memory of a notebook's kernel (all GPUs) since its process started, as the daemon sampled it, in bytes.",
+		[]string{"kernel_id", "notebook", "user"}, nil)
 	descUser = prometheus.NewDesc("gpumem_user_gpu_memory_bytes",
 		"GPU memory held by the processes of a user's notebook kernels, in bytes.", []string{"gpu", "user"}, nil)
 	descOther = prometheus.NewDesc("gpumem_other_gpu_memory_bytes",
@@ -105,6 +108,7 @@ func (c snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	if c.perNotebook {
 		ch <- descNotebook
+		ch <- descNotebookPeak
 		ch <- descIdleBytes
 		ch <- descIdleSeconds
 	}
@@ -185,6 +189,14 @@ func (c snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descIdleBytes, float64(nb.GPUMemoryBytes), nb.KernelID, nb.Notebook, nb.User)
 		gauge(descIdleSeconds, a.IdleSeconds, nb.KernelID, nb.Notebook, nb.User)
 	}
+	seenPeak := map[string]bool{}
+	for _, nb := range rep.Notebooks {
+		// Set by the daemon's history only; one series per kernel.
+		if c.perNotebook && nb.PeakBytes > 0 && !seenPeak[nb.KernelID] {
+			seenPeak[nb.KernelID] = true
+			gauge(descNotebookPeak, float64(nb.PeakBytes), nb.KernelID, nb.Notebook, nb.User)
+		}
+	}
 
 	threshold := snap.AlertThreshold
 	if threshold < 0 {
@@ -252,6 +264,7 @@ func New(src Source, log zerolog.Logger, opts ...Option) *Metrics {
 	}
 	m.reg.MustRegister(
 		coll,
+		podCollector{src: src, perNotebook: coll.perNotebook},
 		m.reclaimedBytes,
 		m.reclaimedProcs,
 		m.culled,

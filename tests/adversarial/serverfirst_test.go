@@ -14,7 +14,7 @@ import (
 // names the notebook, remembered from when the server answered.
 func TestReclaimNamesNotebookAfterServerDied(t *testing.T) {
 	testenv.Require(t, "notebook", "ipykernel")
-	srv := testenv.StartServer(t, testenv.Notebook6)
+	srv := testenv.StartServer(t, testenv.NotebookServer())
 	sess := srv.CreateSession(t, "team/train.ipynb")
 	k := &testenv.Kernel{Dir: srv.Dir, ConnectionFile: srv.ConnectionFile(sess.Kernel.ID), ID: sess.Kernel.ID}
 	testenv.WaitKernelListening(t, k.ConnectionFile, 60*time.Second)
@@ -40,8 +40,8 @@ func TestReclaimNamesNotebookAfterServerDied(t *testing.T) {
 	// A scan after the server's death (its file may linger: only sessions
 	// fail), then the kernel dies.
 	d.WaitLog(t, 15*time.Second, "discovery", map[string]any{"error": "~" + srv.URL[len("http://"):]})
-	if err := syscall.Kill(kernelPID[0], syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
+	// ipykernel ends itself within about a second of its parent's death;
+	// when it already has, that is the same shutdown.
+	_ = syscall.Kill(kernelPID[0], syscall.SIGKILL)
 	d.WaitLog(t, 15*time.Second, "ending orphan that holds GPU memory (SIGTERM)", map[string]any{"pid": orphan, "notebook": notebook})
 }

@@ -1,4 +1,4 @@
-// Package daemonbench measures the figures issue 5 sets for `gpumem serve`,
+// Package daemonbench measures the cost figures of `gpumem serve`,
 // with the real binary (built without -race, on the first benchmark's
 // demand), a real Notebook 6 server, real ipykernel kernels and a
 // simulated-GPU file (GPUMEM_FAKE_GPU) listing their real pids.

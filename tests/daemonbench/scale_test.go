@@ -271,12 +271,6 @@ func attachedAt(d *daemon, msg string) map[string]time.Duration {
 	return out
 }
 
-// kernelIDOf is the kernel id the daemon gives a connection file
-// (kernel-<id>.json).
-func kernelIDOf(file string) string {
-	return strings.TrimSuffix(strings.TrimPrefix(filepath.Base(file), "kernel-"), ".json")
-}
-
 func perProcess() int {
 	if n, err := strconv.Atoi(os.Getenv("SCALE_PER_PROCESS")); err == nil && n > 0 {
 		return n

@@ -234,9 +234,11 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	// Cardinality of the real /metrics against the documented budget:
 	// notebook A holds memory on 1 GPU, B on 2; one user on 2 GPUs.
 	fullCounts, leanCounts := countSeries(t, fullText), countSeries(t, leanText)
-	notebookGPUs, userGPUs, idleNotebooks := 3, 2, 2
+	// Both notebooks have held memory: each has a peak series.
+	notebookGPUs, userGPUs, idleNotebooks, peakNotebooks := 3, 2, 2, 2
 	t.Run("label budget", func(t *testing.T) {
-		wantFull := seriesPerHost + seriesPerGPU*len(gpus) + notebookGPUs + userGPUs + seriesPerIdleNotebook*idleNotebooks
+		wantFull := seriesPerHost + seriesPerGPU*len(gpus) + notebookGPUs + userGPUs + seriesPerIdleNotebook*idleNotebooks +
+			peakNotebooks
 		wantLean := seriesPerHost + seriesPerGPU*len(gpus) + userGPUs
 		if got := sumSeries(fullCounts, "gpumem_"); got != wantFull {
 			t.Errorf("/metrics with notebook labels: %d gpumem_ series, budget says %d: %v", got, wantFull, fullCounts)

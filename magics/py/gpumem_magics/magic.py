@@ -134,6 +134,16 @@ def api_render(data):
     return data
 
 
+def api_vars(opts):
+    """The data of %gpumem vars, for gpumem serve's API (nothing shown)."""
+    return reports.vars_data(bool(opts.get("all_devices")))
+
+
+def api_summary():
+    """The data of %gpumem (per-framework figures), for gpumem serve's API."""
+    return reports.summary_data()
+
+
 def api_status():
     return {
         "kind": "status",

@@ -1,0 +1,163 @@
+"""Handlers under {base_url}gpumem/api/v1/: Jupyter's authentication and
+XSRF checks apply (APIHandler), then the request goes to the daemon.
+
+The browser never sees an HTTP error for "the daemon is not running": the
+reply is 200 with a status the front end shows in one line, so nothing is
+logged in the browser's console.
+"""
+
+import asyncio
+import json
+import re
+
+import tornado.web
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+
+from . import view
+from .daemon import Daemon, DaemonError, NoDaemon, socket_path
+
+KERNEL_ID = r"(?P<kernel_id>[0-9a-fA-F-]{1,64})"
+
+
+class _Base(APIHandler):
+    @property
+    def daemon(self):
+        return self.settings["gpumem_daemon"]
+
+    def own_kernel_ids(self):
+        return set(self.kernel_manager.list_kernel_ids())
+
+    def reply(self, status, body):
+        self.set_status(status)
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(body))
+
+    async def daemon_json(self, method, path, params=None, timeout=None):
+        """(the daemon's JSON, None), or (None, (status, body)) to reply with:
+        one status line for the browser, never an HTTP error but a 404 of a
+        kernel."""
+        try:
+            data = await self.daemon.request(method, path, params=params, timeout=timeout)
+            return data, None
+        except NoDaemon:
+            return None, (200, view.no_daemon(self.daemon.path))
+        except DaemonError as e:
+            if e.status == 404 and "/kernels/" in path:
+                return None, (404, {"status": "error", "message": e.message})
+            return None, (200, view.daemon_error(e.status, e.message, self.daemon.path))
+        except Exception as e:  # noqa: BLE001  (a timeout, a broken reply: one status line, never a 500)
+            self.log.warning("gpumem: %s %s: %s", method, path, e)
+            return None, (
+                200,
+                {"status": "error", "message": f"gpumem serve did not answer: {e}"},
+            )
+
+    async def call_daemon(self, method, path, params=None, timeout=None):
+        """The daemon's JSON, or None after replying with the status line."""
+        data, failed = await self.daemon_json(method, path, params=params, timeout=timeout)
+        if failed:
+            self.reply(*failed)
+        return data
+
+
+class StateHandler(_Base):
+    """GET state?since=&events_after=&wait=: GPUs, this server's notebooks,
+    other users' totals, the series since a time and new events. With wait=1
+    the daemon answers after its next sample (long poll).
+
+    Tabs asking the same question at the same time share one request to the
+    daemon and one reply: every tab of a server waits for the same next
+    sample, so however many tabs are open the daemon sees about one request
+    a sample from this server."""
+
+    @tornado.web.authenticated
+    async def get(self):
+        params = {}
+        if self.get_argument("wait", "") == "1":
+            params["wait"] = "1"
+        for name in ("since", "events_after"):
+            v = self.get_argument(name, "")
+            if v:
+                if not re.fullmatch(r"\d{1,12}", v):
+                    raise tornado.web.HTTPError(400, f"{name} must be a whole number")
+                params[name] = v
+        shared = self.settings["gpumem_inflight"]
+        key = tuple(sorted(params.items()))
+        task = shared.get(key)
+        if task is None:
+            task = asyncio.ensure_future(self._state(params))
+            shared[key] = task
+
+            def forget(t, key=key):
+                if shared.get(key) is t:
+                    del shared[key]
+
+            task.add_done_callback(forget)
+        status, body = await asyncio.shield(task)
+        self.reply(status, body)
+
+    async def _state(self, params):
+        hist, failed = await self.daemon_json("GET", "/api/v1/history", params=params)
+        if failed:
+            return failed
+        own = self.own_kernel_ids()
+        paths = {}
+        for s in await self.session_manager.list_sessions():
+            k = (s.get("kernel") or {}).get("id")
+            if k:
+                paths[k] = s.get("path", "")
+        body = view.server_view(hist, own, paths)
+        body["daemon_requests"] = self.daemon.requests
+        return 200, body
+
+
+class KernelHandler(_Base):
+    """Kernel actions, for this server's kernels only."""
+
+    def check_own(self, kernel_id):
+        if kernel_id not in self.own_kernel_ids():
+            raise tornado.web.HTTPError(403, f"kernel {kernel_id} is not one of this server's kernels")
+
+
+class FreeHandler(KernelHandler):
+    """POST kernels/{id}/free: cache-only free (no variable is touched)."""
+
+    @tornado.web.authenticated
+    async def post(self, kernel_id):
+        self.check_own(kernel_id)
+        # No body is sent: the daemon then frees caches only.
+        rep = await self.call_daemon("POST", f"/api/v1/kernels/{kernel_id}/free", timeout=60)
+        if rep is not None:
+            self.reply(200, {"status": "ok", "free": rep})
+
+
+class QueryHandler(KernelHandler):
+    """GET kernels/{id}/vars or /summary: read silently through the daemon."""
+
+    @tornado.web.authenticated
+    async def get(self, kernel_id, what):
+        self.check_own(kernel_id)
+        params = {"all_devices": "1"} if what == "vars" and self.get_argument("all_devices", "") == "1" else None
+        rep = await self.call_daemon("GET", f"/api/v1/kernels/{kernel_id}/{what}", params=params, timeout=30)
+        if rep is not None:
+            self.reply(200, {"status": "ok", what: rep})
+
+
+def setup_handlers(serverapp):
+    web_app = serverapp.web_app
+    path = socket_path(serverapp.runtime_dir)
+    web_app.settings["gpumem_daemon"] = Daemon(path)
+    web_app.settings["gpumem_inflight"] = {}
+    base = url_path_join(web_app.settings["base_url"], "gpumem", "api", "v1")
+    web_app.add_handlers(
+        ".*$",
+        [
+            (url_path_join(base, "state"), StateHandler),
+            (url_path_join(base, "kernels", KERNEL_ID, "free"), FreeHandler),
+            (
+                url_path_join(base, "kernels", KERNEL_ID, r"(?P<what>vars|summary)"),
+                QueryHandler,
+            ),
+        ],
+    )

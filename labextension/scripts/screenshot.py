@@ -1,0 +1,37 @@
+"""Screenshot of a running JupyterLab with the extension: the notebook, the
+status bar item and the "GPU memory" panel (Debian's chromium, headless).
+
+    python labextension/scripts/screenshot.py URL OUT.png
+URL is the notebook's URL with its token (bash scripts/run.sh prints it)."""
+
+import sys
+
+from playwright.sync_api import sync_playwright
+
+
+def main(url, out):
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=["--no-sandbox"])
+        page = b.new_page(viewport={"width": 1400, "height": 800})
+        page.goto(url)
+        page.locator(".jp-gpumem-status-label", has_text="GiB").wait_for(timeout=120_000)
+        page.locator(".jp-SideBar.jp-mod-right li[data-id='jp-gpumem-panel']").click()
+        page.locator("tr[data-gpumem='notebook-row']").first.wait_for(timeout=30_000)
+        page.locator(".jp-gpumem-gpu canvas").first.wait_for(timeout=30_000)
+        # Wider than the default sidebar (drag its handle), so that the table shows whole.
+        handle = page.locator("#jp-main-split-panel > .lm-SplitPanel-handle:not(.lm-mod-hidden)").last
+        box = handle.bounding_box()
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 200)
+        page.mouse.down()
+        page.mouse.move(box["x"] - 230, box["y"] + 200, steps=5)
+        page.mouse.up()
+        page.wait_for_function(
+            "Number(document.querySelector('.jp-gpumem-gpu').dataset.stackTop) > 0",
+            timeout=30_000,
+        )
+        page.screenshot(path=out)
+        b.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

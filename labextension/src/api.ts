@@ -1,0 +1,59 @@
+// Calls to the server extension (gpumem/api/v1/...), with Jupyter's auth
+// and XSRF handled by ServerConnection.
+
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+import { Reply } from './model';
+
+const settings = ServerConnection.makeSettings();
+
+async function call<T>(path: string, init: RequestInit = {}): Promise<T> {
+  const url = URLExt.join(settings.baseUrl, 'gpumem', 'api', 'v1', path);
+  const resp = await ServerConnection.makeRequest(url, init, settings);
+  let body: unknown = null;
+  try {
+    body = await resp.json();
+  } catch {
+    body = null;
+  }
+  if (!resp.ok) {
+    const msg = (body as { message?: string } | null)?.message ?? resp.statusText;
+    throw new Error(`gpumem: ${path}: ${resp.status} ${msg}`);
+  }
+  return body as T;
+}
+
+/** The state since a time (unix seconds; 0 = the whole plot window). */
+export function fetchState(since: number, eventsAfter: number): Promise<Reply> {
+  const q = new URLSearchParams();
+  if (since > 0) {
+    // Answered after the daemon's next sample when it has none that new.
+    q.set('since', String(since));
+    q.set('wait', '1');
+  }
+  q.set('events_after', String(eventsAfter));
+  return call<Reply>(`state?${q.toString()}`);
+}
+
+export interface KernelReply<K extends string> {
+  status: 'ok' | 'no_daemon' | 'error';
+  message?: string;
+  [key: string]: unknown;
+  kind?: K;
+}
+
+/** Frees cache (only) in one of this server's kernels, through the daemon. */
+export function freeCache(kernelId: string): Promise<KernelReply<'free'>> {
+  return call(`kernels/${encodeURIComponent(kernelId)}/free`, { method: 'POST' });
+}
+
+/** %gpumem vars's data for a kernel, read silently through the daemon. */
+export function fetchVars(kernelId: string, allDevices = false): Promise<KernelReply<'vars'>> {
+  return call(`kernels/${encodeURIComponent(kernelId)}/vars${allDevices ? '?all_devices=1' : ''}`);
+}
+
+/** %gpumem's data (per-framework figures), read silently through the daemon. */
+export function fetchSummary(kernelId: string): Promise<KernelReply<'summary'>> {
+  return call(`kernels/${encodeURIComponent(kernelId)}/summary`);
+}

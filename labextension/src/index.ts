@@ -1,0 +1,113 @@
+// jupyterlab-gpumem: GPU memory by notebook, from gpumem serve, in a status
+// bar item, a "GPU memory" side panel and notifications. One poll a tab
+// feeds them all (source.ts).
+
+import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { ISessionContextDialogs, Notification, SessionContextDialogs } from '@jupyterlab/apputils';
+import { INotebookTracker } from '@jupyterlab/notebook';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { LabIcon } from '@jupyterlab/ui-components';
+
+import { freeCache } from './api';
+import { reclaimMessage } from './format';
+import { alerts, cullWarnings, newAlerts } from './model';
+import { GpuPanel } from './panel';
+import { StateSource } from './source';
+import { GpuStatusItem } from './statusbar';
+
+import 'uplot/dist/uPlot.min.css';
+
+const gpuIcon = new LabIcon({
+  name: 'gpumem:gpu',
+  svgstr:
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24"><g class="jp-icon3" fill="#616161">' +
+    '<path d="M4 7h16v10H4zM6 9v6h12V9zM7 4h2v3H7zm4 0h2v3h-2zm4 0h2v3h-2zM7 17h2v3H7zm4 0h2v3h-2zm4 0h2v3h-2z"/></g></svg>'
+});
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'jupyterlab-gpumem:plugin',
+  description: 'GPU memory by notebook, from gpumem serve.',
+  autoStart: true,
+  requires: [INotebookTracker],
+  optional: [IStatusBar, ILabShell, ISessionContextDialogs],
+  activate: (
+    app: JupyterFrontEnd,
+    tracker: INotebookTracker,
+    statusBar: IStatusBar | null,
+    labShell: ILabShell | null,
+    dialogs: ISessionContextDialogs | null
+  ) => {
+    const source = new StateSource();
+    const sessionDialogs = dialogs ?? new SessionContextDialogs();
+    const panelOf = (kernelId: string) => tracker.find(w => w.sessionContext.session?.kernel?.id === kernelId);
+
+    if (statusBar) {
+      statusBar.registerStatusItem('jupyterlab-gpumem:status', {
+        item: new GpuStatusItem(source, tracker),
+        align: 'left',
+        rank: 5,
+        isActive: () => true
+      });
+    }
+
+    const panel = new GpuPanel(source, {
+      open: path => void app.commands.execute('docmanager:open', { path }),
+      canRestart: kernelId => panelOf(kernelId) !== undefined,
+      restart: async kernelId => {
+        const w = panelOf(kernelId);
+        return w ? sessionDialogs.restart(w.sessionContext) : false;
+      }
+    });
+    panel.title.icon = gpuIcon;
+    app.shell.add(panel, 'right', { rank: 900 });
+
+    // GPU alerts: each shown once per crossing of the threshold.
+    const shown = new Set<string>();
+    source.changed.connect(() => {
+      const state = source.state;
+      if (!state) {
+        return;
+      }
+      for (const a of newAlerts(alerts(state), shown)) {
+        const actions = a.ownKernels.length
+          ? [
+              {
+                label: 'Free cache in my notebooks',
+                caption: 'gc and empty the frameworks\' caches in this server\'s notebooks on that GPU',
+                callback: () => {
+                  void Promise.allSettled(a.ownKernels.map(k => freeCache(k))).then(() => source.refresh());
+                }
+              }
+            ]
+          : [];
+        Notification.warning(a.message, { autoClose: false, actions });
+      }
+    });
+    // GPU-aware culling's warnings for this server's idle notebooks: each
+    // shown once; running a cell cancels it (the daemon drops it).
+    const warned = new Set<string>();
+    source.changed.connect(() => {
+      const state = source.state;
+      if (!state) {
+        return;
+      }
+      for (const w of cullWarnings(state)) {
+        if (!warned.has(w.key)) {
+          warned.add(w.key);
+          Notification.warning(w.message, { autoClose: false });
+        }
+      }
+    });
+    // Orphans the daemon ended after a restart or shutdown.
+    source.events.connect((_, events) => {
+      for (const ev of events) {
+        if (ev.kind === 'reclaim') {
+          Notification.info(reclaimMessage(ev), { autoClose: 15000 });
+        }
+      }
+    });
+    void labShell; // the panel lives in the right area of the lab shell when there is one
+  }
+};
+
+export default plugin;

@@ -1,0 +1,1 @@
+from harness import stack  # noqa: F401  (the fixture)

@@ -1,0 +1,95 @@
+"""The server extension's handlers against real Jupyter servers, a real
+gpumem serve (simulated GPU) and real kernels."""
+
+import importlib.util
+
+import httpx
+from harness import GiB, need, wait_for
+
+
+def require_extension():
+    need(
+        importlib.util.find_spec("jupyterlab_gpumem") is not None,
+        "jupyterlab_gpumem is not installed in this Python (run labextension/scripts/build.sh)",
+    )
+
+
+def test_needs_jupyter_auth(stack):
+    require_extension()
+    lab = stack.server()
+    for method, path in [
+        ("GET", "gpumem/api/v1/state"),
+        ("POST", "gpumem/api/v1/kernels/abc/free"),
+        ("GET", "gpumem/api/v1/kernels/abc/vars"),
+    ]:
+        r = httpx.request(method, lab.url + path, timeout=10)
+        assert r.status_code == 403, (method, path, r.status_code, r.text)
+    # Cookie-less POST with a wrong token: refused too.
+    r = httpx.post(
+        lab.url + "gpumem/api/v1/kernels/abc/free",
+        headers={"Authorization": "token nope"},
+        timeout=10,
+    )
+    assert r.status_code == 403
+
+
+def test_no_daemon_is_one_clear_status(stack):
+    require_extension()
+    lab = stack.server()
+    st = lab.state()
+    assert st["status"] == "no_daemon", st
+    assert "gpumem serve" in st["message"] and str(stack.socket) in st["message"], st
+
+
+def test_only_this_servers_kernels(stack):
+    require_extension()
+    lab = stack.server()
+    other = stack.server(app="jupyter_server")  # another server, same user, same runtime dir
+    lab.notebook("mine.ipynb")
+    other.notebook("theirs.ipynb")
+    mine = lab.start_session("mine.ipynb")
+    theirs = other.start_session("theirs.ipynb")
+    stack.start_daemon()
+    pm, pt = stack.kernel_pid(mine), stack.kernel_pid(theirs)
+    stack.set_gpu({pm: 2 * GiB, pt: 5 * GiB})
+
+    def view():
+        st = lab.state()
+        if st["status"] == "ok" and st["notebooks"] and st["notebooks"][0]["gpu_memory_bytes"] == 2 * GiB and st["others"]:
+            return st
+
+    st = wait_for("the state to show both kernels' figures", view, timeout=30)
+    assert [nb["kernel_id"] for nb in st["notebooks"]] == [mine]
+    assert st["notebooks"][0]["path"] == "mine.ipynb"
+    assert st["notebooks"][0]["peak_bytes"] == 2 * GiB
+    # The other server's kernel is only part of its user's total.
+    assert len(st["others"]) == 1 and st["others"][0]["notebooks"] == 1 and st["others"][0]["bytes"] == 5 * GiB
+    assert theirs not in str(st), "the other server's kernel id must not reach this server's browser"
+    assert [s["id"] for s in st["series"]["notebooks"]] == [mine]
+    assert st["gpus"][0]["simulated"] is True and st["gpus"][0]["memory_used_bytes"] == 7 * GiB
+    assert st["alert_threshold"] == 0.8
+
+    # Incremental: since=now gives at most the last points.
+    later = lab.get("gpumem/api/v1/state", params={"since": st["now"]}).json()
+    assert all(p[0] >= st["now"] for s in later["series"]["gpus"] for p in s["points"])
+
+    # Free and vars: this server's kernels only.
+    r = lab.post(f"gpumem/api/v1/kernels/{theirs}/free")
+    assert r.status_code == 403, r.text
+    r = lab.get(f"gpumem/api/v1/kernels/{theirs}/vars")
+    assert r.status_code == 403, r.text
+    r = lab.post(f"gpumem/api/v1/kernels/{mine}/free")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "ok" and body["free"]["cache_only"] is True, body
+    r = lab.get(f"gpumem/api/v1/kernels/{mine}/vars", params={"all_devices": "1"})
+    assert r.status_code == 200, r.text
+    assert r.json()["vars"]["kind"] == "vars", r.json()
+
+    # A bad since is the caller's error, not the daemon's.
+    assert lab.get("gpumem/api/v1/state", params={"since": "yesterday"}).status_code == 400
+
+    # The daemon goes away: one status line again, no HTTP error.
+    stack.stop_daemon()
+    st = lab.state()
+    assert st["status"] == "no_daemon", st

@@ -1,0 +1,45 @@
+package magics
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+)
+
+// Vars returns the data of `%gpumem vars` for the kernel behind ex (the
+// "vars" dict of gpumem_magics.py: rows largest first, total, notes), read
+// by a silent execute: nothing is shown in the notebook and no variable is
+// touched. It queues behind the kernel's current cell. allDevices lists
+// tensors on every device, the CPU included (`%gpumem vars --all-devices`).
+func Vars(ctx context.Context, ex Executor, allDevices bool) (json.RawMessage, error) {
+	return query(ctx, ex, "vars", map[string]any{"all_devices": allDevices})
+}
+
+// Summary returns the data of `%gpumem` for the kernel behind ex (the
+// "summary" dict: per-framework figures per device, the driver's figure
+// when the kernel knows gpumem serve's socket, advice), read silently.
+func Summary(ctx context.Context, ex Executor) (json.RawMessage, error) {
+	return query(ctx, ex, "summary", nil)
+}
+
+func query(ctx context.Context, ex Executor, action string, args map[string]any) (json.RawMessage, error) {
+	var ir InjectResult
+	if err := checkKernel(ctx, ex, &ir); err != nil {
+		return nil, err
+	}
+	rep, err := runBoot(ctx, ex, action, map[string]any{"version": Version()}, args)
+	if err != nil {
+		return nil, err
+	}
+	if !rep.OK {
+		if strings.Contains(rep.Error, "no IPython shell") {
+			return nil, fmt.Errorf("%s: %s: %w", action, rep.Error, ErrUnsupportedKernel)
+		}
+		return nil, fmt.Errorf("%s: failed in the kernel: %s", action, rep.Error)
+	}
+	if !json.Valid(rep.Result) || len(rep.Result) == 0 {
+		return nil, fmt.Errorf("%s: the kernel's result is not JSON", action)
+	}
+	return rep.Result, nil
+}

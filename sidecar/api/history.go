@@ -1,0 +1,175 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/gpumem/gpumem/sidecar/attribution"
+	"github.com/gpumem/gpumem/sidecar/history"
+)
+
+// HistoryBackend is what GET /api/v1/history needs. A Backend that does
+// not implement it answers 404 there.
+type HistoryBackend interface {
+	// History is every series since q.Since (unix seconds), the events
+	// after q.EventsAfter, and the current report.
+	History(ctx context.Context, q HistoryQuery) (HistoryResponse, error)
+}
+
+// HistoryQuery is GET /api/v1/history's parameters.
+type HistoryQuery struct {
+	Since       int64  // since=: unix seconds; 0 = the last 15 minutes
+	EventsAfter uint64 // events_after=: a sequence number
+	// Wait (wait=1): when no sample is as new as Since yet, answer after the
+	// next one (or a few intervals at most). A client that polls this way
+	// sees each sample as soon as it is taken, at one request a sample.
+	Wait bool
+}
+
+// KernelQueryBackend answers the read-only kernel queries the JupyterLab
+// panel uses. Errors follow Backend.Free's rules (ErrKernelNotFound: 404).
+type KernelQueryBackend interface {
+	// KernelVars is the %gpumem vars data of the kernel, as JSON;
+	// allDevices adds tensors on other devices than GPUs.
+	KernelVars(ctx context.Context, kernelID string, allDevices bool) (json.RawMessage, error)
+	// KernelSummary is the %gpumem data (per-framework figures), as JSON.
+	KernelSummary(ctx context.Context, kernelID string) (json.RawMessage, error)
+}
+
+// HistoryResponse is the reply of GET /api/v1/history.
+type HistoryResponse struct {
+	// Now is the daemon's clock (unix seconds); ask for since=Now next time.
+	Now int64 `json:"now"`
+	// StepSeconds is the spacing of the points returned: the sampling
+	// interval for the last 15 minutes, 60 for older ranges.
+	StepSeconds    int64   `json:"step_seconds"`
+	AlertThreshold float64 `json:"alert_threshold"`
+	// GPUs' series are keyed by GPU index, notebooks' by kernel id.
+	GPUs      []HistorySeries `json:"gpus"`
+	Notebooks []HistorySeries `json:"notebooks"`
+	// Events after the events_after asked for, oldest first; LastEvent is
+	// the sequence number to ask after next time.
+	Events    []history.Event    `json:"events"`
+	LastEvent uint64             `json:"last_event"`
+	Report    attribution.Report `json:"report"`
+	// Users are the other users' totals, for a caller who may not see their
+	// notebooks (shared mode); absent for admins, whose Report has them all.
+	Users []UserUsage `json:"users,omitempty"`
+}
+
+// HistorySeries is one series' points, [unix seconds, bytes] each.
+type HistorySeries struct {
+	ID     string      `json:"id"`
+	Peak   uint64      `json:"peak_bytes"`
+	PeakAt int64       `json:"peak_at"`
+	Points [][2]uint64 `json:"points"`
+}
+
+// extraRoutes adds the endpoints of the optional backend interfaces.
+func (s *Server) extraRoutes(route func(string, access, func(http.ResponseWriter, *http.Request, caller)), allow map[string]string) {
+	route("GET /api/v1/history", accessUser, s.serveHistory)
+	route("GET /api/v1/kernels/{id}/vars", accessOwnKernel, s.kernelQuery(func(b KernelQueryBackend, ctx context.Context, id string, r *http.Request) (json.RawMessage, error) {
+		return b.KernelVars(ctx, id, r.URL.Query().Get("all_devices") == "1")
+	}))
+	route("GET /api/v1/kernels/{id}/summary", accessOwnKernel, s.kernelQuery(func(b KernelQueryBackend, ctx context.Context, id string, _ *http.Request) (json.RawMessage, error) {
+		return b.KernelSummary(ctx, id)
+	}))
+	allow["/api/v1/history"] = "GET, HEAD"
+	allow["/api/v1/kernels/{id}/vars"] = "GET, HEAD"
+	allow["/api/v1/kernels/{id}/summary"] = "GET, HEAD"
+}
+
+func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, c caller) {
+	hb, ok := s.backend.(HistoryBackend)
+	if !ok {
+		s.writeError(w, r, http.StatusNotFound, "this daemon keeps no history")
+		return
+	}
+	q := r.URL.Query()
+	var hq HistoryQuery
+	var err error
+	if v := q.Get("since"); v != "" {
+		if hq.Since, err = strconv.ParseInt(v, 10, 64); err != nil {
+			s.writeError(w, r, http.StatusBadRequest, fmt.Sprintf("since=%q is not a time in unix seconds", v))
+			return
+		}
+	}
+	if v := q.Get("events_after"); v != "" {
+		if hq.EventsAfter, err = strconv.ParseUint(v, 10, 64); err != nil {
+			s.writeError(w, r, http.StatusBadRequest, fmt.Sprintf("events_after=%q is not an event sequence number", v))
+			return
+		}
+	}
+	hq.Wait = q.Get("wait") == "1"
+	resp, err := hb.History(r.Context(), hq)
+	if err != nil {
+		s.writeError(w, r, http.StatusServiceUnavailable, fmt.Sprintf("history: %v", err))
+		return
+	}
+	if c.role == roleUser {
+		resp = userHistory(resp, c.user)
+	}
+	s.writeJSON(w, r, http.StatusOK, resp)
+}
+
+// userHistory is what a user who is not an admin may see of the history:
+// their own notebooks, series and events, the GPUs, and every other user
+// only as a total (as GET /api/v1/users gives).
+func userHistory(resp HistoryResponse, user string) HistoryResponse {
+	for _, u := range SummarizeUsers(resp.Report) {
+		if u.User != user {
+			resp.Users = append(resp.Users, u)
+		}
+	}
+	resp.Report = ownView(resp.Report, user)
+	own := map[string]bool{}
+	for _, nb := range resp.Report.Notebooks {
+		own[nb.KernelID] = true
+	}
+	series := []HistorySeries{}
+	for _, sr := range resp.Notebooks {
+		if own[sr.ID] {
+			series = append(series, sr)
+		}
+	}
+	resp.Notebooks = series
+	events := []history.Event{}
+	for _, e := range resp.Events {
+		if own[e.KernelID] {
+			events = append(events, e)
+		}
+	}
+	resp.Events = events
+	return resp
+}
+
+func (s *Server) kernelQuery(f func(KernelQueryBackend, context.Context, string, *http.Request) (json.RawMessage, error)) func(http.ResponseWriter, *http.Request, caller) {
+	return func(w http.ResponseWriter, r *http.Request, _ caller) {
+		qb, ok := s.backend.(KernelQueryBackend)
+		if !ok {
+			s.writeError(w, r, http.StatusNotFound, "this daemon answers no kernel queries")
+			return
+		}
+		id := r.PathValue("id")
+		reply, err := f(qb, r.Context(), id, r)
+		switch {
+		case errors.Is(err, ErrKernelNotFound):
+			s.writeError(w, r, http.StatusNotFound, err.Error())
+			return
+		case errors.Is(err, context.DeadlineExceeded):
+			s.writeError(w, r, http.StatusGatewayTimeout, err.Error())
+			return
+		case err != nil:
+			s.writeError(w, r, http.StatusBadGateway, fmt.Sprintf("kernel %s: %v", id, err))
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		setNoCache(w)
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(reply)
+	}
+}

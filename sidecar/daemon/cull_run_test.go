@@ -1,0 +1,123 @@
+package daemon
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gpumem/gpumem/sidecar/discovery"
+)
+
+// fakeServer answers /api/sessions as a Jupyter server would, for one
+// kernel, and records DELETE /api/kernels/{id}.
+type fakeServer struct {
+	*httptest.Server
+	mu       sync.Mutex
+	state    string
+	last     time.Time
+	deleted  []string
+	sessions int
+}
+
+func newFakeServer(t *testing.T, kernelID string) *fakeServer {
+	f := &fakeServer{state: "idle"}
+	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if r.Header.Get("Authorization") != "token t" {
+			http.Error(w, "no", http.StatusForbidden)
+			return
+		}
+		switch {
+		case r.Method == http.MethodGet && r.URL.Path == "/api/sessions":
+			f.sessions++
+			_ = json.NewEncoder(w).Encode([]map[string]any{{"id": "s", "path": "a.ipynb", "type": "notebook",
+				"kernel": map[string]any{"id": kernelID, "execution_state": f.state, "last_activity": f.last.Format(time.RFC3339Nano)}}})
+		case r.Method == http.MethodDelete && r.URL.Path == "/api/kernels/"+kernelID:
+			f.deleted = append(f.deleted, kernelID)
+			w.WriteHeader(http.StatusNoContent)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(f.Close)
+	return f
+}
+
+func (f *fakeServer) deletes() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.deleted)
+}
+
+// The runner: an idle kernel holding memory is warned (alert and activity
+// in the report), then shut down through its server once the warning has
+// run out; one used since is not; a busy one is not warned.
+func TestCullRunner(t *testing.T) {
+	r, k1, _ := twoKernels(t, Config{Cull: CullConfig{Idle: time.Minute, MinMemory: 1 << 30, Action: CullShutdown, Warn: 0}})
+	srv := newFakeServer(t, "k1")
+	idleSince := time.Now().Add(-time.Hour)
+	srv.last = idleSince
+	setServer := func(state string, last time.Time) {
+		r.d.mu.Lock()
+		ks := r.d.kernels[k1]
+		ks.server, ks.execState, ks.lastActivity = discovery.Server{URL: srv.URL + "/", Token: "t"}, state, last
+		r.d.mu.Unlock()
+	}
+	report := func() []notebookAlert {
+		r.d.mu.Lock()
+		rep := r.d.last.Report
+		r.d.mu.Unlock()
+		alerts := r.d.cull(r.ctx, &rep)
+		for _, nb := range rep.Notebooks {
+			if nb.KernelID == "k1" && nb.Activity == nil {
+				t.Errorf("no activity for k1 in the report")
+			}
+		}
+		return alerts
+	}
+
+	// Busy: nothing.
+	setServer("busy", idleSince)
+	if a := report(); len(a) != 0 {
+		t.Fatalf("a busy kernel was warned: %+v", a)
+	}
+	// Idle: warned.
+	setServer("idle", idleSince)
+	a := report()
+	if len(a) != 1 || a[0].Kernels[0] != "k1" || a[0].GPU != -1 {
+		t.Fatalf("warning %+v", a)
+	}
+	r.waitLog("idle kernel holds GPU memory: warned", `"kernel_id":"k1"`)
+	// Used since the warning: cancelled.
+	setServer("idle", time.Now())
+	report()
+	r.waitLog("cull cancelled", "used since the warning")
+	// Idle again, warned again, and (no warning period) acted on.
+	setServer("idle", idleSince)
+	report()
+	report()
+	poll(t, "DELETE /api/kernels/k1", func() bool { return srv.deletes() == 1 })
+	r.waitLog("idle kernel holding GPU memory shut down through its server")
+	// Already culled, not used since: nothing more.
+	report()
+	if n := srv.deletes(); n != 1 {
+		t.Errorf("%d deletes, want 1", n)
+	}
+}
+
+// A kernel with no server that reports it is never culled, and the log
+// says so once.
+func TestCullWithoutServer(t *testing.T) {
+	r, _, _ := twoKernels(t, Config{Cull: CullConfig{Idle: time.Minute, MinMemory: 1 << 30, Action: CullShutdown}})
+	r.d.mu.Lock()
+	rep := r.d.last.Report
+	r.d.mu.Unlock()
+	if a := r.d.cull(r.ctx, &rep); len(a) != 0 {
+		t.Fatalf("warned without a server: %+v", a)
+	}
+	r.waitLog("no Jupyter server reports its activity: never culled")
+}

@@ -1,0 +1,181 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gpumem/gpumem/magics"
+	"github.com/gpumem/gpumem/protocol"
+	"github.com/gpumem/gpumem/sidecar/api"
+	"github.com/gpumem/gpumem/sidecar/attribution"
+	"github.com/gpumem/gpumem/sidecar/history"
+)
+
+// historyParts is what the daemon remembers over time for the API's
+// history endpoint and the JupyterLab panel: figures per GPU and notebook,
+// and reclaim events.
+type historyParts struct {
+	store  *history.Store
+	events *history.Events
+
+	mu      sync.Mutex
+	last    int64         // unix second of the newest sample recorded
+	sampled chan struct{} // closed (and replaced) after each sample
+}
+
+func newHistoryParts(interval time.Duration) *historyParts {
+	return &historyParts{store: history.New(history.Options{FineStep: interval}), events: history.NewEvents(),
+		sampled: make(chan struct{})}
+}
+
+// recorded wakes the waiting history requests.
+func (h *historyParts) recorded(t int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.last = max(h.last, t)
+	close(h.sampled)
+	h.sampled = make(chan struct{})
+}
+
+// waitSample returns once a sample of second since or later is recorded,
+// or after limit, or when ctx ends.
+func (h *historyParts) waitSample(ctx context.Context, since int64, limit time.Duration) {
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	for {
+		h.mu.Lock()
+		last, ch := h.last, h.sampled
+		h.mu.Unlock()
+		if last >= since {
+			return
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// recordHistory adds a sample's figures and sets each notebook's peak since
+// its kernel process started (the kernel pid marks the generation). It
+// returns the sample's time in unix seconds, for historySampled.
+func (d *Daemon) recordHistory(now time.Time, rep *attribution.Report) int64 {
+	samples := make([]history.Sample, 0, len(rep.GPUs)+len(rep.Notebooks))
+	for _, g := range rep.GPUs {
+		samples = append(samples, history.Sample{Key: history.Key{Kind: history.KindGPU, ID: strconv.Itoa(g.Index)}, Bytes: g.MemoryUsedBytes})
+	}
+	for _, nb := range rep.Notebooks {
+		gen := ""
+		if len(nb.PIDs) > 0 {
+			gen = strconv.Itoa(nb.PIDs[0])
+		}
+		samples = append(samples, history.Sample{Key: history.Key{Kind: history.KindNotebook, ID: nb.KernelID}, Bytes: nb.GPUMemoryBytes, Generation: gen})
+	}
+	d.hist.store.Record(now, samples)
+	for i := range rep.Notebooks {
+		if p, ok := d.hist.store.Peak(history.Key{Kind: history.KindNotebook, ID: rep.Notebooks[i].KernelID}); ok {
+			rep.Notebooks[i].PeakBytes = p
+		}
+	}
+	return now.Unix()
+}
+
+// historySampled wakes the waiting history requests; sample calls it once
+// the new report is in place, so that they read it.
+func (d *Daemon) historySampled(at int64) { d.hist.recorded(at) }
+
+// recordReclaim keeps one event per reclaim that ended processes.
+func (d *Daemon) recordReclaim(ks *kernelState, notebook, why string, processes int, bytes uint64) {
+	if processes == 0 {
+		return
+	}
+	user := ""
+	d.mu.Lock()
+	for _, nb := range d.last.Report.Notebooks {
+		if nb.KernelID == ks.id {
+			user = nb.User
+		}
+	}
+	d.mu.Unlock()
+	d.hist.events.Add(history.Event{Time: time.Now().Unix(), Kind: "reclaim", KernelID: ks.id,
+		Notebook: notebook, User: user, Reason: why, Processes: processes, Bytes: bytes})
+}
+
+// History implements api.HistoryBackend.
+func (d *Daemon) History(ctx context.Context, q api.HistoryQuery) (api.HistoryResponse, error) {
+	since, eventsAfter := q.Since, q.EventsAfter
+	if q.Wait && since > 0 {
+		d.hist.waitSample(ctx, since, 2*d.cfg.Interval+time.Second)
+	}
+	rep, err := d.Report(ctx)
+	if err != nil {
+		return api.HistoryResponse{}, err
+	}
+	now := time.Now()
+	if since <= 0 {
+		since = now.Add(-d.hist.store.Options().FineWindow).Unix()
+	}
+	resp := api.HistoryResponse{Now: now.Unix(), AlertThreshold: d.cfg.AlertThreshold,
+		GPUs: []api.HistorySeries{}, Notebooks: []api.HistorySeries{}, Report: rep}
+	for _, sr := range d.hist.store.Since(now, since) {
+		hs := api.HistorySeries{ID: sr.Key.ID, Peak: sr.Peak, PeakAt: sr.PeakAt, Points: make([][2]uint64, len(sr.Points))}
+		for i, p := range sr.Points {
+			hs.Points[i] = [2]uint64{uint64(p.Time), p.Bytes}
+		}
+		resp.StepSeconds = sr.Step
+		if sr.Key.Kind == history.KindGPU {
+			resp.GPUs = append(resp.GPUs, hs)
+		} else {
+			resp.Notebooks = append(resp.Notebooks, hs)
+		}
+	}
+	if resp.StepSeconds == 0 {
+		resp.StepSeconds = max(int64(d.cfg.Interval/time.Second), 1)
+	}
+	resp.Events, resp.LastEvent = d.hist.events.After(eventsAfter)
+	return resp, nil
+}
+
+// KernelVars implements api.KernelQueryBackend: %gpumem vars's data.
+func (d *Daemon) KernelVars(ctx context.Context, kernelID string, allDevices bool) (json.RawMessage, error) {
+	return d.kernelQuery(ctx, kernelID, func(ctx context.Context, ex magics.Executor) (json.RawMessage, error) {
+		return magics.Vars(ctx, ex, allDevices)
+	})
+}
+
+// KernelSummary implements api.KernelQueryBackend: %gpumem's data.
+func (d *Daemon) KernelSummary(ctx context.Context, kernelID string) (json.RawMessage, error) {
+	return d.kernelQuery(ctx, kernelID, magics.Summary)
+}
+
+// queryTimeout bounds a kernel query: it waits for the current cell.
+const queryTimeout = 20 * time.Second
+
+func (d *Daemon) kernelQuery(ctx context.Context, kernelID string, q func(context.Context, magics.Executor) (json.RawMessage, error)) (json.RawMessage, error) {
+	d.mu.Lock()
+	var client *protocol.Client
+	found := false
+	for _, k := range d.kernels {
+		if k.id == kernelID {
+			client, found = k.client, true
+			break
+		}
+	}
+	d.mu.Unlock()
+	if !found {
+		return nil, fmt.Errorf("kernel %s: %w", kernelID, api.ErrKernelNotFound)
+	}
+	if client == nil {
+		return nil, fmt.Errorf("kernel %s is not attached yet (starting, or not answering); try again", kernelID)
+	}
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	return q(ctx, client)
+}

@@ -1,0 +1,62 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/rs/zerolog"
+
+	"github.com/gpumem/gpumem/nvml"
+	"github.com/gpumem/gpumem/sidecar/attribution"
+	"github.com/gpumem/gpumem/sidecar/discovery"
+	"github.com/gpumem/gpumem/sidecar/procs"
+)
+
+// podsOf answers attribution.Pods from a fixed map by pid.
+type podsOf map[int]attribution.Pod
+
+func (p podsOf) PodOf(pid int, _ uint64) (attribution.Pod, bool) {
+	pod, ok := p[pid]
+	return pod, ok
+}
+
+// TestSampleAddsPods: with Config.Pods, the report the daemon keeps (and
+// serves to ls, the API and /metrics) names each GPU process's pod.
+func TestSampleAddsPods(t *testing.T) {
+	dir := t.TempDir()
+	gpuFile := filepath.Join(dir, "gpus.json")
+	self := os.Getpid()
+	doc := fmt.Sprintf(`{"gpus":[{"name":"Simulated","uuid":"GPU-1","memory_total_bytes":%d,"processes":[{"pid":%d,"used_bytes":%d}]}]}`, 80<<30, self, 1<<30)
+	if err := os.WriteFile(gpuFile, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pod := attribution.Pod{Name: "trainer-0", Namespace: "ml", UID: "u", Container: "main", User: "alice"}
+	gpus, err := nvml.OpenSimulated(gpuFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gpus.Close()
+	proc := &procs.FS{}
+	d, err := New(Config{RuntimeDirs: []string{dir}, SocketPath: filepath.Join(dir, "gpumem.sock")},
+		Deps{GPUs: gpus, Procs: proc, Finder: discovery.NewProcFinder(proc), Pods: podsOf{self: pod}}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer func() { cancel(); d.wg.Wait() }()
+
+	d.sample(ctx)
+	rep, err := d.Report(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Other) != 1 || rep.Other[0].PID != self {
+		t.Fatalf("other processes %+v, want this test's process", rep.Other)
+	}
+	if rep.Other[0].Pod == nil || *rep.Other[0].Pod != pod {
+		t.Errorf("pod %+v, want %+v", rep.Other[0].Pod, pod)
+	}
+}

@@ -1,0 +1,59 @@
+package history
+
+import "sync"
+
+// Event is something the daemon did that a user should hear about once:
+// today, the end of a restarted or shut-down kernel's orphans.
+type Event struct {
+	Seq      uint64 `json:"seq"`  // increasing from 1: a reader asks for what came after
+	Time     int64  `json:"time"` // unix seconds
+	Kind     string `json:"kind"` // "reclaim"
+	KernelID string `json:"kernel_id"`
+	Notebook string `json:"notebook"`
+	User     string `json:"user"`
+	Reason   string `json:"reason"` // "restart" or "shutdown"
+	// Processes ended and the GPU memory they held.
+	Processes int    `json:"processes"`
+	Bytes     uint64 `json:"bytes"`
+}
+
+// Events keeps the last Capacity events. It is safe for concurrent use.
+type Events struct {
+	mu   sync.Mutex
+	ring []Event
+	next uint64
+}
+
+// EventCapacity is how many events are kept; older ones are dropped.
+const EventCapacity = 256
+
+// NewEvents returns an empty event log.
+func NewEvents() *Events { return &Events{next: 1} }
+
+// Add stores e, giving it the next sequence number, which it returns.
+func (l *Events) Add(e Event) uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e.Seq = l.next
+	l.next++
+	if len(l.ring) == EventCapacity {
+		copy(l.ring, l.ring[1:])
+		l.ring = l.ring[:EventCapacity-1]
+	}
+	l.ring = append(l.ring, e)
+	return e.Seq
+}
+
+// After returns the events with Seq > seq, oldest first, and the last
+// sequence number given so far.
+func (l *Events) After(seq uint64) ([]Event, uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := []Event{}
+	for _, e := range l.ring {
+		if e.Seq > seq {
+			out = append(out, e)
+		}
+	}
+	return out, l.next - 1
+}

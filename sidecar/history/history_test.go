@@ -1,0 +1,247 @@
+package history
+
+import (
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+)
+
+func at(sec int64) time.Time { return time.Unix(sec, 0) }
+
+func TestRing(t *testing.T) {
+	tests := []struct {
+		name  string
+		cap   int
+		push  []int64
+		since int64
+		want  []int64
+	}{
+		{"empty", 3, nil, 0, nil},
+		{"under capacity", 3, []int64{1, 2}, 0, []int64{1, 2}},
+		{"wrapped keeps newest", 3, []int64{1, 2, 3, 4, 5}, 0, []int64{3, 4, 5}},
+		{"since in the middle", 4, []int64{1, 2, 3, 4, 5, 6}, 4, []int64{4, 5, 6}},
+		{"since after all", 3, []int64{1, 2, 3}, 9, nil},
+		{"since between points", 5, []int64{10, 20, 30}, 15, []int64{20, 30}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRing(tc.cap)
+			for _, p := range tc.push {
+				r.push(Point{Time: p, Bytes: uint64(p) * 10})
+			}
+			got := r.since(tc.since, nil)
+			if len(got) != len(tc.want) {
+				t.Fatalf("since(%d) = %v, want times %v", tc.since, got, tc.want)
+			}
+			for i, p := range got {
+				if p.Time != tc.want[i] || p.Bytes != uint64(tc.want[i])*10 {
+					t.Fatalf("since(%d)[%d] = %v, want time %d", tc.since, i, p, tc.want[i])
+				}
+			}
+		})
+	}
+}
+
+func TestRecordAndSince(t *testing.T) {
+	gpu := Key{KindGPU, "0"}
+	nb := Key{KindNotebook, "k1"}
+	tests := []struct {
+		name   string
+		ticks  [][]Sample // tick i happens at second 1000+i
+		since  int64
+		now    int64
+		want   map[Key][]Point
+		peaks  map[Key]uint64
+		series int
+	}{
+		{
+			name:  "fine points per tick",
+			ticks: [][]Sample{{{Key: gpu, Bytes: 5}, {Key: nb, Bytes: 1, Generation: "a"}}, {{Key: gpu, Bytes: 7}, {Key: nb, Bytes: 3, Generation: "a"}}},
+			since: 1000, now: 1001,
+			want:   map[Key][]Point{gpu: {{1000, 5}, {1001, 7}}, nb: {{1000, 1}, {1001, 3}}},
+			peaks:  map[Key]uint64{gpu: 7, nb: 3},
+			series: 2,
+		},
+		{
+			name:  "a gap when a series is missing from a tick",
+			ticks: [][]Sample{{{Key: nb, Bytes: 4}}, {}, {{Key: nb, Bytes: 2}}},
+			since: 1001, now: 1002,
+			want:   map[Key][]Point{nb: {{1002, 2}}},
+			peaks:  map[Key]uint64{nb: 4},
+			series: 1,
+		},
+		{
+			name:  "a new generation restarts the peak",
+			ticks: [][]Sample{{{Key: nb, Bytes: 9, Generation: "pid1"}}, {{Key: nb, Bytes: 2, Generation: "pid2"}}, {{Key: nb, Bytes: 1, Generation: "pid2"}}},
+			since: 0, now: 1002,
+			want:   map[Key][]Point{nb: {{960, 9}}}, // coarse: one bucket a minute, its maximum
+			peaks:  map[Key]uint64{nb: 2},
+			series: 1,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := New(Options{})
+			for i, tick := range tc.ticks {
+				s.Record(at(1000+int64(i)), tick)
+			}
+			if s.Len() != tc.series {
+				t.Fatalf("Len = %d, want %d", s.Len(), tc.series)
+			}
+			got := map[Key]Series{}
+			for _, sr := range s.Since(at(tc.now), tc.since) {
+				got[sr.Key] = sr
+			}
+			for k, want := range tc.want {
+				if fmt.Sprint(got[k].Points) != fmt.Sprint(want) {
+					t.Errorf("%v points = %v, want %v", k, got[k].Points, want)
+				}
+			}
+			for k, want := range tc.peaks {
+				if got[k].Peak != want {
+					t.Errorf("%v peak = %d, want %d", k, got[k].Peak, want)
+				}
+				if p, ok := s.Peak(k); !ok || p != want {
+					t.Errorf("Peak(%v) = %d, %v, want %d", k, p, ok, want)
+				}
+			}
+		})
+	}
+}
+
+func TestWindows(t *testing.T) {
+	s := New(Options{})
+	k := Key{KindNotebook, "k"}
+	start := int64(1_000_000_030) // 10 s past a minute
+	const ticks = 2 * 3600        // two hours at 1 s
+	for i := int64(0); i < ticks; i++ {
+		s.Record(at(start+i), []Sample{{Key: k, Bytes: uint64(i)}})
+	}
+	now := at(start + ticks - 1)
+	fine := s.Since(now, 0+now.Unix()-15*60+1)[0]
+	if fine.Step != 1 || len(fine.Points) != 900 {
+		t.Fatalf("fine: step %d, %d points, want 1 s and 900", fine.Step, len(fine.Points))
+	}
+	coarse := s.Since(now, 0)[0]
+	if coarse.Step != 60 || len(coarse.Points) != 121 {
+		t.Fatalf("coarse: step %d, %d points, want 60 s and 121 (two hours, first minute partial)", coarse.Step, len(coarse.Points))
+	}
+	for _, p := range coarse.Points {
+		if p.Time%60 != 0 {
+			t.Fatalf("coarse point at %d is not on a minute", p.Time)
+		}
+		// Each minute keeps its maximum: the last second of the minute here.
+		if want := uint64(min(p.Time+59-start, ticks-1)); p.Bytes != want {
+			t.Fatalf("coarse point %d = %d, want the minute's maximum %d", p.Time, p.Bytes, want)
+		}
+	}
+	// Silent for longer than the coarse window: dropped.
+	s.Record(at(start+ticks+25*3600), []Sample{{Key: Key{KindGPU, "0"}, Bytes: 1}})
+	if s.Len() != 1 {
+		t.Fatalf("after 25 h of silence the notebook series should be gone: %d series", s.Len())
+	}
+}
+
+func TestRepeatedTimeIgnored(t *testing.T) {
+	s := New(Options{})
+	k := Key{KindGPU, "0"}
+	s.Record(at(5), []Sample{{Key: k, Bytes: 1}})
+	s.Record(at(5), []Sample{{Key: k, Bytes: 99}})
+	s.Record(at(4), []Sample{{Key: k, Bytes: 98}})
+	got := s.Since(at(5), 0)[0].Points
+	if len(got) != 1 || got[0].Bytes != 1 {
+		t.Fatalf("points = %v, want one point of 1 byte", got)
+	}
+}
+
+func TestEvents(t *testing.T) {
+	l := NewEvents()
+	if evs, last := l.After(0); len(evs) != 0 || last != 0 {
+		t.Fatalf("empty log: %v, %d", evs, last)
+	}
+	for i := 0; i < EventCapacity+3; i++ {
+		l.Add(Event{Kind: "reclaim", Processes: i})
+	}
+	evs, last := l.After(0)
+	if len(evs) != EventCapacity || last != EventCapacity+3 || evs[0].Seq != 4 {
+		t.Fatalf("full log: %d events, last %d, first seq %d", len(evs), last, evs[0].Seq)
+	}
+	evs, _ = l.After(last - 1)
+	if len(evs) != 1 || evs[0].Seq != last {
+		t.Fatalf("After(last-1) = %v", evs)
+	}
+}
+
+// TestMemoryBound measures the heap of 100 notebooks and 8 GPUs after 24 h
+// of 1 s samples (simulated time) against the documented bound of 8 MiB.
+func TestMemoryBound(t *testing.T) {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	s := New(Options{})
+	samples := make([]Sample, 0, 108)
+	for i := 0; i < 100; i++ {
+		samples = append(samples, Sample{Key: Key{KindNotebook, fmt.Sprintf("%036d", i)}, Generation: "1234:5678"})
+	}
+	for i := 0; i < 8; i++ {
+		samples = append(samples, Sample{Key: Key{KindGPU, fmt.Sprint(i)}})
+	}
+	start := int64(1_700_000_000)
+	// Every minute of the day at 1 s would take a while; the rings are full
+	// after their windows, so the first 15 min at 1 s and then a point a
+	// minute for the remaining day fill both to capacity.
+	for t := start; t < start+24*3600; {
+		for i := range samples {
+			samples[i].Bytes = uint64(t)
+		}
+		s.Record(at(t), samples)
+		if t < start+15*60 {
+			t++
+		} else {
+			t += 60
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	used := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("100 notebooks + 8 GPUs over 24 h: %d bytes (%.2f MiB) of heap", used, float64(used)/(1<<20))
+	if used > 8<<20 {
+		t.Fatalf("history uses %d bytes, over the 8 MiB bound", used)
+	}
+	sr := s.Since(at(start+24*3600), 0)
+	if len(sr) != 108 || len(sr[0].Points) != 1440 {
+		t.Fatalf("want 108 series of 1440 coarse points, got %d series of %d", len(sr), len(sr[0].Points))
+	}
+	runtime.KeepAlive(s)
+}
+
+func BenchmarkRecord100Notebooks(b *testing.B) {
+	s := New(Options{})
+	samples := make([]Sample, 100)
+	for i := range samples {
+		samples[i] = Sample{Key: Key{KindNotebook, fmt.Sprint(i)}, Bytes: uint64(i)}
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		s.Record(at(int64(1_700_000_000+i)), samples)
+	}
+}
+
+// A sampling interval longer than a window (or a window of zero slots)
+// keeps one point instead of panicking.
+func TestIntervalLongerThanWindow(t *testing.T) {
+	for _, o := range []Options{
+		{FineStep: time.Hour},
+		{FineStep: time.Second, FineWindow: time.Millisecond, CoarseStep: 2 * time.Hour, CoarseWindow: time.Hour},
+	} {
+		s := New(o)
+		k := Key{KindNotebook, "k"}
+		for i := int64(0); i < 3; i++ {
+			s.Record(at(1_000_000_000+i*3600), []Sample{{Key: k, Bytes: uint64(i + 1)}})
+		}
+		if got := s.fineLen; got < 1 {
+			t.Errorf("%+v: fine ring of %d slots", o, got)
+		}
+	}
+}

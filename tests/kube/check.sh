@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Checks the Helm chart (deploy/helm/gpumem) and the plain manifests
+# rendered from it (deploy/kubernetes): builds helm from its Go module at
+# the version in helm-version (once, into a cache dir), runs helm lint and
+# helm template, and fails when deploy/kubernetes/*.yaml differ from what
+# the chart renders. `check.sh --update` rewrites them. The Go test beside
+# this script (helm_test.go, run by go test ./...) then decodes every
+# rendered object strictly into k8s.io/api types, using the same helm.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+version=$(cat tests/kube/helm-version)
+cache=${GPUMEM_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpumem}
+helm=$cache/helm-$version/helm
+if [ ! -x "$helm" ]; then
+	echo "building helm $version into $(dirname "$helm") (once)"
+	start=$(date +%s)
+	GOBIN=$(dirname "$helm") go install "helm.sh/helm/v3/cmd/helm@$version"
+	echo "built helm in $(( $(date +%s) - start )) s"
+fi
+
+chart=deploy/helm/gpumem
+"$helm" lint --strict "$chart"
+"$helm" lint --strict "$chart" --set serviceMonitor.enabled=true
+
+render() {
+	"$helm" template gpumem "$chart" --namespace gpumem "$@"
+}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+{
+	echo "# Rendered from deploy/helm/gpumem by tests/kube/check.sh --update: do not edit."
+	echo "# kubectl create namespace gpumem && kubectl apply -n gpumem -f gpumem.yaml"
+	render
+} >"$tmp/gpumem.yaml"
+{
+	echo "# Rendered from deploy/helm/gpumem by tests/kube/check.sh --update: do not edit."
+	echo "# Needs the prometheus-operator CRDs (monitoring.coreos.com/v1)."
+	render --set serviceMonitor.enabled=true --show-only templates/servicemonitor.yaml
+} >"$tmp/servicemonitor.yaml"
+
+if [ "${1:-}" = --update ]; then
+	cp "$tmp/gpumem.yaml" "$tmp/servicemonitor.yaml" deploy/kubernetes/
+	echo "deploy/kubernetes rewritten"
+	exit 0
+fi
+for f in gpumem.yaml servicemonitor.yaml; do
+	if ! diff -u "deploy/kubernetes/$f" "$tmp/$f"; then
+		echo "deploy/kubernetes/$f differs from what the chart renders: run bash tests/kube/check.sh --update" >&2
+		exit 1
+	fi
+done
+echo "helm $version: lint ok, deploy/kubernetes matches the chart"

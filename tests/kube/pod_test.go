@@ -1,0 +1,390 @@
+package kube
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/gpumem/gpumem/internal/testenv"
+	"github.com/gpumem/gpumem/sidecar/attribution"
+)
+
+// TestImageNamesPods runs the image as the DaemonSet does, end to end but
+// for the cluster: `gpumem serve --kubernetes` as nobody, in its own pid
+// and mount namespaces (unshare, chroot into the image's rootfs), with the host's
+// /proc at /host/proc, a service account mounted where the kubelet mounts
+// it, and KUBERNETES_SERVICE_HOST/PORT naming a TLS server that answers
+// the pod list and watch as an API server does. The GPU process is a real
+// process that the test moves into a real cgroup laid out as the kubelet
+// lays out a pod's (cgroupfs driver: kubepods/besteffort/pod<uid>/<id>), so
+// the kernel itself writes the /proc/<pid>/cgroup the daemon parses. The
+// pod's name, namespace, container and user must reach /metrics and the
+// local API's report.
+func TestImageNamesPods(t *testing.T) {
+	if os.Geteuid() != 0 {
+		msg := "unshare, chroot and creating cgroups need root"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	rootfs := imageRootfs(t)
+	podUID := newUID(t)
+	containerID := randomHex(t, 32)
+
+	// A GPU process in the pod's cgroup.
+	sleeper := exec.Command("sleep", "3600")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sleeper.Process.Kill(); _ = sleeper.Wait() })
+	cgroupPath := podCgroup(t, podUID, containerID, sleeper.Process)
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", sleeper.Process.Pid))
+	if err != nil || !strings.Contains(string(data), cgroupPath) {
+		t.Fatalf("the kernel's /proc/%d/cgroup does not show %s: %q %v", sleeper.Process.Pid, cgroupPath, data, err)
+	}
+
+	// The API server: this node's pods, one of them the sleeper's.
+	pod := corev1.Pod{
+		TypeMeta: metav1.TypeMeta{Kind: "Pod", APIVersion: "v1"},
+		ObjectMeta: metav1.ObjectMeta{Name: "jupyter-alice", Namespace: "jhub", UID: types.UID(podUID), ResourceVersion: "7",
+			Labels: map[string]string{"hub.jupyter.org/username": "alice", "component": "singleuser-server"}},
+		Spec: corev1.PodSpec{NodeName: "gpu-1", Containers: []corev1.Container{{Name: "notebook", Image: "jupyter/base-notebook"}}},
+		Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{
+			{Name: "notebook", ContainerID: "containerd://" + containerID}}},
+	}
+	const token = "service-account-token"
+	var apiMu sync.Mutex
+	var apiErrs []string
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		bad := func(format string, args ...any) {
+			apiMu.Lock()
+			apiErrs = append(apiErrs, fmt.Sprintf(format, args...))
+			apiMu.Unlock()
+			http.Error(w, "forbidden", http.StatusForbidden)
+		}
+		q := r.URL.Query()
+		switch {
+		case r.Header.Get("Authorization") != "Bearer "+token:
+			bad("request without the service account's token: %s", r.URL)
+		case r.Method != http.MethodGet || r.URL.Path != "/api/v1/pods":
+			bad("request outside get/list/watch pods: %s %s", r.Method, r.URL)
+		case q.Get("fieldSelector") != "spec.nodeName=gpu-1":
+			bad("pods not restricted to the node: %s", r.URL)
+		case q.Get("watch") == "true":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(corev1.PodList{TypeMeta: metav1.TypeMeta{Kind: "PodList", APIVersion: "v1"},
+				ListMeta: metav1.ListMeta{ResourceVersion: "7"}, Items: []corev1.Pod{pod}})
+		}
+	}))
+	// The daemon's watch stays open until its connection closes.
+	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
+	host, port, _ := strings.Cut(strings.TrimPrefix(srv.URL, "https://"), ":")
+
+	// The service account as the kubelet mounts it, inside the image.
+	sa := filepath.Join(rootfs, "var", "run", "secrets", "kubernetes.io", "serviceaccount")
+	if err := os.MkdirAll(sa, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	for name, content := range map[string][]byte{"token": []byte(token), "ca.crt": ca, "namespace": []byte("gpumem")} {
+		if err := os.WriteFile(filepath.Join(sa, name), content, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const used = 5 << 30
+	doc := fmt.Sprintf(`{"gpus":[{"name":"Simulated H200","uuid":"GPU-1","memory_total_bytes":%d,"processes":[{"pid":%d,"used_bytes":%d}]}]}`,
+		uint64(141<<30), sleeper.Process.Pid, used)
+	if err := os.WriteFile(filepath.Join(rootfs, "run", "gpus.json"), []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(rootfs, "host", "proc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	// The container as the chart renders it: its args and env, its user,
+	// its emptyDirs (tmpfs, world-writable as the kubelet makes them) and
+	// its read-only root. Only --listen is overridden (the last flag
+	// wins), to a free loopback port.
+	ds := collect(t, decodeAll(t, render(t))).ds
+	podSpec := ds.Spec.Template.Spec
+	c := podSpec.Containers[0]
+	metricsPort := testenv.FreePort(t)
+	args := append(slices.Clone(c.Args), "--listen=127.0.0.1:"+strconv.Itoa(metricsPort))
+	var daemonEnv []string
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName":
+			daemonEnv = append(daemonEnv, e.Name+"=gpu-1")
+		case e.ValueFrom != nil:
+			t.Fatalf("env %s comes from %+v: the test cannot play it", e.Name, e.ValueFrom)
+		default:
+			daemonEnv = append(daemonEnv, e.Name+"="+e.Value)
+		}
+	}
+	env := append([]string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "ROOTFS=" + rootfs,
+		"KUBERNETES_SERVICE_HOST=" + host, "KUBERNETES_SERVICE_PORT=" + port,
+		"GPUMEM_PROC_ROOT=/host/proc", "GPUMEM_FAKE_GPU=/run/gpus.json"}, daemonEnv...)
+	emptyDirs := map[string]bool{}
+	for _, v := range podSpec.Volumes {
+		if v.EmptyDir != nil {
+			emptyDirs[v.Name] = true
+		}
+	}
+	var mounts strings.Builder
+	for _, m := range c.VolumeMounts {
+		if !emptyDirs[m.Name] {
+			t.Fatalf("volume %s is not an emptyDir: the test cannot play it", m.Name)
+		}
+		fmt.Fprintf(&mounts, "mount -t tmpfs -o mode=0777 tmpfs \"$ROOTFS%s\"\n", m.MountPath)
+	}
+	readOnly := ""
+	if sc := c.SecurityContext; sc != nil && sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem {
+		readOnly = `mount -o remount,bind,ro "$ROOTFS"` + "\n"
+	}
+	psc := podSpec.SecurityContext
+	if psc == nil || psc.RunAsUser == nil || psc.RunAsGroup == nil {
+		t.Fatal("the chart sets no runAsUser/runAsGroup")
+	}
+	// A setuid away from root clears the effective capabilities, as the
+	// chart's drop ALL does.
+	userspec := fmt.Sprintf("%d:%d", *psc.RunAsUser, *psc.RunAsGroup)
+
+	// The root is bound onto itself first, so that it can be made
+	// read-only under the mounts made on it.
+	script := "set -e\n" +
+		"mount --make-rprivate /\n" +
+		`mount --bind "$ROOTFS" "$ROOTFS"` + "\n" +
+		`mount --rbind /proc "$ROOTFS/host/proc"` + "\n" +
+		`mount -t proc proc "$ROOTFS/proc"` + "\n" +
+		mounts.String() + readOnly +
+		`exec chroot --userspec=` + userspec + ` "$ROOTFS" /usr/local/bin/gpumem "$@"`
+	cmd := exec.Command("unshare", append([]string{"--pid", "--fork", "--kill-child", "--mount", "--", "sh", "-c", script, "sh"}, args...)...)
+	cmd.Env = env
+	var logs syncBuffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	// The container's first process is the daemon, pid 1 of its pid
+	// namespace: ending it ends the namespace. unshare's --kill-child
+	// does not reach it (the setuid to nobody clears the parent-death
+	// signal), so the test ends it itself.
+	daemonPID := childOf(t, cmd.Process.Pid, exited)
+	t.Cleanup(func() {
+		_ = syscall.Kill(daemonPID, syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = syscall.Kill(daemonPID, syscall.SIGKILL)
+			<-exited
+		}
+	})
+
+	want := fmt.Sprintf(`gpumem_pod_gpu_memory_bytes{container="notebook",gpu="0",kernel_id="",namespace="jhub",notebook="",pod="jupyter-alice",user="alice"} %g`, float64(used))
+	client := &http.Client{Timeout: 5 * time.Second}
+	var body string
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(body, want) {
+		select {
+		case <-exited:
+			t.Fatalf("gpumem serve --kubernetes exited:\n%s", logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 60s /metrics lacks\n%s\n/metrics:\n%s\ndaemon log:\n%s", want, body, logs.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+		resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort))
+		if err != nil {
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		body = string(b)
+	}
+
+	// What `kubectl exec ds/gpumem -- gpumem ls --json` does: a second
+	// process in the container's namespaces, with its env and user, reads
+	// the daemon's report through the socket in the emptyDir.
+	lsCtx, lsCancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer lsCancel()
+	chroot, err := exec.LookPath("chroot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls := exec.CommandContext(lsCtx, "nsenter", "-t", strconv.Itoa(daemonPID), "-m", "-p", "--",
+		chroot, "--userspec="+userspec, rootfs, "/usr/local/bin/gpumem", "ls", "--json")
+	ls.Env = daemonEnv
+	out, err := ls.CombinedOutput()
+	if err != nil {
+		t.Fatalf("gpumem ls --json in the container: %v\n%s\ndaemon log:\n%s", err, out, logs.String())
+	}
+	var rep attribution.Report
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("gpumem ls --json: %v\n%s", err, out)
+	}
+	if len(rep.Other) != 1 || rep.Other[0].Pod == nil || rep.Other[0].Pod.Name != "jupyter-alice" ||
+		rep.Other[0].Pod.UID != podUID || rep.Other[0].Pod.User != "alice" || rep.Other[0].Pod.Container != "notebook" {
+		t.Errorf("gpumem ls --json in the container, other processes: %+v (without pods it is ls's own report, not the daemon's)", rep.Other)
+	}
+	if !logContains(logs.String(), "watching this node's pods") {
+		t.Errorf("no log of the informer's sync:\n%s", logs.String())
+	}
+	apiMu.Lock()
+	defer apiMu.Unlock()
+	for _, e := range apiErrs {
+		t.Error(e)
+	}
+}
+
+// podCgroup creates the cgroup the kubelet's cgroupfs driver gives a
+// besteffort pod's container, in the cgroup v1 pids hierarchy (moving a
+// process there changes nothing else about it) or in cgroup v2, and moves
+// proc into it. At cleanup it kills proc and removes the cgroup (and its
+// parents, when no other test uses them). It returns the cgroup's path.
+func podCgroup(t *testing.T, podUID, containerID string, proc *os.Process) string {
+	t.Helper()
+	mounts, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var base string
+	sc := bufio.NewScanner(bytes.NewReader(mounts))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 4 {
+			continue
+		}
+		if f[2] == "cgroup" && strings.Contains(","+f[3]+",", ",pids,") {
+			base = f[1]
+			break
+		}
+		if f[2] == "cgroup2" && base == "" {
+			base = f[1]
+		}
+	}
+	if base == "" {
+		t.Fatal("no cgroup v1 pids hierarchy nor cgroup v2 mounted")
+	}
+	rel := filepath.Join("/kubepods", "besteffort", "pod"+podUID, containerID)
+	dir := filepath.Join(base, rel)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatalf("creating a cgroup: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = proc.Kill()
+		for d := dir; d != base; d = filepath.Dir(d) {
+			// EBUSY until the killed process is gone; ENOTEMPTY (a parent
+			// another test uses) leaves it.
+			for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				err := os.Remove(d)
+				if err == nil || !errors.Is(err, syscall.EBUSY) || time.Now().After(end) {
+					break
+				}
+			}
+		}
+	})
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(proc.Pid)), 0o644); err != nil {
+		t.Fatalf("moving pid %d into %s: %v", proc.Pid, dir, err)
+	}
+	return rel
+}
+
+func newUID(t *testing.T) string {
+	h := randomHex(t, 16)
+	return h[:8] + "-" + h[8:12] + "-4" + h[13:16] + "-8" + h[17:20] + "-" + h[20:]
+}
+
+func randomHex(t *testing.T, n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func logContains(logs, msg string) bool {
+	for _, line := range strings.Split(logs, "\n") {
+		var entry struct {
+			Message string `json:"message"`
+		}
+		if json.Unmarshal([]byte(line), &entry) == nil && entry.Message == msg {
+			return true
+		}
+	}
+	return false
+}
+
+// childOf waits (30 s) for pid's one child (unshare --fork's child, which
+// becomes the daemon) and returns it.
+func childOf(t *testing.T, pid int, exited <-chan struct{}) int {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+		if fields := strings.Fields(string(data)); err == nil && len(fields) == 1 {
+			child, err := strconv.Atoi(fields[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			return child
+		}
+		select {
+		case <-exited:
+			t.Fatalf("unshare (pid %d) exited before starting the daemon", pid)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("unshare (pid %d) has no single child after 30s", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
