@@ -37,6 +37,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 
@@ -81,20 +82,35 @@ func main() {
 		}
 		break
 	}
-	cancel()
+	// The files go first, as a kernel's shutdown deletes its file: closing
+	// zmq4 sockets can wait on a peer, and a stop must be prompt.
 	for _, k := range kernels {
-		k.stop()
+		k.removeFile()
+	}
+	cancel()
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for _, k := range kernels {
+			k.stop()
+		}
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(2 * time.Second):
+		fmt.Fprintln(os.Stderr, "fakekernel: sockets not closed within 2 s; exiting")
 	}
 	writeRecord(*record, kernels)
 }
 
 // kernel is one fake kernel.
 type kernel struct {
-	path  string
-	key   []byte
-	ident string // the iopub topic's <ident>
-	file  *os.File
-	stdin net.Listener
+	path     string
+	key      []byte
+	ident    string // the iopub topic's <ident>
+	file     *os.File
+	fileOnce sync.Once
+	stdin    net.Listener
 
 	shell, control, iopub, hb zmq4.Socket
 	pubMu                     sync.Mutex // PUB sockets are not for concurrent senders
@@ -162,10 +178,17 @@ func (k *kernel) stop() {
 		k.stdin.Close()
 	}
 	k.wg.Wait()
-	if k.file != nil {
-		k.file.Close()
-		os.Remove(k.path)
-	}
+	k.removeFile()
+}
+
+// removeFile closes and deletes the connection file (once).
+func (k *kernel) removeFile() {
+	k.fileOnce.Do(func() {
+		if k.file != nil {
+			k.file.Close()
+			os.Remove(k.path)
+		}
+	})
 }
 
 func (k *kernel) count(what string) {
