@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -81,18 +82,41 @@ func (r *real) Sample(ctx context.Context) (nvml.Snapshot, error) {
 	if r.driverWarning != "" {
 		snap.Warnings = append(snap.Warnings, r.driverWarning)
 	}
+	// The GPUs are read at once, one goroutine each (NVML is thread-safe):
+	// a first sample on a host of several GPUs waits for the slowest, not
+	// for their sum. Order and warnings stay by index.
+	type read struct {
+		dev      nvml.Device
+		ok       bool
+		warnings []string
+	}
+	reads := make([]read, count)
+	var wg sync.WaitGroup
 	for i := range count {
-		if err := ctx.Err(); err != nil {
-			return nvml.Snapshot{}, err
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if ctx.Err() != nil {
+				return
+			}
+			h, ret := r.lib.DeviceGetHandleByIndex(i)
+			if ret != gonvml.SUCCESS {
+				reads[i].warnings = []string{fmt.Sprintf("gpu %d: %v", i, nvmlError("device handle", ret))}
+				return
+			}
+			reads[i].dev, reads[i].warnings = r.device(i, h)
+			reads[i].ok = true
+		}()
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nvml.Snapshot{}, err
+	}
+	for _, rd := range reads {
+		if rd.ok {
+			snap.Devices = append(snap.Devices, rd.dev)
 		}
-		h, ret := r.lib.DeviceGetHandleByIndex(i)
-		if ret != gonvml.SUCCESS {
-			snap.Warnings = append(snap.Warnings, fmt.Sprintf("gpu %d: %v", i, nvmlError("device handle", ret)))
-			continue
-		}
-		dev, warnings := r.device(i, h)
-		snap.Devices = append(snap.Devices, dev)
-		snap.Warnings = append(snap.Warnings, warnings...)
+		snap.Warnings = append(snap.Warnings, rd.warnings...)
 	}
 	return snap, nil
 }
