@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 )
 
 // Vars returns the data of `%gpumem vars` for the kernel behind ex (the
@@ -28,18 +27,12 @@ func query(ctx context.Context, ex Executor, action string, args map[string]any)
 	if err := checkKernel(ctx, ex, &ir); err != nil {
 		return nil, err
 	}
-	rep, err := runBoot(ctx, ex, action, map[string]any{"version": Version()}, args)
+	result, err := runAction(ctx, ex, action, args)
 	if err != nil {
 		return nil, err
 	}
-	if !rep.OK {
-		if strings.Contains(rep.Error, "no IPython shell") {
-			return nil, fmt.Errorf("%s: %s: %w", action, rep.Error, ErrUnsupportedKernel)
-		}
-		return nil, fmt.Errorf("%s: failed in the kernel: %s", action, rep.Error)
-	}
-	if !json.Valid(rep.Result) || len(rep.Result) == 0 {
+	if !json.Valid(result) || len(result) == 0 {
 		return nil, fmt.Errorf("%s: the kernel's result is not JSON", action)
 	}
-	return rep.Result, nil
+	return result, nil
 }
