@@ -529,17 +529,25 @@ func (s *Server) Do(method, path string, body any) (*http.Response, error) {
 func (s *Server) JSON(t testing.TB, method, path string, body, out any) {
 	t.Helper()
 	resp, err := s.Do(method, path, body)
+	ReplyJSON(t, method+" "+path, resp, err, out)
+}
+
+// ReplyJSON checks a request's outcome and decodes its JSON reply into out
+// (if non-nil), failing the test on an error or a status outside 2xx; what
+// names the request in the failure.
+func ReplyJSON(t testing.TB, what string, resp *http.Response, err error, out any) {
+	t.Helper()
 	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
+		t.Fatalf("%s: %v", what, err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode/100 != 2 {
-		t.Fatalf("%s %s: %s: %s", method, path, resp.Status, b)
+		t.Fatalf("%s: %s: %s", what, resp.Status, b)
 	}
 	if out != nil && len(b) > 0 {
 		if err := json.Unmarshal(b, out); err != nil {
-			t.Fatalf("%s %s: decode %q: %v", method, path, b, err)
+			t.Fatalf("%s: decode %q: %v", what, b, err)
 		}
 	}
 }

@@ -233,19 +233,7 @@ func (h *hub) do(method, path string, body any) (*http.Response, error) {
 func (h *hub) json(t *testing.T, method, path string, body, out any) {
 	t.Helper()
 	resp, err := h.do(method, path, body)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode/100 != 2 {
-		t.Fatalf("%s %s: %s: %s", method, path, resp.Status, b)
-	}
-	if out != nil && len(b) > 0 {
-		if err := json.Unmarshal(b, out); err != nil {
-			t.Fatalf("%s %s: decode %q: %v", method, path, b, err)
-		}
-	}
+	testenv.ReplyJSON(t, method+" "+path, resp, err, out)
 }
 
 // startServer starts u's single-user server through the hub's API and
