@@ -3,6 +3,7 @@
 package syncutil
 
 import (
+	"bytes"
 	"sync"
 	"time"
 )
@@ -21,4 +22,23 @@ func WaitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
 	case <-t.C:
 		return false
 	}
+}
+
+// Buffer is a bytes.Buffer safe for concurrent writes and reads: where
+// tests collect a logger's output written from other goroutines.
+type Buffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

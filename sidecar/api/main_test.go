@@ -22,6 +22,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
+	"github.com/gpumem/gpumem/internal/syncutil"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 )
 
@@ -276,28 +277,10 @@ func testReport() attribution.Report {
 	}
 }
 
-// syncBuffer collects log output written from server goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 type testServer struct {
 	path string
 	srv  *Server
-	logs *syncBuffer
+	logs *syncutil.Buffer
 	stop func() // shuts down and waits; also run by Cleanup
 }
 
@@ -318,7 +301,7 @@ func startServerWith(t *testing.T, dir string, mode Mode, b Backend, configure f
 	if err != nil {
 		t.Fatalf("Listen(%s, %s): %v", path, mode, err)
 	}
-	logs := &syncBuffer{}
+	logs := &syncutil.Buffer{}
 	srv := NewServer(b, Options{Logger: zerolog.New(logs)})
 	if configure != nil {
 		configure(srv)

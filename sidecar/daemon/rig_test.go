@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/gpumem/gpumem/internal/syncutil"
 	"github.com/gpumem/gpumem/nvml"
 	"github.com/gpumem/gpumem/sidecar/discovery"
 	"github.com/gpumem/gpumem/sidecar/procs"
@@ -30,30 +30,13 @@ type rig struct {
 	dir      string // runtime dir
 	procRoot string
 	gpuFile  string
-	logs     *syncBuffer
+	logs     *syncutil.Buffer
 	ctx      context.Context
 
 	mu     sync.Mutex
 	owners map[string]discovery.Owner // by connection file name
 	killed []int
 	procs  map[int]procstest.Proc
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // FindKernels implements discovery.ProcessFinder with the rig's owners.
@@ -73,7 +56,7 @@ func newRig(t *testing.T, cfg Config) *rig {
 	t.Helper()
 	base := t.TempDir()
 	r := &rig{t: t, dir: filepath.Join(base, "runtime"), procRoot: filepath.Join(base, "proc"),
-		gpuFile: filepath.Join(base, "gpus.json"), logs: &syncBuffer{},
+		gpuFile: filepath.Join(base, "gpus.json"), logs: &syncutil.Buffer{},
 		owners: map[string]discovery.Owner{}, procs: map[int]procstest.Proc{}}
 	for _, d := range []string{r.dir, r.procRoot} {
 		if err := os.MkdirAll(d, 0o700); err != nil {

@@ -28,6 +28,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/gpumem/gpumem/internal/syncutil"
 	"github.com/gpumem/gpumem/internal/testenv"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 )
@@ -189,7 +190,7 @@ func TestImageNamesPods(t *testing.T) {
 		`exec chroot --userspec=` + userspec + ` "$ROOTFS" /usr/local/bin/gpumem "$@"`
 	cmd := exec.Command("unshare", append([]string{"--pid", "--fork", "--kill-child", "--mount", "--", "sh", "-c", script, "sh"}, args...)...)
 	cmd.Env = env
-	var logs syncBuffer
+	var logs syncutil.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -332,23 +333,6 @@ func randomHex(t *testing.T, n int) string {
 		t.Fatal(err)
 	}
 	return hex.EncodeToString(b)
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func logContains(logs, msg string) bool {
