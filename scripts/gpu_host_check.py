@@ -50,16 +50,10 @@ def result(status, msg):
 
 
 def smi():
-    out = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout
+    """{pid: MiB} over all GPUs, from smi_by_gpu."""
     procs = {}
-    for line in out.strip().splitlines():
-        pid, mib = [x.strip() for x in line.split(",")]
-        procs[int(pid)] = int(mib)
+    for (_, pid), mib in smi_by_gpu().items():
+        procs[pid] = procs.get(pid, 0) + mib
     return procs
 
 
