@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/magics"
 	"github.com/gpumem/gpumem/sidecar/attribution"
@@ -150,19 +152,15 @@ func (d *Daemon) cull(ctx context.Context, rep *attribution.Report) []notebookAl
 	activity := map[string]*attribution.Activity{}
 	d.mu.Lock()
 	for _, ks := range d.kernels {
-		if ks.server.URL == "" || ks.lastActivity.IsZero() {
-			if d.cfg.Cull.Enabled() && bytes[ks.id] >= d.cfg.Cull.MinMemory && !ks.cur.isZero() {
-				d.problem(fmt.Errorf("kernel %s (%s) holds %s, but no Jupyter server reports its activity: never culled",
-					ks.id, ks.notebook, units.Bytes(bytes[ks.id])))
+		hasServer := ks.server.URL != "" && !ks.lastActivity.IsZero()
+		var act *attribution.Activity
+		if hasServer {
+			act = &attribution.Activity{ExecutionState: ks.execState, LastActivity: ks.lastActivity}
+			if ks.execState == "idle" {
+				act.IdleSeconds = now.Sub(ks.lastActivity).Seconds()
 			}
-			ks.cull.warnedAt = time.Time{}
-			continue
+			activity[ks.id] = act
 		}
-		act := &attribution.Activity{ExecutionState: ks.execState, LastActivity: ks.lastActivity}
-		if ks.execState == "idle" {
-			act.IdleSeconds = now.Sub(ks.lastActivity).Seconds()
-		}
-		activity[ks.id] = act
 		if !d.cfg.Cull.Enabled() {
 			continue
 		}
@@ -170,21 +168,33 @@ func (d *Daemon) cull(ctx context.Context, rep *attribution.Report) []notebookAl
 		// of control requests (answered while a cell runs) too: the
 		// daemon's own view of the shell wins when it sees a cell running.
 		state := ks.execState
-		if ks.shellBusy(now) {
+		if hasServer && ks.shellBusy(now) {
 			state, act.ExecutionState, act.IdleSeconds = "busy", "busy", 0
 		}
-		in := cullInput{now: now, hasServer: true, execState: state, lastActivity: ks.lastActivity,
+		in := cullInput{now: now, hasServer: hasServer, execState: state, lastActivity: ks.lastActivity,
 			bytes: bytes[ks.id], user: users[ks.id], state: ks.cull}
 		verdict, why := d.cfg.Cull.decide(in)
-		log := d.log.With().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Str("user", users[ks.id]).
-			Uint64("bytes", bytes[ks.id]).Dur("idle", now.Sub(ks.lastActivity)).Str("action", d.cfg.Cull.Action).Logger()
+		// The logger is built only for a verdict that logs: this runs for
+		// every kernel at every sample.
+		logger := func() zerolog.Logger {
+			return d.log.With().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Str("user", users[ks.id]).
+				Uint64("bytes", bytes[ks.id]).Dur("idle", now.Sub(ks.lastActivity)).Str("action", d.cfg.Cull.Action).Logger()
+		}
 		switch verdict {
+		case cullUnknown:
+			ks.cull.warnedAt = time.Time{}
+			if bytes[ks.id] >= d.cfg.Cull.MinMemory && !ks.cur.isZero() {
+				d.problem(fmt.Errorf("kernel %s (%s) holds %s, but no Jupyter server reports its activity: never culled",
+					ks.id, ks.notebook, units.Bytes(bytes[ks.id])))
+			}
 		case cullWarnNow:
 			ks.cull.warnedAt, ks.cull.deadline, ks.cull.activityAtWarn = now, now.Add(d.cfg.Cull.Warn), ks.lastActivity
 			ks.cull.warnings++
+			log := logger()
 			log.Warn().Time("cull_at", ks.cull.deadline).Msg("idle kernel holds GPU memory: warned")
 		case cullCancel:
 			ks.cull.warnedAt = time.Time{}
+			log := logger()
 			log.Info().Str("reason", why).Msg("cull cancelled")
 		case cullAct:
 			ks.cull.warnedAt, ks.cull.doneAt = time.Time{}, ks.lastActivity
@@ -269,7 +279,7 @@ func (d *Daemon) cullKernel(ctx context.Context, ks *kernelState, server discove
 	d.metrics.AddCulled(d.cfg.Cull.Action)
 }
 
-// cullFlagsSummary is the culling setup, for the start-up log.
+// summary is the culling setup, for the start-up log.
 func (c CullConfig) summary() string {
 	if !c.Enabled() {
 		return "off"
