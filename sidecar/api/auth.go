@@ -95,10 +95,9 @@ const (
 
 // caller is an identified peer.
 type caller struct {
-	peer     Peer
-	role     role
-	user     string // for roleUser: the caller's user name
-	kernelID string // for roleUser: the kernel the calling process belongs to, if any
+	peer Peer
+	role role
+	user string // for roleUser: the caller's user name
 }
 
 // kernelLookup is Backend.KernelOfPID.
@@ -107,24 +106,14 @@ type kernelLookup func(ctx context.Context, pid int) (kernelID string, ownerUID 
 // identify decides a peer's role: root and the daemon's user are admins;
 // in shared mode every other local user is a user, named as the report
 // names kernels' owners.
-func identify(ctx context.Context, mode Mode, daemonUID uint32, peer Peer, kernelOf kernelLookup, userName func(uint32) string) caller {
+func identify(mode Mode, daemonUID uint32, peer Peer, userName func(uint32) string) caller {
 	c := caller{peer: peer}
 	if peer.UID == 0 || peer.UID == daemonUID {
 		c.role = roleAdmin
 		return c
 	}
-	if mode != ModeShared {
-		return c
-	}
-	c.role, c.user = roleUser, userName(peer.UID)
-	if peer.PID <= 0 {
-		return c
-	}
-	id, owner, ok := kernelOf(ctx, peer.PID)
-	// The uid must match the kernel's owner: a process of another user that
-	// got a kernel process's pid after it exited is not that kernel.
-	if ok && id != "" && owner == peer.UID {
-		c.kernelID = id
+	if mode == ModeShared {
+		c.role, c.user = roleUser, userName(peer.UID)
 	}
 	return c
 }
@@ -132,7 +121,9 @@ func identify(ctx context.Context, mode Mode, daemonUID uint32, peer Peer, kerne
 // authorize says whether c may use an endpoint requiring a; for
 // accessOwnKernel, pathKernelID is the path's {id} and owner the user the
 // report names for it ("" when unknown). The error is the 403 message.
-func authorize(mode Mode, c caller, a access, pathKernelID, owner string) error {
+// kernelOf (a /proc scan) is asked only when the owner's name does not
+// decide: whether the caller is a process of that very kernel.
+func authorize(ctx context.Context, mode Mode, c caller, a access, pathKernelID, owner string, kernelOf kernelLookup) error {
 	if c.role == roleAdmin {
 		return nil
 	}
@@ -147,7 +138,7 @@ func authorize(mode Mode, c caller, a access, pathKernelID, owner string) error 
 			return nil
 		}
 	case accessOwnKernel:
-		if c.role == roleUser && (c.kernelID == pathKernelID || (owner != "" && owner == c.user)) {
+		if c.role == roleUser && ((owner != "" && owner == c.user) || c.isProcessOf(ctx, pathKernelID, kernelOf)) {
 			return nil
 		}
 		if c.role == roleUser {
@@ -155,6 +146,17 @@ func authorize(mode Mode, c caller, a access, pathKernelID, owner string) error 
 		}
 	}
 	return fmt.Errorf("uid %d pid %d may not use this endpoint", c.peer.UID, c.peer.PID)
+}
+
+// isProcessOf reports whether the caller is a process of kernel id. The
+// uid must match the kernel's owner: a process of another user that got a
+// kernel process's pid after it exited is not that kernel.
+func (c caller) isProcessOf(ctx context.Context, id string, kernelOf kernelLookup) bool {
+	if c.peer.PID <= 0 || id == "" {
+		return false
+	}
+	got, owner, ok := kernelOf(ctx, c.peer.PID)
+	return ok && got == id && owner == c.peer.UID
 }
 
 // ownView is what a user may see of a report: their own notebooks and

@@ -57,14 +57,14 @@ func TestAuthorizeTable(t *testing.T) {
 		{"shared pid unknown (other namespace)", ModeShared, Peer{PID: 0, UID: 2000}, []call{healthz, kernelA}, []call{kernelB}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := identify(context.Background(), tc.mode, daemonUID, tc.peer, lookup, userName)
+			c := identify(tc.mode, daemonUID, tc.peer, userName)
 			for _, cl := range tc.allow {
-				if err := authorize(tc.mode, c, cl.a, cl.pathID, owners[cl.pathID]); err != nil {
+				if err := authorize(context.Background(), tc.mode, c, cl.a, cl.pathID, owners[cl.pathID], lookup); err != nil {
 					t.Errorf("access %d to %q denied: %v", cl.a, cl.pathID, err)
 				}
 			}
 			for _, cl := range tc.deny {
-				if err := authorize(tc.mode, c, cl.a, cl.pathID, owners[cl.pathID]); err == nil {
+				if err := authorize(context.Background(), tc.mode, c, cl.a, cl.pathID, owners[cl.pathID], lookup); err == nil {
 					t.Errorf("access %d to %q allowed", cl.a, cl.pathID)
 				}
 			}

@@ -197,12 +197,12 @@ func (s *Server) handler(mode Mode) http.Handler {
 func (s *Server) authorized(mode Mode, a access, h func(http.ResponseWriter, *http.Request, caller)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		pr, _ := r.Context().Value(peerKey{}).(peerResult) // checked by handler
-		c := identify(r.Context(), mode, s.daemonUID, pr.peer, s.backend.KernelOfPID, s.userName)
+		c := identify(mode, s.daemonUID, pr.peer, s.userName)
 		owner := ""
 		if id := r.PathValue("id"); a == accessOwnKernel && c.role == roleUser {
 			owner = s.kernelOwner(r.Context(), id)
 		}
-		if err := authorize(mode, c, a, r.PathValue("id"), owner); err != nil {
+		if err := authorize(r.Context(), mode, c, a, r.PathValue("id"), owner, s.backend.KernelOfPID); err != nil {
 			s.writeError(w, r, http.StatusForbidden, err.Error())
 			return
 		}
