@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpumem/gpumem/internal/testenv"
 	"github.com/gpumem/gpumem/sidecar/discovery"
 )
 
@@ -100,7 +101,7 @@ func TestCullRunner(t *testing.T) {
 	setServer("idle", idleSince)
 	report()
 	report()
-	poll(t, "DELETE /api/kernels/k1", func() bool { return srv.deletes() == 1 })
+	testenv.Poll(t, 15*time.Second, "DELETE /api/kernels/k1", func() bool { return srv.deletes() == 1 })
 	r.waitLog("idle kernel holding GPU memory shut down through its server")
 	// Already culled, not used since: nothing more.
 	report()

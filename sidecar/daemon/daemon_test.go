@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpumem/gpumem/internal/testenv"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/discovery"
 	"github.com/gpumem/gpumem/sidecar/procs/procstest"
@@ -317,11 +318,11 @@ func TestRunServesAgainAfterSocketDirDeleted(t *testing.T) {
 		defer hcancel()
 		return c.Healthz(hctx) == nil
 	}
-	poll(t, "the API", healthy)
-	poll(t, "the kernel in the report", func() bool { return len(r.report()["k1"]) == 1 })
+	testenv.Poll(t, 15*time.Second, "the API", healthy)
+	testenv.Poll(t, 15*time.Second, "the kernel in the report", func() bool { return len(r.report()["k1"]) == 1 })
 	// The daemon may write in the dir while it goes: try until it is gone.
-	poll(t, "the runtime dir deleted", func() bool { return os.RemoveAll(r.dir) == nil })
-	poll(t, "the API after its dir was deleted", healthy)
+	testenv.Poll(t, 15*time.Second, "the runtime dir deleted", func() bool { return os.RemoveAll(r.dir) == nil })
+	testenv.Poll(t, 15*time.Second, "the API after its dir was deleted", healthy)
 	r.waitLog("serving it again")
 	cancel()
 	select {
@@ -356,17 +357,6 @@ func TestProblemRateLimited(t *testing.T) {
 	}
 	if n := strings.Count(r.logs.String(), `"level":"warn"`); n != 1 {
 		t.Errorf("%d warn lines, want 1:\n%s", n, r.logs.String())
-	}
-}
-
-func poll(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
