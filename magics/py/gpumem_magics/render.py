@@ -49,27 +49,18 @@ def _render_summary(data):
             cached = None if held is None or used is None else max(0, held - used)
             scale = _scale_for(d, rows)
             of = (" of " + units.fmt_bytes(d["total"])) if d.get("total") else ""
-            trows.append(
-                [
-                    d.get("device", "?"),
-                    fw.get("label", fw.get("name", "?")),
-                    units.fmt_bytes(used),
-                    "-" if cached is None else units.fmt_bytes(cached),
-                    "-" if held is None else units.fmt_bytes(held),
-                    "-" if d.get("peak") is None else units.fmt_bytes(d["peak"]),
-                    layout.text_bar(used, held, scale) + of,
-                ]
-            )
+            cells = [
+                d.get("device", "?"),
+                fw.get("label", fw.get("name", "?")),
+                units.fmt_bytes(used),
+                "-" if cached is None else units.fmt_bytes(cached),
+                "-" if held is None else units.fmt_bytes(held),
+                "-" if d.get("peak") is None else units.fmt_bytes(d["peak"]),
+            ]
+            trows.append(cells + [layout.text_bar(used, held, scale) + of])
             hrows.append(
-                [
-                    d.get("device", "?"),
-                    fw.get("label", fw.get("name", "?")),
-                    units.fmt_bytes(used),
-                    "-" if cached is None else units.fmt_bytes(cached),
-                    "-" if held is None else units.fmt_bytes(held),
-                    "-" if d.get("peak") is None else units.fmt_bytes(d["peak"]),
-                    ("html", layout.html_bar(used, held, scale) + ('<span class="dim">%s</span>' % layout.esc(of) if of else "")),
-                ]
+                cells
+                + [("html", layout.html_bar(used, held, scale) + ('<span class="dim">%s</span>' % layout.esc(of) if of else ""))]
             )
         header = ["device", "framework", "in use", "cached", "held", "peak", "in use ▮ / cached ▮"]
         text += layout.pad(trows, header[:-1] + ["in use █ / cached ▒"])
