@@ -502,6 +502,19 @@ func (s *Server) login(t testing.TB, pw string) {
 
 // Do sends an authenticated request to the server.
 func (s *Server) Do(method, path string, body any) (*http.Response, error) {
+	req, err := JSONRequest(method, s.reqBase+strings.TrimPrefix(path, "/"), s.Token, body)
+	if err != nil {
+		return nil, err
+	}
+	if s.xsrf != "" {
+		req.Header.Set("X-XSRFToken", s.xsrf)
+	}
+	return s.client.Do(req)
+}
+
+// JSONRequest is a request to a Jupyter-style REST API: body (if not nil)
+// as JSON, and the token (if any) in the Authorization header.
+func JSONRequest(method, url, token string, body any) (*http.Request, error) {
 	var r io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -510,18 +523,15 @@ func (s *Server) Do(method, path string, body any) (*http.Response, error) {
 		}
 		r = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(context.Background(), method, s.reqBase+strings.TrimPrefix(path, "/"), r)
+	req, err := http.NewRequestWithContext(context.Background(), method, url, r)
 	if err != nil {
 		return nil, err
 	}
-	if s.Token != "" {
-		req.Header.Set("Authorization", "token "+s.Token)
-	}
-	if s.xsrf != "" {
-		req.Header.Set("X-XSRFToken", s.xsrf)
+	if token != "" {
+		req.Header.Set("Authorization", "token "+token)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	return s.client.Do(req)
+	return req, nil
 }
 
 // JSON sends a request and decodes the JSON reply into out (if non-nil),

@@ -2,8 +2,6 @@ package hub
 
 import (
 	"bytes"
-	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -211,20 +209,10 @@ c.JupyterHub.load_roles = [{
 }
 
 func (h *hub) do(method, path string, body any) (*http.Response, error) {
-	var r io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return nil, err
-		}
-		r = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(context.Background(), method, h.url+path, r)
+	req, err := testenv.JSONRequest(method, h.url+path, h.token, body)
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Authorization", "token "+h.token)
-	req.Header.Set("Content-Type", "application/json")
 	return h.http.Do(req)
 }
 
