@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -120,9 +121,17 @@ for p in ("/api/v1/kernels/%s", "/api/v1/users", "/api/v1/notebooks"):
 		if !strings.Contains(top, "user "+bob.Name+" (1 notebook)") {
 			t.Errorf("%%gpumem top does not show bob's total:\n%s", top)
 		}
-		for _, leak := range []string{"secret-bob.ipynb", nbB.kernelID, fmt.Sprint(childB), fmt.Sprint(nbB.pid)} {
+		// A pid is a whole number token, not digits inside a byte count.
+		pidRE := func(pid int) *regexp.Regexp { return regexp.MustCompile(fmt.Sprintf(`(^|[^0-9.])%d([^0-9.]|$)`, pid)) }
+		leaks := map[string]func(string) bool{
+			"secret-bob.ipynb":  func(out string) bool { return strings.Contains(out, "secret-bob.ipynb") },
+			nbB.kernelID:        func(out string) bool { return strings.Contains(out, nbB.kernelID) },
+			fmt.Sprint(childB):  pidRE(childB).MatchString,
+			fmt.Sprint(nbB.pid): pidRE(nbB.pid).MatchString,
+		}
+		for leak, found := range leaks {
 			for what, out := range map[string]string{"own kernel": own, "users": users, "notebooks": all, "%gpumem top": top} {
-				if strings.Contains(out, leak) {
+				if found(out) {
 					t.Errorf("alice's %s shows bob's %q: %s", what, leak, out)
 				}
 			}
