@@ -108,7 +108,12 @@ func (s *session) inject(opts magics.InjectOptions) magics.InjectResult {
 // wantOK it also fails when the cell raised.
 func (s *session) cell(code string, wantOK bool) testenv.FrontendReply {
 	s.t.Helper()
-	r := s.fe.Cell(s.t, code)
+	// A cell that may raise keeps the kernel's queue: the next request must
+	// run, not be aborted.
+	r, err := s.fe.Execute(context.Background(), testenv.ExecuteRequest{Code: code, StoreHistory: true, KeepQueue: !wantOK})
+	if err != nil {
+		s.t.Fatalf("cell %q: %v", code, err)
+	}
 	if wantOK && r.Status() != "ok" {
 		s.t.Fatalf("cell %q: status %s: %s", code, r.Status(), r.Text())
 	}

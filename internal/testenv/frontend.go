@@ -59,6 +59,10 @@ type ExecuteRequest struct {
 	StoreHistory    bool
 	UserExpressions map[string]string
 	Timeout         time.Duration // default 60s
+	// KeepQueue sends stop_on_error=false: a cell expected to raise does
+	// not make the kernel abort the requests that follow it (ipykernel 6
+	// may abort the next one if it arrives before its abort window closes).
+	KeepQueue bool
 }
 
 // StartFrontend starts a frontend on k's connection file and waits (60 s)
@@ -197,7 +201,7 @@ func (f *Frontend) Execute(ctx context.Context, req ExecuteRequest) (FrontendRep
 		ue = map[string]string{}
 	}
 	line, err := f.do(ctx, map[string]any{"op": "execute", "code": req.Code, "silent": req.Silent,
-		"store_history": req.StoreHistory, "user_expressions": ue}, timeout)
+		"store_history": req.StoreHistory, "user_expressions": ue, "stop_on_error": !req.KeepQueue}, timeout)
 	if err != nil {
 		return FrontendReply{}, err
 	}

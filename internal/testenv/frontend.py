@@ -5,7 +5,7 @@
 #
 # argv: connection file. Requests:
 #   {"op": "execute", "code": str, "silent": bool, "store_history": bool,
-#    "user_expressions": {}, "timeout": seconds}
+#    "user_expressions": {}, "stop_on_error": bool, "timeout": seconds}
 #   {"op": "kernel_info", "timeout": seconds}
 # Answers: {"ok": true, "reply": <reply content>, "outputs": [{"type", "content"}]}
 #   or {"ok": false, "error": str}. Every wait has a deadline.
@@ -63,6 +63,7 @@ def handle(kc, req):
             store_history=bool(req.get("store_history", True)),
             user_expressions=req.get("user_expressions") or {},
             allow_stdin=False,
+            stop_on_error=bool(req.get("stop_on_error", True)),
         )
         reply = wait_reply(kc.get_shell_msg, msg_id, deadline)
         outputs = []
