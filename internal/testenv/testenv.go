@@ -574,7 +574,7 @@ type Session struct {
 
 // CreateSession creates an empty notebook at path (relative to the root,
 // folders created) and a session with a python3 kernel for it, and waits
-// until the kernel's connection file exists. It returns the session.
+// until that kernel listens on its ports. It returns the session.
 func (s *Server) CreateSession(t testing.TB, path string) Session {
 	t.Helper()
 	full := filepath.Join(s.RootDir, filepath.FromSlash(path))
@@ -592,11 +592,10 @@ func (s *Server) CreateSession(t testing.TB, path string) Session {
 		"path": path, "name": filepath.Base(path), "type": "notebook",
 		"kernel": map[string]any{"name": "python3"},
 	}, &sess)
-	cf := s.ConnectionFile(sess.Kernel.ID)
-	Poll(t, 30*time.Second, "connection file "+cf, func() bool {
-		_, err := os.Stat(cf)
-		return err == nil
-	})
+	// The server writes the connection file before its kernel binds the
+	// ports in it, and until then nothing can prove which process is the
+	// kernel: callers get a session whose kernel listens.
+	WaitKernelListening(t, s.ConnectionFile(sess.Kernel.ID), 60*time.Second)
 	return sess
 }
 
