@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"log"
+	"net"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -35,7 +36,20 @@ type Options struct {
 	ConnectTimeout time.Duration
 	// MaxBackoff caps the wait between reconnect attempts. Default 2s.
 	MaxBackoff time.Duration
+	// Dial opens the connection to each of the kernel's sockets ("tcp" or
+	// "unix"); nil dials from this process's network namespace. A kernel
+	// in another network namespace (a Kubernetes pod's) is reached by a
+	// Dial that creates its sockets there.
+	Dial DialFunc
+	// ReadConnectionFile reads the connection file, at Dial and at every
+	// reconnect; nil reads the path (ReadConnectionFile). A file inside
+	// another mount namespace is read through a reader that resolves the
+	// path within that namespace's root.
+	ReadConnectionFile func(path string) (ConnectionInfo, error)
 }
+
+// DialFunc opens a network connection, as net.Dialer.DialContext does.
+type DialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
 
 func (o Options) withDefaults() Options {
 	if o.HeartbeatInterval <= 0 {
@@ -61,6 +75,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxBackoff <= 0 {
 		o.MaxBackoff = 2 * time.Second
+	}
+	if o.ReadConnectionFile == nil {
+		o.ReadConnectionFile = ReadConnectionFile
 	}
 	return o
 }
@@ -161,7 +178,8 @@ var discardLogger = log.New(io.Discard, "", 0)
 // ctx and Options.ConnectTimeout. ctx bounds only the attach; the client
 // lives until Close. On reconnect the file is read again.
 func Dial(ctx context.Context, connectionFile string, opts Options) (*Client, error) {
-	info, err := ReadConnectionFile(connectionFile)
+	opts = opts.withDefaults()
+	info, err := opts.ReadConnectionFile(connectionFile)
 	if err != nil {
 		return nil, err
 	}
@@ -206,9 +224,9 @@ func dial(ctx context.Context, path string, info ConnectionInfo, opts Options) (
 		opts:   opts,
 		path:   path,
 		limits: limits,
-		guard:  newGuardConfig(limits, opts.ConnectTimeout),
+		guard:  newGuardConfig(limits, opts.ConnectTimeout, opts.Dial),
 		iopubGuard: newGuardConfig(Limits{MaxFrameBytes: opts.MaxIOPubFrameBytes, MaxFrames: limits.MaxFrames},
-			opts.ConnectTimeout),
+			opts.ConnectTimeout, opts.Dial),
 		ctx:     cctx,
 		cancel:  cancel,
 		stopped: make(chan struct{}),
@@ -401,7 +419,7 @@ func (c *Client) reconnect() (*generation, error) {
 		c.mu.Unlock()
 		try := true
 		if c.path != "" {
-			fresh, err := ReadConnectionFile(c.path)
+			fresh, err := c.opts.ReadConnectionFile(c.path)
 			switch {
 			case errors.Is(err, fs.ErrNotExist):
 				// Twice in a row, so that a file being replaced is not

@@ -27,7 +27,7 @@ func Ping(ctx context.Context, info ConnectionInfo) error {
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = max(time.Until(dl), time.Millisecond)
 	}
-	sctx, cancel := context.WithCancel(context.WithValue(ctx, guardKey{}, newGuardConfig(Limits{}, timeout)))
+	sctx, cancel := context.WithCancel(context.WithValue(ctx, guardKey{}, newGuardConfig(Limits{}, timeout, nil)))
 	defer cancel()
 	hb := zmq4.NewReq(sctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(timeout),
 		zmq4.WithTimeout(timeout), zmq4.WithLogger(discardLogger))

@@ -53,9 +53,11 @@ type guardConfig struct {
 	maxMessageBytes  uint64
 	handshakeTimeout time.Duration
 	writeTimeout     time.Duration
+	// dial opens the connection instead of zmq4's dialer (Options.Dial).
+	dial DialFunc
 }
 
-func newGuardConfig(lim Limits, handshakeTimeout time.Duration) *guardConfig {
+func newGuardConfig(lim Limits, handshakeTimeout time.Duration, dial DialFunc) *guardConfig {
 	lim = lim.withDefaults()
 	return &guardConfig{
 		maxFrameBytes:    uint64(lim.MaxFrameBytes),
@@ -63,6 +65,7 @@ func newGuardConfig(lim Limits, handshakeTimeout time.Duration) *guardConfig {
 		maxMessageBytes:  uint64(lim.maxMessageBytes()),
 		handshakeTimeout: handshakeTimeout,
 		writeTimeout:     10 * time.Second,
+		dial:             dial,
 	}
 }
 
@@ -71,9 +74,19 @@ type guardTransport struct{ network string }
 func (t guardTransport) Dial(ctx context.Context, dialer transport.Dialer, addr string) (net.Conn, error) {
 	cfg, _ := ctx.Value(guardKey{}).(*guardConfig)
 	if cfg == nil {
-		cfg = newGuardConfig(Limits{}, 5*time.Second)
+		cfg = newGuardConfig(Limits{}, 5*time.Second, nil)
 	}
-	conn, err := dialer.DialContext(ctx, t.network, addr)
+	var conn net.Conn
+	var err error
+	if cfg.dial != nil {
+		// zmq4's dialer carries the socket's dial timeout; the hook gets it
+		// as ctx's deadline.
+		dctx, cancel := context.WithTimeout(ctx, cfg.handshakeTimeout)
+		conn, err = cfg.dial(dctx, t.network, addr)
+		cancel()
+	} else {
+		conn, err = dialer.DialContext(ctx, t.network, addr)
+	}
 	if err != nil {
 		return nil, err
 	}
