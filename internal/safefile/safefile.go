@@ -38,6 +38,12 @@ func Read(path string, max int64) ([]byte, Info, error) {
 	if err != nil {
 		return nil, Info{}, &fs.PathError{Op: "open", Path: path, Err: err}
 	}
+	return readFD(fd, path, max)
+}
+
+// readFD reads the open descriptor fd (closing it) as Read does; path names
+// it in errors.
+func readFD(fd int, path string, max int64) ([]byte, Info, error) {
 	f := os.NewFile(uintptr(fd), path)
 	defer f.Close()
 	var st unix.Stat_t
