@@ -29,6 +29,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	grace := fs.Duration("reclaim-grace", 5*time.Second, "time between SIGTERM and SIGKILL when reclaiming")
 	allUsers := fs.Bool("reclaim-all-users", false, "as root, also reclaim other users' orphans")
 	everyUser := fs.Bool("all-users", false, "as root, find and watch every user's kernels (their runtime dirs, kernel processes, Jupyter servers); rescans every 2s unless --rescan says otherwise")
+	podKernels := fs.Bool("pod-kernels", false, "as root on a Kubernetes node with the host's pids (hostPID): also find, attach to, inject into and reclaim for the kernels inside this node's pods; reads every pod's connection keys (docs/kubernetes.md)")
 	var onlyUsers stringList
 	fs.Var(&onlyUsers, "users", "with --all-users, only this user's kernels (repeatable)")
 	socket := fs.String("socket", "", "the local API's unix socket (default gpumem.sock in the runtime dir)")
@@ -54,7 +55,10 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	if len(onlyUsers) > 0 && !*everyUser {
 		return fmt.Errorf("%w: --users limits --all-users: give --all-users too", errUsage)
 	}
-	if *everyUser && !flagGiven(fs, "rescan") {
+	if *podKernels && os.Geteuid() != 0 {
+		return fmt.Errorf("%w: --pod-kernels needs root (with CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH and CAP_KILL): it reads pods' files through their processes' roots and dials their kernels inside their network namespaces", errUsage)
+	}
+	if (*everyUser || *podKernels) && !flagGiven(fs, "rescan") {
 		*rescan = 2 * time.Second // a user who logs in is served within 5 s
 	}
 	mode, err := api.ParseMode(*socketMode)
@@ -98,6 +102,10 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	defer gpus.Close()
 	proc := env.procFS()
 	userDirs := allUserDirs(*everyUser, onlyUsers, proc)
+	deps := daemon.Deps{GPUs: gpus, Procs: proc, Finder: discovery.NewProcFinder(proc), UserDirs: userDirs, Pods: pods}
+	if *podKernels {
+		deps.PodKernels, deps.Cgroups = discovery.NewPodFinder(proc), proc
+	}
 	d, err := daemon.New(daemon.Config{
 		RuntimeDirs:        runtimeDirs,
 		Interval:           *interval,
@@ -116,7 +124,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		InjectMagics:       !*noInject,
 		ServerToken:        env.getenv("GPUMEM_SERVER_TOKEN"),
 		Cull:               cull,
-	}, daemon.Deps{GPUs: gpus, Procs: proc, Finder: discovery.NewProcFinder(proc), UserDirs: userDirs, Pods: pods}, log)
+	}, deps, log)
 	if err != nil {
 		return err
 	}

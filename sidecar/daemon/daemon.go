@@ -25,6 +25,7 @@ import (
 
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/attribution"
+	"github.com/gpumem/gpumem/sidecar/cgroups"
 	"github.com/gpumem/gpumem/sidecar/discovery"
 	"github.com/gpumem/gpumem/sidecar/metrics"
 )
@@ -75,6 +76,13 @@ type Deps struct {
 	Terminate func(ctx context.Context, pid int, start uint64, grace time.Duration) (killed bool, err error)
 	// Pods names the Kubernetes pod of each process; nil off Kubernetes.
 	Pods attribution.Pods
+	// PodKernels, when set, also finds and follows the kernels inside this
+	// node's pods (the daemon then needs hostPID and reads every pod's
+	// connection keys); nil: only this host's runtime dirs. With it,
+	// reclaim ends a dead kernel's orphans only inside that kernel's pod,
+	// read from Cgroups.
+	PodKernels PodKernelFinder
+	Cgroups    cgroups.Reader
 }
 
 func (c *Config) defaults() {
@@ -102,9 +110,13 @@ type Daemon struct {
 	finder    discovery.ProcessFinder
 	terminate func(ctx context.Context, pid int, start uint64, grace time.Duration) (bool, error)
 	pods      attribution.Pods
-	userDirs  func() ([]discovery.UserDir, []error)
-	metrics   *metrics.Metrics
-	socket    string
+	// podKernels finds kernels inside pods (nil: not followed); cgroups
+	// reads which pod a process is in.
+	podKernels PodKernelFinder
+	cgroups    cgroups.Reader
+	userDirs   func() ([]discovery.UserDir, []error)
+	metrics    *metrics.Metrics
+	socket     string
 
 	mu           sync.Mutex
 	kernels      map[string]*kernelState // by connection file
@@ -156,6 +168,9 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 	if deps.GPUs == nil || deps.Procs == nil || deps.Finder == nil {
 		return nil, errors.New("daemon: GPUs, Procs and Finder are required")
 	}
+	if deps.PodKernels != nil && deps.Cgroups == nil {
+		return nil, errors.New("daemon: PodKernels needs Cgroups, to reclaim only within a kernel's pod")
+	}
 	if deps.Terminate == nil {
 		deps.Terminate = func(ctx context.Context, pid int, start uint64, grace time.Duration) (bool, error) {
 			return terminate(ctx, deps.Procs, procID{pid, start}, grace)
@@ -170,6 +185,8 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 		finder:       deps.Finder,
 		terminate:    deps.Terminate,
 		pods:         deps.Pods,
+		podKernels:   deps.PodKernels,
+		cgroups:      deps.Cgroups,
 		userDirs:     deps.UserDirs,
 		kernels:      map[string]*kernelState{},
 		alerted:      map[int]bool{},
@@ -279,6 +296,11 @@ func (d *Daemon) scan(ctx context.Context) {
 	d.addUserDirs()
 	res := discovery.Discover(ctx, discovery.Options{RuntimeDirs: d.watchedDirs(), Procs: knownFinder{d},
 		ServerToken: d.cfg.ServerToken})
+	if d.podKernels != nil {
+		pods := d.podKernels.Find(ctx)
+		res.Kernels = append(res.Kernels, pods.Kernels...)
+		res.Problems = append(res.Problems, pods.Problems...)
+	}
 	for _, p := range res.Problems {
 		d.problem(p)
 	}
@@ -296,8 +318,9 @@ func (d *Daemon) scan(ctx context.Context) {
 		}
 		// ipykernel deletes and rewrites its file at start-up, so a scan
 		// can meet it half-written or missing for a moment: look again
-		// missingGrace later.
-		if _, err := os.Stat(file); !errors.Is(err, fs.ErrNotExist) {
+		// missingGrace later. A pod kernel's file is no path of ours: it
+		// is missing when no proven process in its pod names it.
+		if _, err := os.Stat(file); ks.pod == nil && !errors.Is(err, fs.ErrNotExist) {
 			ks.missingSince = time.Time{}
 			continue
 		}

@@ -55,6 +55,9 @@ type kernelState struct {
 	// sent (zero when none): a kernel that does not answer it for long is
 	// running a cell, even one started before the daemon attached.
 	injectSince time.Time
+	// pod is where a kernel found inside a Kubernetes pod lives; nil for
+	// a kernel of this host's runtime dirs. Fixed at creation.
+	pod *discovery.PodKernel
 }
 
 // shellBusy reports whether the kernel runs a cell, as far as the daemon
@@ -69,7 +72,7 @@ func (ks *kernelState) shellBusy(now time.Time) bool {
 
 func newKernelState(k discovery.Kernel) *kernelState {
 	return &kernelState{id: k.ID, connFile: k.ConnectionFile, notebook: k.Notebook,
-		serverURL: k.ServerURL, recorded: map[procID]recordedProc{}, fileUID: k.FileUID, fileID: k.FileID}
+		serverURL: k.ServerURL, recorded: map[procID]recordedProc{}, fileUID: k.FileUID, fileID: k.FileID, pod: k.Pod}
 }
 
 func (p procID) isZero() bool { return p.PID == 0 }
@@ -162,8 +165,12 @@ func (d *Daemon) attach(ctx context.Context, ks *kernelState) *protocol.Client {
 	start := time.Now()
 	backoff := attachRetry
 	for {
+		opts := clientOptions
+		if ks.pod != nil {
+			opts = d.podClientOptions(ks)
+		}
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		c, err := protocol.Dial(actx, ks.connFile, clientOptions)
+		c, err := protocol.Dial(actx, ks.connFile, opts)
 		cancel()
 		if err == nil {
 			return c
@@ -256,6 +263,11 @@ func (d *Daemon) startInject(ctx context.Context, ks *kernelState, c *protocol.C
 		}()
 		log := d.log.With().Str("kernel_id", ks.id).Logger()
 		opts := magics.InjectOptions{SidecarSocket: d.socket, KernelID: ks.id}
+		if ks.pod != nil {
+			// The daemon's socket is a path of its own mount namespace,
+			// not the pod's: there it could name another file entirely.
+			opts.SidecarSocket = ""
+		}
 		if d.cfg.NotebookAlerts && d.cfg.AlertThreshold > 0 {
 			opts.AlertFile = d.alertFile()
 		}

@@ -33,6 +33,14 @@ type reclaimPolicy struct {
 	allUsers  bool // root with --reclaim-all-users
 	keep      map[procID]bool
 	gpuHolder func(pid int) (bytes uint64, holds bool)
+	// podOf, when set (pod kernels are followed), names the pod UID of a
+	// process ("" outside any pod) from its cgroup; pod is the dead
+	// kernel's ("" for a kernel of this host). A process counts only in
+	// the same pod as the kernel whose tree recorded it: a process in
+	// another pod, or outside any, is never ended for it, whatever else
+	// it shares with the tree.
+	pod   string
+	podOf func(id procID) (string, error)
 }
 
 // decision is what to do with one recorded process, and why.
@@ -62,9 +70,12 @@ func (p reclaimPolicy) decide(recorded map[procID]recordedProc, table *procs.Tab
 			uid = cur.UID
 		}
 		d := decision{candidate: candidate{ID: id, UID: uid, Argv: rec.Argv, Bytes: bytes}}
+		podReason := p.podMismatch(id)
 		switch {
 		case p.keep[id]:
 			d.Reason = "belongs to a live kernel"
+		case podReason != "":
+			d.Reason = podReason
 		case uid != p.selfUID && !p.allUsers:
 			d.Reason = fmt.Sprintf("owned by uid %d, not ours (run as root with --reclaim-all-users to reclaim it)", uid)
 		default:
@@ -73,6 +84,26 @@ func (p reclaimPolicy) decide(recorded map[procID]recordedProc, table *procs.Tab
 		out = append(out, d)
 	}
 	return out
+}
+
+// podMismatch says why process id is outside the dead kernel's pod, or ""
+// when it is inside (or no pod rule applies).
+func (p reclaimPolicy) podMismatch(id procID) string {
+	if p.podOf == nil {
+		return ""
+	}
+	pod, err := p.podOf(id)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("its pod cannot be read (%v): not proven to be in the kernel's pod", err)
+	case pod == p.pod:
+		return ""
+	case pod == "":
+		return fmt.Sprintf("outside any pod, the kernel ran in pod %s", p.pod)
+	case p.pod == "":
+		return fmt.Sprintf("in pod %s, the kernel ran outside any pod", pod)
+	}
+	return fmt.Sprintf("in pod %s, not the kernel's pod %s", pod, p.pod)
 }
 
 // errStale means the pid no longer names the recorded process.

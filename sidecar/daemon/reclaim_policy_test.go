@@ -3,7 +3,9 @@ package daemon
 import (
 	"context"
 	"errors"
+	"maps"
 	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -219,5 +221,75 @@ func TestAlertHolders(t *testing.T) {
 	}
 	if got, want := biggestUsers(rep, 0, 3), "user alice 4.0 GiB, user carol 2.0 GiB"; got != want {
 		t.Errorf("biggestUsers = %q, want %q", got, want)
+	}
+}
+
+// TestReclaimPolicyPods: with pod kernels followed, an orphan counts only in
+// the dead kernel's own pod. Every other process below looks exactly like
+// the orphan (recorded in the tree, alive, same user, holding GPU memory)
+// and differs only in its pod.
+func TestReclaimPolicyPods(t *testing.T) {
+	const podA, podB = "0b1c2d3e-0000-4000-8000-00000000000a", "0b1c2d3e-0000-4000-8000-00000000000b"
+	table := procs.NewTable([]procs.Proc{
+		{PID: 200, PPID: 1, StartTime: 500, Detailed: true, UID: 1000}, // in pod A
+		{PID: 201, PPID: 1, StartTime: 501, Detailed: true, UID: 1000}, // in pod B
+		{PID: 202, PPID: 1, StartTime: 502, Detailed: true, UID: 1000}, // outside any pod
+		{PID: 203, PPID: 1, StartTime: 503, Detailed: true, UID: 1000}, // cgroup unreadable
+	})
+	recorded := map[procID]recordedProc{}
+	for _, p := range table.All() {
+		recorded[procID{p.PID, p.StartTime}] = recordedProc{UID: 1000}
+	}
+	podOf := func(id procID) (string, error) {
+		switch id.PID {
+		case 200:
+			return podA, nil
+		case 201:
+			return podB, nil
+		case 202:
+			return "", nil
+		}
+		return "", errors.New("read cgroup of pid 203: no such process")
+	}
+	holder := func(int) (uint64, bool) { return 1 << 30, true }
+	for _, tc := range []struct {
+		name       string
+		pod        string
+		podOf      func(procID) (string, error)
+		wantKill   map[int]bool
+		wantReason map[int]string
+	}{
+		{
+			name: "kernel in pod A", pod: podA, podOf: podOf,
+			wantKill:   map[int]bool{200: true, 201: false, 202: false, 203: false},
+			wantReason: map[int]string{201: "in pod " + podB + ", not the kernel's pod " + podA, 202: "outside any pod", 203: "cannot be read"},
+		},
+		{
+			name: "kernel in pod B", pod: podB, podOf: podOf,
+			wantKill: map[int]bool{200: false, 201: true, 202: false, 203: false},
+		},
+		{
+			name: "host kernel with pod kernels followed", pod: "", podOf: podOf,
+			wantKill:   map[int]bool{200: false, 201: false, 202: true, 203: false},
+			wantReason: map[int]string{200: "the kernel ran outside any pod"},
+		},
+		{
+			name: "pods not followed: no pod rule", pod: "", podOf: nil,
+			wantKill: map[int]bool{200: true, 201: true, 202: true, 203: true},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := reclaimPolicy{selfUID: 1000, keep: map[procID]bool{}, gpuHolder: holder, pod: tc.pod, podOf: tc.podOf}
+			got := map[int]bool{}
+			for _, d := range p.decide(recorded, table) {
+				got[d.ID.PID] = d.Kill
+				if want, ok := tc.wantReason[d.ID.PID]; ok && !strings.Contains(d.Reason, want) {
+					t.Errorf("pid %d: reason %q, want it to say %q", d.ID.PID, d.Reason, want)
+				}
+			}
+			if !maps.Equal(got, tc.wantKill) {
+				t.Errorf("kill decisions %v, want %v", got, tc.wantKill)
+			}
+		})
 	}
 }

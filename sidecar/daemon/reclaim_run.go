@@ -34,10 +34,20 @@ func (d *Daemon) reclaim(ctx context.Context, ks *kernelState, recorded map[proc
 	keep := d.liveKernelTreesLocked(table)
 	notebook := ks.notebook
 	d.mu.Unlock()
+	var pod string
+	var podOf func(procID) (string, error)
+	if d.podKernels != nil {
+		podOf = d.podOfProcess
+		if ks.pod != nil {
+			pod = ks.pod.UID
+		}
+	}
 	policy := reclaimPolicy{
 		selfUID:  d.selfUID,
 		allUsers: d.cfg.ReclaimAllUsers && d.selfUID == 0,
 		keep:     keep,
+		pod:      pod,
+		podOf:    podOf,
 		gpuHolder: func(pid int) (uint64, bool) {
 			b, ok := held[pid]
 			return b, ok

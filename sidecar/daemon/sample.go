@@ -114,8 +114,8 @@ func (d *Daemon) resolveKernelProcesses(ctx context.Context, kss []*kernelState)
 	byName := map[string]*kernelState{}
 	d.mu.Lock()
 	for _, ks := range kss {
-		if ks.client == nil || ks.proving {
-			continue
+		if ks.client == nil || ks.proving || ks.pod != nil {
+			continue // a pod kernel's process is proven by the scan
 		}
 		if info := ks.client.Info(); info.Transport == "tcp" {
 			name := filepath.Base(ks.connFile)

@@ -53,6 +53,10 @@ type Kernel struct {
 	// input notebook on its parent's command line).
 	NotebookFrom string
 
+	// Pod is where a kernel found inside a Kubernetes pod lives (see
+	// PodFinder); nil for a kernel of this host's runtime dirs.
+	Pod *PodKernel
+
 	outside     bool   // found from a process's argv, not in a runtime dir
 	sessionName string // JPY_SESSION_NAME of the proven process
 	ppid        int    // parent of the proven process

@@ -13,11 +13,22 @@ import (
 // the process reading them (/proc/net is /proc/self/net). A missing tcp6
 // (IPv6 disabled) is not an error.
 func (fs *FS) ListeningTCPPorts() (map[int][]Listener, error) {
+	return listeningTCPPorts(filepath.Join(fs.root(), "net"))
+}
+
+// ListeningTCPPortsOf is ListeningTCPPorts of the network namespace of
+// process pid (<root>/<pid>/net): a pod's, whose sockets the daemon's own
+// /proc/net does not list.
+func (fs *FS) ListeningTCPPortsOf(pid int) (map[int][]Listener, error) {
+	return listeningTCPPorts(filepath.Join(fs.root(), strconv.Itoa(pid), "net"))
+}
+
+func listeningTCPPorts(netDir string) (map[int][]Listener, error) {
 	ports := make(map[int][]Listener)
 	var errs []error
 	read := 0
 	for _, name := range []string{"tcp", "tcp6"} {
-		path := filepath.Join(fs.root(), "net", name)
+		path := filepath.Join(netDir, name)
 		data, err := os.ReadFile(path)
 		if err != nil {
 			if !errors.Is(err, os.ErrNotExist) {
@@ -31,7 +42,7 @@ func (fs *FS) ListeningTCPPorts() (map[int][]Listener, error) {
 		}
 	}
 	if read == 0 && len(errs) == 0 {
-		errs = append(errs, fmt.Errorf("listening ports: neither %s nor tcp6 exists", filepath.Join(fs.root(), "net", "tcp")))
+		errs = append(errs, fmt.Errorf("listening ports: neither %s nor tcp6 exists", filepath.Join(netDir, "tcp")))
 	}
 	if len(errs) > 0 {
 		return ports, errors.Join(errs...)
