@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks the Helm chart (deploy/helm/gpumem) and the plain manifests
+# Checks the Helm chart (deploy/helm/gpumem, both modes) and the plain manifests
 # rendered from it (deploy/kubernetes): builds helm from its Go module at
 # the version in helm-version (once, into a cache dir), runs helm lint and
 # helm template, and fails when deploy/kubernetes/*.yaml differ from what
@@ -22,6 +22,7 @@ fi
 chart=deploy/helm/gpumem
 "$helm" lint --strict "$chart"
 "$helm" lint --strict "$chart" --set serviceMonitor.enabled=true
+"$helm" lint --strict "$chart" --set mode=notebooks
 
 render() {
 	"$helm" template gpumem "$chart" --namespace gpumem "$@"
@@ -38,13 +39,19 @@ trap 'rm -rf "$tmp"' EXIT
 	echo "# Needs the prometheus-operator CRDs (monitoring.coreos.com/v1)."
 	render --set serviceMonitor.enabled=true --show-only templates/servicemonitor.yaml
 } >"$tmp/servicemonitor.yaml"
+{
+	echo "# Rendered from deploy/helm/gpumem (mode=notebooks) by tests/kube/check.sh --update: do not edit."
+	echo "# The daemon reads every pod's connection keys: read deploy/helm/gpumem/README.md's trust model first."
+	echo "# kubectl create namespace gpumem && kubectl apply -n gpumem -f gpumem-notebooks.yaml"
+	render --set mode=notebooks
+} >"$tmp/gpumem-notebooks.yaml"
 
 if [ "${1:-}" = --update ]; then
-	cp "$tmp/gpumem.yaml" "$tmp/servicemonitor.yaml" deploy/kubernetes/
+	cp "$tmp/gpumem.yaml" "$tmp/servicemonitor.yaml" "$tmp/gpumem-notebooks.yaml" deploy/kubernetes/
 	echo "deploy/kubernetes rewritten"
 	exit 0
 fi
-for f in gpumem.yaml servicemonitor.yaml; do
+for f in gpumem.yaml servicemonitor.yaml gpumem-notebooks.yaml; do
 	if ! diff -u "deploy/kubernetes/$f" "$tmp/$f"; then
 		echo "deploy/kubernetes/$f differs from what the chart renders: run bash tests/kube/check.sh --update" >&2
 		exit 1

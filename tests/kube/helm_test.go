@@ -351,20 +351,67 @@ func TestChartServiceMonitor(t *testing.T) {
 	}
 }
 
-// The chart refuses a mode that would read pods' connection keys, which
-// this daemon does not implement.
-func TestChartRefusesNotebooksMode(t *testing.T) {
-	cmd := exec.Command(helmPath(t), "template", "gpumem", chart, "--set", "mode=notebooks")
+// Notebooks mode grants exactly what finding, attaching to and reclaiming
+// for kernels inside pods needs, and runs as root only to hold it; every
+// other setting stays as in metrics mode.
+func TestChartNotebooksMode(t *testing.T) {
+	metrics := collect(t, decodeAll(t, render(t)))
+	o := collect(t, decodeAll(t, render(t, "--set", "mode=notebooks")))
+	pod := o.ds.Spec.Template.Spec
+	if !pod.HostPID || pod.HostNetwork || pod.HostIPC {
+		t.Errorf("hostPID %v, hostNetwork %v, hostIPC %v: want the host's pids only", pod.HostPID, pod.HostNetwork, pod.HostIPC)
+	}
+	if psc := pod.SecurityContext; psc == nil || psc.RunAsUser == nil || *psc.RunAsUser != 0 || psc.RunAsNonRoot == nil || *psc.RunAsNonRoot {
+		t.Errorf("pod securityContext %+v: notebooks mode runs as root (capabilities reach no other user)", psc)
+	}
+	c := pod.Containers[0]
+	sc := c.SecurityContext
+	want := []corev1.Capability{"SYS_ADMIN", "SYS_PTRACE", "DAC_READ_SEARCH", "KILL"}
+	if sc == nil || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) ||
+		!slices.Equal(sc.Capabilities.Add, want) {
+		t.Errorf("capabilities %+v: want drop ALL, add exactly %v", sc.Capabilities, want)
+	}
+	if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Privileged == nil || *sc.Privileged {
+		t.Errorf("securityContext %+v: read-only root, no escalation, not privileged, as in metrics mode", sc)
+	}
+	for _, flag := range []string{"--pod-kernels", "--reclaim-all-users"} {
+		if !slices.Contains(c.Args, flag) {
+			t.Errorf("args %v lack %s", c.Args, flag)
+		}
+	}
+	for _, flag := range []string{"--no-inject", "--reclaim=false"} {
+		if slices.Contains(c.Args, flag) {
+			t.Errorf("args %v keep metrics mode's %s", c.Args, flag)
+		}
+	}
+	checkArgs(t, c.Args)
+	if len(pod.Volumes) != len(metrics.ds.Spec.Template.Spec.Volumes) ||
+		slices.ContainsFunc(pod.Volumes, func(v corev1.Volume) bool { return v.HostPath != nil }) {
+		t.Errorf("volumes %+v: want metrics mode's emptyDirs, no hostPath (pods' files are read through /proc)", pod.Volumes)
+	}
+	if len(o.role.Rules) != 1 || !slices.Equal(o.role.Rules[0].Verbs, []string{"get", "list", "watch"}) {
+		t.Errorf("ClusterRole rules %+v: notebooks mode needs no more of the API", o.role.Rules)
+	}
+	// Metrics mode is the default and grants nothing.
+	if add := metrics.ds.Spec.Template.Spec.Containers[0].SecurityContext.Capabilities.Add; len(add) != 0 {
+		t.Errorf("metrics mode adds capabilities %v", add)
+	}
+}
+
+// The chart refuses a mode it does not know rather than guess.
+func TestChartRefusesUnknownMode(t *testing.T) {
+	cmd := exec.Command(helmPath(t), "template", "gpumem", chart, "--set", "mode=everything")
 	out, err := cmd.CombinedOutput()
-	if err == nil || !strings.Contains(string(out), `only "metrics" is supported`) {
-		t.Errorf("helm template with mode=notebooks: %v\n%s", err, out)
+	if err == nil || !strings.Contains(string(out), `want "metrics"`) {
+		t.Errorf("helm template with mode=everything: %v\n%s", err, out)
 	}
 }
 
 // The checked-in manifests are the chart's rendering (check.sh keeps them
 // so); decode them too, as users apply them without helm.
 func TestPlainManifests(t *testing.T) {
-	for _, f := range []string{"gpumem.yaml", "servicemonitor.yaml"} {
+	for _, f := range []string{"gpumem.yaml", "servicemonitor.yaml", "gpumem-notebooks.yaml"} {
 		data, err := os.ReadFile(filepath.Join("../../deploy/kubernetes", f))
 		if err != nil {
 			t.Fatal(err)
@@ -380,6 +427,13 @@ func TestPlainManifests(t *testing.T) {
 	}
 	if !bytes.Contains(got, want) {
 		t.Error("deploy/kubernetes/gpumem.yaml is not the chart's rendering: run bash tests/kube/check.sh --update")
+	}
+	got, err = os.ReadFile("../../deploy/kubernetes/gpumem-notebooks.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(got, render(t, "--set", "mode=notebooks")) {
+		t.Error("deploy/kubernetes/gpumem-notebooks.yaml is not the chart's notebooks rendering: run bash tests/kube/check.sh --update")
 	}
 }
 

@@ -270,11 +270,40 @@ func TestImageNamesPods(t *testing.T) {
 }
 
 // podCgroup creates the cgroup the kubelet's cgroupfs driver gives a
-// besteffort pod's container, in the cgroup v1 pids hierarchy (moving a
-// process there changes nothing else about it) or in cgroup v2, and moves
+// besteffort pod's container (under cgroupBase), and moves
 // proc into it. At cleanup it kills proc and removes the cgroup (and its
 // parents, when no other test uses them). It returns the cgroup's path.
 func podCgroup(t *testing.T, podUID, containerID string, proc *os.Process) string {
+	t.Helper()
+	base := cgroupBase(t)
+	rel := filepath.Join("/kubepods", "besteffort", "pod"+podUID, containerID)
+	dir := filepath.Join(base, rel)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatalf("creating a cgroup: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = proc.Kill()
+		for d := dir; d != base; d = filepath.Dir(d) {
+			// EBUSY until the killed process is gone; ENOTEMPTY (a parent
+			// another test uses) leaves it.
+			for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				err := os.Remove(d)
+				if err == nil || !errors.Is(err, syscall.EBUSY) || time.Now().After(end) {
+					break
+				}
+			}
+		}
+	})
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(proc.Pid)), 0o644); err != nil {
+		t.Fatalf("moving pid %d into %s: %v", proc.Pid, dir, err)
+	}
+	return rel
+}
+
+// cgroupBase is where processes are moved to play a pod: the cgroup v1
+// pids hierarchy (moving a process there changes nothing else about it) or
+// cgroup v2.
+func cgroupBase(t *testing.T) string {
 	t.Helper()
 	mounts, err := os.ReadFile("/proc/self/mounts")
 	if err != nil {
@@ -298,28 +327,7 @@ func podCgroup(t *testing.T, podUID, containerID string, proc *os.Process) strin
 	if base == "" {
 		t.Fatal("no cgroup v1 pids hierarchy nor cgroup v2 mounted")
 	}
-	rel := filepath.Join("/kubepods", "besteffort", "pod"+podUID, containerID)
-	dir := filepath.Join(base, rel)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatalf("creating a cgroup: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = proc.Kill()
-		for d := dir; d != base; d = filepath.Dir(d) {
-			// EBUSY until the killed process is gone; ENOTEMPTY (a parent
-			// another test uses) leaves it.
-			for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-				err := os.Remove(d)
-				if err == nil || !errors.Is(err, syscall.EBUSY) || time.Now().After(end) {
-					break
-				}
-			}
-		}
-	})
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(proc.Pid)), 0o644); err != nil {
-		t.Fatalf("moving pid %d into %s: %v", proc.Pid, dir, err)
-	}
-	return rel
+	return base
 }
 
 func newUID(t *testing.T) string {

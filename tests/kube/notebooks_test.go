@@ -1,0 +1,420 @@
+package kube
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpumem/gpumem/internal/netns"
+	"github.com/gpumem/gpumem/internal/syncutil"
+	"github.com/gpumem/gpumem/internal/testenv"
+	"github.com/gpumem/gpumem/sidecar/api"
+	"github.com/gpumem/gpumem/sidecar/attribution"
+)
+
+// The pod's user: not root, not the daemon's; its files are 0600.
+const podUser = 61000
+
+// TestPodKernels plays `mode: notebooks` on one node, with everything real
+// but the cluster and the GPU. The "pod" is what the kubelet makes of one:
+// its own network namespace (only its loopback up) and mount namespace (its
+// runtime dir is a tmpfs that no other namespace sees), a cgroup laid out
+// as the cgroupfs driver lays out a pod's, and a user of its own. In it a
+// Jupyter server starts a kernel for a notebook; the kernel starts three
+// GPU workers in sessions of their own. The test then moves one worker into
+// another pod's cgroup and one out of every pod. `gpumem serve
+// --pod-kernels` runs as root with exactly the capabilities the chart's
+// notebooks mode grants. It must find the kernel (its file only through the
+// kernel's root, its ports only in the pod's namespace), name its notebook
+// from the pod's server, inject the magics and run a free in it, and, when
+// the kernel is killed, end only the worker still in the kernel's pod.
+func TestPodKernels(t *testing.T) {
+	if os.Geteuid() != 0 {
+		msg := "network and mount namespaces, cgroups and setns need root"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	for _, tool := range []string{"unshare", "setpriv", "ip"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s (util-linux, iproute2) is needed to play a pod: %v", tool, err)
+		}
+	}
+	testenv.Require(t, "ipykernel", "jupyter_client", "jupyter_server")
+	bin := gpumemBinary(t)
+	caps := chartCapabilities(t)
+
+	podA, podB := newUID(t), newUID(t)
+	containerA, containerB := randomHex(t, 32), randomHex(t, 32)
+	cgA := testCgroup(t, filepath.Join("/kubepods", "besteffort", "pod"+podA, containerA))
+	cgB := testCgroup(t, filepath.Join("/kubepods", "besteffort", "pod"+podB, containerB))
+	cgHost := testCgroup(t, "/gpumem-test-host-"+randomHex(t, 4))
+
+	// The pod's dir exists on the host but stays empty there: the pod
+	// mounts its own tmpfs on it.
+	top := t.TempDir()
+	podDir := filepath.Join(top, "pod")
+	if err := os.Mkdir(podDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{filepath.Dir(top), top} {
+		if err := os.Chmod(d, 0o755); err != nil { // the pod's user walks through
+			t.Fatal(err)
+		}
+	}
+	token := testenv.RandomHex(16)
+	const serverPort = 8888 // the pod's own network: nothing else binds there
+	// Each kernel starts three GPU workers, in sessions of their own as
+	// pools and inference servers do: a restart's SIGKILL to the kernel's
+	// process group misses them.
+	kernelConfig := `c.IPKernelApp.exec_lines = ["import subprocess as _sp; _gpumem_workers = [_sp.Popen(['sleep', str(n)], start_new_session=True) for n in (3601, 3602, 3603)]"]`
+	script := `set -e
+read _ready
+ip link set lo up
+mount -t tmpfs -o mode=0755 tmpfs "$POD_DIR"
+mkdir -p "$POD_DIR/runtime" "$POD_DIR/notebooks/work" "$POD_DIR/ipython/profile_default"
+printf '%s\n' "$KERNEL_CONFIG" > "$POD_DIR/ipython/profile_default/ipython_kernel_config.py"
+chown -R "$POD_USER:$POD_USER" "$POD_DIR"
+chmod 0700 "$POD_DIR/runtime"
+export HOME="$POD_DIR" JUPYTER_RUNTIME_DIR="$POD_DIR/runtime" IPYTHONDIR="$POD_DIR/ipython" JUPYTER_CONFIG_DIR="$POD_DIR/config" JUPYTER_DATA_DIR="$POD_DIR/data"
+exec setpriv --reuid="$POD_USER" --regid="$POD_USER" --clear-groups -- "$PYTHON" -m jupyter_server --no-browser \
+  --ServerApp.ip=127.0.0.1 --ServerApp.port="$SERVER_PORT" --ServerApp.port_retries=0 \
+  --ServerApp.token="$TOKEN" --ServerApp.root_dir="$POD_DIR/notebooks" --ServerApp.open_browser=False`
+	pod := exec.Command("unshare", "--net", "--mount", "--propagation", "private", "--fork", "--", "sh", "-c", script)
+	pod.Env = append(os.Environ(), "POD_DIR="+podDir, "PYTHON="+testenv.Python(), "TOKEN="+token,
+		"SERVER_PORT="+strconv.Itoa(serverPort), "POD_USER="+strconv.Itoa(podUser), "KERNEL_CONFIG="+kernelConfig)
+	var podLog syncutil.Buffer
+	pod.Stdout, pod.Stderr = &podLog, &podLog
+	ready, err := pod.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pod.Start(); err != nil {
+		t.Fatal(err)
+	}
+	podExited := make(chan struct{})
+	go func() { _ = pod.Wait(); close(podExited) }()
+	// The pod's processes are ended by their cgroups' cleanup; then unshare.
+	t.Cleanup(func() {
+		_ = pod.Process.Kill()
+		<-podExited
+	})
+	// The pod's first process joins the pod's cgroup before it starts
+	// anything: everything it starts is born there, as in a container.
+	serverPID := childOf(t, pod.Process.Pid, podExited)
+	moveToCgroup(t, cgA, serverPID)
+	if _, err := io.WriteString(ready, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+
+	// The server answers inside the pod's network namespace only.
+	podClient := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return netns.Dial(ctx, fmt.Sprintf("/proc/%d/ns/net", serverPID), network, addr)
+		},
+	}}
+	serverURL := fmt.Sprintf("http://127.0.0.1:%d/", serverPort)
+	podAPI := func(method, path string, body, out any) error {
+		req, err := testenv.JSONRequest(method, serverURL+path, token, body)
+		if err != nil {
+			return err
+		}
+		resp, err := podClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		data, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode/100 != 2 {
+			return fmt.Errorf("%s %s: %s %s", method, path, resp.Status, data)
+		}
+		if out != nil {
+			return json.Unmarshal(data, out)
+		}
+		return nil
+	}
+	testenv.Poll(t, 90*time.Second, "the pod's Jupyter server to answer in the pod's network namespace", func() bool {
+		select {
+		case <-podExited:
+			t.Fatalf("the pod exited:\n%s", podLog.String())
+		default:
+		}
+		return podAPI(http.MethodGet, "api/status", nil, nil) == nil
+	})
+	if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", serverPort), time.Second); err == nil {
+		c.Close()
+		t.Fatalf("port %d answers on the host's loopback: the pod's network is not its own", serverPort)
+	}
+
+	var session struct {
+		Kernel struct {
+			ID string `json:"id"`
+		} `json:"kernel"`
+	}
+	if err := podAPI(http.MethodPost, "api/sessions", map[string]any{"path": "work/train.ipynb", "name": "train.ipynb",
+		"type": "notebook", "kernel": map[string]any{"name": "python3"}}, &session); err != nil {
+		t.Fatalf("creating the notebook's session: %v\n%s", err, podLog.String())
+	}
+	kernelID := session.Kernel.ID
+	connName := "kernel-" + kernelID + ".json"
+	notebook := filepath.Join(podDir, "notebooks", "work", "train.ipynb")
+	var kernelPID int
+	var workers map[string]int
+	testenv.Poll(t, 60*time.Second, "the kernel and its three workers", func() bool {
+		pids := testenv.ProcessesWithArg(func(argv []string) bool {
+			return slices.ContainsFunc(argv, func(a string) bool { return strings.HasSuffix(a, "/"+connName) })
+		})
+		if len(pids) != 1 {
+			return false
+		}
+		kernelPID = pids[0]
+		workers = childrenByArgv(kernelPID)
+		return len(workers) == 3
+	})
+	if _, err := os.Stat(filepath.Join(podDir, "runtime", connName)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the kernel's connection file is visible outside the pod (stat: %v): the pod's mounts are not its own", err)
+	}
+	inPod, inPodB, outside := workers["3601"], workers["3602"], workers["3603"]
+	moveToCgroup(t, cgB, inPodB)
+	moveToCgroup(t, cgHost, outside)
+
+	gpu := testenv.NewFakeGPU(t)
+	gpu.Set(t, testenv.FakeProc{PID: kernelPID, UsedBytes: 1 << 30}, testenv.FakeProc{PID: inPod, UsedBytes: 2 << 30},
+		testenv.FakeProc{PID: inPodB, UsedBytes: 3 << 30}, testenv.FakeProc{PID: outside, UsedBytes: 4 << 30})
+	daemonDir := t.TempDir()
+	d := testenv.StartDaemon(t, withCapabilities(t, bin, caps), daemonDir, gpu, "--pod-kernels", "--interval=200ms",
+		"--rescan=300ms", "--reclaim-all-users", "--reclaim-grace=1s")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	kernelStatus := func() (api.KernelStatus, bool) {
+		ks, err := d.Client.Kernels(ctx)
+		if err != nil {
+			return api.KernelStatus{}, false
+		}
+		for _, k := range ks {
+			if k.KernelID == kernelID {
+				return k, true
+			}
+		}
+		return api.KernelStatus{}, false
+	}
+	testenv.Poll(t, 60*time.Second, "the daemon to attach to the pod's kernel, named after its notebook", func() bool {
+		k, ok := kernelStatus()
+		return ok && k.Alive && k.PID == kernelPID && k.Notebook == notebook
+	})
+	k, _ := kernelStatus()
+	if !strings.HasPrefix(k.ConnectionFile, "pod:"+podA+"/"+containerA[:12]+":") || !strings.HasSuffix(k.ConnectionFile, connName) {
+		t.Errorf("connection file %q does not name the kernel's pod, container and file", k.ConnectionFile)
+	}
+	if k.ServerURL != serverURL {
+		t.Errorf("server %q, want the pod's %q", k.ServerURL, serverURL)
+	}
+
+	// Magics injected, and code run in the kernel through the pod's
+	// network namespace: a free answers with the kernel's own report.
+	d.WaitLog(t, 60*time.Second, "magics injected", map[string]any{"kernel_id": kernelID})
+	freed, err := d.Client.Free(ctx, kernelID, api.FreeRequest{})
+	if err != nil {
+		t.Fatalf("free in the pod's kernel: %v", err)
+	}
+	if !json.Valid(freed) || len(freed) < 3 {
+		t.Errorf("free in the pod's kernel answered %s", freed)
+	}
+
+	// The kernel's tree, workers included wherever their cgroup now is,
+	// is the notebook's: recorded before the kernel dies.
+	want := []int{kernelPID, inPod, inPodB, outside}
+	slices.Sort(want)
+	var nb attribution.Notebook
+	testenv.Poll(t, 30*time.Second, "the notebook's processes in the report", func() bool {
+		rep, err := d.Client.Notebooks(ctx)
+		if err != nil {
+			return false
+		}
+		for _, n := range rep.Notebooks {
+			if n.KernelID == kernelID {
+				nb = n
+				got := slices.Clone(n.PIDs)
+				slices.Sort(got)
+				return slices.Equal(got, want)
+			}
+		}
+		return false
+	})
+	if nb.Notebook != notebook || nb.GPUMemoryBytes != 10<<30 {
+		t.Errorf("notebook %q holds %d bytes, want %q with %d", nb.Notebook, nb.GPUMemoryBytes, notebook, uint64(10<<30))
+	}
+
+	// The kernel dies; its server starts another. Only the worker still in
+	// the kernel's pod is ended.
+	if err := syscall.Kill(kernelPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	d.WaitLog(t, 30*time.Second, "orphan ended", map[string]any{"pid": inPod, "kernel_id": kernelID})
+	left := map[int]string{inPodB: "not the kernel's pod " + podA, outside: "outside any pod"}
+	for pid, reason := range left {
+		d.WaitLog(t, 30*time.Second, "orphan holds GPU memory; left alone", map[string]any{"pid": pid, "reason": "~" + reason})
+	}
+	testenv.Poll(t, 10*time.Second, "the pod's orphan to be gone", func() bool { return !testenv.Alive(inPod) })
+	for pid := range left {
+		if !testenv.Alive(pid) {
+			t.Errorf("pid %d, outside the kernel's pod, was ended", pid)
+		}
+	}
+	if _, ok := d.FindLog("ending orphan that holds GPU memory (SIGTERM)", map[string]any{"pid": inPodB}); ok {
+		t.Errorf("the daemon tried to end pid %d, in another pod", inPodB)
+	}
+	if _, ok := d.FindLog("ending orphan that holds GPU memory (SIGTERM)", map[string]any{"pid": outside}); ok {
+		t.Errorf("the daemon tried to end pid %d, outside any pod", outside)
+	}
+
+	// The restarted kernel (same file, new process) is proven and
+	// attached again, through its own root and namespace.
+	testenv.Poll(t, 60*time.Second, "the daemon to follow the restarted kernel", func() bool {
+		k, ok := kernelStatus()
+		return ok && k.Alive && k.PID != kernelPID && k.PID != 0
+	})
+	for _, secret := range []string{token} {
+		if strings.Contains(d.Output(), secret) {
+			t.Error("the daemon logged the pod's server token")
+		}
+	}
+}
+
+// childrenByArgv maps the last argument of each child of pid to its pid.
+func childrenByArgv(pid int) map[string]int {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	if err != nil {
+		return nil
+	}
+	out := map[string]int{}
+	for _, f := range strings.Fields(string(data)) {
+		child, err := strconv.Atoi(f)
+		if err != nil {
+			continue
+		}
+		argv, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", child))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(argv), "\x00"), "\x00")
+		out[args[len(args)-1]] = child
+	}
+	return out
+}
+
+// testCgroup creates the cgroup rel in the cgroup v1 pids hierarchy (or
+// cgroup v2) and returns its dir. At cleanup every process in it is killed
+// (all are the test's: it made the cgroup) and it is removed, with its
+// parents when no other test uses them.
+func testCgroup(t *testing.T, rel string) string {
+	t.Helper()
+	base := cgroupBase(t)
+	dir := filepath.Join(base, rel)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatalf("creating a cgroup: %v", err)
+	}
+	t.Cleanup(func() {
+		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			data, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+			if err != nil || len(strings.Fields(string(data))) == 0 {
+				break
+			}
+			for _, f := range strings.Fields(string(data)) {
+				if pid, err := strconv.Atoi(f); err == nil {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
+		for d := dir; d != base; d = filepath.Dir(d) {
+			for end := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				err := os.Remove(d)
+				if err == nil || !errors.Is(err, syscall.EBUSY) || time.Now().After(end) {
+					break
+				}
+			}
+		}
+	})
+	return dir
+}
+
+func moveToCgroup(t *testing.T, dir string, pid int) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
+		t.Fatalf("moving pid %d into %s: %v", pid, dir, err)
+	}
+}
+
+// chartCapabilities are the capabilities the chart's notebooks mode adds.
+func chartCapabilities(t *testing.T) []string {
+	t.Helper()
+	ds := collect(t, decodeAll(t, render(t, "--set", "mode=notebooks"))).ds
+	sc := ds.Spec.Template.Spec.Containers[0].SecurityContext
+	if sc == nil || sc.Capabilities == nil || len(sc.Capabilities.Add) == 0 {
+		t.Fatal("the chart's notebooks mode adds no capability")
+	}
+	var caps []string
+	for _, c := range sc.Capabilities.Add {
+		caps = append(caps, strings.ToLower(string(c)))
+	}
+	return caps
+}
+
+// withCapabilities writes a wrapper that runs bin as root holding only caps
+// (bounding set and inheritable set cut down: what the container runtime
+// gives a root container that drops ALL and adds caps).
+func withCapabilities(t *testing.T, bin string, caps []string) string {
+	t.Helper()
+	wrapper := filepath.Join(t.TempDir(), "gpumem-caps")
+	bounding := "-all,+" + strings.Join(caps, ",+")
+	script := fmt.Sprintf("#!/bin/sh\nexec setpriv --inh-caps=-all --bounding-set=%s -- %s \"$@\"\n", bounding, bin)
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return wrapper
+}
+
+var (
+	gpumemOnce sync.Once
+	gpumemDir  string // made here (not GPUMEM_TEST_BIN's); TestMain removes it
+	gpumemBin  string
+	gpumemErr  error
+)
+
+// gpumemBinary builds gpumem once per test binary.
+func gpumemBinary(t *testing.T) string {
+	t.Helper()
+	gpumemOnce.Do(func() {
+		var err error
+		gpumemDir, err = os.MkdirTemp("", "gpumem-bin-")
+		if err == nil {
+			err = os.Chmod(gpumemDir, 0o755)
+		}
+		if err != nil {
+			gpumemErr = err
+			return
+		}
+		gpumemBin, gpumemErr = testenv.BuildGpumem(gpumemDir)
+	})
+	if gpumemErr != nil {
+		t.Fatal(gpumemErr)
+	}
+	return gpumemBin
+}
