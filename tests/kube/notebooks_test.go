@@ -82,7 +82,7 @@ func TestPodKernels(t *testing.T) {
 	// Each kernel starts three GPU workers, in sessions of their own as
 	// pools and inference servers do: a restart's SIGKILL to the kernel's
 	// process group misses them.
-	kernelConfig := `c.IPKernelApp.exec_lines = ["import subprocess as _sp; _gpumem_workers = [_sp.Popen(['sleep', str(n)], start_new_session=True) for n in (3601, 3602, 3603)]"]`
+	kernelConfig := `c.IPKernelApp.exec_lines = ["import subprocess as _sp; _gpumem_workers = [_sp.Popen(['sleep', str(n)], start_new_session=True, stdin=_sp.DEVNULL, stdout=_sp.DEVNULL, stderr=_sp.DEVNULL) for n in (3601, 3602, 3603)]"]`
 	script := `set -e
 read _ready
 ip link set lo up
@@ -100,6 +100,9 @@ exec setpriv --reuid="$POD_USER" --regid="$POD_USER" --clear-groups -- "$PYTHON"
 		"SERVER_PORT="+strconv.Itoa(serverPort), "POD_USER="+strconv.Itoa(podUser), "KERNEL_CONFIG="+kernelConfig)
 	var podLog syncutil.Buffer
 	pod.Stdout, pod.Stderr = &podLog, &podLog
+	// Wait returns even while a process the pod left behind holds its
+	// output open (the cgroups' cleanup ends them after).
+	pod.WaitDelay = 10 * time.Second
 	ready, err := pod.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
