@@ -308,18 +308,26 @@ func (d *Daemon) scan(ctx context.Context) {
 	for _, k := range res.Kernels {
 		present[k.ConnectionFile] = k
 	}
+	pending := map[string]bool{}
+	for _, f := range res.Pending {
+		pending[f] = true
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	now := time.Now()
 	for file, ks := range d.kernels {
-		if _, ok := present[file]; ok || ks.fileGone {
+		if _, ok := present[file]; ok || ks.fileGone || pending[file] {
 			ks.missingSince = time.Time{}
 			continue
 		}
 		// ipykernel deletes and rewrites its file at start-up, so a scan
 		// can meet it half-written or missing for a moment: look again
 		// missingGrace later. A pod kernel's file is no path of ours: it
-		// is missing when no proven process in its pod names it.
+		// is looked at through its server's root (see podFileExists).
+		if ks.pod != nil && d.podFileExists(ks) {
+			ks.missingSince = time.Time{}
+			continue
+		}
 		if _, err := os.Stat(file); ks.pod == nil && !errors.Is(err, fs.ErrNotExist) {
 			ks.missingSince = time.Time{}
 			continue
@@ -363,6 +371,9 @@ func (d *Daemon) scan(ctx context.Context) {
 			ks.serverURL = k.ServerURL
 		}
 		ks.fileUID, ks.fileID = k.FileUID, k.FileID
+		if k.Pod != nil {
+			ks.podWitness = procID{k.Pod.WitnessPID, k.Pod.WitnessStart}
+		}
 		// Zero when no server answered for it now: nothing stale is judged.
 		ks.server, ks.execState, ks.lastActivity = k.Server, k.ExecutionState, k.LastActivity
 		if k.PID > 0 && k.PIDProven {

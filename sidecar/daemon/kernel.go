@@ -58,6 +58,10 @@ type kernelState struct {
 	// pod is where a kernel found inside a Kubernetes pod lives; nil for
 	// a kernel of this host's runtime dirs. Fixed at creation.
 	pod *discovery.PodKernel
+	// podWitness is a process in the pod kernel's container (its server)
+	// through whose root its file is looked at while no kernel process
+	// names it; zero when none.
+	podWitness procID
 }
 
 // shellBusy reports whether the kernel runs a cell, as far as the daemon

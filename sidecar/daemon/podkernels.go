@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
+	"syscall"
 
 	"github.com/gpumem/gpumem/internal/safefile"
 	"github.com/gpumem/gpumem/protocol"
@@ -56,6 +58,22 @@ func (d *Daemon) podClientOptions(ks *kernelState) protocol.Options {
 		return d.podKernels.Dial(ctx, id.PID, id.Start, network, addr)
 	}
 	return opts
+}
+
+// podFileExists reports whether a pod kernel's connection file is still
+// there, looked at through the root of its witness (the kernel's server,
+// in the same container): a kernel that died and is being restarted is
+// named by no process for a few seconds, and only its server's deleting
+// the file (or the container's end) is a shutdown. Called with d.mu held.
+func (d *Daemon) podFileExists(ks *kernelState) bool {
+	w := ks.podWitness
+	if w.isZero() {
+		return false
+	}
+	_, _, err := d.podKernels.ReadConnectionFile(w.PID, w.Start, ks.pod.Path)
+	// A file being rewritten reads as invalid: it is there. A witness that
+	// is gone (or whose pid was reused) says nothing.
+	return err == nil || !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ESRCH)
 }
 
 // podOfProcess is the reclaim policy's pod rule: the pod UID of a process

@@ -127,6 +127,10 @@ type Result struct {
 	Kernels  []Kernel
 	Servers  []Server
 	Problems []error
+	// Pending lists the ConnectionFiles of pod kernels that a live process
+	// in the pod still names but that are not proven now (a kernel
+	// restarting binds its ports a second after it starts): not gone.
+	Pending []string
 }
 
 // Discover scans the runtime dirs, asks every server for its sessions, and

@@ -44,6 +44,12 @@ type PodKernel struct {
 	ContainerID string
 	// Path is the connection file's path inside the container.
 	Path string
+	// WitnessPID and WitnessStart identify the kernel's parent (its
+	// Jupyter server) when it runs in the same container: through its
+	// root the file can still be looked at while the kernel restarts and
+	// no process names the file. Zero when there is none.
+	WitnessPID   int
+	WitnessStart uint64
 }
 
 // podKeyPrefix starts the ConnectionFile of a pod kernel: it names the
@@ -71,8 +77,9 @@ func NewPodFinder(fs *procs.FS) *PodFinder { return &PodFinder{fs: fs} }
 
 // podCandidate is a process in a pod that passes a connection file with -f.
 type podCandidate struct {
-	proc procs.Proc
-	pod  PodKernel
+	proc   procs.Proc
+	pod    PodKernel
+	parent procs.Proc // zero when not in the same container
 }
 
 // Find returns the proven kernels of every pod on this node, each with its
@@ -120,7 +127,13 @@ func (f *PodFinder) Find(ctx context.Context) Result {
 		if _, seen := byKey[key]; !seen {
 			keys = append(keys, key)
 		}
-		byKey[key] = append(byKey[key], podCandidate{proc: p, pod: pk})
+		var parent procs.Proc
+		if pp, ok := table.Get(p.PPID); ok {
+			if pc, err := cgroups.ForProcess(f.fs, pp.PID, pp.StartTime); err == nil && pc == c {
+				parent = pp
+			}
+		}
+		byKey[key] = append(byKey[key], podCandidate{proc: p, pod: pk, parent: parent})
 	}
 	for _, key := range keys {
 		var whys []string
@@ -136,6 +149,7 @@ func (f *PodFinder) Find(ctx context.Context) Result {
 			break
 		}
 		if !found {
+			res.Pending = append(res.Pending, key)
 			res.Problems = append(res.Problems, fmt.Errorf("pod %s: connection file %s: not counted as a kernel: %s",
 				byKey[key][0].pod.UID, byKey[key][0].pod.Path, strings.Join(whys, "; ")))
 		}
@@ -196,9 +210,10 @@ func (f *PodFinder) prove(c podCandidate) (Kernel, error) {
 		PIDStart:       p.StartTime,
 		PIDProven:      true,
 		PIDUIDMatch:    true,
-		Pod:            &PodKernel{UID: c.pod.UID, ContainerID: c.pod.ContainerID, Path: c.pod.Path},
-		sessionName:    p.SessionName,
-		ppid:           p.PPID,
+		Pod: &PodKernel{UID: c.pod.UID, ContainerID: c.pod.ContainerID, Path: c.pod.Path,
+			WitnessPID: c.parent.PID, WitnessStart: c.parent.StartTime},
+		sessionName: p.SessionName,
+		ppid:        p.PPID,
 	}, nil
 }
 

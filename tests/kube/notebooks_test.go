@@ -270,7 +270,9 @@ exec setpriv --reuid="$POD_USER" --regid="$POD_USER" --clear-groups -- "$PYTHON"
 	if err := syscall.Kill(kernelPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	d.WaitLog(t, 30*time.Second, "orphan ended", map[string]any{"pid": inPod, "kernel_id": kernelID})
+	// A restart, not a shutdown: the restarted kernel's process names the
+	// same file while it starts, before it listens.
+	d.WaitLog(t, 30*time.Second, "orphan ended", map[string]any{"pid": inPod, "kernel_id": kernelID, "after": "restart"})
 	left := map[int]string{inPodB: "not the kernel's pod " + podA, outside: "outside any pod"}
 	for pid, reason := range left {
 		d.WaitLog(t, 30*time.Second, "orphan holds GPU memory; left alone", map[string]any{"pid": pid, "reason": "~" + reason})
