@@ -46,6 +46,19 @@ type Options struct {
 	// another mount namespace is read through a reader that resolves the
 	// path within that namespace's root.
 	ReadConnectionFile func(path string) (ConnectionInfo, error)
+	// Lean keeps only the iopub socket connected between requests, for a
+	// process that follows many kernels at once: shell and control are
+	// dialed when a request needs them and closed once no request has
+	// used them for LeanIdle, and no heartbeat is sent. Each connected
+	// socket costs zmq4 two goroutines and buffers; lean, a kernel costs
+	// one socket instead of four. A kernel that dies still closes iopub
+	// (EOF), which fails the connection as a missed heartbeat would; a
+	// stopped but living kernel is no longer noticed. Alive then means
+	// that iopub is connected.
+	Lean bool
+	// LeanIdle: how long a lean client keeps an unused shell or control
+	// socket. Default 10s.
+	LeanIdle time.Duration
 }
 
 // DialFunc opens a network connection, as net.Dialer.DialContext does.
@@ -78,6 +91,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.ReadConnectionFile == nil {
 		o.ReadConnectionFile = ReadConnectionFile
+	}
+	if o.LeanIdle <= 0 {
+		o.LeanIdle = 10 * time.Second
 	}
 	return o
 }
@@ -145,11 +161,41 @@ type generation struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	shell, control, iopub, hb zmq4.Socket
+	iopub, hb      zmq4.Socket // hb is nil for a lean client
+	shell, control *channel
 
 	failOnce sync.Once
 	failed   chan struct{}
 	err      error // set before failed is closed
+}
+
+// channel is a generation's shell or control socket. A lean client dials
+// it for a request and closes it once idle; otherwise it is dialed with
+// the generation and lives as long.
+type channel struct {
+	name string // "shell" or "control"
+	port int
+
+	mu     sync.Mutex
+	conn   *channelConn // nil while not dialed
+	users  int          // requests using conn
+	idle   *time.Timer  // closes conn when it fires with no users
+	closed bool         // the generation is closing: dial no more
+}
+
+// channelConn is one dialed socket of a channel.
+type channelConn struct {
+	sock   zmq4.Socket
+	cancel context.CancelFunc
+	// retired: closed on purpose (idle, or the generation closing), so
+	// its reader's error is no sign of a lost kernel.
+	retired atomic.Bool
+}
+
+func (cc *channelConn) retire() {
+	cc.retired.Store(true)
+	cc.cancel()
+	_ = cc.sock.Close() // errors from closing dead connections tell us nothing
 }
 
 func (g *generation) fail(err error) {
@@ -163,7 +209,19 @@ func (g *generation) fail(err error) {
 // the generation's goroutines.
 func (g *generation) close() {
 	g.cancel()
-	for _, s := range []zmq4.Socket{g.shell, g.control, g.iopub, g.hb} {
+	for _, ch := range []*channel{g.shell, g.control} {
+		ch.mu.Lock()
+		ch.closed = true
+		if ch.idle != nil {
+			ch.idle.Stop()
+		}
+		if ch.conn != nil {
+			ch.conn.retire()
+			ch.conn = nil
+		}
+		ch.mu.Unlock()
+	}
+	for _, s := range []zmq4.Socket{g.iopub, g.hb} {
 		if s != nil {
 			_ = s.Close() // errors from closing dead connections tell us nothing
 		}
@@ -269,16 +327,18 @@ func describe(path string, info ConnectionInfo) string {
 func (c *Client) connect(ctx context.Context, info ConnectionInfo) (*generation, KernelInfo, error) {
 	gctx, gcancel := context.WithCancel(c.ctx)
 	g := &generation{
-		info:   info,
-		key:    []byte(info.Key),
-		ctx:    gctx,
-		cancel: gcancel,
-		failed: make(chan struct{}),
+		info:    info,
+		key:     []byte(info.Key),
+		ctx:     gctx,
+		cancel:  gcancel,
+		failed:  make(chan struct{}),
+		shell:   &channel{name: "shell", port: info.ShellPort},
+		control: &channel{name: "control", port: info.ControlPort},
 	}
 	// zmq4's Dial ignores contexts other than the socket's own: tie the
 	// sockets to ctx while dialing.
 	stop := context.AfterFunc(ctx, gcancel)
-	err := c.dialSockets(g)
+	err := c.dialSockets(ctx, g)
 	if !stop() {
 		g.close()
 		return nil, KernelInfo{}, fmt.Errorf("dial: %w", ctx.Err())
@@ -287,11 +347,12 @@ func (c *Client) connect(ctx context.Context, info ConnectionInfo) (*generation,
 		g.close()
 		return nil, KernelInfo{}, err
 	}
-	g.wg.Add(4)
-	go c.readReplies(g, g.shell, "shell")
-	go c.readReplies(g, g.control, "control")
+	g.wg.Add(1)
 	go c.readIOPub(g)
-	go c.heartbeat(g)
+	if g.hb != nil {
+		g.wg.Add(1)
+		go c.heartbeat(g)
+	}
 
 	msg, err := c.roundTripOn(ctx, g, true, "kernel_info_request", nil)
 	if err != nil {
@@ -306,26 +367,31 @@ func (c *Client) connect(ctx context.Context, info ConnectionInfo) (*generation,
 	return g, ki, nil
 }
 
-func (c *Client) dialSockets(g *generation) error {
-	sctx := context.WithValue(g.ctx, guardKey{}, c.guard)
-	opts := []zmq4.Option{
+func (c *Client) socketOptions() []zmq4.Option {
+	return []zmq4.Option{
 		zmq4.WithDialerMaxRetries(0), // we retry ourselves, re-reading the file
 		zmq4.WithDialerTimeout(c.opts.ConnectTimeout),
 		zmq4.WithTimeout(c.opts.ConnectTimeout),
 		zmq4.WithLogger(discardLogger),
 	}
-	// Heartbeat first: the cheapest way to learn that nothing listens.
-	g.hb = zmq4.NewReq(sctx, opts...)
-	if err := g.hb.Dial(g.info.endpoint(g.info.HBPort)); err != nil {
-		return fmt.Errorf("dial heartbeat: %w", err)
-	}
-	g.control = zmq4.NewDealer(sctx, opts...)
-	if err := g.control.Dial(g.info.endpoint(g.info.ControlPort)); err != nil {
-		return fmt.Errorf("dial control: %w", err)
-	}
-	g.shell = zmq4.NewDealer(sctx, opts...)
-	if err := g.shell.Dial(g.info.endpoint(g.info.ShellPort)); err != nil {
-		return fmt.Errorf("dial shell: %w", err)
+}
+
+// dialSockets connects a new generation: iopub, and unless the client is
+// lean the heartbeat, control and shell as well.
+func (c *Client) dialSockets(ctx context.Context, g *generation) error {
+	opts := c.socketOptions()
+	if !c.opts.Lean {
+		// Heartbeat first: the cheapest way to learn that nothing listens.
+		g.hb = zmq4.NewReq(context.WithValue(g.ctx, guardKey{}, c.guard), opts...)
+		if err := g.hb.Dial(g.info.endpoint(g.info.HBPort)); err != nil {
+			return fmt.Errorf("dial heartbeat: %w", err)
+		}
+		for _, ch := range []*channel{g.control, g.shell} {
+			if _, err := c.acquire(ctx, g, ch); err != nil {
+				return err
+			}
+			c.release(ch)
+		}
 	}
 	g.iopub = zmq4.NewSub(context.WithValue(g.ctx, guardKey{}, c.iopubGuard), opts...)
 	// Until the kernel's ident is known (from its first status message),
@@ -338,6 +404,59 @@ func (c *Client) dialSockets(g *generation) error {
 		return fmt.Errorf("dial iopub: %w", err)
 	}
 	return nil
+}
+
+// acquire returns ch's socket for one request, dialing it (within ctx)
+// when it is not connected. Each acquire is paired with a release.
+func (c *Client) acquire(ctx context.Context, g *generation, ch *channel) (zmq4.Socket, error) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if ch.closed {
+		return nil, fmt.Errorf("%w: the connection was closed", ErrConnectionLost)
+	}
+	if ch.idle != nil {
+		ch.idle.Stop()
+		ch.idle = nil
+	}
+	if ch.conn == nil {
+		sctx, cancel := context.WithCancel(context.WithValue(g.ctx, guardKey{}, c.guard))
+		sock := zmq4.NewDealer(sctx, c.socketOptions()...)
+		stop := context.AfterFunc(ctx, cancel)
+		err := sock.Dial(g.info.endpoint(ch.port))
+		if !stop() && err == nil {
+			err = ctx.Err()
+		}
+		if err != nil {
+			cancel()
+			_ = sock.Close()
+			return nil, fmt.Errorf("dial %s: %w", ch.name, err)
+		}
+		ch.conn = &channelConn{sock: sock, cancel: cancel}
+		g.wg.Add(1) // before close can wait: close marks ch closed under ch.mu
+		go c.readReplies(g, ch.conn, ch.name)
+	}
+	ch.users++
+	return ch.conn.sock, nil
+}
+
+// release ends a request's use of ch. A lean client closes the socket
+// once it has gone unused for LeanIdle.
+func (c *Client) release(ch *channel) {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	ch.users--
+	if !c.opts.Lean || ch.users > 0 || ch.conn == nil || ch.closed {
+		return
+	}
+	cc := ch.conn
+	ch.idle = time.AfterFunc(c.opts.LeanIdle, func() {
+		ch.mu.Lock()
+		defer ch.mu.Unlock()
+		if ch.conn == cc && ch.users == 0 {
+			ch.conn, ch.idle = nil, nil
+			cc.retire()
+		}
+	})
 }
 
 // isRefused reports whether err says that nothing listens at the endpoint.
@@ -497,14 +616,18 @@ func drainAfterClose(s zmq4.Socket) {
 	}
 }
 
-func (c *Client) readReplies(g *generation, s zmq4.Socket, channel string) {
+func (c *Client) readReplies(g *generation, cc *channelConn, channel string) {
 	defer g.wg.Done()
 	for {
-		zm, err := s.Recv()
+		zm, err := cc.sock.Recv()
 		if err != nil {
+			if cc.retired.Load() {
+				drainAfterClose(cc.sock)
+				return
+			}
 			g.fail(fmt.Errorf("%s channel: %w", channel, err))
 			if g.ctx.Err() != nil {
-				drainAfterClose(s)
+				drainAfterClose(cc.sock)
 			}
 			return
 		}
@@ -683,10 +806,15 @@ func (c *Client) roundTripOn(ctx context.Context, g *generation, control bool, m
 		delete(c.pending, id)
 		c.mu.Unlock()
 	}()
-	s := g.shell
+	ch := g.shell
 	if control {
-		s = g.control
+		ch = g.control
 	}
+	s, err := c.acquire(ctx, g, ch)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", msgType, err)
+	}
+	defer c.release(ch)
 	// Send succeeds silently when the peer is gone: the deadline below is
 	// what catches that.
 	if err := s.SendMulti(zmq4.NewMsgFrom(frames...)); err != nil {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -636,5 +637,92 @@ func TestIPCKernel(t *testing.T) {
 	c := attach(t, cf, Options{})
 	if pid, err := c.Usage(ctxFor(t, 5*time.Second)); err != nil || pid != p.Cmd.Process.Pid {
 		t.Fatalf("usage over ipc: %d, %v", pid, err)
+	}
+}
+
+// connectionsTo counts this process's established TCP connections to port
+// on the loopback address, from /proc: what the kernel sees connected.
+func connectionsTo(t *testing.T, port int) int {
+	t.Helper()
+	ours := map[string]bool{}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fd := range fds {
+		link, err := os.Readlink("/proc/self/fd/" + fd.Name())
+		if inode, ok := strings.CutPrefix(link, "socket:["); err == nil && ok {
+			ours[strings.TrimSuffix(inode, "]")] = true
+		}
+	}
+	data, err := os.ReadFile("/proc/self/net/tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	remote := fmt.Sprintf(":%04X", port)
+	for _, line := range strings.Split(string(data), "\n")[1:] {
+		f := strings.Fields(line)
+		// sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+		if len(f) > 9 && strings.HasSuffix(f[2], remote) && f[3] == "01" && ours[f[9]] {
+			n++
+		}
+	}
+	return n
+}
+
+// TestLean: a lean client holds only iopub between requests, yet its
+// requests, the kernel's execution state and a killed kernel's detection
+// work as with a full client.
+func TestLean(t *testing.T) {
+	k := testenv.StartKernel(t, t.TempDir())
+	c := attach(t, k.ConnectionFile, Options{Lean: true, LeanIdle: 100 * time.Millisecond})
+	waitEvent(t, c, EventConnected, time.Second)
+	info := c.Info()
+	if n := connectionsTo(t, info.HBPort); n != 0 {
+		t.Fatalf("lean client holds %d heartbeat connections, want none", n)
+	}
+	if n := connectionsTo(t, info.IOPubPort); n != 1 {
+		t.Fatalf("lean client holds %d iopub connections, want 1", n)
+	}
+	// kernel_info went out on control at the attach; the socket goes once idle.
+	testenv.Poll(t, 5*time.Second, "control socket closed once idle", func() bool {
+		return connectionsTo(t, info.ControlPort) == 0
+	})
+
+	// Two requests at once share one shell socket, dialed for them.
+	var wg sync.WaitGroup
+	replies := make([]ExecuteReply, 2)
+	for i := range replies {
+		wg.Go(func() {
+			replies[i] = mustExecute(t, c, "import time; time.sleep(0.5); x = 6 * 7", ExecuteOptions{UserExpressions: map[string]string{"x": "x"}})
+		})
+	}
+	testenv.Poll(t, 5*time.Second, "execution state busy (from iopub)", func() bool { return c.ExecutionState() == "busy" })
+	if n := connectionsTo(t, info.ShellPort); n != 1 {
+		t.Fatalf("%d shell connections during two requests, want 1", n)
+	}
+	wg.Wait()
+	for _, r := range replies {
+		if x := string(r.UserExpressions["x"].Data["text/plain"]); x != `"42"` {
+			t.Fatalf("x = %s, want \"42\" (reply %+v)", x, r)
+		}
+	}
+	testenv.Poll(t, 5*time.Second, "shell socket closed once idle", func() bool {
+		return connectionsTo(t, info.ShellPort) == 0
+	})
+	testenv.Poll(t, 5*time.Second, "execution state idle", func() bool { return c.ExecutionState() == "idle" })
+	if !c.Alive() {
+		t.Fatal("lean client not alive with iopub connected")
+	}
+
+	// No heartbeat: the kernel's death is seen on iopub.
+	if err := syscall.Kill(-k.Cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, c, EventDisconnected, 3*time.Second)
+	waitEvent(t, c, EventDead, 3*time.Second)
+	if c.Alive() {
+		t.Fatal("alive after the kernel was killed")
 	}
 }

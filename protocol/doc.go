@@ -24,7 +24,10 @@
 // sent, every socket is closed and the supervisor rebuilds them all with
 // backoff, re-reading the connection file. When nothing listens, EventDead
 // is sent once. A successful attach reports EventRestarted when the kernel's
-// session id changed and EventReconnected when not. The client stops
+// session id changed and EventReconnected when not. A lean client (for a
+// daemon following many kernels) keeps only iopub connected: shell and
+// control are dialed per request and closed when idle, and there is no
+// heartbeat, so iopub's EOF is what fails a generation. The client stops
 // (EventClosed) when the connection file is deleted or Close is called;
 // Close waits for every goroutine.
 //

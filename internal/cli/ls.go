@@ -80,8 +80,11 @@ func runLs(ctx context.Context, env Env, args []string) error {
 		}
 		sampler = standalone
 	}
-	defer sampler.Close()
 	if !watch.on {
+		// One report, then exit: NVML is left to the process's exit.
+		// nvmlShutdown detaches from every GPU, a few ms of the whole run
+		// on an H200, and the driver releases an exiting process's
+		// handles by itself. A daemon reporter's client goes the same way.
 		rep, err := sampler.Report(ctx)
 		if err != nil {
 			return err
@@ -98,6 +101,7 @@ func runLs(ctx context.Context, env Env, args []string) error {
 		}
 		return writeLs(env.Stdout, rep)
 	}
+	defer sampler.Close()
 	ticker := time.NewTicker(watch.interval)
 	defer ticker.Stop()
 	for {

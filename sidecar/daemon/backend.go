@@ -129,8 +129,8 @@ func (d *Daemon) Free(ctx context.Context, kernelID string, req api.FreeRequest)
 	return json.Marshal(rep)
 }
 
-// Kernels implements api.Backend: the kernels followed, liveness from the
-// heartbeat of the attached client.
+// Kernels implements api.Backend: the kernels followed, alive while the
+// attached client's connection stands (its iopub socket).
 func (d *Daemon) Kernels(ctx context.Context) ([]api.KernelStatus, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -7,8 +7,8 @@
 // Prometheus metrics (sidecar/metrics).
 //
 // It talks to a kernel only on attach and on demand (each request shows the
-// kernel busy and resets Jupyter's idle-cull clock); liveness comes from the
-// heartbeat and /proc.
+// kernel busy and resets Jupyter's idle-cull clock); liveness comes from its
+// iopub connection and /proc.
 package daemon
 
 import (

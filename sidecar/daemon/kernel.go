@@ -132,21 +132,22 @@ const (
 	attachWarnAfter  = 10 * time.Second
 )
 
-// clientOptions: the heartbeat is a hung-kernel check only (a dead kernel's
-// sockets reach EOF at once, and /proc says when its process is gone), so it
-// beats every 5 s: 50 kernels' beats were a quarter of the daemon's CPU at
-// 1 s. Reconnects retry quickly so that a restarted kernel gets its magics
-// back soon.
+// clientOptions: lean, so that a kernel costs the daemon one socket (iopub,
+// which says when a cell runs and reaches EOF when the kernel dies) between
+// requests instead of four: at a thousand kernels the other three sockets'
+// goroutines and buffers were most of the daemon's memory. A hung but living
+// kernel is not noticed (the heartbeat was the only check of that, and
+// nothing acted on it). Reconnects retry quickly so that a restarted kernel
+// gets its magics back soon.
 //
 // Memory per kernel is bounded by the frame limits: a shell or control
 // message of at most 2×MaxFrameBytes (the magics' replies are JSON of a few
 // KiB to a few MiB for thousands of variables), an iopub message of at most
 // 2×64 KiB; a kernel that sends more is disconnected and attached again.
 var clientOptions = protocol.Options{
-	HeartbeatInterval: 5 * time.Second,
-	HeartbeatTimeout:  3 * time.Second,
-	MaxBackoff:        250 * time.Millisecond,
-	MaxFrameBytes:     8 << 20,
+	Lean:          true,
+	MaxBackoff:    250 * time.Millisecond,
+	MaxFrameBytes: 8 << 20,
 }
 
 // runKernel attaches to one kernel, injects the magics into each of its

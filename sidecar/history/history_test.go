@@ -2,7 +2,9 @@ package history
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 )
@@ -244,4 +246,94 @@ func TestIntervalLongerThanWindow(t *testing.T) {
 			t.Errorf("%+v: fine ring of %d slots", o, got)
 		}
 	}
+}
+
+// TestRingMatchesPoints drives the run-length ring and a plain slice of
+// points with the same random pushes and setLasts (flat stretches, changes,
+// irregular gaps, a run longer than a run can count) and wants the same
+// points back from since, at every capacity.
+func TestRingMatchesPoints(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, capacity := range []int{1, 2, 3, 7, 900} {
+		r := newRing(capacity)
+		var want []Point
+		now := int64(1_700_000_000)
+		bytes := uint64(5)
+		for i := range 200_000 {
+			switch x := rng.IntN(100); {
+			case x < 3:
+				bytes = rng.Uint64N(4) // a change, maybe back to an old figure
+			case x < 5 && len(want) > 0:
+				// The coarse ring's bucket maximum replaces the newest point.
+				p := Point{want[len(want)-1].Time, rng.Uint64N(4)}
+				r.setLast(p)
+				want[len(want)-1] = p
+				continue
+			}
+			switch x := rng.IntN(100); {
+			case x < 2:
+				now += int64(rng.IntN(100_000)) + 1 // a gap beyond a run's step
+			case x < 10:
+				now += 2
+			default:
+				now++
+			}
+			r.push(Point{now, bytes})
+			if want = append(want, Point{now, bytes}); len(want) > capacity {
+				want = want[1:]
+			}
+			if i%997 == 0 || i == 199_999 {
+				since := want[rng.IntN(len(want))].Time
+				got := r.since(since, nil)
+				var exp []Point
+				for _, p := range want {
+					if p.Time >= since {
+						exp = append(exp, p)
+					}
+				}
+				if !slices.Equal(got, exp) {
+					t.Fatalf("capacity %d, after %d pushes: since(%d) = %v, want %v", capacity, i+1, since, got, exp)
+				}
+				if r.n != len(want) {
+					t.Fatalf("capacity %d: ring counts %d points, holds %d", capacity, r.n, len(want))
+				}
+			}
+		}
+	}
+	// One figure for longer than a run counts (65,535 points).
+	r := newRing(100_000)
+	for i := range int64(70_000) {
+		r.push(Point{1 + i, 7})
+	}
+	if got := r.since(0, nil); len(got) != 70_000 || got[69_999] != (Point{70_000, 7}) || len(r.runs) != 2 {
+		t.Fatalf("70,000 flat points: %d back (last %v) in %d runs, want 70,000 in 2", len(got), got[len(got)-1], len(r.runs))
+	}
+}
+
+// A flat series, the common case (an idle notebook's memory does not move),
+// costs one run whatever its length.
+func TestFlatSeriesIsSmall(t *testing.T) {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	s := New(Options{})
+	samples := make([]Sample, 1000)
+	for i := range samples {
+		samples[i] = Sample{Key: Key{KindNotebook, fmt.Sprintf("%036d", i)}, Bytes: uint64(i) << 20, Generation: "1:2"}
+	}
+	start := int64(1_700_000_000)
+	for t := start; t < start+3600; t++ {
+		s.Record(at(t), samples)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	used := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("1,000 flat notebooks over an hour at 1 s: %d bytes (%d a series)", used, used/1000)
+	if used > 1000*1024 {
+		t.Fatalf("%d bytes for 1,000 flat series, want under 1 KiB each", used)
+	}
+	if sr := s.Since(at(start+3600), start+3600-900); len(sr) != 1000 || len(sr[0].Points) != 900 {
+		t.Fatalf("want 1,000 series of 900 fine points, got %d of %d", len(sr), len(sr[0].Points))
+	}
+	runtime.KeepAlive(s)
 }

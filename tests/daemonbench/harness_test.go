@@ -152,6 +152,13 @@ func startDaemon(b *testing.B, dir string, gpu *fakeGPU, args ...string) *daemon
 	sock := filepath.Join(dir, "runtime", api.DefaultSocketName)
 	cmd := exec.Command(gpumemBinary(b), append([]string{"serve", "--log-format=json"}, args...)...)
 	cmd.Env = testenv.Env(dir, "GPUMEM_FAKE_GPU="+gpu.path)
+	// The Go runtime's knobs pass through, for experiments on the daemon's
+	// memory (GODEBUG=gctrace=1 prints each GC to the kept log).
+	for _, k := range []string{"GOGC", "GOMEMLIMIT", "GODEBUG"} {
+		if v, ok := os.LookupEnv(k); ok {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

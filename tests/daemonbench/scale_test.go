@@ -419,9 +419,12 @@ func BenchmarkScale1000Kernels(b *testing.B) {
 	b.Logf("/api/v1/notebooks: p50 %.2f ms, p99 %.2f ms, max %.2f ms; /metrics: p50 %.2f ms, max %.2f ms",
 		ms(percentile(nbLat, 50)), ms(percentile(nbLat, 99)), ms(percentile(nbLat, 100)),
 		ms(percentile(metLat, 50)), ms(percentile(metLat, 100)))
-	b.Logf("daemon: %v goroutines, %d fds, heap in use %.1f MiB, last sample took %.1f ms",
-		m["go_goroutines"], fdCount(b, d.pid()), mib(uint64(m["go_memstats_heap_inuse_bytes"])),
-		1000*m["gpumem_sample_duration_seconds"])
+	b.Logf("daemon: %v goroutines, %d fds, last sample took %.1f ms; Go runtime: heap in use %.1f MiB, idle %.1f MiB "+
+		"(%.1f released to the OS), stacks %.1f MiB, all obtained from the OS %.1f MiB; RSS %.1f MiB",
+		m["go_goroutines"], fdCount(b, d.pid()), 1000*m["gpumem_sample_duration_seconds"],
+		mib(uint64(m["go_memstats_heap_inuse_bytes"])), mib(uint64(m["go_memstats_heap_idle_bytes"])),
+		mib(uint64(m["go_memstats_heap_released_bytes"])), mib(uint64(m["go_memstats_stack_inuse_bytes"])),
+		mib(uint64(m["go_memstats_sys_bytes"])), mib(rssOf(d.pid())))
 	if dir := os.Getenv("DAEMONBENCH_PERFDIR"); dir != "" {
 		profile(b, d, dir)
 	}
