@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 )
@@ -40,10 +39,11 @@ func TestCheckAddr(t *testing.T) {
 	}
 }
 
-// TestDialReachesAnotherNamespace listens on loopback inside a fresh
-// network namespace (unshare --net): the host's loopback cannot reach it,
-// Dial through the namespace can, and afterwards every thread of this
-// process is still in its own namespace.
+// TestDialReachesAnotherNamespace: the same loopback address and port is
+// served twice, by this process in its own namespace and by a listener in
+// a fresh one (unshare --net). Dial through the fresh namespace reaches
+// the latter, and afterwards every thread of this process is still in its
+// own namespace.
 func TestDialReachesAnotherNamespace(t *testing.T) {
 	if os.Geteuid() != 0 {
 		msg := "unshare --net and setns need root"
@@ -56,8 +56,24 @@ func TestDialReachesAnotherNamespace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The listener brings its namespace's loopback up itself, then says
-	// its port and echoes one line.
+	host, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	go func() {
+		for {
+			c, err := host.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = io.WriteString(c, "host\n")
+			c.Close()
+		}
+	}()
+	port := host.Addr().(*net.TCPAddr).Port
+	// The listener brings its namespace's loopback up itself, binds the
+	// host listener's port, says so, then greets and echoes one line.
 	script := `
 import fcntl, socket, struct, sys
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -65,13 +81,14 @@ ifr = struct.pack("16sH", b"lo", 0)
 flags = struct.unpack("16sH", fcntl.ioctl(s.fileno(), 0x8913, ifr))[1]
 fcntl.ioctl(s.fileno(), 0x8914, struct.pack("16sH", b"lo", flags | 1))
 l = socket.socket()
-l.bind(("127.0.0.1", 0))
+l.bind(("127.0.0.1", int(sys.argv[1])))
 l.listen(1)
-print(l.getsockname()[1], flush=True)
+print("ready", flush=True)
 c, _ = l.accept()
+c.sendall(b"pod\n")
 c.sendall(c.makefile().readline().encode())
 `
-	cmd := exec.Command("unshare", "--net", "--", python, "-c", script)
+	cmd := exec.Command("unshare", "--net", "--", python, "-c", script, strconv.Itoa(port))
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -81,20 +98,10 @@ c.sendall(c.makefile().readline().encode())
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		t.Fatalf("the listener in its namespace: %v", err)
-	}
-	port, err := strconv.Atoi(strings.TrimSpace(line))
-	if err != nil {
-		t.Fatal(err)
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("the listener in its namespace: %q %v", line, err)
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-
-	if c, err := net.DialTimeout("tcp", addr, 2*time.Second); err == nil {
-		c.Close()
-		t.Fatalf("%s answered from the host's namespace: the test's namespace is not separate", addr)
-	}
 	before := threadNamespaces(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -105,10 +112,14 @@ c.sendall(c.makefile().readline().encode())
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	r := bufio.NewReader(conn)
+	if greet, err := r.ReadString('\n'); err != nil || greet != "pod\n" {
+		t.Fatalf("Dial in the namespace reached %q (%v), want the namespace's listener", greet, err)
+	}
 	if _, err := io.WriteString(conn, "hello\n"); err != nil {
 		t.Fatal(err)
 	}
-	got, err := bufio.NewReader(conn).ReadString('\n')
+	got, err := r.ReadString('\n')
 	if err != nil || got != "hello\n" {
 		t.Fatalf("echo through the namespace: %q %v", got, err)
 	}
