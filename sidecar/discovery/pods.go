@@ -137,10 +137,11 @@ func (f *PodFinder) Find(ctx context.Context) Result {
 	}
 	for _, key := range keys {
 		var whys []string
-		found := false
+		found, starting := false, false
 		for _, c := range byKey[key] {
 			k, err := f.prove(c)
 			if err != nil {
+				starting = starting || errors.Is(err, errNotListening)
 				whys = append(whys, err.Error())
 				continue
 			}
@@ -148,8 +149,13 @@ func (f *PodFinder) Find(ctx context.Context) Result {
 			found = true
 			break
 		}
-		if !found {
-			res.Pending = append(res.Pending, key)
+		if found {
+			continue
+		}
+		res.Pending = append(res.Pending, key)
+		// A kernel starting (or restarting) binds its ports a second after
+		// it is launched: not worth a warning, as on the host.
+		if !starting {
 			res.Problems = append(res.Problems, fmt.Errorf("pod %s: connection file %s: not counted as a kernel: %s",
 				byKey[key][0].pod.UID, byKey[key][0].pod.Path, strings.Join(whys, "; ")))
 		}
@@ -157,6 +163,10 @@ func (f *PodFinder) Find(ctx context.Context) Result {
 	res.Problems = append(res.Problems, f.nameNotebooks(ctx, &res)...)
 	return res
 }
+
+// errNotListening: nothing listens on the kernel's shell port in its
+// network namespace (yet).
+var errNotListening = errors.New("nothing listens")
 
 // maxPodFileBytes bounds a connection or server file read from a pod.
 const maxPodFileBytes = 1 << 20
@@ -186,7 +196,7 @@ func (f *PodFinder) prove(c podCandidate) (Kernel, error) {
 	}
 	ino, ok := listenerFor(listening[info.ShellPort], info.IP)
 	if !ok {
-		return Kernel{}, fmt.Errorf("nothing listens on shell port %d in the network namespace of pid %d (starting?)", info.ShellPort, p.PID)
+		return Kernel{}, fmt.Errorf("%w on shell port %d in the network namespace of pid %d", errNotListening, info.ShellPort, p.PID)
 	}
 	if owner, ok := f.fs.SocketOwnersAmong([]uint64{ino}, []int{p.PID})[ino]; !ok || owner != p.PID {
 		return Kernel{}, fmt.Errorf("shell port %d in its network namespace is not served by pid %d", info.ShellPort, p.PID)
