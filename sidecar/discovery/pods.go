@@ -236,6 +236,9 @@ func (f *PodFinder) openIn(pid int, start uint64, name string, flags int) (int, 
 	}
 	defer unix.Close(dirfd)
 	fd, err := unix.Openat(dirfd, name, flags|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+		return -1, fmt.Errorf("pid %d: open %s: %w (another user's process: the daemon needs CAP_SYS_PTRACE)", pid, name, err)
+	}
 	if err != nil {
 		return -1, fmt.Errorf("pid %d: open %s: %w", pid, name, err)
 	}
@@ -257,6 +260,9 @@ func (f *PodFinder) ReadConnectionFile(pid int, start uint64, path string) (prot
 	}
 	defer unix.Close(rootFD)
 	data, st, err := safefile.ReadInRoot(rootFD, rootName(pid), path, maxPodFileBytes)
+	if errors.Is(err, unix.EACCES) {
+		err = fmt.Errorf("%w (another user's file: the daemon needs CAP_DAC_READ_SEARCH)", err)
+	}
 	if err != nil {
 		return protocol.ConnectionInfo{}, st, &protocol.ConnectionFileError{Path: name, Err: err}
 	}
