@@ -135,6 +135,9 @@ func terminate(ctx context.Context, scanner attribution.ProcScanner, id procID, 
 		if errors.Is(err, unix.ESRCH) {
 			return false, nil
 		}
+		if errors.Is(err, unix.EPERM) {
+			return false, fmt.Errorf("SIGTERM %d: %w (another user's process: the daemon needs root or CAP_KILL)", id.PID, err)
+		}
 		return false, fmt.Errorf("SIGTERM %d: %w", id.PID, err)
 	}
 	if exited(ctx, fd, grace) {
