@@ -173,8 +173,5 @@ func TestMain(m *testing.M) {
 		// Mounts were made in the test's own namespaces and are gone.
 		os.RemoveAll(imageDir)
 	}
-	if gpumemDir != "" {
-		os.RemoveAll(gpumemDir)
-	}
 	os.Exit(code)
 }

@@ -3,21 +3,26 @@ package kube
 import (
 	"context"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/gpumem/gpumem/internal/netns"
 	"github.com/gpumem/gpumem/internal/syncutil"
@@ -56,7 +61,9 @@ func TestPodKernels(t *testing.T) {
 		}
 	}
 	testenv.Require(t, "ipykernel", "jupyter_client", "jupyter_server")
-	bin := gpumemBinary(t)
+	// The image's binary: built with -tags kubernetes, as the DaemonSet
+	// runs it.
+	bin := filepath.Join(imageRootfs(t), "usr", "local", "bin", "gpumem")
 	caps := chartCapabilities(t)
 
 	podA, podB := newUID(t), newUID(t)
@@ -216,12 +223,27 @@ fcntl.ioctl(s.fileno(), 0x8914, struct.pack("16sH", b"lo", flags | 1))`
 	moveToCgroup(t, cgB, inPodB)
 	moveToCgroup(t, cgHost, outside)
 
+	// This node's pods, as the API server lists them.
+	const node, saToken = "gpu-1", "service-account-token"
+	podObject := func(name, user, uid, container string) corev1.Pod {
+		return corev1.Pod{
+			TypeMeta: metav1.TypeMeta{Kind: "Pod", APIVersion: "v1"},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "jhub", UID: types.UID(uid), ResourceVersion: "7",
+				Labels: map[string]string{"hub.jupyter.org/username": user}},
+			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "notebook", Image: "jupyter/base-notebook"}}},
+			Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{
+				{Name: "notebook", ContainerID: "containerd://" + container}}},
+		}
+	}
+	apiSrv := startAPIServer(t, saToken, node, podObject("jupyter-alice", "alice", podA, containerA),
+		podObject("jupyter-bob", "bob", podB, containerB))
+
 	gpu := testenv.NewFakeGPU(t)
 	gpu.Set(t, testenv.FakeProc{PID: kernelPID, UsedBytes: 1 << 30}, testenv.FakeProc{PID: inPod, UsedBytes: 2 << 30},
 		testenv.FakeProc{PID: inPodB, UsedBytes: 3 << 30}, testenv.FakeProc{PID: outside, UsedBytes: 4 << 30})
 	daemonDir := t.TempDir()
-	d := testenv.StartDaemon(t, withCapabilities(t, bin, caps), daemonDir, gpu, "--pod-kernels", "--interval=200ms",
-		"--rescan=300ms", "--reclaim-all-users", "--reclaim-grace=1s")
+	d := testenv.StartDaemon(t, asDaemonSet(t, bin, caps, apiSrv.srv, saToken), daemonDir, gpu, "--pod-kernels",
+		"--kubernetes", "--node-name="+node, "--interval=200ms", "--rescan=300ms", "--reclaim-all-users", "--reclaim-grace=1s")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -283,6 +305,11 @@ fcntl.ioctl(s.fileno(), 0x8914, struct.pack("16sH", b"lo", flags | 1))`
 	if nb.Notebook != notebook || nb.GPUMemoryBytes != 10<<30 {
 		t.Errorf("notebook %q holds %d bytes, want %q with %d", nb.Notebook, nb.GPUMemoryBytes, notebook, uint64(10<<30))
 	}
+	// Its pod, from the kernel's cgroup and the API's pods of the node.
+	if nb.Pod == nil || nb.Pod.Name != "jupyter-alice" || nb.Pod.Namespace != "jhub" || nb.Pod.UID != podA ||
+		nb.Pod.User != "alice" || nb.Pod.Container != "notebook" {
+		t.Errorf("notebook's pod %+v, want jhub/jupyter-alice (alice, container notebook)", nb.Pod)
+	}
 
 	// The kernel dies; its server starts another. Only the worker still in
 	// the kernel's pod is ended.
@@ -320,6 +347,7 @@ fcntl.ioctl(s.fileno(), 0x8914, struct.pack("16sH", b"lo", flags | 1))`
 			t.Error("the daemon logged the pod's server token")
 		}
 	}
+	apiSrv.check(t)
 }
 
 // childrenByArgv maps the last argument of each child of pid to its pid.
@@ -401,44 +429,36 @@ func chartCapabilities(t *testing.T) []string {
 	return caps
 }
 
-// withCapabilities writes a wrapper that runs bin as root holding only caps
-// (bounding set and inheritable set cut down: what the container runtime
-// gives a root container that drops ALL and adds caps).
-func withCapabilities(t *testing.T, bin string, caps []string) string {
+// asDaemonSet writes a wrapper that runs bin as the chart's notebooks mode
+// runs it, but for the pid namespace (the host's, as hostPID gives): as
+// root holding only caps (bounding and inheritable sets cut down: what the
+// container runtime gives a root container that drops ALL and adds caps),
+// with a service account where the kubelet mounts it (in a mount namespace
+// of its own, on a tmpfs over /run) and the API server in its environment.
+func asDaemonSet(t *testing.T, bin string, caps []string, api *httptest.Server, token string) string {
 	t.Helper()
-	wrapper := filepath.Join(t.TempDir(), "gpumem-caps")
-	bounding := "-all,+" + strings.Join(caps, ",+")
-	script := fmt.Sprintf("#!/bin/sh\nexec setpriv --inh-caps=-all --bounding-set=%s -- %s \"$@\"\n", bounding, bin)
+	dir := t.TempDir()
+	sa := filepath.Join(dir, "serviceaccount")
+	if err := os.Mkdir(sa, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: api.Certificate().Raw})
+	for name, content := range map[string][]byte{"token": []byte(token), "ca.crt": ca, "namespace": []byte("gpumem")} {
+		if err := os.WriteFile(filepath.Join(sa, name), content, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	host, port, _ := strings.Cut(strings.TrimPrefix(api.URL, "https://"), ":")
+	inner := fmt.Sprintf(`set -e
+mount -t tmpfs tmpfs /run
+mkdir -p /run/secrets/kubernetes.io/serviceaccount
+cp %[1]s/* /run/secrets/kubernetes.io/serviceaccount/
+export KUBERNETES_SERVICE_HOST=%[2]s KUBERNETES_SERVICE_PORT=%[3]s
+exec setpriv --inh-caps=-all --bounding-set=-all,+%[4]s -- %[5]s "$@"`, sa, host, port, strings.Join(caps, ",+"), bin)
+	wrapper := filepath.Join(dir, "gpumem-daemonset")
+	script := fmt.Sprintf("#!/bin/sh\nexec unshare --mount --propagation private -- sh -c '%s' sh \"$@\"\n", inner)
 	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	return wrapper
-}
-
-var (
-	gpumemOnce sync.Once
-	gpumemDir  string // made here (not GPUMEM_TEST_BIN's); TestMain removes it
-	gpumemBin  string
-	gpumemErr  error
-)
-
-// gpumemBinary builds gpumem once per test binary.
-func gpumemBinary(t *testing.T) string {
-	t.Helper()
-	gpumemOnce.Do(func() {
-		var err error
-		gpumemDir, err = os.MkdirTemp("", "gpumem-bin-")
-		if err == nil {
-			err = os.Chmod(gpumemDir, 0o755)
-		}
-		if err != nil {
-			gpumemErr = err
-			return
-		}
-		gpumemBin, gpumemErr = testenv.BuildGpumem(gpumemDir)
-	})
-	if gpumemErr != nil {
-		t.Fatal(gpumemErr)
-	}
-	return gpumemBin
 }

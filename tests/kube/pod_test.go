@@ -78,36 +78,8 @@ func TestImageNamesPods(t *testing.T) {
 			{Name: "notebook", ContainerID: "containerd://" + containerID}}},
 	}
 	const token = "service-account-token"
-	var apiMu sync.Mutex
-	var apiErrs []string
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		bad := func(format string, args ...any) {
-			apiMu.Lock()
-			apiErrs = append(apiErrs, fmt.Sprintf(format, args...))
-			apiMu.Unlock()
-			http.Error(w, "forbidden", http.StatusForbidden)
-		}
-		q := r.URL.Query()
-		switch {
-		case r.Header.Get("Authorization") != "Bearer "+token:
-			bad("request without the service account's token: %s", r.URL)
-		case r.Method != http.MethodGet || r.URL.Path != "/api/v1/pods":
-			bad("request outside get/list/watch pods: %s %s", r.Method, r.URL)
-		case q.Get("fieldSelector") != "spec.nodeName=gpu-1":
-			bad("pods not restricted to the node: %s", r.URL)
-		case q.Get("watch") == "true":
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusOK)
-			w.(http.Flusher).Flush()
-			<-r.Context().Done()
-		default:
-			w.Header().Set("Content-Type", "application/json")
-			_ = json.NewEncoder(w).Encode(corev1.PodList{TypeMeta: metav1.TypeMeta{Kind: "PodList", APIVersion: "v1"},
-				ListMeta: metav1.ListMeta{ResourceVersion: "7"}, Items: []corev1.Pod{pod}})
-		}
-	}))
-	// The daemon's watch stays open until its connection closes.
-	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
+	api := startAPIServer(t, token, "gpu-1", pod)
+	srv := api.srv
 	host, port, _ := strings.Cut(strings.TrimPrefix(srv.URL, "https://"), ":")
 
 	// The service account as the kubelet mounts it, inside the image.
@@ -262,9 +234,58 @@ func TestImageNamesPods(t *testing.T) {
 	if !logContains(logs.String(), "watching this node's pods") {
 		t.Errorf("no log of the informer's sync:\n%s", logs.String())
 	}
-	apiMu.Lock()
-	defer apiMu.Unlock()
-	for _, e := range apiErrs {
+	api.check(t)
+}
+
+// apiServer is a TLS server that answers as a Kubernetes API server does
+// the daemon's list and watch of one node's pods, and records every other
+// request as an error.
+type apiServer struct {
+	srv  *httptest.Server
+	mu   sync.Mutex
+	errs []string
+}
+
+func startAPIServer(t *testing.T, token, node string, pods ...corev1.Pod) *apiServer {
+	t.Helper()
+	a := &apiServer{}
+	a.srv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		bad := func(format string, args ...any) {
+			a.mu.Lock()
+			a.errs = append(a.errs, fmt.Sprintf(format, args...))
+			a.mu.Unlock()
+			http.Error(w, "forbidden", http.StatusForbidden)
+		}
+		q := r.URL.Query()
+		switch {
+		case r.Header.Get("Authorization") != "Bearer "+token:
+			bad("request without the service account's token: %s", r.URL)
+		case r.Method != http.MethodGet || r.URL.Path != "/api/v1/pods":
+			bad("request outside get/list/watch pods: %s %s", r.Method, r.URL)
+		case q.Get("fieldSelector") != "spec.nodeName="+node:
+			bad("pods not restricted to the node: %s", r.URL)
+		case q.Get("watch") == "true":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(corev1.PodList{TypeMeta: metav1.TypeMeta{Kind: "PodList", APIVersion: "v1"},
+				ListMeta: metav1.ListMeta{ResourceVersion: "7"}, Items: pods})
+		}
+	}))
+	// The daemon's watch stays open until its connection closes.
+	t.Cleanup(func() { a.srv.CloseClientConnections(); a.srv.Close() })
+	return a
+}
+
+// check fails t for every request the server refused.
+func (a *apiServer) check(t *testing.T) {
+	t.Helper()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, e := range a.errs {
 		t.Error(e)
 	}
 }
