@@ -41,12 +41,14 @@ const podUser = 61000
 // as the cgroupfs driver lays out a pod's, and a user of its own. In it a
 // Jupyter server starts a kernel for a notebook; the kernel starts three
 // GPU workers in sessions of their own. The test then moves one worker into
-// another pod's cgroup and one out of every pod. `gpumem serve
-// --pod-kernels` runs as root with exactly the capabilities the chart's
-// notebooks mode grants. It must find the kernel (its file only through the
-// kernel's root, its ports only in the pod's namespace), name its notebook
-// from the pod's server, inject the magics and run a free in it, and, when
-// the kernel is killed, end only the worker still in the kernel's pod.
+// another pod's cgroup and one out of every pod. The image's `gpumem serve
+// --pod-kernels --kubernetes` runs as root with exactly the capabilities the
+// chart's notebooks mode grants, against a TLS server answering as the API
+// server. It must find the kernel (its file only through the kernel's root,
+// its ports only in the pod's namespace), name its notebook from the pod's
+// server and its pod from the API, inject the magics and run a free in it,
+// and, when the kernel is killed, end only the worker still in the kernel's
+// pod.
 func TestPodKernels(t *testing.T) {
 	if os.Geteuid() != 0 {
 		msg := "network and mount namespaces, cgroups and setns need root"
