@@ -29,7 +29,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	grace := fs.Duration("reclaim-grace", 5*time.Second, "time between SIGTERM and SIGKILL when reclaiming")
 	allUsers := fs.Bool("reclaim-all-users", false, "as root, also reclaim other users' orphans")
 	everyUser := fs.Bool("all-users", false, "as root, find and watch every user's kernels (their runtime dirs, kernel processes, Jupyter servers); rescans every 2s unless --rescan says otherwise")
-	podKernels := fs.Bool("pod-kernels", false, "as root on a Kubernetes node with the host's pids (hostPID): also find, attach to, inject into and reclaim for the kernels inside this node's pods; reads every pod's connection keys: see deploy/helm/gpumem/README.md")
+	podKernels := fs.Bool("pod-kernels", false, "as root on a Kubernetes node with the host's pids (hostPID): also find, attach to, inject into and reclaim for the kernels inside this node's pods; reads every pod's connection keys: see deploy/helm/gpumem/README.md; rescans every 2s unless --rescan says otherwise")
 	var onlyUsers stringList
 	fs.Var(&onlyUsers, "users", "with --all-users, only this user's kernels (repeatable)")
 	socket := fs.String("socket", "", "the local API's unix socket (default gpumem.sock in the runtime dir)")
