@@ -23,7 +23,10 @@
 #      kernel (attribution vs nvidia-smi, timing, gpumem free through the
 #      daemon, orphan reclaimed after a restart);
 #   2. scripts/gpu_check.py in kernel mode (ipykernel 7 / IPython 9): the
-#      magics' free path on PyTorch, CuPy and JAX.
+#      magics' free path on PyTorch, CuPy and JAX;
+#   3. scripts/gpu_host_pods.py: `gpumem serve --pod-kernels` against a
+#      kernel in a played pod (root: namespaces and cgroups).
+# GPUMEM_CURRENT_STEPS picks some of them (default "check magics pods").
 # Outputs land in $OUT (default /tmp/gpumem-current-out): gpu_host_check.txt,
 # gpu_check_kernel.txt, versions.txt, and the server's and daemon's logs.
 set -euo pipefail
@@ -78,9 +81,18 @@ EOF
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/versions.txt"
 
 rc=0
-echo "== scripts/gpu_host_check.py (jupyter_server 2 + ipykernel 7)"
-"$PY" scripts/gpu_host_check.py 2>&1 | tee "$OUT/gpu_host_check.txt" || rc=1
-echo "== scripts/gpu_check.py --mode kernel (ipykernel 7, IPython 9)"
-"$PY" scripts/gpu_check.py magics/py --mode kernel 2>&1 | tee "$OUT/gpu_check_kernel.txt" || rc=1
+steps=" ${GPUMEM_CURRENT_STEPS:-check magics pods} "
+if [[ $steps == *" check "* ]]; then
+  echo "== scripts/gpu_host_check.py (jupyter_server 2 + ipykernel 7)"
+  "$PY" scripts/gpu_host_check.py 2>&1 | tee "$OUT/gpu_host_check.txt" || rc=1
+fi
+if [[ $steps == *" magics "* ]]; then
+  echo "== scripts/gpu_check.py --mode kernel (ipykernel 7, IPython 9)"
+  "$PY" scripts/gpu_check.py magics/py --mode kernel 2>&1 | tee "$OUT/gpu_check_kernel.txt" || rc=1
+fi
+if [[ $steps == *" pods "* ]]; then
+  echo "== scripts/gpu_host_pods.py (gpumem serve --pod-kernels, a pod played with namespaces and cgroups)"
+  "$PY" scripts/gpu_host_pods.py 2>&1 | tee "$OUT/gpu_host_pods.txt" || rc=1
+fi
 cp "$P"/runtime/*.log "$OUT"/ 2>/dev/null || true
 exit $rc
