@@ -268,13 +268,14 @@ func (d *Daemon) startInject(ctx context.Context, ks *kernelState, c *protocol.C
 		}()
 		log := d.log.With().Str("kernel_id", ks.id).Logger()
 		opts := magics.InjectOptions{SidecarSocket: d.socket, KernelID: ks.id}
-		if ks.pod != nil {
-			// The daemon's socket is a path of its own mount namespace,
-			// not the pod's: there it could name another file entirely.
-			opts.SidecarSocket = ""
-		}
-		if d.cfg.NotebookAlerts && d.cfg.AlertThreshold > 0 {
+		// The daemon's socket and alert file are paths of its own mount
+		// namespace, not a pod's: there they could name other files
+		// entirely, so a pod's kernel is given neither.
+		if d.cfg.NotebookAlerts && d.cfg.AlertThreshold > 0 && ks.pod == nil {
 			opts.AlertFile = d.alertFile()
+		}
+		if ks.pod != nil {
+			opts.SidecarSocket = ""
 		}
 		res, err := magics.Inject(ctx, c, opts)
 		switch {
