@@ -1,7 +1,9 @@
 package serve
 
 import (
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os/exec"
 	"strconv"
@@ -22,16 +24,25 @@ type kernelModel struct {
 // server no longer has it (404).
 func getKernel(t *testing.T, srv *testenv.Server, id string) (kernelModel, bool) {
 	t.Helper()
+	// One request: the culler may end the kernel between two.
 	resp, err := srv.Do(http.MethodGet, "api/kernels/"+id, nil)
 	if err != nil {
 		t.Fatalf("GET api/kernels/%s: %v", id, err)
 	}
-	resp.Body.Close()
-	if resp.StatusCode == http.StatusNotFound {
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	switch {
+	case err != nil:
+		t.Fatalf("GET api/kernels/%s: %v", id, err)
+	case resp.StatusCode == http.StatusNotFound:
 		return kernelModel{}, false
+	case resp.StatusCode != http.StatusOK:
+		t.Fatalf("GET api/kernels/%s: %s: %s", id, resp.Status, body)
 	}
 	var m kernelModel
-	srv.JSON(t, http.MethodGet, "api/kernels/"+id, nil, &m)
+	if err := json.Unmarshal(body, &m); err != nil {
+		t.Fatalf("GET api/kernels/%s: %v in %s", id, err, body)
+	}
 	return m, true
 }
 
@@ -91,7 +102,7 @@ func TestServeKeepsIdleCulling(t *testing.T) {
 	t.Logf("the inject counts as activity: %v (last_activity %s -> %s)", injectCounts, before.LastActivity, after.LastActivity)
 
 	// From now on nothing may touch the kernel's activity: the daemon only
-	// sends heartbeats. Poll until the culler ends it.
+	// listens on iopub. Poll until the culler ends it.
 	last := parseActivity(t, after.LastActivity)
 	samples := 0
 	var culled time.Time
