@@ -176,11 +176,12 @@ type channel struct {
 	name string // "shell" or "control"
 	port int
 
-	mu     sync.Mutex
-	conn   *channelConn // nil while not dialed
-	users  int          // requests using conn
-	idle   *time.Timer  // closes conn when it fires with no users
-	closed bool         // the generation is closing: dial no more
+	mu      sync.Mutex
+	conn    *channelConn  // nil while not dialed
+	dialing chan struct{} // closed when the dial under way ends; nil when none
+	users   int           // requests using conn
+	idle    *time.Timer   // closes conn when it fires with no users
+	closed  bool          // the generation is closing: dial no more
 }
 
 // channelConn is one dialed socket of a channel.
@@ -407,36 +408,74 @@ func (c *Client) dialSockets(ctx context.Context, g *generation) error {
 }
 
 // acquire returns ch's socket for one request, dialing it (within ctx)
-// when it is not connected. Each acquire is paired with a release.
+// when it is not connected. Each acquire is paired with a release. A
+// request that finds another's dial under way waits for it, within its
+// own ctx: the lock is never held across a dial.
 func (c *Client) acquire(ctx context.Context, g *generation, ch *channel) (zmq4.Socket, error) {
-	ch.mu.Lock()
-	defer ch.mu.Unlock()
-	if ch.closed {
-		return nil, fmt.Errorf("%w: the connection was closed", ErrConnectionLost)
-	}
-	if ch.idle != nil {
-		ch.idle.Stop()
-		ch.idle = nil
-	}
-	if ch.conn == nil {
-		sctx, cancel := context.WithCancel(context.WithValue(g.ctx, guardKey{}, c.guard))
-		sock := zmq4.NewDealer(sctx, c.socketOptions()...)
-		stop := context.AfterFunc(ctx, cancel)
-		err := sock.Dial(g.info.endpoint(ch.port))
-		if !stop() && err == nil {
-			err = ctx.Err()
+	for {
+		ch.mu.Lock()
+		if ch.closed {
+			ch.mu.Unlock()
+			return nil, fmt.Errorf("%w: the connection was closed", ErrConnectionLost)
+		}
+		if ch.idle != nil {
+			ch.idle.Stop()
+			ch.idle = nil
+		}
+		if ch.conn != nil {
+			ch.users++
+			sock := ch.conn.sock
+			ch.mu.Unlock()
+			return sock, nil
+		}
+		if wait := ch.dialing; wait != nil {
+			ch.mu.Unlock()
+			select {
+			case <-wait:
+				continue // dialed or failed: look again
+			case <-ctx.Done():
+				return nil, fmt.Errorf("dial %s: waiting for another request's dial: %w", ch.name, ctx.Err())
+			}
+		}
+		done := make(chan struct{})
+		ch.dialing = done
+		ch.mu.Unlock()
+		cc, err := c.dialChannel(ctx, g, ch)
+		ch.mu.Lock()
+		ch.dialing = nil
+		close(done)
+		if err == nil && ch.closed {
+			cc.retire()
+			err = fmt.Errorf("%w: the connection was closed", ErrConnectionLost)
 		}
 		if err != nil {
-			cancel()
-			_ = sock.Close()
-			return nil, fmt.Errorf("dial %s: %w", ch.name, err)
+			ch.mu.Unlock()
+			return nil, err
 		}
-		ch.conn = &channelConn{sock: sock, cancel: cancel}
+		ch.conn = cc
+		ch.users++
 		g.wg.Add(1) // before close can wait: close marks ch closed under ch.mu
-		go c.readReplies(g, ch.conn, ch.name)
+		go c.readReplies(g, cc, ch.name)
+		ch.mu.Unlock()
+		return cc.sock, nil
 	}
-	ch.users++
-	return ch.conn.sock, nil
+}
+
+// dialChannel connects ch's socket, within ctx and the generation.
+func (c *Client) dialChannel(ctx context.Context, g *generation, ch *channel) (*channelConn, error) {
+	sctx, cancel := context.WithCancel(context.WithValue(g.ctx, guardKey{}, c.guard))
+	sock := zmq4.NewDealer(sctx, c.socketOptions()...)
+	stop := context.AfterFunc(ctx, cancel)
+	err := sock.Dial(g.info.endpoint(ch.port))
+	if !stop() && err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		cancel()
+		_ = sock.Close()
+		return nil, fmt.Errorf("dial %s: %w", ch.name, err)
+	}
+	return &channelConn{sock: sock, cancel: cancel}, nil
 }
 
 // release ends a request's use of ch. A lean client closes the socket

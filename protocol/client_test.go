@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -724,5 +725,80 @@ func TestLean(t *testing.T) {
 	waitEvent(t, c, EventDead, 3*time.Second)
 	if c.Alive() {
 		t.Fatal("alive after the kernel was killed")
+	}
+}
+
+// TestLeanDialWaitKeepsDeadline: a request that finds another's dial of
+// the shell socket under way waits for it only until its own deadline. The
+// shell port here accepts TCP and never answers ZeroMQ's greeting, so the
+// first dial hangs until the connect timeout.
+func TestLeanDialWaitKeepsDeadline(t *testing.T) {
+	k := testenv.StartKernel(t, t.TempDir())
+	testenv.WaitKernelListening(t, k.ConnectionFile, 60*time.Second)
+	info, err := ReadConnectionFile(k.ConnectionFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan net.Conn, 4)
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	t.Cleanup(func() {
+		silent.Close()
+		for {
+			select {
+			case c := <-accepted:
+				c.Close()
+			default:
+				return
+			}
+		}
+	})
+	info.ShellPort = silent.Addr().(*net.TCPAddr).Port
+	const connectTimeout = 3 * time.Second
+	c, err := DialInfo(ctxFor(t, 10*time.Second), info, Options{Lean: true, ConnectTimeout: connectTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+
+	first := make(chan error, 1)
+	go func() {
+		_, err := c.Execute(ctxFor(t, 20*time.Second), "pass", ExecuteOptions{})
+		first <- err
+	}()
+	var conn net.Conn
+	select {
+	case conn = <-accepted: // the first request's dial is under way
+		accepted <- conn
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first request never dialed the shell port")
+	}
+	start := time.Now()
+	_, err = c.Execute(ctxFor(t, 300*time.Millisecond), "pass", ExecuteOptions{})
+	if took := time.Since(start); err == nil || took > time.Second {
+		t.Fatalf("second request: %v after %v, want its deadline's error within 1 s", err, took)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("second request: %v, want the deadline", err)
+	}
+	select {
+	case err := <-first:
+		if err == nil {
+			t.Fatal("the first request succeeded on a shell port that never answers")
+		}
+		t.Logf("first request: %v", err)
+	case <-time.After(connectTimeout + 10*time.Second):
+		t.Fatal("the first request's dial outlived the connect timeout")
 	}
 }
