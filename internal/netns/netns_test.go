@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/gpumem/gpumem/internal/testenv"
 )
 
 func TestCheckAddr(t *testing.T) {
@@ -45,13 +47,7 @@ func TestCheckAddr(t *testing.T) {
 // the latter, and afterwards every thread of this process is still in its
 // own namespace.
 func TestDialReachesAnotherNamespace(t *testing.T) {
-	if os.Geteuid() != 0 {
-		msg := "unshare --net and setns need root"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	testenv.RequireRoot(t, "unshare --net and setns need root")
 	python, err := exec.LookPath("python3")
 	if err != nil {
 		t.Fatal(err)

@@ -65,11 +65,26 @@ func Require(t testing.TB, modules ...string) {
 	if len(missing) == 0 {
 		return
 	}
-	msg := fmt.Sprintf("stack %s: %s lacks Python modules %v: %s", CurrentStack(), Python(), missing, stackHint())
+	Missing(t, fmt.Sprintf("stack %s: %s lacks Python modules %v: %s", CurrentStack(), Python(), missing, stackHint()))
+}
+
+// Missing ends a test that lacks a real part it needs: it fails under
+// CI=true, where every part must be there, and skips elsewhere. msg says
+// what is missing and how to get it.
+func Missing(t testing.TB, msg string) {
+	t.Helper()
 	if os.Getenv("CI") == "true" {
 		t.Fatal(msg)
 	}
 	t.Skip(msg)
+}
+
+// RequireRoot calls Missing(t, why) unless the test runs as root.
+func RequireRoot(t testing.TB, why string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		Missing(t, why)
+	}
 }
 
 // Poll calls cond every 20ms until it returns true or the deadline passes.

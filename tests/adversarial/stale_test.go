@@ -128,12 +128,7 @@ func TestStaleConnectionFileDaemon(t *testing.T) {
 // another user's; elsewhere this needs no root: the owner check is unit
 // tested in the discovery package.)
 func TestConnectionFileOfAnotherUser(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("this scenario needs root (CI runs as root)")
-		}
-		t.Skip("needs root to chown a file to another user")
-	}
+	testenv.RequireRoot(t, "needs root to chown a file to another user (CI runs as root)")
 	dir := jupyterDir(t)
 	_, nums := pyProc(t, listenerWithChild)
 	port, child := nums[0], nums[1]

@@ -29,13 +29,7 @@ import (
 // the image's root; it needs root. The simulated GPU lists the kernel's
 // host pid, as NVML does for a caller in the host's pid namespace.
 func TestImageAttributesHostKernels(t *testing.T) {
-	if os.Geteuid() != 0 {
-		msg := "unshare and chroot need root"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	testenv.RequireRoot(t, "unshare and chroot need root")
 	for _, tool := range []string{"unshare", "chroot", "mount"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("%s not found (util-linux, coreutils): %v", tool, err)

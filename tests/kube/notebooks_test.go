@@ -50,13 +50,7 @@ const podUser = 61000
 // and, when the kernel is killed, end only the worker still in the kernel's
 // pod.
 func TestPodKernels(t *testing.T) {
-	if os.Geteuid() != 0 {
-		msg := "network and mount namespaces, cgroups and setns need root"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	testenv.RequireRoot(t, "network and mount namespaces, cgroups and setns need root")
 	for _, tool := range []string{"unshare", "setpriv"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("%s (util-linux) is needed to play a pod: %v", tool, err)

@@ -45,13 +45,7 @@ import (
 // pod's name, namespace, container and user must reach /metrics and the
 // local API's report.
 func TestImageNamesPods(t *testing.T) {
-	if os.Geteuid() != 0 {
-		msg := "unshare, chroot and creating cgroups need root"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	testenv.RequireRoot(t, "unshare, chroot and creating cgroups need root")
 	rootfs := imageRootfs(t)
 	podUID := newUID(t)
 	containerID := randomHex(t, 32)

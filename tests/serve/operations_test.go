@@ -93,12 +93,7 @@ func TestServeMetrics(t *testing.T) {
 // uid that belongs to no kernel gets 403 for the notebooks.
 func TestServeSharedModePeerCredentials(t *testing.T) {
 	testenv.Require(t, "notebook", "ipykernel")
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root to run a process as a second uid")
-		}
-		t.Skip("needs root to run a process as a second uid")
-	}
+	testenv.RequireRoot(t, "needs root to run a process as a second uid")
 	srv := testenv.StartServer(t, testenv.NotebookServer())
 	gpu := testenv.NewFakeGPU(t)
 	// A socket where uid 65534 can reach it (test dirs are 0700 root's).
