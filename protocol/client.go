@@ -50,8 +50,9 @@ type Options struct {
 	// process that follows many kernels at once: shell and control are
 	// dialed when a request needs them and closed once no request has
 	// used them for LeanIdle, and no heartbeat is sent. Each connected
-	// socket costs zmq4 two goroutines and buffers; lean, a kernel costs
-	// one socket instead of four. A kernel that dies still closes iopub
+	// zmq4 socket costs two goroutines and buffers; lean, a kernel costs
+	// one bare connection (iopub, read by the client's own goroutine)
+	// instead of four sockets. A kernel that dies still closes iopub
 	// (EOF), which fails the connection as a missed heartbeat would; a
 	// stopped but living kernel is no longer noticed. Alive then means
 	// that iopub is connected.
@@ -59,6 +60,13 @@ type Options struct {
 	// LeanIdle: how long a lean client keeps an unused shell or control
 	// socket. Default 10s.
 	LeanIdle time.Duration
+	// OnEvent, when set, receives the client's events instead of Events():
+	// it is called in order on the client's own goroutine (EventConnected
+	// on Dial's, before Dial returns), so a process following many
+	// kernels needs no goroutine per kernel to wait for them. It must
+	// return promptly, since the client reads nothing meanwhile, and must
+	// not call Close, which waits for that goroutine.
+	OnEvent func(Event)
 }
 
 // DialFunc opens a network connection, as net.Dialer.DialContext does.
@@ -161,7 +169,10 @@ type generation struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	iopub, hb      zmq4.Socket // hb is nil for a lean client
+	// iopub is a bare ZMTP connection, read by the supervisor itself:
+	// a zmq4 socket would add two goroutines and its queues per kernel.
+	iopub          *zmq4.Conn
+	hb             zmq4.Socket // nil for a lean client
 	shell, control *channel
 
 	failOnce sync.Once
@@ -203,6 +214,9 @@ func (g *generation) fail(err error) {
 	g.failOnce.Do(func() {
 		g.err = err
 		close(g.failed)
+		// Closes every socket of the generation, iopub's included, so that
+		// the supervisor's read returns.
+		g.cancel()
 	})
 }
 
@@ -222,10 +236,12 @@ func (g *generation) close() {
 		}
 		ch.mu.Unlock()
 	}
-	for _, s := range []zmq4.Socket{g.iopub, g.hb} {
-		if s != nil {
-			_ = s.Close() // errors from closing dead connections tell us nothing
-		}
+	// Errors from closing dead connections tell us nothing.
+	if g.iopub != nil {
+		_ = g.iopub.Close()
+	}
+	if g.hb != nil {
+		_ = g.hb.Close()
 	}
 	g.wg.Wait()
 }
@@ -289,7 +305,7 @@ func dial(ctx context.Context, path string, info ConnectionInfo, opts Options) (
 		ctx:     cctx,
 		cancel:  cancel,
 		stopped: make(chan struct{}),
-		events:  make(chan Event, 32),
+		events:  make(chan Event, eventBuffer(opts)),
 		info:    info,
 		ready:   make(chan struct{}),
 		pending: make(map[string]chan *Message),
@@ -348,8 +364,6 @@ func (c *Client) connect(ctx context.Context, info ConnectionInfo) (*generation,
 		g.close()
 		return nil, KernelInfo{}, err
 	}
-	g.wg.Add(1)
-	go c.readIOPub(g)
 	if g.hb != nil {
 		g.wg.Add(1)
 		go c.heartbeat(g)
@@ -394,15 +408,17 @@ func (c *Client) dialSockets(ctx context.Context, g *generation) error {
 			c.release(ch)
 		}
 	}
-	g.iopub = zmq4.NewSub(context.WithValue(g.ctx, guardKey{}, c.iopubGuard), opts...)
+	network, addr := g.info.address(g.info.IOPubPort)
+	iopub, err := openZMTP(g.ctx, c.iopubGuard, network, addr, zmq4.Sub)
+	if err != nil {
+		return fmt.Errorf("dial iopub: %w", err)
+	}
+	g.iopub = iopub
 	// Until the kernel's ident is known (from its first status message),
 	// subscribe to "kernel."; readIOPub then narrows to kernel.<ident>.status
 	// and drops every other topic unread.
-	if err := g.iopub.SetOption(zmq4.OptionSubscribe, "kernel."); err != nil {
+	if err := subscribe(iopub, true, "kernel."); err != nil {
 		return fmt.Errorf("subscribe iopub: %w", err)
-	}
-	if err := g.iopub.Dial(g.info.endpoint(g.info.IOPubPort)); err != nil {
-		return fmt.Errorf("dial iopub: %w", err)
 	}
 	return nil
 }
@@ -527,19 +543,19 @@ func (c *Client) retire(g *generation) {
 	g.close()
 }
 
-// supervise owns the live generation: it waits for it to fail, then
-// rebuilds the connection, until Close or the connection file is deleted.
+// supervise owns the live generation: it reads its iopub until the
+// generation fails, then rebuilds the connection, until Close or the
+// connection file is deleted.
 func (c *Client) supervise(g *generation) {
 	defer c.wg.Done()
 	defer close(c.stopped)
 	for {
-		select {
-		case <-c.ctx.Done():
+		c.readIOPub(g)
+		if c.ctx.Err() != nil {
 			c.retire(g)
 			c.setStopErr(ErrClosed)
 			c.emit(Event{Kind: EventClosed})
 			return
-		case <-g.failed:
 		}
 		c.alive.Store(false)
 		c.emit(Event{Kind: EventDisconnected, Err: g.err})
@@ -628,11 +644,24 @@ func (c *Client) reconnect() (*generation, error) {
 	}
 }
 
-// emit delivers ev without ever blocking: when the buffer is full the
-// oldest event is dropped. Only the supervisor (and dial, before it starts)
-// emits, so events are never sent after Close closes the channel.
+// eventBuffer: Events() is never sent on when OnEvent takes the events.
+func eventBuffer(opts Options) int {
+	if opts.OnEvent != nil {
+		return 0
+	}
+	return 32
+}
+
+// emit delivers ev without ever blocking (unless OnEvent does): when the
+// buffer is full the oldest event is dropped. Only the supervisor (and
+// dial, before it starts) emits, so events are never sent after Close
+// closes the channel.
 func (c *Client) emit(ev Event) {
 	ev.Time = time.Now()
+	if c.opts.OnEvent != nil {
+		c.opts.OnEvent(ev)
+		return
+	}
 	for {
 		select {
 		case c.events <- ev:
@@ -690,17 +719,18 @@ func (c *Client) readReplies(g *generation, cc *channelConn, channel string) {
 // maxTopicBytes bounds the iopub topics we look at: kernel.<uuid>.status.
 const maxTopicBytes = 256
 
+// readIOPub reads the kernel's status messages until the generation
+// fails (any of its sockets, or Close), which closes iopub.
 func (c *Client) readIOPub(g *generation) {
-	defer g.wg.Done()
 	narrowed := false
 	for {
-		zm, err := g.iopub.Recv()
+		zm, err := g.iopub.RecvMsg()
 		if err != nil {
 			g.fail(fmt.Errorf("iopub channel: %w", err))
-			if g.ctx.Err() != nil {
-				drainAfterClose(g.iopub)
-			}
 			return
+		}
+		if zm.Type == zmq4.CmdMsg {
+			continue // a ZMTP command (PING is answered by RecvMsg)
 		}
 		if len(zm.Frames) == 0 || !isStatusTopic(zm.Frames[0]) {
 			// Only possible before the subscription is narrowed.
@@ -724,15 +754,26 @@ func (c *Client) readIOPub(g *generation) {
 		if !narrowed {
 			narrowed = true
 			topic := string(zm.Frames[0])
-			if err := g.iopub.SetOption(zmq4.OptionSubscribe, topic); err != nil {
+			if err := subscribe(g.iopub, true, topic); err != nil {
 				g.fail(fmt.Errorf("iopub subscribe %s: %w", topic, err))
-				continue
+				return
 			}
-			if err := g.iopub.SetOption(zmq4.OptionUnsubscribe, "kernel."); err != nil {
+			if err := subscribe(g.iopub, false, "kernel."); err != nil {
 				g.fail(fmt.Errorf("iopub unsubscribe: %w", err))
+				return
 			}
 		}
 	}
+}
+
+// subscribe sends a SUB socket's (un)subscription, as ZMTP 3.0 has it: a
+// message whose first byte is 1 to subscribe and 0 to unsubscribe.
+func subscribe(conn *zmq4.Conn, on bool, topic string) error {
+	flag := byte(0)
+	if on {
+		flag = 1
+	}
+	return conn.SendMsg(zmq4.NewMsg(append([]byte{flag}, topic...)))
 }
 
 // shellStatus reports whether a status message with this parent tells
@@ -914,7 +955,7 @@ func (c *Client) ExecutionState() string {
 
 // Events returns the client's events. The channel is buffered and never
 // blocks the client (when full, the oldest event is dropped); Close closes
-// it after the final EventClosed.
+// it after the final EventClosed. With Options.OnEvent it carries nothing.
 func (c *Client) Events() <-chan Event { return c.events }
 
 // Close stops the client: it closes every socket and waits for all of the

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -672,13 +673,42 @@ func connectionsTo(t *testing.T, port int) int {
 	return n
 }
 
-// TestLean: a lean client holds only iopub between requests, yet its
-// requests, the kernel's execution state and a killed kernel's detection
-// work as with a full client.
+// eventLog is an Options.OnEvent that records the events.
+type eventLog struct {
+	mu  sync.Mutex
+	evs []Event
+}
+
+func (l *eventLog) add(ev Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.evs = append(l.evs, ev)
+}
+
+func (l *eventLog) has(kind EventKind) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, ev := range l.evs {
+		if ev.Kind == kind {
+			return true
+		}
+	}
+	return false
+}
+
+// TestLean: a lean client holds only iopub between requests, and costs one
+// goroutine when its events go to OnEvent, yet its requests, the kernel's
+// execution state and a killed kernel's detection work as with a full
+// client.
 func TestLean(t *testing.T) {
 	k := testenv.StartKernel(t, t.TempDir())
-	c := attach(t, k.ConnectionFile, Options{Lean: true, LeanIdle: 100 * time.Millisecond})
-	waitEvent(t, c, EventConnected, time.Second)
+	testenv.WaitKernelListening(t, k.ConnectionFile, 60*time.Second)
+	before := runtime.NumGoroutine()
+	var events eventLog
+	c := attach(t, k.ConnectionFile, Options{Lean: true, LeanIdle: 100 * time.Millisecond, OnEvent: events.add})
+	if !events.has(EventConnected) {
+		t.Fatal("OnEvent got no EventConnected before Dial returned")
+	}
 	info := c.Info()
 	if n := connectionsTo(t, info.HBPort); n != 0 {
 		t.Fatalf("lean client holds %d heartbeat connections, want none", n)
@@ -689,6 +719,10 @@ func TestLean(t *testing.T) {
 	// kernel_info went out on control at the attach; the socket goes once idle.
 	testenv.Poll(t, 5*time.Second, "control socket closed once idle", func() bool {
 		return connectionsTo(t, info.ControlPort) == 0
+	})
+	// The client's own goroutine reads iopub; zmq4 runs none for it.
+	testenv.Poll(t, 5*time.Second, "one goroutine for the idle client", func() bool {
+		return runtime.NumGoroutine() == before+1
 	})
 
 	// Two requests at once share one shell socket, dialed for them.
@@ -721,10 +755,14 @@ func TestLean(t *testing.T) {
 	if err := syscall.Kill(-k.Cmd.Process.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitEvent(t, c, EventDisconnected, 3*time.Second)
-	waitEvent(t, c, EventDead, 3*time.Second)
+	testenv.Poll(t, 3*time.Second, "EventDisconnected and EventDead", func() bool {
+		return events.has(EventDisconnected) && events.has(EventDead)
+	})
 	if c.Alive() {
 		t.Fatal("alive after the kernel was killed")
+	}
+	if cap(c.Events()) != 0 || len(c.Events()) != 0 {
+		t.Fatal("Events() carries events beside OnEvent")
 	}
 }
 

@@ -229,6 +229,15 @@ func clip(b []byte, n int) string {
 	return strconv.Quote(string(b))
 }
 
+// address is the network and address of one of the kernel's sockets, as
+// net.Dial takes them.
+func (ci ConnectionInfo) address(port int) (network, addr string) {
+	if ci.Transport == "ipc" {
+		return "unix", ci.IP + "-" + strconv.Itoa(port)
+	}
+	return "tcp", net.JoinHostPort(connectHost(ci.IP), strconv.Itoa(port))
+}
+
 // endpoint returns the zmq4 endpoint of one of the kernel's sockets, on
 // gpumem's guarded transports (see transport.go).
 func (ci ConnectionInfo) endpoint(port int) string {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/security/null"
 	"github.com/go-zeromq/zmq4/transport"
 )
 
@@ -76,21 +77,44 @@ func (t guardTransport) Dial(ctx context.Context, dialer transport.Dialer, addr 
 	if cfg == nil {
 		cfg = newGuardConfig(Limits{}, 5*time.Second, nil)
 	}
-	var conn net.Conn
-	var err error
+	return cfg.open(ctx, t.network, addr, dialer.DialContext)
+}
+
+// open dials addr (through cfg.dial when set, else through dial) within
+// the handshake timeout and wraps the connection in the guard, which
+// closes it when ctx ends.
+func (cfg *guardConfig) open(ctx context.Context, network, addr string, dial DialFunc) (net.Conn, error) {
 	if cfg.dial != nil {
-		// zmq4's dialer carries the socket's dial timeout; the hook gets it
-		// as ctx's deadline.
-		dctx, cancel := context.WithTimeout(ctx, cfg.handshakeTimeout)
-		conn, err = cfg.dial(dctx, t.network, addr)
-		cancel()
-	} else {
-		conn, err = dialer.DialContext(ctx, t.network, addr)
+		dial = cfg.dial
 	}
+	dctx, cancel := context.WithTimeout(ctx, cfg.handshakeTimeout)
+	conn, err := dial(dctx, network, addr)
+	cancel()
 	if err != nil {
 		return nil, err
 	}
 	return newGuardedConn(ctx, conn, cfg), nil
+}
+
+// openZMTP connects one bare ZMTP connection of type typ to addr: the
+// guard's dial and limits, zmq4's handshake and framing, but no zmq4
+// socket (no goroutines, queues or reconnects of its own). The caller
+// reads it; it closes when ctx ends.
+func openZMTP(ctx context.Context, cfg *guardConfig, network, addr string, typ zmq4.SocketType) (*zmq4.Conn, error) {
+	var d net.Dialer
+	conn, err := cfg.open(ctx, network, addr, d.DialContext)
+	if err != nil {
+		return nil, err
+	}
+	zc, err := zmq4.Open(conn, null.Security(), typ, nil, false, nil)
+	if err != nil {
+		_ = conn.Close()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, err
+	}
+	return zc, nil
 }
 
 func (t guardTransport) Listen(context.Context, string) (net.Listener, error) {

@@ -386,8 +386,8 @@ func (d *Daemon) scan(ctx context.Context) {
 func (d *Daemon) followLocked(ctx context.Context, ks *kernelState) {
 	kctx, kcancel := context.WithCancel(ctx)
 	ks.cancel = kcancel
-	d.wg.Add(1)
-	go func() { defer d.wg.Done(); d.runKernel(kctx, ks) }()
+	d.wg.Add(1) // runKernel ends it, or hands it on
+	go d.runKernel(kctx, ks)
 }
 
 // knownFinder resolves only the kernels whose process the daemon does not

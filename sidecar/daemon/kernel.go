@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/gpumem/gpumem/magics"
@@ -132,10 +133,12 @@ const (
 	attachWarnAfter  = 10 * time.Second
 )
 
-// clientOptions: lean, so that a kernel costs the daemon one socket (iopub,
-// which says when a cell runs and reaches EOF when the kernel dies) between
-// requests instead of four: at a thousand kernels the other three sockets'
-// goroutines and buffers were most of the daemon's memory. A hung but living
+// clientOptions: lean, so that a kernel costs the daemon one connection
+// (iopub, which says when a cell runs and reaches EOF when the kernel dies)
+// and one goroutine (the client's, which reads iopub and calls the
+// follower) between requests, instead of four sockets and 13 goroutines:
+// at a thousand kernels their stacks and buffers were most of the daemon's
+// memory. A hung but living
 // kernel is not noticed (the heartbeat was the only check of that, and
 // nothing acted on it). Reconnects retry quickly so that a restarted kernel
 // gets its magics back soon.
@@ -150,22 +153,31 @@ var clientOptions = protocol.Options{
 	MaxFrameBytes: 8 << 20,
 }
 
-// runKernel attaches to one kernel, injects the magics into each of its
-// processes, and follows its life until ctx ends: only the scan decides that
-// a kernel has shut down (its connection file gone for good), since ipykernel
-// deletes and rewrites its file at start-up.
+// runKernel attaches to one kernel and hands it to a follower, which
+// injects the magics into each of its processes and follows its life until
+// ctx ends: only the scan decides that a kernel has shut down (its
+// connection file gone for good), since ipykernel deletes and rewrites its
+// file at start-up. It carries one count of d.wg: it ends it when ctx ends
+// first, and otherwise hands it to the attached client's goroutine, the
+// kernel's only goroutine from then on.
 func (d *Daemon) runKernel(ctx context.Context, ks *kernelState) {
-	for ctx.Err() == nil {
-		c := d.attach(ctx, ks)
+	for {
+		f := &follower{d: d, ks: ks, ctx: ctx}
+		c := d.attach(ctx, ks, f.onEvent)
 		if c == nil {
+			d.wg.Done()
 			return
 		}
-		d.follow(ctx, ks, c)
+		if f.attached(c) {
+			return
+		}
+		c.Close() // it stopped before it could be followed: attach again
 	}
 }
 
-// attach dials the kernel until it answers or ctx ends (nil).
-func (d *Daemon) attach(ctx context.Context, ks *kernelState) *protocol.Client {
+// attach dials the kernel until it answers or ctx ends (nil); the client
+// passes its events to onEvent.
+func (d *Daemon) attach(ctx context.Context, ks *kernelState, onEvent func(protocol.Event)) *protocol.Client {
 	log := d.log.With().Str("kernel_id", ks.id).Logger()
 	start := time.Now()
 	backoff := attachRetry
@@ -174,6 +186,7 @@ func (d *Daemon) attach(ctx context.Context, ks *kernelState) *protocol.Client {
 		if ks.pod != nil {
 			opts = d.podClientOptions(ks)
 		}
+		opts.OnEvent = onEvent
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		c, err := protocol.Dial(actx, ks.connFile, opts)
 		cancel()
@@ -201,66 +214,100 @@ func (d *Daemon) attach(ctx context.Context, ks *kernelState) *protocol.Client {
 	}
 }
 
-// follow injects the magics and follows the client's events until the
-// client stops (it gives up when the file is missing twice in a row, as
-// during a rewrite) or ctx ends; then it closes the client.
-func (d *Daemon) follow(ctx context.Context, ks *kernelState, c *protocol.Client) {
-	log := d.log.With().Str("kernel_id", ks.id).Logger()
+// follower follows one attachment to a kernel through the client's events,
+// on the client's goroutine: a thousand kernels cost the daemon a thousand
+// goroutines, not two or three thousand.
+type follower struct {
+	d   *Daemon
+	ks  *kernelState
+	ctx context.Context
+
+	mu       sync.Mutex
+	c        *protocol.Client // nil until attached
+	closed   bool             // the client stopped before attached
+	injected <-chan struct{}  // closed when the latest injection has ended
+	stop     func() bool      // stops closing the client when ctx ends
+}
+
+// attached starts following c, unless it has already stopped (false).
+// From here the client's goroutine carries runKernel's count of d.wg
+// until its EventClosed.
+func (f *follower) attached(c *protocol.Client) bool {
+	d, ks := f.d, f.ks
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return false
+	}
+	f.c = c
 	d.mu.Lock()
 	ks.client = c
 	notebook := ks.notebook // scan updates it under d.mu
 	d.mu.Unlock()
-	log.Info().Str("notebook", notebook).Msg("attached")
+	d.log.Info().Str("kernel_id", ks.id).Str("notebook", notebook).Msg("attached")
 	// jupyter_server 2 writes the connection file before the session names
 	// the notebook: look again now rather than at the next rescan.
 	d.rescan()
+	f.injected = d.startInject(f.ctx, ks, c, nil)
+	f.stop = context.AfterFunc(f.ctx, func() { _ = c.Close() })
+	return true
+}
 
-	injectDone := d.startInject(ctx, ks, c)
-	defer func() {
-		d.mu.Lock()
-		ks.client = nil
-		d.mu.Unlock()
-		c.Close() // ends an injection still waiting for its reply
-		<-injectDone
-	}()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case ev, ok := <-c.Events():
-			if !ok {
-				return
-			}
-			switch ev.Kind {
-			case protocol.EventRestarted:
-				log.Info().Str("session", ev.Session).Msg("kernel restarted")
-				<-injectDone
-				injectDone = d.startInject(ctx, ks, c)
-			case protocol.EventClosed:
-				log.Debug().Err(ev.Err).Msg("client stopped; attaching again")
-				return
-			case protocol.EventDead, protocol.EventDisconnected:
-				log.Debug().Err(ev.Err).Str("event", ev.String()).Msg("kernel unreachable")
-				d.sampleSoon() // a restart: retire the old process now, not at the next tick
-			}
+// onEvent is the client's OnEvent. It never blocks: what waits runs on a
+// goroutine of its own.
+func (f *follower) onEvent(ev protocol.Event) {
+	d := f.d
+	log := d.log.With().Str("kernel_id", f.ks.id).Logger()
+	switch ev.Kind {
+	case protocol.EventRestarted:
+		log.Info().Str("session", ev.Session).Msg("kernel restarted")
+		f.mu.Lock()
+		if f.c != nil { // else attached injects
+			f.injected = d.startInject(f.ctx, f.ks, f.c, f.injected)
 		}
+		f.mu.Unlock()
+	case protocol.EventClosed:
+		log.Debug().Err(ev.Err).Msg("client stopped; attaching again")
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.c == nil {
+			f.closed = true
+			return
+		}
+		c, injected, stop := f.c, f.injected, f.stop
+		go func() {
+			stop()
+			_ = c.Close() // ends an injection still waiting for its reply
+			<-injected
+			d.mu.Lock()
+			f.ks.client = nil
+			d.mu.Unlock()
+			d.runKernel(f.ctx, f.ks)
+		}()
+	case protocol.EventDead, protocol.EventDisconnected:
+		log.Debug().Err(ev.Err).Str("event", ev.String()).Msg("kernel unreachable")
+		d.sampleSoon() // a restart: retire the old process now, not at the next tick
 	}
 }
 
-// startInject injects the magics in the background: a busy kernel answers
-// only after its current cell, which may take hours, so the wait is bounded
-// by ctx alone (the request is already queued in the kernel).
-func (d *Daemon) startInject(ctx context.Context, ks *kernelState, c *protocol.Client) <-chan struct{} {
+// startInject injects the magics in the background, once the injection
+// that closes prev (if any) has ended: a busy kernel answers only after its
+// current cell, which may take hours, so the wait is bounded by ctx alone
+// (the request is already queued in the kernel).
+func (d *Daemon) startInject(ctx context.Context, ks *kernelState, c *protocol.Client, prev <-chan struct{}) <-chan struct{} {
 	done := make(chan struct{})
 	if !d.cfg.InjectMagics {
 		close(done)
 		return done
 	}
-	d.mu.Lock()
-	ks.injectSince = time.Now()
-	d.mu.Unlock()
 	go func() {
 		defer close(done)
+		if prev != nil {
+			<-prev
+		}
+		d.mu.Lock()
+		ks.injectSince = time.Now()
+		d.mu.Unlock()
 		defer func() {
 			d.mu.Lock()
 			ks.injectSince = time.Time{}
