@@ -138,10 +138,9 @@ const (
 // and one goroutine (the client's, which reads iopub and calls the
 // follower) between requests, instead of four sockets and 13 goroutines:
 // at a thousand kernels their stacks and buffers were most of the daemon's
-// memory. A hung but living
-// kernel is not noticed (the heartbeat was the only check of that, and
-// nothing acted on it). Reconnects retry quickly so that a restarted kernel
-// gets its magics back soon.
+// memory. A hung but living kernel is not noticed (the heartbeat was the
+// only check of that, and nothing acted on it). Reconnects retry quickly so
+// that a restarted kernel gets its magics back soon.
 //
 // Memory per kernel is bounded by the frame limits: a shell or control
 // message of at most 2×MaxFrameBytes (the magics' replies are JSON of a few
