@@ -1,1 +1,1 @@
-from harness import stack  # noqa: F401  (the fixture)
+from harness import pytest_runtest_makereport, stack  # noqa: F401  (the hook and the fixture)

@@ -281,12 +281,19 @@ class Stack:
     def kernel_pid(self, kernel_id, timeout=120):
         """The kernel's pid as the daemon found it (the owner of its shell port)."""
 
+        seen = {}
+
         def find():
             for k in self.daemon_get("/api/v1/kernels").json()["kernels"]:
-                if k["kernel_id"] == kernel_id and k["pid"] > 0 and k["alive"]:
-                    return k["pid"]
+                if k["kernel_id"] == kernel_id:
+                    seen["last"] = k
+                    if k["pid"] > 0 and k["alive"]:
+                        return k["pid"]
 
-        return wait_for(f"gpumem serve to follow kernel {kernel_id}", find, timeout=timeout)
+        try:
+            return wait_for(f"gpumem serve to follow kernel {kernel_id}", find, timeout=timeout)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; the daemon's last word on it: {seen.get('last', 'not listed')}") from None
 
     def close(self):
         self.stop_daemon()
@@ -294,12 +301,43 @@ class Stack:
             s.proc.stop()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Marks a test whose call failed, so that its stack keeps the logs."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.when == "call" and rep.failed:
+        item.gpumem_failed = True
+
+
 @pytest.fixture
-def stack(tmp_path_factory):
+def stack(request):
     st = Stack(tempfile.mkdtemp(prefix="gpumem-ext-"))
     try:
         yield st
     finally:
         st.close()
-        if not os.environ.get("GPUMEM_KEEP_TMP"):
+        keep = bool(os.environ.get("GPUMEM_KEEP_TMP"))
+        if getattr(request.node, "gpumem_failed", False):
+            keep = keep_logs(st, request.node.name) or keep
+        if not keep:
             shutil.rmtree(st.tmp, ignore_errors=True)
+
+
+def keep_logs(st, test):
+    """Prints the end of a failed test's daemon log (CI keeps only what is
+    printed), copies its daemon and server logs to $GPUMEM_ARTIFACTS and
+    says where. Without it they stay in the temp dir: True (keep it)."""
+    daemon_log = st.tmp / "gpumem.log"
+    if daemon_log.exists():
+        print(f"\n{test}: the end of gpumem serve's log:\n" + daemon_log.read_text(errors="replace")[-6000:])
+    dest = os.environ.get("GPUMEM_ARTIFACTS")
+    if not dest:
+        print(f"\n{test}: logs kept in {st.tmp}")
+        return True
+    out = Path(dest) / f"{test}-logs"
+    out.mkdir(parents=True, exist_ok=True)
+    for log in st.tmp.rglob("*.log"):
+        shutil.copy(log, out / ("-".join(log.relative_to(st.tmp).parts)))
+    print(f"\n{test}: logs in {out}")
+    return False

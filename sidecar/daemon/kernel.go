@@ -170,7 +170,7 @@ func (d *Daemon) runKernel(ctx context.Context, ks *kernelState) {
 		if f.attached(c) {
 			return
 		}
-		c.Close() // it stopped before it could be followed: attach again
+		c.Close() // it stopped, or ctx ended, before it was followed: attach again
 	}
 }
 
@@ -228,18 +228,22 @@ type follower struct {
 	stop     func() bool      // stops closing the client when ctx ends
 }
 
-// attached starts following c, unless it has already stopped (false).
+// attached starts following c, unless it has already stopped or ctx has
+// ended (false).
 // From here the client's goroutine carries runKernel's count of d.wg
 // until its EventClosed.
 func (f *follower) attached(c *protocol.Client) bool {
 	d, ks := f.d, f.ks
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.closed {
+	d.mu.Lock()
+	// The scan cancels ctx and starts a new follow of ks under d.mu: with
+	// ctx live here, no newer follow has set ks.client.
+	if f.closed || f.ctx.Err() != nil {
+		d.mu.Unlock()
 		return false
 	}
 	f.c = c
-	d.mu.Lock()
 	ks.client = c
 	notebook := ks.notebook // scan updates it under d.mu
 	d.mu.Unlock()
@@ -279,7 +283,9 @@ func (f *follower) onEvent(ev protocol.Event) {
 			_ = c.Close() // ends an injection still waiting for its reply
 			<-injected
 			d.mu.Lock()
-			f.ks.client = nil
+			if f.ks.client == c { // a newer follow (the file written again) keeps its own
+				f.ks.client = nil
+			}
 			d.mu.Unlock()
 			d.runKernel(f.ctx, f.ks)
 		}()
