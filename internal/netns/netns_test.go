@@ -52,22 +52,7 @@ func TestDialReachesAnotherNamespace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	host, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer host.Close()
-	go func() {
-		for {
-			c, err := host.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = io.WriteString(c, "host\n")
-			c.Close()
-		}
-	}()
-	port := host.Addr().(*net.TCPAddr).Port
+	port := testenv.ServeLoopback(t, func(c net.Conn) { _, _ = io.WriteString(c, "host\n") })
 	// The listener brings its namespace's loopback up itself, binds the
 	// host listener's port, says so, then greets and echoes one line.
 	script := `

@@ -113,6 +113,28 @@ func FreePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// ServeLoopback listens on a free port of 127.0.0.1 until the test ends,
+// passes each connection to handle and then closes it; it returns the port.
+func ServeLoopback(t testing.TB, handle func(net.Conn)) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listen on loopback: %v", err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return // closed at the test's end
+			}
+			handle(c)
+			c.Close()
+		}
+	}()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
 // RandomHex returns n random bytes as hex.
 func RandomHex(n int) string {
 	b := make([]byte, n)

@@ -84,21 +84,7 @@ func TestPodKernels(t *testing.T) {
 	// The pod's server listens on a port that, on the host's loopback, is
 	// this test's: whoever reaches the server went through the pod's
 	// network namespace.
-	decoy, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer decoy.Close()
-	go func() {
-		for {
-			c, err := decoy.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	serverPort := decoy.Addr().(*net.TCPAddr).Port
+	serverPort := testenv.ServeLoopback(t, func(net.Conn) {})
 	// Each kernel starts three GPU workers, in sessions of their own as
 	// pools and inference servers do: a restart's SIGKILL to the kernel's
 	// process group misses them.
