@@ -1,13 +1,10 @@
 package hub
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,88 +15,10 @@ import (
 	"github.com/gpumem/gpumem/internal/testenv"
 )
 
-// sysUser is a system account made for one test.
-type sysUser struct {
-	Name     string
-	UID, GID int
-	Home     string
-}
-
-// RuntimeDir is where the user's Jupyter servers write their files.
-func (u sysUser) RuntimeDir() string {
-	return filepath.Join(u.Home, ".local", "share", "jupyter", "runtime")
-}
-
-// makeUser adds a system user (useradd, with a home) named prefix plus a
-// random suffix. Cleanup kills every process of that uid (all started by
-// this test: the user did not exist before it) and removes the user.
-func makeUser(t *testing.T, prefix string) sysUser {
-	t.Helper()
-	name := prefix + testenv.RandomHex(3)
-	if out, err := exec.Command("useradd", "--create-home", "--user-group", "--shell", "/bin/bash", name).CombinedOutput(); err != nil {
-		t.Fatalf("useradd %s: %v\n%s", name, err, out)
-	}
-	u, err := user.Lookup(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	su := sysUser{Name: name, UID: uid, GID: gid, Home: u.HomeDir}
-	t.Cleanup(func() {
-		deadline := time.Now().Add(15 * time.Second)
-		for {
-			pids := processesOf(uid)
-			if len(pids) == 0 {
-				break
-			}
-			for _, pid := range pids {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-			if time.Now().After(deadline) {
-				t.Errorf("processes of %s still alive: %v", name, pids)
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		if out, err := exec.Command("userdel", "--remove", name).CombinedOutput(); err != nil {
-			t.Logf("userdel %s: %v\n%s", name, err, out)
-		}
-	})
-	return su
-}
-
-// processesOf lists the live processes whose real uid is uid.
-func processesOf(uid int) []int {
-	var pids []int
-	dirs, _ := filepath.Glob("/proc/[0-9]*")
-	for _, d := range dirs {
-		b, err := os.ReadFile(filepath.Join(d, "status"))
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) >= 2 && f[0] == "Uid:" && f[1] == strconv.Itoa(uid) {
-				if pid, err := strconv.Atoi(filepath.Base(d)); err == nil && testenv.Alive(pid) {
-					pids = append(pids, pid)
-				}
-			}
-		}
-	}
-	return pids
-}
-
 // asUser runs argv as u (uid, gid, HOME, USER) and returns its output and
 // exit error.
-func asUser(u sysUser, env []string, argv ...string) (string, string, error) {
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(u.UID), Gid: uint32(u.GID)}}
-	cmd.Env = append([]string{"HOME=" + u.Home, "USER=" + u.Name, "PATH=/usr/local/bin:/usr/bin:/bin"}, env...)
-	cmd.Dir = u.Home
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	return stdout.String(), stderr.String(), err
+func asUser(u testenv.User, env []string, argv ...string) (string, string, error) {
+	return u.Run(env, argv...)
 }
 
 // hub is a running JupyterHub.
@@ -128,7 +47,7 @@ func venvBin(t *testing.T, name string) string {
 
 // startHub runs JupyterHub as root on 127.0.0.1 with LocalProcessSpawner,
 // the given users allowed, and waits (90 s) until its API answers.
-func startHub(t *testing.T, users ...sysUser) *hub {
+func startHub(t *testing.T, users ...testenv.User) *hub {
 	t.Helper()
 	need(t, os.Geteuid() == 0, "the JupyterHub test runs as root (useradd, spawning as other users)")
 	jupyterhub := venvBin(t, "jupyterhub")
@@ -226,7 +145,7 @@ func (h *hub) json(t *testing.T, method, path string, body, out any) {
 
 // startServer starts u's single-user server through the hub's API and
 // waits (120 s) until the hub says it is ready.
-func (h *hub) startServer(t *testing.T, u sysUser) {
+func (h *hub) startServer(t *testing.T, u testenv.User) {
 	t.Helper()
 	resp, err := h.do(http.MethodPost, "hub/api/users/"+u.Name+"/server", nil)
 	if err != nil {
@@ -250,7 +169,7 @@ func (h *hub) startServer(t *testing.T, u sysUser) {
 
 // notebook is a notebook of a user with a running kernel.
 type notebook struct {
-	user     sysUser
+	user     testenv.User
 	path     string // relative to the user's home
 	kernelID string
 	connFile string
@@ -260,7 +179,7 @@ type notebook struct {
 // openNotebook creates path in u's home through u's server (via the proxy)
 // and a session with a python3 kernel for it, and waits for the kernel's
 // process.
-func (h *hub) openNotebook(t *testing.T, u sysUser, path string) *notebook {
+func (h *hub) openNotebook(t *testing.T, u testenv.User, path string) *notebook {
 	t.Helper()
 	base := "user/" + u.Name + "/api/"
 	content := map[string]any{"cells": []any{}, "metadata": map[string]any{}, "nbformat": 4, "nbformat_minor": 5}

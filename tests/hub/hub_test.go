@@ -30,7 +30,7 @@ const gib = 1 << 30
 func TestHubAllUsers(t *testing.T) {
 	need(t, os.Geteuid() == 0, "the JupyterHub test runs as root (useradd, spawning as other users)")
 	testenv.Require(t, "jupyter_client")
-	alice, bob := makeUser(t, "alice"), makeUser(t, "bob")
+	alice, bob := testenv.MakeUser(t, "alice"), testenv.MakeUser(t, "bob")
 	h := startHub(t, alice, bob)
 
 	h.startServer(t, alice)
@@ -281,7 +281,7 @@ print(r.status, r.read().decode()[:200])
 				t.Errorf("bob's process %d was ended", pid)
 			}
 		}
-		bobPIDs := processesOf(bob.UID)
+		bobPIDs := testenv.ProcessesOf(bob.UID)
 		if out := d.Output(); strings.Contains(out, fmt.Sprintf(`"pid":%d,"argv"`, childB)) {
 			t.Errorf("the daemon acted on bob's child %d:\n%s", childB, out)
 		}

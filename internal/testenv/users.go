@@ -1,0 +1,108 @@
+package testenv
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// User is a real system account made for one test (useradd), so that
+// multi-user promises are tested across a real uid boundary.
+type User struct {
+	Name     string
+	UID, GID int
+	Home     string
+}
+
+// RuntimeDir is where the user's Jupyter servers and kernels write their
+// files by default.
+func (u User) RuntimeDir() string {
+	return filepath.Join(u.Home, ".local", "share", "jupyter", "runtime")
+}
+
+// MakeUser adds a system user (useradd, with a home) named prefix plus a
+// random suffix. It needs root: elsewhere the test fails under CI=true and
+// skips otherwise. Cleanup kills every process of that uid (all started by
+// this test: the user did not exist before it) and removes the user.
+func MakeUser(t testing.TB, prefix string) User {
+	t.Helper()
+	RequireRoot(t, "this test makes real user accounts (useradd): run it as root")
+	name := prefix + RandomHex(3)
+	if out, err := exec.Command("useradd", "--create-home", "--user-group", "--shell", "/bin/bash", name).CombinedOutput(); err != nil {
+		t.Fatalf("useradd %s: %v\n%s", name, err, out)
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	su := User{Name: name, UID: uid, GID: gid, Home: u.HomeDir}
+	t.Cleanup(func() {
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			pids := ProcessesOf(uid)
+			if len(pids) == 0 {
+				break
+			}
+			for _, pid := range pids {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("processes of %s still alive: %v", name, pids)
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if out, err := exec.Command("userdel", "--remove", name).CombinedOutput(); err != nil {
+			t.Logf("userdel %s: %v\n%s", name, err, out)
+		}
+	})
+	return su
+}
+
+// ProcessesOf lists the live processes whose real uid is uid.
+func ProcessesOf(uid int) []int {
+	var pids []int
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, "status"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "Uid:" && f[1] == strconv.Itoa(uid) {
+				if pid, err := strconv.Atoi(filepath.Base(d)); err == nil && Alive(pid) {
+					pids = append(pids, pid)
+				}
+			}
+		}
+	}
+	return pids
+}
+
+// Command is exec.Command(argv...) run as u: its uid and gid, HOME, USER,
+// a plain PATH, in u's home, with env added.
+func (u User) Command(env []string, argv ...string) *exec.Cmd {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(u.UID), Gid: uint32(u.GID)}}
+	cmd.Env = append([]string{"HOME=" + u.Home, "USER=" + u.Name, "PATH=/usr/local/bin:/usr/bin:/bin"}, env...)
+	cmd.Dir = u.Home
+	return cmd
+}
+
+// Run runs argv as u (see Command) and returns its output and exit error.
+func (u User) Run(env []string, argv ...string) (stdout, stderr string, err error) {
+	cmd := u.Command(env, argv...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err = cmd.Run()
+	return o.String(), e.String(), err
+}
