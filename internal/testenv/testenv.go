@@ -268,8 +268,15 @@ func ConnectionJSON(t testing.TB, path, key string) {
 // test's connection. extraEnv is appended to the kernel's environment.
 func StartKernel(t testing.TB, dir string, extraEnv ...string) *Kernel {
 	t.Helper()
-	Require(t, "ipykernel")
 	id := fmt.Sprintf("%s-%s-%s-%s-%s", RandomHex(4), RandomHex(2), RandomHex(2), RandomHex(2), RandomHex(6))
+	return StartKernelID(t, dir, id, extraEnv...)
+}
+
+// StartKernelID is StartKernel with the kernel id (the file's
+// kernel-<id>.json) chosen by the caller: any bytes a file name may hold.
+func StartKernelID(t testing.TB, dir, id string, extraEnv ...string) *Kernel {
+	t.Helper()
+	Require(t, "ipykernel")
 	cf := filepath.Join(dir, "runtime", "kernel-"+id+".json")
 	if err := os.MkdirAll(filepath.Dir(cf), 0o700); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,8 @@ package adversarial
 import (
 	"bufio"
 	"context"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -145,4 +147,36 @@ func kernelHolds(rep attribution.Report, kernelID string, pid int) (underKernel,
 		}
 	}
 	return underKernel, other
+}
+
+// metricsURL is the /metrics URL of a daemon started with
+// --listen=127.0.0.1:0, from its "serving metrics" log line.
+func metricsURL(t *testing.T, d *testenv.Daemon) string {
+	t.Helper()
+	m := d.WaitLog(t, 30*time.Second, "serving metrics", nil)
+	addr, _ := m["addr"].(string)
+	if addr == "" {
+		t.Fatalf("the daemon's \"serving metrics\" line names no addr: %v", m)
+	}
+	return "http://" + addr + "/metrics"
+}
+
+// scrapeMetrics GETs url (deadline 10 s) and returns the body; a status
+// other than 200 fails the test.
+func scrapeMetrics(t *testing.T, url string) string {
+	t.Helper()
+	hc := &http.Client{Timeout: 10 * time.Second}
+	resp, err := hc.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s\n%s", url, resp.Status, body)
+	}
+	return string(body)
 }
