@@ -218,6 +218,12 @@ func (l lockedWriter) Write(b []byte) (int, error) {
 // t.Cleanup.
 func Start(t testing.TB, env []string, dir string, argv ...string) *Proc {
 	t.Helper()
+	return StartAs(t, nil, env, dir, argv...)
+}
+
+// StartAs is Start as user u (its uid and gid; nil: this process's).
+func StartAs(t testing.TB, u *User, env []string, dir string, argv ...string) *Proc {
+	t.Helper()
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = env
 	cmd.Dir = dir
@@ -225,6 +231,9 @@ func Start(t testing.TB, env []string, dir string, argv ...string) *Proc {
 	cmd.Stdout = lockedWriter{p.mu, p.Log}
 	cmd.Stderr = lockedWriter{p.mu, p.Log}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if u != nil {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(u.UID), Gid: uint32(u.GID)}
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %v: %v", argv, err)
 	}
@@ -343,6 +352,10 @@ type ServerOptions struct {
 	Args []string
 	// Env is appended to the server's environment.
 	Env []string
+	// As runs the server as this user (MakeUser), its dirs (runtime dir
+	// included) made in the user's home and owned by the user; nil: as
+	// this process.
+	As *User
 }
 
 // Server is a real Jupyter server on 127.0.0.1.
@@ -355,6 +368,8 @@ type Server struct {
 	Token   string // "" with a password
 	Sock    string // the unix socket, "" on TCP
 	BaseURL string // "/" unless set
+
+	As *User // the user it runs as; nil: this process's
 
 	reqBase string // scheme://host/base/ requests go to
 	client  *http.Client
@@ -379,11 +394,15 @@ func StartServerWith(t testing.TB, kind ServerKind, o ServerOptions) *Server {
 		t.Fatalf("stack %s has no %s server (its `jupyter notebook` is %s)", CurrentStack(), kind, NotebookServer())
 	}
 	dir := t.TempDir()
+	if o.As != nil {
+		dir = o.As.TempDir(t)
+	}
 	root := filepath.Join(dir, "notebooks")
 	for _, d := range []string{root, filepath.Join(dir, "runtime"), filepath.Join(dir, "home")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			t.Fatal(err)
 		}
+		o.As.Chown(t, d)
 	}
 	base := o.BaseURL
 	if base == "" {
@@ -399,7 +418,7 @@ func StartServerWith(t testing.TB, kind ServerKind, o ServerOptions) *Server {
 	}
 	args := []string{Python(), "-m", kind.module(), "--no-browser", "--allow-root",
 		app + "open_browser=False", app + "base_url=" + base}
-	s := &Server{Kind: kind, Dir: dir, RootDir: root, Token: token, BaseURL: base}
+	s := &Server{Kind: kind, Dir: dir, RootDir: root, Token: token, BaseURL: base, As: o.As}
 	tr := &http.Transport{DisableKeepAlives: true}
 	if o.Sock {
 		// A short path: unix socket paths are limited to 107 bytes.
@@ -451,7 +470,7 @@ func StartServerWith(t testing.TB, kind ServerKind, o ServerOptions) *Server {
 		}
 		s.client.Jar = jar
 	}
-	s.Proc = Start(t, Env(dir, o.Env...), dir, args...)
+	s.Proc = StartAs(t, o.As, Env(dir, o.Env...), dir, args...)
 	deadline := time.Now().Add(60 * time.Second)
 	if s.URL == "" {
 		s.URL = s.waitInfoURL(t, deadline)
@@ -630,6 +649,7 @@ func (s *Server) CreateSession(t testing.TB, path string) Session {
 		if err := os.WriteFile(full, []byte(nb), 0o644); err != nil {
 			t.Fatal(err)
 		}
+		s.As.Chown(t, full)
 	}
 	var sess Session
 	s.JSON(t, http.MethodPost, "api/sessions", map[string]any{

@@ -114,6 +114,12 @@ func staysAlive(t *testing.T, d time.Duration, what string, pids ...int) {
 // its output and exit error.
 func gpumem(t *testing.T, dir string, gpu *testenv.FakeGPU, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
+	return gpumemWith(t, dir, gpu, nil, args...)
+}
+
+// gpumemWith is gpumem with extra environment (NAME=value).
+func gpumemWith(t *testing.T, dir string, gpu *testenv.FakeGPU, extra []string, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, gpumemBin, args...)
@@ -121,7 +127,7 @@ func gpumem(t *testing.T, dir string, gpu *testenv.FakeGPU, args ...string) (std
 	if gpu != nil {
 		env = append(env, "GPUMEM_FAKE_GPU="+gpu.Path)
 	}
-	cmd.Env = testenv.Env(dir, env...)
+	cmd.Env = testenv.Env(dir, append(env, extra...)...)
 	var o, e strings.Builder
 	cmd.Stdout, cmd.Stderr = &o, &e
 	err = cmd.Run()
