@@ -128,8 +128,8 @@ func runFree(ctx context.Context, env Env, args []string) error {
 	if *asJSON {
 		return writeJSON(env.Stdout, rep)
 	}
-	// The kernel renders its own report, as %gpumem free shows it.
-	_, err = fmt.Fprintf(env.Stdout, "kernel %s (%s)\n%s\n", k.ID, orDash(k.Notebook), rep.Text)
+	// The kernel's report marked as its own, then the driver's figures.
+	_, err = fmt.Fprintf(env.Stdout, "kernel %s (%s)\n%s\n", orDash(k.ID), orDash(k.Notebook), rep.Render())
 	return err
 }
 
