@@ -90,13 +90,21 @@ func RequireRoot(t testing.TB, why string) {
 // Poll calls cond every 20ms until it returns true or the deadline passes.
 func Poll(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	if !Eventually(timeout, cond) {
+		t.Fatalf("timed out after %v waiting for %s", timeout, what)
+	}
+}
+
+// Eventually is Poll without failing: it reports whether cond came true
+// before the deadline, for a test that reports its figures either way.
+func Eventually(timeout time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	for {
 		if cond() {
-			return
+			return true
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+			return false
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -47,8 +47,18 @@ func jupyterDir(t *testing.T) string {
 // process and its group are killed in Cleanup.
 func pyProc(t *testing.T, code string) (*exec.Cmd, []int) {
 	t.Helper()
+	return pyProcAs(t, nil, code)
+}
+
+// pyProcAs is pyProc run as user u (nil: this process's), in u's home.
+func pyProcAs(t *testing.T, u *testenv.User, code string) (*exec.Cmd, []int) {
+	t.Helper()
 	cmd := exec.Command("/usr/bin/python3", "-c", code)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if u != nil {
+		cmd = u.Command(nil, "/usr/bin/python3", "-c", code)
+		cmd.SysProcAttr.Setpgid = true
+	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -185,4 +195,23 @@ func scrapeMetrics(t *testing.T, url string) string {
 		t.Fatalf("GET %s: %s\n%s", url, resp.Status, body)
 	}
 	return string(body)
+}
+
+// metricValue is the value of an unlabelled series name in a /metrics body.
+func metricValue(body, name string) (float64, bool) {
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return f, err == nil
+		}
+	}
+	return 0, false
+}
+
+// mkdirAs makes dir (and its parents under u's home) as u, mode 0700.
+func mkdirAs(t *testing.T, u testenv.User, dir string) {
+	t.Helper()
+	if _, stderr, err := u.Run(nil, "mkdir", "-p", "-m", "700", dir); err != nil {
+		t.Fatalf("mkdir %s as %s: %v\n%s", dir, u.Name, err, stderr)
+	}
 }
