@@ -274,9 +274,11 @@ loop:
 		}
 	}
 	cancel()
+	// Discovery first: a scan still running may follow a kernel (d.wg) or
+	// serve the socket anew (sock) until it returns.
+	parts.Wait()
 	d.wg.Wait() // kernel goroutines close their clients: detached, kernels untouched
 	sock.wait()
-	parts.Wait()
 	_ = os.Remove(d.alertFile())
 	d.log.Info().Msg("gpumem serve stopped; kernels left untouched")
 	return runErr

@@ -164,3 +164,18 @@ func runDaemon(t *testing.T, r *rig) (stop func()) {
 		}
 	}
 }
+
+// Run stops cleanly while scans run and follow kernels: discovery is
+// waited for before the kernels' goroutines and the socket's (a scan
+// still running may add to either).
+func TestRunStopsWhileScanning(t *testing.T) {
+	for i := range 10 {
+		r := newRig(t, Config{Interval: 5 * time.Millisecond, Rescan: time.Millisecond})
+		r.setProcs(procstest.Proc{PID: 100, PPID: 1, PGID: 100, SID: 100})
+		stop := runDaemon(t, r)
+		for j := range 20 {
+			r.kernelFile(fmt.Sprintf("k%d-%d", i, j), discovery.Owner{PID: 100, Start: 100, Flagged: true, UIDMatch: true})
+		}
+		stop()
+	}
+}
