@@ -18,9 +18,12 @@
 // goroutines and does not log. Every request goes to the shell channel, so
 // it runs after the kernel's current cell, never in the middle of one.
 //
-// Rendering happens in the kernel only, in Python, from a data dict
+// Rendering happens in the kernel, in Python, from a data dict
 // (py/gpumem_magics/render.py): the magics display it, and FreeCache
-// returns its text and HTML in FreeReport for the CLI to print. The golden
+// returns its text and HTML in FreeReport. A kernel runs its user's code,
+// so what it renders is its user's word: FreeCache makes it safe to show
+// and keeps the driver's figures out of it; FreeReport.Render marks the
+// kernel's text as the kernel's and adds the figures read in Go. The golden
 // tests feed fixed data dicts to that Python; py/tests holds the pytest
 // tests of the pure modules.
 package magics

@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/gpumem/gpumem/internal/textsafe"
+	"github.com/gpumem/gpumem/internal/units"
 )
 
 // FreeOptions selects what FreeCache frees. The zero value is cache-only:
@@ -18,8 +21,7 @@ type FreeOptions struct {
 	DryRun bool     // report what would be freed; change nothing
 	// DriverBytes, when set, gives the driver's (NVML) figure for the
 	// kernel's processes now, or nil when it has none. FreeCache calls it
-	// before and after the free and reports both (FreeReport.Driver); the
-	// kernel then does not ask gpumem serve for its own figure.
+	// before and after the free and reports both (FreeReport.Driver).
 	DriverBytes func(ctx context.Context) *uint64
 }
 
@@ -30,7 +32,10 @@ var ErrFreeRefused = errors.New("free refused")
 
 // FreeReport is the kernel's account of a free: the "free" data dict of
 // the injected package (schema 1), with its renderings as %gpumem free
-// shows them. The CLI prints Text: the kernel's renderer is the only one.
+// shows them, and the driver's figures, which are never the kernel's
+// word. A kernel runs its user's code, and its user may replace the
+// injected package: everything but Driver is what the kernel says, and
+// Text, Error and Notes come made safe to show (textsafe).
 type FreeReport struct {
 	DryRun     bool            `json:"dry_run"`
 	All        bool            `json:"all"`
@@ -39,10 +44,15 @@ type FreeReport struct {
 	Deleted    []FreedVar      `json:"deleted"`
 	Hidden     []HiddenRef     `json:"hidden"`
 	Frameworks []FrameworkFree `json:"frameworks"`
-	Driver     *DriverDelta    `json:"driver,omitempty"`
-	Notes      []string        `json:"notes"`
-	ElapsedMS  int64           `json:"elapsed_ms"`
-	// Text and HTML are the kernel's renderings of this report.
+	// Driver is read by the caller (FreeOptions.DriverBytes) after the
+	// kernel answered; nil without a reading. A figure the kernel put
+	// there is dropped.
+	Driver    *DriverDelta `json:"driver,omitempty"`
+	Notes     []string     `json:"notes"`
+	ElapsedMS int64        `json:"elapsed_ms"`
+	// Text and HTML are the kernel's renderings of this report (Text made
+	// safe for a terminal, its lines kept; HTML as the kernel wrote it).
+	// Neither holds the driver's figures: Render adds them.
 	Text string `json:"text"`
 	HTML string `json:"html"`
 }
@@ -93,8 +103,8 @@ func (f FrameworkFree) Returned() (int64, bool) {
 	return int64(*f.Before.Held) - int64(*f.After.Held), true
 }
 
-// DriverDelta is the driver's (NVML) figure for the kernel before and after,
-// from gpumem serve, when the kernel was injected with its socket.
+// DriverDelta is the driver's (NVML) figure for the kernel's processes
+// before and after the free, read by gpumem serve.
 type DriverDelta struct {
 	Before uint64 `json:"before"`
 	After  uint64 `json:"after"`
@@ -105,17 +115,19 @@ type DriverDelta struct {
 // FreeOptions it only collects garbage and empties the frameworks' caches.
 // It uses the injected magics when their version matches, else runs the
 // embedded code without registering any magic. With opts.DriverBytes the
-// report carries the driver's figure before and after, and its Text says
-// so (the kernel renders it again with that figure: one more request).
+// report carries the driver's figure read before the request and after
+// the kernel's answer, here in Go: the kernel neither asks for it nor
+// renders it, so it cannot change it.
 func FreeCache(ctx context.Context, ex Executor, opts FreeOptions) (FreeReport, error) {
 	var ir InjectResult
 	if err := checkKernel(ctx, ex, &ir); err != nil {
 		return FreeReport{}, err
 	}
 	var before *uint64
-	req := map[string]any{"vars": nonNil(opts.Vars), "keep": nonNil(opts.Keep), "all": opts.All, "dry_run": opts.DryRun}
-	if opts.DriverBytes != nil {
-		req["driver"] = false
+	// "driver": false: the kernel asks gpumem serve for nothing.
+	req := map[string]any{"vars": nonNil(opts.Vars), "keep": nonNil(opts.Keep), "all": opts.All, "dry_run": opts.DryRun,
+		"driver": false}
+	if opts.DriverBytes != nil && !opts.DryRun {
 		before = opts.DriverBytes(ctx)
 	}
 	raw, err := runAction(ctx, ex, "free", req)
@@ -126,32 +138,52 @@ func FreeCache(ctx context.Context, ex Executor, opts FreeOptions) (FreeReport, 
 	if err := json.Unmarshal(raw, &fr); err != nil {
 		return FreeReport{}, fmt.Errorf("free: decode the kernel's report: %w", err)
 	}
+	fr.safe()
 	if fr.Error != "" {
-		return fr, fmt.Errorf("%w: %s", ErrFreeRefused, fr.Error)
+		return fr, fmt.Errorf("%w: the kernel says: %s", ErrFreeRefused, fr.Error)
 	}
-	if opts.DriverBytes == nil || before == nil || fr.DryRun {
+	if before == nil || fr.DryRun {
 		return fr, nil
 	}
-	after := opts.DriverBytes(ctx)
-	if after == nil {
-		return fr, nil
+	if after := opts.DriverBytes(ctx); after != nil {
+		fr.Driver = &DriverDelta{Before: *before, After: *after}
 	}
-	// The driver's figure joins the data dict, and the kernel renders the
-	// whole report again.
-	var data map[string]any
-	if err := json.Unmarshal(raw, &data); err != nil {
-		return FreeReport{}, fmt.Errorf("free: decode the kernel's report: %w", err)
+	return fr, nil
+}
+
+// safe drops what the kernel may not say (the driver's figures) and makes
+// what it says safe to show.
+func (r *FreeReport) safe() {
+	r.Driver = nil
+	r.Text = textsafe.Block(r.Text)
+	r.Error = textsafe.Line(r.Error)
+	for i, n := range r.Notes {
+		r.Notes[i] = textsafe.Line(n)
 	}
-	data["driver"] = map[string]uint64{"before": *before, "after": *after}
-	raw, err = runAction(ctx, ex, "render", data)
-	if err != nil {
-		return FreeReport{}, err
+}
+
+// Render is the report as `gpumem free` prints it: the kernel's own text,
+// each line marked as the kernel's ("kernel| "), then the driver's
+// figures, which gpumem read itself. Only the latter line starts with
+// "driver": a kernel that writes one into its text cannot pass it off.
+func (r FreeReport) Render() string {
+	var b strings.Builder
+	b.WriteString("the kernel's report, as the kernel wrote it:\n")
+	for _, line := range strings.Split(strings.TrimRight(textsafe.Block(r.Text), "\n"), "\n") {
+		b.WriteString("  kernel| ")
+		b.WriteString(line)
+		b.WriteByte('\n')
 	}
-	var rendered FreeReport
-	if err := json.Unmarshal(raw, &rendered); err != nil {
-		return FreeReport{}, fmt.Errorf("render: decode the kernel's report: %w", err)
+	switch {
+	case r.Driver != nil:
+		fmt.Fprintf(&b, "driver (NVML, read by gpumem serve): %s -> %s for this kernel (%s)",
+			units.Bytes(r.Driver.Before), units.Bytes(r.Driver.After), units.Delta(int64(r.Driver.After)-int64(r.Driver.Before)))
+	case r.DryRun:
+		b.WriteString("driver (NVML): not read (a dry run frees nothing)")
+	default:
+		b.WriteString("driver (NVML): not read (no gpumem serve follows this kernel)")
 	}
-	return rendered, nil
+	return b.String()
 }
 
 // runAction runs one of the bootstrap's actions on a request and returns

@@ -229,10 +229,10 @@ func pyQuote(s string) string {
 }
 
 // TestFreeCacheDriverFigure: with DriverBytes, FreeCache reports the
-// caller's driver figure before and after, and the kernel's text (what
-// `gpumem free` prints) says it; the kernel asks no daemon itself. Both
-// with the magics injected and without (the package then runs under a
-// private name and leaves nothing in sys.modules).
+// caller's driver figure before and after, and Render (what `gpumem free`
+// prints) says it; the kernel asks no daemon itself. Both with the magics
+// injected and without (the package then runs under a private name and
+// leaves nothing in sys.modules).
 func TestFreeCacheDriverFigure(t *testing.T) {
 	s := newSession(t)
 	for _, injected := range []bool{false, true} {
@@ -256,14 +256,14 @@ func TestFreeCacheDriverFigure(t *testing.T) {
 		if calls != 2 || fr.Driver == nil || fr.Driver.Before != 1<<30 || fr.Driver.After != 1<<29 || !fr.CacheOnly {
 			t.Errorf("injected=%v: %d readings, report %+v", injected, calls, fr)
 		}
-		for _, want := range []string{"gpumem free: emptied the caches; no variable was touched",
-			"driver (NVML): 1.00 GiB -> 512.00 MiB for this kernel (-512.00 MiB)"} {
-			if !strings.Contains(fr.Text, want) {
-				t.Errorf("injected=%v: text lacks %q:\n%s", injected, want, fr.Text)
+		for _, want := range []string{"  kernel| gpumem free: emptied the caches; no variable was touched\n",
+			"\ndriver (NVML, read by gpumem serve): 1.0 GiB -> 512.0 MiB for this kernel (-512.0 MiB)"} {
+			if !strings.Contains(fr.Render(), want) {
+				t.Errorf("injected=%v: rendered report lacks %q:\n%s", injected, want, fr.Render())
 			}
 		}
-		if !strings.Contains(fr.HTML, "driver (NVML)") {
-			t.Errorf("injected=%v: HTML lacks the driver line: %s", injected, fr.HTML)
+		if strings.Contains(fr.Text, "driver (NVML)") {
+			t.Errorf("injected=%v: the kernel rendered a driver line itself:\n%s", injected, fr.Text)
 		}
 	}
 	var mods []string

@@ -443,7 +443,8 @@ func TestFreeThroughDaemon(t *testing.T) {
 		if res.Code != 0 {
 			t.Fatalf("want exit 0\n%s", res)
 		}
-		for _, want := range []string{"no variable was touched", "driver (NVML): 1.00 GiB -> 1.00 GiB"} {
+		for _, want := range []string{"kernel| gpumem free: emptied the caches; no variable was touched",
+			"\ndriver (NVML, read by gpumem serve): 1.0 GiB -> 1.0 GiB for this kernel (0 B)"} {
 			if !strings.Contains(res.Stdout, want) {
 				t.Errorf("stdout lacks %q:\n%s", want, res.Stdout)
 			}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/gpumem/gpumem/internal/textsafe"
 	"github.com/gpumem/gpumem/magics"
 	"github.com/gpumem/gpumem/protocol"
 	"github.com/gpumem/gpumem/sidecar/api"
@@ -47,9 +48,9 @@ func runAttach(ctx context.Context, env Env, args []string) error {
 	}
 	res, err := magics.Inject(ctx, c, opts)
 	if err != nil {
-		return fmt.Errorf("kernel %s (%s): %w", k.ID, orDash(k.Notebook), err)
+		return fmt.Errorf("kernel %s (%s): %w", orDash(k.ID), orDash(k.Notebook), err)
 	}
-	fmt.Fprintf(env.Stdout, "kernel %s (%s): %s\n", k.ID, orDash(k.Notebook), res.String())
+	fmt.Fprintf(env.Stdout, "kernel %s (%s): %s\n", orDash(k.ID), orDash(k.Notebook), textsafe.Line(res.String()))
 	return nil
 }
 
@@ -92,10 +93,10 @@ func runFree(ctx context.Context, env Env, args []string) error {
 		defer cancel()
 		if err := protocol.Ping(pctx, k.Connection); err != nil {
 			fmt.Fprintf(env.Stderr, "gpumem: kernel %s does not answer its heartbeat (stopped, hung or dead: %v); "+
-				"the free waits for it (up to %v)\n", k.ID, err, *timeout)
+				"the free waits for it (up to %v)\n", orDash(k.ID), err, *timeout)
 			return
 		}
-		fmt.Fprintf(env.Stderr, "gpumem: kernel %s is busy (a cell is running); the free runs after it (waiting up to %v)\n", k.ID, *timeout)
+		fmt.Fprintf(env.Stderr, "gpumem: kernel %s is busy (a cell is running); the free runs after it (waiting up to %v)\n", orDash(k.ID), *timeout)
 	})
 	raw, err := freeViaDaemon(ctx, env, dirs, k.ID, req)
 	var se *api.StatusError
@@ -117,18 +118,18 @@ func runFree(ctx context.Context, env Env, args []string) error {
 		rep, err = magics.FreeCache(ctx, c, magics.FreeOptions{Vars: req.Vars, All: req.All})
 		if err != nil {
 			waiting.Stop()
-			return fmt.Errorf("kernel %s (%s): %w", k.ID, orDash(k.Notebook), err)
+			return fmt.Errorf("kernel %s (%s): %w", orDash(k.ID), orDash(k.Notebook), err)
 		}
 	default:
 		waiting.Stop()
-		return fmt.Errorf("kernel %s (%s): %w", k.ID, orDash(k.Notebook), err)
+		return fmt.Errorf("kernel %s (%s): %w", orDash(k.ID), orDash(k.Notebook), err)
 	}
 	waiting.Stop()
 	if *asJSON {
 		return writeJSON(env.Stdout, rep)
 	}
-	// The kernel renders its own report, as %gpumem free shows it.
-	_, err = fmt.Fprintf(env.Stdout, "kernel %s (%s)\n%s\n", k.ID, orDash(k.Notebook), rep.Text)
+	// The kernel's report marked as its own, then the driver's figures.
+	_, err = fmt.Fprintf(env.Stdout, "kernel %s (%s)\n%s\n", orDash(k.ID), orDash(k.Notebook), rep.Render())
 	return err
 }
 
@@ -162,7 +163,7 @@ func dialKernel(ctx context.Context, env Env, k discovery.Kernel) (*protocol.Cli
 	defer cancel()
 	c, err := protocol.Dial(dctx, k.ConnectionFile, protocol.Options{})
 	if err != nil {
-		return nil, fmt.Errorf("kernel %s (%s, %s): %w", k.ID, orDash(k.Notebook), k.ConnectionFile, err)
+		return nil, fmt.Errorf("kernel %s (%s, %s): %w", orDash(k.ID), orDash(k.Notebook), orDash(k.ConnectionFile), err)
 	}
 	return c, nil
 }

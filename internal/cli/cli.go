@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/gpumem/gpumem/internal/textsafe"
 	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
@@ -88,12 +89,34 @@ func Run(ctx context.Context, args []string, env Env) int {
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.Is(err, errUsage):
-		fmt.Fprintf(env.Stderr, "gpumem %s: %v\n", args[0], err)
+		fmt.Fprintf(env.Stderr, "gpumem %s: %s\n", args[0], errorText(err))
 		return 2
 	default:
-		fmt.Fprintf(env.Stderr, "gpumem %s: %v\n", args[0], err)
+		fmt.Fprintf(env.Stderr, "gpumem %s: %s\n", args[0], errorText(err))
 		return 1
 	}
+}
+
+// linesError is an error of several lines, each written by this package:
+// errorText shows each line safe on its own and keeps the lines apart.
+type linesError struct{ lines []string }
+
+func (e *linesError) Error() string { return strings.Join(e.lines, "\n") }
+
+// errorText shows err safe for a terminal: errors name files, kernels and
+// notebooks that others control, so any newline or escape in them is
+// shown escaped (textsafe.Line); only a linesError's own lines stay lines.
+func errorText(err error) string {
+	msg := err.Error()
+	var le *linesError
+	if !errors.As(err, &le) || !strings.HasSuffix(msg, le.Error()) {
+		return textsafe.Line(msg)
+	}
+	lines := make([]string, len(le.lines))
+	for i, l := range le.lines {
+		lines[i] = textsafe.Line(l)
+	}
+	return textsafe.Line(strings.TrimSuffix(msg, le.Error())) + strings.Join(lines, "\n")
 }
 
 // Version is set at build time with -ldflags "-X ...cli.Version=...".

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpumem/gpumem/internal/safefile"
+	"github.com/gpumem/gpumem/internal/textsafe"
 	"github.com/gpumem/gpumem/protocol"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/discovery"
@@ -39,7 +40,7 @@ func runKernels(ctx context.Context, env Env, args []string) error {
 	}
 	res := discoverKernels(ctx, env, env.procFS(), dirs)
 	for _, p := range res.Problems {
-		fmt.Fprintf(env.Stderr, "gpumem: %v\n", p)
+		fmt.Fprintf(env.Stderr, "gpumem: %s\n", textsafe.Line(p.Error()))
 	}
 	rows := make([]kernelRow, len(res.Kernels))
 	var wg sync.WaitGroup
@@ -68,7 +69,8 @@ func runKernels(ctx context.Context, env Env, args []string) error {
 			rows[i].Alive = err == nil
 			rows[i].Language = lang
 			if err != nil {
-				fmt.Fprintf(env.Stderr, "gpumem: kernel %s (%s) does not answer its heartbeat: %v\n", k.ID, k.ConnectionFile, err)
+				fmt.Fprintf(env.Stderr, "gpumem: kernel %s (%s) does not answer its heartbeat: %s\n", orDash(k.ID), orDash(k.ConnectionFile),
+					textsafe.Line(err.Error()))
 			}
 		}()
 	}
@@ -126,17 +128,21 @@ func writeKernelTable(w io.Writer, rows []kernelRow) error {
 		if r.Alive {
 			alive = "yes"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.KernelID, orDash(r.Notebook), pid,
-			orDash(r.Language), alive, r.ConnectionFile, orDash(r.ServerURL))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", orDash(r.KernelID), orDash(r.Notebook), pid,
+			orDash(r.Language), alive, orDash(r.ConnectionFile), orDash(r.ServerURL))
 	}
 	return tw.Flush()
 }
 
+// orDash shows s, which users or kernels may control (a notebook path, a
+// kernel id, a user name, argv), in one line safe for a terminal
+// (textsafe.Line), or "-" when it is empty. Every string of theirs goes
+// through it (or textsafe itself) before a table or a message shows it.
 func orDash(s string) string {
 	if s == "" {
 		return "-"
 	}
-	return s
+	return textsafe.Line(s)
 }
 
 // kernelLanguage reads the language from the kernel's kernelspec

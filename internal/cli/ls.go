@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gpumem/gpumem/internal/textsafe"
 	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/nvml"
 	"github.com/gpumem/gpumem/nvml/driver"
@@ -90,7 +91,7 @@ func runLs(ctx context.Context, env Env, args []string) error {
 			return err
 		}
 		for _, w := range rep.Warnings {
-			fmt.Fprintf(env.Stderr, "gpumem: %s\n", w)
+			fmt.Fprintf(env.Stderr, "gpumem: %s\n", textsafe.Line(w))
 		}
 		defer tm.mark("output", time.Now())
 		switch {
@@ -125,7 +126,7 @@ func runLs(ctx context.Context, env Env, args []string) error {
 			}
 		}
 		if err != nil {
-			fmt.Fprintf(&b, "gpumem: %v\n", err)
+			fmt.Fprintf(&b, "gpumem: %s\n", errorText(err))
 		}
 		if _, werr := io.WriteString(env.Stdout, b.String()); werr != nil {
 			return werr
@@ -327,7 +328,7 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 		if g.MemoryTotalBytes > 0 {
 			pct = 100 * float64(g.MemoryUsedBytes) / float64(g.MemoryTotalBytes)
 		}
-		fmt.Fprintf(w, "GPU %d  %s%s  %s / %s used (%.0f%%)\n", g.Index, g.Name, sim,
+		fmt.Fprintf(w, "GPU %d  %s%s  %s / %s used (%.0f%%)\n", g.Index, textsafe.Line(g.Name), sim,
 			units.Bytes(g.MemoryUsedBytes), units.Bytes(g.MemoryTotalBytes), pct)
 		type row struct {
 			cols  string
@@ -336,7 +337,7 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 		var rows, others []row
 		for _, nb := range rep.Notebooks {
 			if b, ok := onGPU(nb.PerGPU, g.Index); ok {
-				name := nb.Notebook
+				name := textsafe.Line(nb.Notebook)
 				if name == "" {
 					name = "(no notebook)"
 				}
@@ -346,7 +347,7 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 		}
 		for _, o := range rep.Other {
 			if b, ok := onGPU(o.PerGPU, g.Index); ok {
-				others = append(others, row{fmt.Sprintf("  other: %s\t-\t%d\t%s\t%s", truncate(o.Command, 60), o.PID,
+				others = append(others, row{fmt.Sprintf("  other: %s\t-\t%d\t%s\t%s", orDash(truncate(o.Command, 60)), o.PID,
 					orDash(o.User), units.Bytes(b)), b})
 			}
 		}
@@ -370,7 +371,7 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 	var idle []string
 	for _, nb := range rep.Notebooks {
 		if nb.GPUMemoryBytes == 0 {
-			name := nb.Notebook
+			name := textsafe.Line(nb.Notebook)
 			if name == "" {
 				name = "kernel " + shortID(nb.KernelID)
 			}
@@ -391,18 +392,18 @@ func writeIdle(w io.Writer, rep attribution.Report, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NOTEBOOK\tKERNEL\tUSER\tSTATE\tIDLE\tMEMORY\tCULL")
 	for _, nb := range nbs {
-		name := nb.Notebook
+		name := textsafe.Line(nb.Notebook)
 		if name == "" {
 			name = "(no notebook)"
 		}
 		state, idleFor, cull := "unknown (no server)", "-", "-"
 		if a := nb.Activity; a != nil {
-			state = a.ExecutionState
+			state = orDash(a.ExecutionState)
 			if a.ExecutionState == "idle" {
 				idleFor = (time.Duration(a.IdleSeconds) * time.Second).String()
 			}
 			if !a.CullAt.IsZero() {
-				cull = fmt.Sprintf("%s in %s", a.CullAction, a.CullAt.Sub(now).Round(time.Second))
+				cull = fmt.Sprintf("%s in %s", orDash(a.CullAction), a.CullAt.Sub(now).Round(time.Second))
 			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, shortID(nb.KernelID), orDash(nb.User), state, idleFor,
@@ -420,11 +421,13 @@ func onGPU(per []attribution.GPUBytes, index int) (uint64, bool) {
 	return 0, false
 }
 
+// shortID shows the first 8 bytes of a kernel id (of a file name: any
+// bytes), safe for a terminal.
 func shortID(id string) string {
 	if len(id) > 8 {
-		return id[:8]
+		id = id[:8]
 	}
-	return id
+	return textsafe.Line(id)
 }
 
 func joinPIDs(pids []int) string {

@@ -62,22 +62,25 @@ func resolveKernel(ctx context.Context, env Env, arg string, dirs []string) (dis
 	case 1:
 		return matches[0], nil
 	case 0:
-		return discovery.Kernel{}, fmt.Errorf("no kernel matches %q; running kernels:\n%s", arg, candidates(res.Kernels))
+		return discovery.Kernel{}, &linesError{append([]string{fmt.Sprintf("no kernel matches %q; running kernels:", arg)},
+			candidates(res.Kernels)...)}
 	default:
-		return discovery.Kernel{}, fmt.Errorf("%q matches %d kernels; use more of the id:\n%s", arg, len(matches), candidates(matches))
+		return discovery.Kernel{}, &linesError{append([]string{fmt.Sprintf("%q matches %d kernels; use more of the id:", arg, len(matches))},
+			candidates(matches)...)}
 	}
 }
 
-func candidates(ks []discovery.Kernel) string {
+// candidates lists kernels one a line, for an error that asks to choose.
+func candidates(ks []discovery.Kernel) []string {
 	if len(ks) == 0 {
-		return "  (none found: is Jupyter running as this user? try --runtime-dir)"
+		return []string{"  (none found: is Jupyter running as this user? try --runtime-dir)"}
 	}
 	lines := make([]string, 0, len(ks))
 	for _, k := range ks {
-		lines = append(lines, fmt.Sprintf("  %s  %s", k.ID, orDash(k.Notebook)))
+		lines = append(lines, fmt.Sprintf("  %s  %s", orDash(k.ID), orDash(k.Notebook)))
 	}
 	sort.Strings(lines)
-	return strings.Join(lines, "\n")
+	return lines
 }
 
 // connectionFileKernel is the kernel of a connection file outside the

@@ -12,6 +12,7 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
+	"github.com/gpumem/gpumem/internal/textsafe"
 	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/nvml/driver"
 	"github.com/gpumem/gpumem/sidecar/api"
@@ -139,15 +140,28 @@ func newLogger(w io.Writer, format, level string) (zerolog.Logger, error) {
 	switch format {
 	case "auto":
 		if f, ok := w.(*os.File); ok && isatty.IsTerminal(f.Fd()) {
-			w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
+			w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly, FormatPrepare: safeLogFields}
 		}
 	case "console":
-		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly, NoColor: true}
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly, NoColor: true, FormatPrepare: safeLogFields}
 	case "json":
 	default:
 		return zerolog.Logger{}, fmt.Errorf("--log-format=%q: want auto, json or console", format)
 	}
 	return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), nil
+}
+
+// safeLogFields makes every string of a console log line safe for a
+// terminal: notebooks, kernel ids, argv and errors naming others' files
+// reach the log (the JSON format escapes them by itself). The message too:
+// the console writer prints it raw.
+func safeLogFields(evt map[string]any) error {
+	for k, v := range evt {
+		if s, ok := v.(string); ok {
+			evt[k] = textsafe.Line(s)
+		}
+	}
+	return nil
 }
 
 // splitList splits a comma-separated flag, dropping empty items.

@@ -220,8 +220,18 @@ func (d *Daemon) Output() string {
 // include every key/value of want (values compared as fmt %v; a value
 // "~text" matches a field containing text).
 func (d *Daemon) FindLog(msg string, want map[string]any) (map[string]any, bool) {
+	found := d.Logs(msg, want)
+	if len(found) == 0 {
+		return nil, false
+	}
+	return found[0], true
+}
+
+// Logs returns every log entry FindLog would match, in order.
+func (d *Daemon) Logs(msg string, want map[string]any) []map[string]any {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	var found []map[string]any
 	for _, m := range d.logs {
 		if m["message"] != msg {
 			continue
@@ -242,10 +252,10 @@ func (d *Daemon) FindLog(msg string, want map[string]any) (map[string]any, bool)
 			}
 		}
 		if ok {
-			return m, true
+			found = append(found, m)
 		}
 	}
-	return nil, false
+	return found
 }
 
 // WaitLog polls (deadline timeout) for a log entry as FindLog finds it.

@@ -90,13 +90,21 @@ func RequireRoot(t testing.TB, why string) {
 // Poll calls cond every 20ms until it returns true or the deadline passes.
 func Poll(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	if !Eventually(timeout, cond) {
+		t.Fatalf("timed out after %v waiting for %s", timeout, what)
+	}
+}
+
+// Eventually is Poll without failing: it reports whether cond came true
+// before the deadline, for a test that reports its figures either way.
+func Eventually(timeout time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	for {
 		if cond() {
-			return
+			return true
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+			return false
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -218,6 +226,12 @@ func (l lockedWriter) Write(b []byte) (int, error) {
 // t.Cleanup.
 func Start(t testing.TB, env []string, dir string, argv ...string) *Proc {
 	t.Helper()
+	return StartAs(t, nil, env, dir, argv...)
+}
+
+// StartAs is Start as user u (its uid and gid; nil: this process's).
+func StartAs(t testing.TB, u *User, env []string, dir string, argv ...string) *Proc {
+	t.Helper()
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = env
 	cmd.Dir = dir
@@ -225,6 +239,9 @@ func Start(t testing.TB, env []string, dir string, argv ...string) *Proc {
 	cmd.Stdout = lockedWriter{p.mu, p.Log}
 	cmd.Stderr = lockedWriter{p.mu, p.Log}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if u != nil {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(u.UID), Gid: uint32(u.GID)}
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %v: %v", argv, err)
 	}
@@ -268,8 +285,15 @@ func ConnectionJSON(t testing.TB, path, key string) {
 // test's connection. extraEnv is appended to the kernel's environment.
 func StartKernel(t testing.TB, dir string, extraEnv ...string) *Kernel {
 	t.Helper()
-	Require(t, "ipykernel")
 	id := fmt.Sprintf("%s-%s-%s-%s-%s", RandomHex(4), RandomHex(2), RandomHex(2), RandomHex(2), RandomHex(6))
+	return StartKernelID(t, dir, id, extraEnv...)
+}
+
+// StartKernelID is StartKernel with the kernel id (the file's
+// kernel-<id>.json) chosen by the caller: any bytes a file name may hold.
+func StartKernelID(t testing.TB, dir, id string, extraEnv ...string) *Kernel {
+	t.Helper()
+	Require(t, "ipykernel")
 	cf := filepath.Join(dir, "runtime", "kernel-"+id+".json")
 	if err := os.MkdirAll(filepath.Dir(cf), 0o700); err != nil {
 		t.Fatal(err)
@@ -336,6 +360,10 @@ type ServerOptions struct {
 	Args []string
 	// Env is appended to the server's environment.
 	Env []string
+	// As runs the server as this user (MakeUser), its dirs (runtime dir
+	// included) made in the user's home and owned by the user; nil: as
+	// this process.
+	As *User
 }
 
 // Server is a real Jupyter server on 127.0.0.1.
@@ -348,6 +376,8 @@ type Server struct {
 	Token   string // "" with a password
 	Sock    string // the unix socket, "" on TCP
 	BaseURL string // "/" unless set
+
+	As *User // the user it runs as; nil: this process's
 
 	reqBase string // scheme://host/base/ requests go to
 	client  *http.Client
@@ -372,11 +402,15 @@ func StartServerWith(t testing.TB, kind ServerKind, o ServerOptions) *Server {
 		t.Fatalf("stack %s has no %s server (its `jupyter notebook` is %s)", CurrentStack(), kind, NotebookServer())
 	}
 	dir := t.TempDir()
+	if o.As != nil {
+		dir = o.As.TempDir(t)
+	}
 	root := filepath.Join(dir, "notebooks")
 	for _, d := range []string{root, filepath.Join(dir, "runtime"), filepath.Join(dir, "home")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			t.Fatal(err)
 		}
+		o.As.Chown(t, d)
 	}
 	base := o.BaseURL
 	if base == "" {
@@ -392,7 +426,7 @@ func StartServerWith(t testing.TB, kind ServerKind, o ServerOptions) *Server {
 	}
 	args := []string{Python(), "-m", kind.module(), "--no-browser", "--allow-root",
 		app + "open_browser=False", app + "base_url=" + base}
-	s := &Server{Kind: kind, Dir: dir, RootDir: root, Token: token, BaseURL: base}
+	s := &Server{Kind: kind, Dir: dir, RootDir: root, Token: token, BaseURL: base, As: o.As}
 	tr := &http.Transport{DisableKeepAlives: true}
 	if o.Sock {
 		// A short path: unix socket paths are limited to 107 bytes.
@@ -444,7 +478,7 @@ func StartServerWith(t testing.TB, kind ServerKind, o ServerOptions) *Server {
 		}
 		s.client.Jar = jar
 	}
-	s.Proc = Start(t, Env(dir, o.Env...), dir, args...)
+	s.Proc = StartAs(t, o.As, Env(dir, o.Env...), dir, args...)
 	deadline := time.Now().Add(60 * time.Second)
 	if s.URL == "" {
 		s.URL = s.waitInfoURL(t, deadline)
@@ -623,6 +657,7 @@ func (s *Server) CreateSession(t testing.TB, path string) Session {
 		if err := os.WriteFile(full, []byte(nb), 0o644); err != nil {
 			t.Fatal(err)
 		}
+		s.As.Chown(t, full)
 	}
 	var sess Session
 	s.JSON(t, http.MethodPost, "api/sessions", map[string]any{

@@ -68,6 +68,29 @@ func MakeUser(t testing.TB, prefix string) User {
 	return su
 }
 
+// TempDir makes a fresh dir in u's home, owned by u (mode 0700); it goes
+// with the user.
+func (u *User) TempDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp(u.Home, "gpumem-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Chown(t, dir)
+	return dir
+}
+
+// Chown gives path to u; on a nil User it does nothing.
+func (u *User) Chown(t testing.TB, path string) {
+	t.Helper()
+	if u == nil {
+		return
+	}
+	if err := os.Lchown(path, u.UID, u.GID); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // ProcessesOf lists the live processes whose real uid is uid.
 func ProcessesOf(uid int) []int {
 	var pids []int

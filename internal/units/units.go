@@ -27,6 +27,18 @@ func Bytes(b uint64) string {
 	return strconv.FormatFloat(float64(b)/float64(div), 'f', 1, 64) + " " + string("KMGTP"[exp]) + "iB"
 }
 
+// Delta renders a change of a byte count with its sign, as Bytes renders
+// the count: "+1.5 GiB", "-512.0 MiB", "0 B".
+func Delta(d int64) string {
+	switch {
+	case d > 0:
+		return "+" + Bytes(uint64(d))
+	case d < 0:
+		return "-" + Bytes(uint64(-(d+1))+1) // -MinInt64 overflows int64
+	}
+	return "0 B"
+}
+
 // ParseBytes reads a byte count for a flag: a plain number of bytes, or a
 // number with a unit, binary (KiB, MiB, GiB, TiB) or decimal (KB, MB, GB,
 // TB); the B may be left out after a binary prefix ("8Gi"), and "8G" is

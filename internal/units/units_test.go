@@ -30,6 +30,23 @@ func TestBytes(t *testing.T) {
 	}
 }
 
+func TestDelta(t *testing.T) {
+	for _, tc := range []struct {
+		in   int64
+		want string
+	}{
+		{0, "0 B"},
+		{1536, "+1.5 KiB"},
+		{-512 << 20, "-512.0 MiB"},
+		{-1, "-1 B"},
+		{math.MinInt64, "-8192.0 PiB"},
+	} {
+		if got := Delta(tc.in); got != tc.want {
+			t.Errorf("Delta(%d) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
 func TestParseBytes(t *testing.T) {
 	tests := []struct {
 		in   string

@@ -3,7 +3,9 @@ package daemon
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -115,26 +117,46 @@ func (d *Daemon) writeAlerts(active []notebookAlert) {
 // writeFileAtomic replaces path with data. The temporary file is created
 // anew with a random name (O_CREAT|O_EXCL: a link planted in its place is
 // never followed) and its mode is set on the descriptor, not the path.
+//
+// Its error names path and the step, never the temporary name: a failure
+// that repeats (a full disk) must read the same each time, or the
+// once-per-problemEvery limit on warnings never matches.
 func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {
-		return err
+		return atomicWriteError(path, "create a temporary file beside it", err)
 	}
 	tmp := f.Name()
+	step := "write"
 	_, err = f.Write(data)
 	if err == nil {
-		err = f.Chmod(mode)
+		step, err = "chmod", f.Chmod(mode)
 	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
+	if cerr := f.Close(); err == nil && cerr != nil {
+		step, err = "close", cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp, path)
+		step, err = "rename into place", os.Rename(tmp, path)
 	}
 	if err != nil {
 		_ = os.Remove(tmp)
+		return atomicWriteError(path, step, err)
 	}
-	return err
+	return nil
+}
+
+// atomicWriteError is writeFileAtomic's error: path, the step, and the
+// system's reason without the (random) name it was given with.
+func atomicWriteError(path, step string, err error) error {
+	var pe *fs.PathError
+	var le *os.LinkError
+	switch {
+	case errors.As(err, &pe):
+		err = pe.Err
+	case errors.As(err, &le):
+		err = le.Err
+	}
+	return fmt.Errorf("%s: %s: %w", path, step, err)
 }
 
 func kernelsOnGPU(rep attribution.Report, gpu int) []string {

@@ -134,12 +134,15 @@ type Daemon struct {
 
 	hist *historyParts // figures over time and reclaim events: history.go
 
-	locks     *dirLocks
-	problemMu sync.Mutex
-	problems  map[string]time.Time // problem text → last logged at warn
+	locks         *dirLocks
+	serverBackoff discovery.ServerBackoff // servers that failed, across scans
+	problemMu     sync.Mutex
+	problems      map[string]time.Time // problem text → last logged at warn
 
 	sampleNow chan struct{} // capacity 1: a sample is wanted before the next tick
 	rescan    func()        // asks the watcher for a scan (set by Run)
+
+	afterObserve func() // test hook: runs in sample after /proc was read
 }
 
 // sampleSoon asks Run's loop for a sample now (coalesced).
@@ -225,6 +228,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		d.log.Info().Str("addr", ms.Addr().String()).Msg("serving metrics")
 	}
+	// The watcher first: the kernels the first scan follows ask it for
+	// scans.
+	w := newDirWatcher(d.cfg.RuntimeDirs, d.cfg.Rescan)
+	d.rescan = w.signal
 	// A first view before the API answers, so that no caller sees "no sample".
 	d.scan(ctx)
 	d.sample(ctx)
@@ -242,10 +249,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	w := newDirWatcher(d.cfg.RuntimeDirs, d.cfg.Rescan)
-	d.rescan = w.signal
-	parts.Add(1)
+	parts.Add(2)
 	go func() { defer parts.Done(); _ = w.Run(ctx) }()
+	go func() { defer parts.Done(); d.discover(ctx, w, sock) }()
 
 	d.log.Info().Strs("runtime_dirs", d.cfg.RuntimeDirs).Str("socket", d.socket).
 		Dur("interval", d.cfg.Interval).Bool("reclaim", d.cfg.Reclaim).Str("cull", d.cfg.Cull.summary()).Msg("gpumem serve started")
@@ -261,13 +267,6 @@ loop:
 		case err := <-errc:
 			runErr = err
 			break loop
-		case <-w.C():
-			d.scan(ctx)
-			if again, err := sock.check(ctx); err != nil {
-				d.problem(fmt.Errorf("socket %s is gone and cannot be made again: %w", d.socket, err))
-			} else if again {
-				d.log.Warn().Str("socket", d.socket).Msg("the socket was removed (its dir deleted?): serving it again")
-			}
 		case <-ticker.C:
 			d.sample(ctx)
 		case <-d.sampleNow:
@@ -275,9 +274,11 @@ loop:
 		}
 	}
 	cancel()
+	// Discovery first: a scan still running may follow a kernel (d.wg) or
+	// serve the socket anew (sock) until it returns.
+	parts.Wait()
 	d.wg.Wait() // kernel goroutines close their clients: detached, kernels untouched
 	sock.wait()
-	parts.Wait()
 	_ = os.Remove(d.alertFile())
 	d.log.Info().Msg("gpumem serve stopped; kernels left untouched")
 	return runErr
@@ -292,12 +293,19 @@ const missingGrace = 300 * time.Millisecond
 // the daemon from its kernel, but the kernel is over only when its process
 // is: until then its tree stays its own, protected and attributed (sample
 // retires it when the process exits).
+//
+// Only a kernel whose file a process of the file's owner serves or names
+// is followed (see follows): a file is anyone's to write, and following
+// each one costs a goroutine that dials it; the others are looked at again
+// at each scan.
 func (d *Daemon) scan(ctx context.Context) {
+	dctx, cancel := context.WithTimeout(ctx, scanDeadline)
+	defer cancel()
 	d.addUserDirs()
-	res := discovery.Discover(ctx, discovery.Options{RuntimeDirs: d.watchedDirs(), Procs: knownFinder{d},
-		ServerToken: d.cfg.ServerToken})
+	res := discovery.Discover(dctx, discovery.Options{RuntimeDirs: d.watchedDirs(), Procs: knownFinder{d},
+		ServerToken: d.cfg.ServerToken, ServerTimeout: serverDeadline, Backoff: &d.serverBackoff})
 	if d.podKernels != nil {
-		pods := d.podKernels.Find(ctx)
+		pods := d.podKernels.Find(dctx)
 		res.Kernels = append(res.Kernels, pods.Kernels...)
 		res.Problems = append(res.Problems, pods.Problems...)
 	}
@@ -351,10 +359,15 @@ func (d *Daemon) scan(ctx context.Context) {
 		d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Int("pid", ks.cur.PID).
 			Msg("connection file removed while the kernel process runs: its processes stay protected until it exits")
 	}
+	followed := d.followedPerUserLocked()
 	for file, k := range present {
 		ks, ok := d.kernels[file]
 		switch {
 		case !ok:
+			if !d.mayFollowLocked(k, followed) {
+				continue
+			}
+			followed[k.FileUID]++
 			ks = newKernelState(k)
 			d.kernels[file] = ks
 			d.followLocked(ctx, ks)
@@ -380,6 +393,7 @@ func (d *Daemon) scan(ctx context.Context) {
 			d.setKernelProcessLocked(ks, procID{k.PID, k.PIDStart})
 		}
 	}
+	d.locks.release(d.kernelDirsLocked()) // a user dir's lock lasts as long as a kernel followed in it
 }
 
 // followLocked starts the goroutine that attaches to ks and follows it.

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -16,43 +17,133 @@ import (
 	"github.com/gpumem/gpumem/sidecar/api"
 )
 
-// dirLocks holds an exclusive flock on each watched runtime dir (on the
-// directory itself: no file is created, and a dir the daemon may only read
-// can still be locked), so that one runtime dir has one daemon, whatever
-// socket each was given. A dir that does not exist yet is locked when it
-// appears; one deleted and made anew is locked again.
+// dirLocks holds an exclusive flock on each runtime dir the daemon serves
+// (on the directory itself: no file is created, and a dir the daemon may
+// only read can still be locked), so that one runtime dir has one daemon,
+// whatever socket each was given. A dir that does not exist yet is locked
+// when it appears; one deleted and made anew is locked again.
+//
+// The configured dirs (own) are locked for the daemon's life. Other
+// users' dirs (--all-users: any dir a user's process names) cost a
+// descriptor each while locked, so one is locked only while a kernel in it
+// is followed (hold, release); at each scan the others are only checked:
+// locked and let go at once, to leave a dir that its user's own daemon
+// serves to it.
 type dirLocks struct {
 	mu    sync.Mutex
-	dirs  []string
+	own   []string
+	users []string            // other users' dirs to scan now (setUsers)
 	held  map[string]*os.File // dir → locked descriptor
-	taken map[string]bool     // dir → locked by another daemon (warned)
 }
 
 func newDirLocks(dirs []string) *dirLocks {
-	return &dirLocks{dirs: dirs, held: map[string]*os.File{}, taken: map[string]bool{}}
+	return &dirLocks{own: dirs, held: map[string]*os.File{}}
 }
 
 // errDirTaken means another daemon watches the dir.
 var errDirTaken = errors.New("another gpumem daemon is serving this runtime dir")
 
-// lock takes or re-takes the lock of every dir that exists; it returns the
-// dirs the daemon may watch (locked, or not there yet) and the errors of
-// dirs another daemon holds.
+// lock takes or re-takes the lock of every own dir that exists and checks
+// every user dir; it returns the dirs the daemon may scan (locked, free,
+// or not there yet) and the errors of dirs another daemon holds.
 func (l *dirLocks) lock() (watch []string, errs []error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, dir := range l.dirs {
+	for _, dir := range l.own {
+		if err := l.lockOneLocked(dir); err == nil || errors.Is(err, fs.ErrNotExist) {
+			watch = append(watch, dir) // locked, or nothing there to serve yet
+		} else {
+			errs = append(errs, err)
+		}
+	}
+	for _, dir := range l.users {
+		held := l.held[dir] != nil
 		err := l.lockOneLocked(dir)
+		if err == nil && !held {
+			l.releaseLocked(dir) // free: checked, not kept
+		}
 		switch {
 		case err == nil:
 			watch = append(watch, dir)
 		case errors.Is(err, fs.ErrNotExist):
-			watch = append(watch, dir) // nothing there to serve yet
 		default:
 			errs = append(errs, err)
 		}
 	}
 	return watch, errs
+}
+
+// isOwn reports whether dir is one of the configured dirs.
+func (l *dirLocks) isOwn(dir string) bool { return slices.Contains(l.own, dir) }
+
+// setUsers makes dirs the user dirs to scan (an own dir among them stays
+// own), lets go of those no longer among them, and returns the new ones.
+func (l *dirLocks) setUsers(dirs []string) (added []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := map[string]bool{}
+	var users []string
+	for _, d := range dirs {
+		if now[d] || l.isOwn(d) {
+			continue
+		}
+		now[d] = true
+		users = append(users, d)
+		if !slices.Contains(l.users, d) {
+			added = append(added, d)
+		}
+	}
+	for _, d := range l.users {
+		if !now[d] {
+			l.releaseLocked(d)
+		}
+	}
+	l.users = users
+	return added
+}
+
+// usersAmong is the user dirs among dirs.
+func (l *dirLocks) usersAmong(dirs map[string]bool) map[string]bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[string]bool{}
+	for _, d := range l.users {
+		if dirs[d] {
+			out[d] = true
+		}
+	}
+	return out
+}
+
+// hold keeps a user dir locked while a kernel in it is followed; false
+// when another daemon holds it. An own dir is held already; any other dir
+// (a kernel launched with a file elsewhere) is no runtime dir to lock.
+func (l *dirLocks) hold(dir string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.isOwn(dir) || !slices.Contains(l.users, dir) {
+		return true
+	}
+	return l.lockOneLocked(dir) == nil
+}
+
+// release lets go of the user dirs that hold no followed kernel (not in
+// inUse).
+func (l *dirLocks) release(inUse map[string]bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for dir := range l.held {
+		if !l.isOwn(dir) && !inUse[dir] {
+			l.releaseLocked(dir)
+		}
+	}
+}
+
+// heldCount is how many dirs are locked now (one descriptor each).
+func (l *dirLocks) heldCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.held)
 }
 
 func (l *dirLocks) lockOneLocked(dir string) error {

@@ -122,13 +122,14 @@ func (ks *kernelState) takeRecordedLocked() map[procID]recordedProc {
 	return r
 }
 
-// Attach timing: a new kernel binds its ports about a second after its
-// connection file appears, and a refused local connection costs next to
-// nothing, so attach is retried every attachRetry for attachFastFor, then
-// with backoff up to attachMaxBackoff.
+// Attach timing: a kernel is followed once a process of its file's owner
+// serves or names it, so it listens already or within a second or so (it
+// binds its ports after its file appears): attach is retried from
+// attachRetry, the delay doubling from the first failure up to
+// attachMaxBackoff, so that a kernel that never answers costs a dial every
+// few seconds, not ten a second.
 const (
 	attachRetry      = 100 * time.Millisecond
-	attachFastFor    = 30 * time.Second
 	attachMaxBackoff = 5 * time.Second
 	attachWarnAfter  = 10 * time.Second
 )
@@ -195,9 +196,6 @@ func (d *Daemon) attach(ctx context.Context, ks *kernelState, onEvent func(proto
 		if ctx.Err() != nil {
 			return nil
 		}
-		if time.Since(start) > attachFastFor {
-			backoff = min(2*backoff, attachMaxBackoff)
-		}
 		// A kernel starting up refuses for a second or so: only a failure
 		// that lasts is worth a warning (once per problemEvery per text).
 		if time.Since(start) > attachWarnAfter {
@@ -210,6 +208,7 @@ func (d *Daemon) attach(ctx context.Context, ks *kernelState, onEvent func(proto
 			return nil
 		case <-time.After(backoff):
 		}
+		backoff = min(2*backoff, attachMaxBackoff)
 	}
 }
 

@@ -36,7 +36,21 @@ func (d *Daemon) observe(ctx context.Context) (attribution.Observation, error) {
 // keeps the report, and raises alerts.
 func (d *Daemon) sample(ctx context.Context) {
 	start := time.Now()
-	obs, err := d.observe(ctx)
+	// The process each kernel had when /proc is read: scans run beside
+	// samples, and a kernel a scan follows (or whose process it proves)
+	// after that read is judged at the next sample, not by a table that
+	// may predate its process.
+	d.mu.Lock()
+	kernels := d.kernelsLocked()
+	seen := make(map[*kernelState]procID, len(d.kernels))
+	for _, ks := range d.kernels {
+		seen[ks] = ks.cur
+	}
+	d.mu.Unlock()
+	obs, err := attribution.Observe(ctx, d.gpus, d.fs, kernels)
+	if d.afterObserve != nil {
+		d.afterObserve()
+	}
 	if err != nil {
 		d.log.Warn().Err(err).Msg("sampling failed")
 		d.mu.Lock()
@@ -54,6 +68,9 @@ func (d *Daemon) sample(ctx context.Context) {
 	var unknown []*kernelState
 	d.mu.Lock()
 	for file, ks := range d.kernels {
+		if cur, ok := seen[ks]; !ok || cur != ks.cur {
+			continue
+		}
 		if !ks.cur.isZero() && !ks.observe(obs.Table) {
 			// The kernel process is gone: its old tree's survivors are
 			// orphans. With the file still there a new process serves it

@@ -119,7 +119,17 @@ type Options struct {
 	// ServerToken is sent to servers whose info file holds no token (a
 	// password or external login, such as JupyterHub's): GPUMEM_SERVER_TOKEN.
 	ServerToken string
+	// ServerTimeout bounds each server's /api/sessions, body included
+	// (0: DefaultServerTimeout).
+	ServerTimeout time.Duration
+	// Backoff, kept from one Discover to the next, skips the servers that
+	// failed until their delay is over (see ServerBackoff); nil: every
+	// server is asked every time.
+	Backoff *ServerBackoff
 }
+
+// DefaultServerTimeout is how long a server has to list its sessions.
+const DefaultServerTimeout = 5 * time.Second
 
 // Result is everything Discover found. Problems name the file or server and
 // say what went wrong; they never stop discovery of the rest.
@@ -139,7 +149,10 @@ func Discover(ctx context.Context, opts Options) Result {
 	var res Result
 	hc := opts.HTTPClient
 	if hc == nil {
-		hc = &http.Client{Timeout: 5 * time.Second}
+		hc = &http.Client{Timeout: DefaultServerTimeout}
+	}
+	if opts.ServerTimeout <= 0 {
+		opts.ServerTimeout = DefaultServerTimeout
 	}
 	seenFile := map[string]bool{}
 	for _, dir := range opts.RuntimeDirs {
@@ -194,7 +207,7 @@ func Discover(ctx context.Context, opts Options) Result {
 			res.Servers[i].Token, res.Servers[i].TokenGiven = opts.ServerToken, true
 		}
 	}
-	res.Problems = append(res.Problems, attachSessions(ctx, hc, res.Servers, res.Kernels)...)
+	res.Problems = append(res.Problems, attachSessions(ctx, hc, opts, res.Servers, res.Kernels)...)
 	if opts.Procs != nil {
 		res.Problems = append(res.Problems, resolvePIDs(opts.Procs, res.Kernels)...)
 		res.Kernels = dropUnprovenOutside(res.Kernels)
@@ -257,31 +270,46 @@ func dedupeServers(servers []Server) []Server {
 	return out
 }
 
-// attachSessions asks every server (concurrently) for its sessions and fills
-// Notebook and ServerURL of the kernels they name.
-func attachSessions(ctx context.Context, hc *http.Client, servers []Server, kernels []Kernel) []error {
+// attachSessions asks every server (concurrently, each within
+// opts.ServerTimeout, skipping those opts.Backoff holds back) for its
+// sessions and fills Notebook and ServerURL of the kernels they name.
+func attachSessions(ctx context.Context, hc *http.Client, opts Options, servers []Server, kernels []Kernel) []error {
 	type answer struct {
 		server   Server
 		sessions []Session
 		err      error
+		skipped  bool
 	}
 	answers := make([]answer, len(servers))
+	files := make(map[string]bool, len(servers))
 	var wg sync.WaitGroup
 	for i, s := range servers {
+		files[s.File] = true
+		if !opts.Backoff.allow(s.File) {
+			answers[i] = answer{server: s, skipped: true} // its failure was reported when it failed
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sessions, err := s.Sessions(ctx, hc)
-			answers[i] = answer{s, sessions, err}
+			sctx, cancel := context.WithTimeout(ctx, opts.ServerTimeout)
+			defer cancel()
+			sessions, err := s.Sessions(sctx, hc)
+			opts.Backoff.done(s.File, err != nil)
+			answers[i] = answer{server: s, sessions: sessions, err: err}
 		}()
 	}
 	wg.Wait()
+	opts.Backoff.keep(files)
 	byID := map[string]*Kernel{}
 	for i := range kernels {
 		byID[kernels[i].ID] = &kernels[i]
 	}
 	var problems []error
 	for _, a := range answers {
+		if a.skipped {
+			continue
+		}
 		if a.err != nil {
 			problems = append(problems, a.err)
 			continue

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
+	"github.com/gpumem/gpumem/internal/textsafe"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 )
 
@@ -118,9 +119,7 @@ func (c snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	snap := c.src.Snapshot()
 	rep := snap.Report
 
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
+	gauge := newSeries(ch).gauge
 
 	simulated := false
 	seenGPU := map[int]bool{}
@@ -153,12 +152,12 @@ func (c snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	userBytes := map[userKey]uint64{}
 	for _, nb := range rep.Notebooks {
 		for _, g := range nb.PerGPU {
-			k := nbKey{nb.KernelID, nb.Notebook, nb.User, g.Index}
+			k := nbKey{textsafe.Label(nb.KernelID), textsafe.Label(nb.Notebook), textsafe.Label(nb.User), g.Index}
 			if _, ok := bytes[k]; !ok {
 				order = append(order, k)
 			}
 			bytes[k] += g.Bytes
-			u := userKey{nb.User, g.Index}
+			u := userKey{textsafe.Label(nb.User), g.Index}
 			if _, ok := userBytes[u]; !ok {
 				userOrder = append(userOrder, u)
 			}

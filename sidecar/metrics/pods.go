@@ -34,6 +34,9 @@ func (c podCollector) Collect(ch chan<- prometheus.Metric) {
 	var order []key
 	sums := map[key]uint64{}
 	add := func(k key, b uint64) {
+		// Keyed as shown: two names that show alike sum into one series.
+		l := safeLabels([]string{k.namespace, k.pod, k.container, k.user, k.notebook, k.kernelID})
+		k.namespace, k.pod, k.container, k.user, k.notebook, k.kernelID = l[0], l[1], l[2], l[3], l[4], l[5]
 		if _, ok := sums[k]; !ok {
 			order = append(order, k)
 		}
@@ -59,8 +62,8 @@ func (c podCollector) Collect(ch chan<- prometheus.Metric) {
 			add(key{p.Pod.Namespace, p.Pod.Name, p.Pod.Container, p.Pod.User, "", "", g.Index}, g.Bytes)
 		}
 	}
+	gauge := newSeries(ch).gauge
 	for _, k := range order {
-		ch <- prometheus.MustNewConstMetric(descPod, prometheus.GaugeValue, float64(sums[k]),
-			k.namespace, k.pod, k.container, k.user, k.notebook, k.kernelID, strconv.Itoa(k.gpu))
+		gauge(descPod, float64(sums[k]), k.namespace, k.pod, k.container, k.user, k.notebook, k.kernelID, strconv.Itoa(k.gpu))
 	}
 }

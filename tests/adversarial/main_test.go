@@ -10,6 +10,8 @@ package adversarial
 import (
 	"bufio"
 	"context"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -45,8 +47,18 @@ func jupyterDir(t *testing.T) string {
 // process and its group are killed in Cleanup.
 func pyProc(t *testing.T, code string) (*exec.Cmd, []int) {
 	t.Helper()
+	return pyProcAs(t, nil, code)
+}
+
+// pyProcAs is pyProc run as user u (nil: this process's), in u's home.
+func pyProcAs(t *testing.T, u *testenv.User, code string) (*exec.Cmd, []int) {
+	t.Helper()
 	cmd := exec.Command("/usr/bin/python3", "-c", code)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if u != nil {
+		cmd = u.Command(nil, "/usr/bin/python3", "-c", code)
+		cmd.SysProcAttr.Setpgid = true
+	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -112,6 +124,12 @@ func staysAlive(t *testing.T, d time.Duration, what string, pids ...int) {
 // its output and exit error.
 func gpumem(t *testing.T, dir string, gpu *testenv.FakeGPU, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
+	return gpumemWith(t, dir, gpu, nil, args...)
+}
+
+// gpumemWith is gpumem with extra environment (NAME=value).
+func gpumemWith(t *testing.T, dir string, gpu *testenv.FakeGPU, extra []string, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, gpumemBin, args...)
@@ -119,7 +137,7 @@ func gpumem(t *testing.T, dir string, gpu *testenv.FakeGPU, args ...string) (std
 	if gpu != nil {
 		env = append(env, "GPUMEM_FAKE_GPU="+gpu.Path)
 	}
-	cmd.Env = testenv.Env(dir, env...)
+	cmd.Env = testenv.Env(dir, append(env, extra...)...)
 	var o, e strings.Builder
 	cmd.Stdout, cmd.Stderr = &o, &e
 	err = cmd.Run()
@@ -145,4 +163,55 @@ func kernelHolds(rep attribution.Report, kernelID string, pid int) (underKernel,
 		}
 	}
 	return underKernel, other
+}
+
+// metricsURL is the /metrics URL of a daemon started with
+// --listen=127.0.0.1:0, from its "serving metrics" log line.
+func metricsURL(t *testing.T, d *testenv.Daemon) string {
+	t.Helper()
+	m := d.WaitLog(t, 30*time.Second, "serving metrics", nil)
+	addr, _ := m["addr"].(string)
+	if addr == "" {
+		t.Fatalf("the daemon's \"serving metrics\" line names no addr: %v", m)
+	}
+	return "http://" + addr + "/metrics"
+}
+
+// scrapeMetrics GETs url (deadline 10 s) and returns the body; a status
+// other than 200 fails the test.
+func scrapeMetrics(t *testing.T, url string) string {
+	t.Helper()
+	hc := &http.Client{Timeout: 10 * time.Second}
+	resp, err := hc.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s\n%s", url, resp.Status, body)
+	}
+	return string(body)
+}
+
+// metricValue is the value of an unlabelled series name in a /metrics body.
+func metricValue(body, name string) (float64, bool) {
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return f, err == nil
+		}
+	}
+	return 0, false
+}
+
+// mkdirAs makes dir (and its parents under u's home) as u, mode 0700.
+func mkdirAs(t *testing.T, u testenv.User, dir string) {
+	t.Helper()
+	if _, stderr, err := u.Run(nil, "mkdir", "-p", "-m", "700", dir); err != nil {
+		t.Fatalf("mkdir %s as %s: %v\n%s", dir, u.Name, err, stderr)
+	}
 }

@@ -1,0 +1,87 @@
+package magics_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/gpumem/gpumem/magics"
+)
+
+// hostileFree replaces the injected package's free with one that claims a
+// driver figure and writes escape sequences, as a kernel's user can.
+const hostileFree = `import sys
+_m = sys.modules["_gpumem_magics"].magic
+def _fake(req):
+    return {"kind": "free", "schema": 1, "cache_only": True, "deleted": [], "hidden": [], "frameworks": [],
+            "driver": {"before": 40 << 30, "after": 0}, "notes": ["\x1b]0;owned\x07note"],
+            "text": "gpumem free\n\x1b[2J\x1b[Hdriver (NVML): 40.00 GiB -> 0 B for this kernel (-40.00 GiB)\rX",
+            "html": ""}
+_m.api_free = _fake
+_m.api_render = _fake
+`
+
+// A kernel renders its own report, and its user may replace the code that
+// does: its driver figure is dropped for the one the caller read, its
+// text comes made safe and, rendered, marked as the kernel's.
+func TestFreeCacheHostileKernel(t *testing.T) {
+	s := newSession(t)
+	s.inject(magics.InjectOptions{})
+	s.cell(hostileFree, true)
+	readings := []uint64{4 << 30, 4 << 30}
+	calls := 0
+	driver := func(context.Context) *uint64 { calls++; return &readings[min(calls, 2)-1] }
+	fr, err := magics.FreeCache(context.Background(), s.ex, magics.FreeOptions{DriverBytes: driver})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fr.Driver == nil || fr.Driver.Before != 4<<30 || fr.Driver.After != 4<<30 {
+		t.Errorf("driver %+v: want the caller's 4 GiB -> 4 GiB, not the kernel's claim", fr.Driver)
+	}
+	out := fr.Render()
+	if strings.ContainsAny(out, "\x1b\x07\r") || strings.ContainsAny(strings.Join(fr.Notes, ""), "\x1b\x07") {
+		t.Errorf("control characters reach the terminal:\n%q", out)
+	}
+	var driverLines []string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "driver") {
+			driverLines = append(driverLines, line)
+		}
+	}
+	if len(driverLines) != 1 || driverLines[0] != "driver (NVML, read by gpumem serve): 4.0 GiB -> 4.0 GiB for this kernel (0 B)" {
+		t.Errorf("driver lines %q: want only gpumem's own\n%s", driverLines, out)
+	}
+	if !strings.Contains(out, `  kernel| \x1b[2J\x1b[Hdriver (NVML): 40.00 GiB`) {
+		t.Errorf("the kernel's claim is not shown marked as the kernel's, escaped:\n%s", out)
+	}
+
+	// A refusal's text is the kernel's too.
+	s.cell(`import sys
+sys.modules["_gpumem_magics"].magic.api_free = lambda req: {"kind": "free", "error": "no \x1b[2Jvariable\nnamed x"}`, true)
+	_, err = magics.FreeCache(context.Background(), s.ex, magics.FreeOptions{Vars: []string{"x"}})
+	if !errors.Is(err, magics.ErrFreeRefused) || strings.ContainsAny(err.Error(), "\x1b\n") {
+		t.Errorf("refusal: %q, want ErrFreeRefused without control characters", err)
+	}
+}
+
+func TestFreeReportRender(t *testing.T) {
+	tests := []struct {
+		name string
+		in   magics.FreeReport
+		want string
+	}{
+		{"with driver", magics.FreeReport{Text: "gpumem free\n\nnotes\n", Driver: &magics.DriverDelta{Before: 3 << 30, After: 1 << 30}},
+			"the kernel's report, as the kernel wrote it:\n  kernel| gpumem free\n  kernel| \n  kernel| notes\n" +
+				"driver (NVML, read by gpumem serve): 3.0 GiB -> 1.0 GiB for this kernel (-2.0 GiB)"},
+		{"dry run", magics.FreeReport{Text: "x", DryRun: true},
+			"the kernel's report, as the kernel wrote it:\n  kernel| x\ndriver (NVML): not read (a dry run frees nothing)"},
+		{"standalone", magics.FreeReport{Text: "a\rb\x1b"},
+			"the kernel's report, as the kernel wrote it:\n  kernel| a\\rb\\x1b\ndriver (NVML): not read (no gpumem serve follows this kernel)"},
+	}
+	for _, tt := range tests {
+		if got := tt.in.Render(); got != tt.want {
+			t.Errorf("%s:\n got %q\nwant %q", tt.name, got, tt.want)
+		}
+	}
+}
