@@ -180,10 +180,15 @@ func (d *Daemon) attach(ctx context.Context, ks *kernelState, onEvent func(proto
 	log := d.log.With().Str("kernel_id", ks.id).Logger()
 	start := time.Now()
 	backoff := attachRetry
+	d.mu.Lock()
+	fileUID := ks.fileUID
+	d.mu.Unlock()
 	for {
 		opts := clientOptions
 		if ks.pod != nil {
 			opts = d.podClientOptions(ks)
+		} else {
+			opts.ReadConnectionFile = ownedConnectionFile(fileUID)
 		}
 		opts.OnEvent = onEvent
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -210,6 +215,25 @@ func (d *Daemon) attach(ctx context.Context, ks *kernelState, onEvent func(proto
 			return nil
 		case <-time.After(backoff):
 		}
+	}
+}
+
+// ownedConnectionFile reads a host kernel's connection file at every
+// (re)connect as discovery first read it: no link followed, a file of its
+// dir's owner, and still of uid. A file replaced by one of another user
+// (a hard link to their connection file, say) is not followed: the client
+// keeps the key it had.
+func ownedConnectionFile(uid uint32) func(string) (protocol.ConnectionInfo, error) {
+	return func(path string) (protocol.ConnectionInfo, error) {
+		k, err := discovery.ReadKernelFile(path)
+		if err != nil {
+			return protocol.ConnectionInfo{}, err
+		}
+		if k.FileUID != uid {
+			return protocol.ConnectionInfo{}, &protocol.ConnectionFileError{Path: path,
+				Err: fmt.Errorf("now belongs to uid %d, not to uid %d as when it was found: not followed", k.FileUID, uid)}
+		}
+		return k.Connection, nil
 	}
 }
 
