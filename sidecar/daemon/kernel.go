@@ -177,7 +177,7 @@ func (d *Daemon) runKernel(ctx context.Context, ks *kernelState) {
 // attach dials the kernel until it answers or ctx ends (nil); the client
 // passes its events to onEvent.
 func (d *Daemon) attach(ctx context.Context, ks *kernelState, onEvent func(protocol.Event)) *protocol.Client {
-	log := d.log.With().Str("kernel_id", ks.id).Logger()
+	log := d.log.With().Str("kernel_id", ks.id).Str("connection_file", ks.connFile).Logger()
 	start := time.Now()
 	backoff := attachRetry
 	d.mu.Lock()
@@ -271,7 +271,7 @@ func (f *follower) attached(c *protocol.Client) bool {
 	ks.client = c
 	notebook := ks.notebook // scan updates it under d.mu
 	d.mu.Unlock()
-	d.log.Info().Str("kernel_id", ks.id).Str("notebook", notebook).Msg("attached")
+	d.log.Info().Str("kernel_id", ks.id).Str("connection_file", ks.connFile).Str("notebook", notebook).Msg("attached")
 	// jupyter_server 2 writes the connection file before the session names
 	// the notebook: look again now rather than at the next rescan.
 	d.rescan()
@@ -342,7 +342,7 @@ func (d *Daemon) startInject(ctx context.Context, ks *kernelState, c *protocol.C
 			ks.injectSince = time.Time{}
 			d.mu.Unlock()
 		}()
-		log := d.log.With().Str("kernel_id", ks.id).Logger()
+		log := d.log.With().Str("kernel_id", ks.id).Str("connection_file", ks.connFile).Logger()
 		opts := magics.InjectOptions{SidecarSocket: d.socket, KernelID: ks.id}
 		// The daemon's socket and alert file are paths of its own mount
 		// namespace, not a pod's: there they could name other files
