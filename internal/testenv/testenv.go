@@ -355,6 +355,8 @@ type ServerOptions struct {
 	Args []string
 	// Env is appended to the server's environment.
 	Env []string
+	// As runs the server as this user, its dirs in the user's home (theirs).
+	As *User
 }
 
 // Server is a real Jupyter server on 127.0.0.1.
@@ -391,9 +393,14 @@ func StartServerWith(t testing.TB, kind ServerKind, o ServerOptions) *Server {
 		t.Fatalf("stack %s has no %s server (its `jupyter notebook` is %s)", CurrentStack(), kind, NotebookServer())
 	}
 	dir := t.TempDir()
+	if o.As != nil {
+		dir = filepath.Join(o.As.Home, "jupyter-"+RandomHex(4))
+	}
 	root := filepath.Join(dir, "notebooks")
 	for _, d := range []string{root, filepath.Join(dir, "runtime"), filepath.Join(dir, "home")} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
+		if o.As != nil {
+			o.As.Mkdir(t, d)
+		} else if err := os.MkdirAll(d, 0o700); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -463,7 +470,13 @@ func StartServerWith(t testing.TB, kind ServerKind, o ServerOptions) *Server {
 		}
 		s.client.Jar = jar
 	}
-	s.Proc = Start(t, Env(dir, o.Env...), dir, args...)
+	if o.As != nil {
+		cmd := o.As.Command(Env(dir, o.Env...), args...)
+		cmd.Dir = dir
+		s.Proc = StartCmd(t, cmd)
+	} else {
+		s.Proc = Start(t, Env(dir, o.Env...), dir, args...)
+	}
 	deadline := time.Now().Add(60 * time.Second)
 	if s.URL == "" {
 		s.URL = s.waitInfoURL(t, deadline)
