@@ -81,6 +81,9 @@ func (s Server) requestTarget(hc *http.Client) (string, *http.Client, error) {
 		}}
 	}
 	if strings.HasPrefix(s.URL, scheme) {
+		if s.netns != nil {
+			return "", nil, errors.New("a server on a unix socket is not asked in pods: its path is in the pod's mount namespace")
+		}
 		rest := s.URL[len(scheme):]
 		host, path, _ := strings.Cut(rest, "/")
 		sock, err := url.PathUnescape(host)
@@ -144,24 +147,36 @@ func peerUID(c net.Conn) (uint32, error) {
 }
 
 // dialTCP resolves host, keeps the addresses of this host whose listener on
-// port belongs to the file's owner, and connects to the first.
+// port belongs to the file's owner, and connects to the first. Inside a
+// pod, "this host" is the pod's network namespace: a listener found in its
+// table is the pod's, and a host name is its loopback (as PodFinder.Dial).
 func (s Server) dialTCP(ctx context.Context, host string, port int) (net.Conn, error) {
-	ips, err := resolveHost(ctx, host)
-	if err != nil {
+	var ips []net.IP
+	var err error
+	if s.netns != nil {
+		ips = []net.IP{net.ParseIP(host)}
+		if ips[0] == nil {
+			ips[0] = net.IPv4(127, 0, 0, 1)
+		}
+	} else if ips, err = resolveHost(ctx, host); err != nil {
 		return nil, err
 	}
 	lf := s.listeners
-	if lf == nil {
+	if s.netns != nil {
+		lf = s.netns
+	} else if lf == nil {
 		lf = NewProcFinder(&procs.FS{})
 	}
-	local, err := localAddresses()
-	if err != nil {
-		return nil, err
+	local := map[string]bool{}
+	if s.netns == nil {
+		if local, err = localAddresses(); err != nil {
+			return nil, err
+		}
 	}
 	var refused error
 	for _, ip := range ips {
 		addr := net.JoinHostPort(ip.String(), strconv.Itoa(port))
-		if !ip.IsLoopback() && !local[ip.String()] {
+		if s.netns == nil && !ip.IsLoopback() && !local[ip.String()] {
 			refused = fmt.Errorf("%s is not an address of this host: %w", addr, errForeignListener)
 			continue
 		}
@@ -175,6 +190,9 @@ func (s Server) dialTCP(ctx context.Context, host string, port int) (net.Conn, e
 		if l.UID != s.FileUID {
 			refused = fmt.Errorf("%s is served by uid %d, but the file belongs to uid %d: %w", addr, l.UID, s.FileUID, errForeignListener)
 			continue
+		}
+		if s.netns != nil {
+			return s.netns.dial(ctx, "tcp", addr)
 		}
 		var d net.Dialer
 		return d.DialContext(ctx, "tcp", addr)

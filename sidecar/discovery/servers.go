@@ -32,6 +32,9 @@ type Server struct {
 	FileUID uint32 `json:"-"`
 	// listeners says who listens on TCP addresses (nil: /proc).
 	listeners ListenerFinder
+	// netns, for a server inside a pod, dials from inside the pod's network
+	// namespace; its listeners are the pod's. nil: this host's.
+	netns *podNet
 }
 
 // ParseServerFile parses a jpserver-<pid>.json or nbserver-<pid>.json file.
