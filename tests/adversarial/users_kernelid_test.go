@@ -3,9 +3,12 @@ package adversarial
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -38,9 +41,20 @@ func TestKernelNamedAfterAnotherUsersKernel(t *testing.T) {
 	testenv.RunCell(t, bobFile, "import torch; bobs_own = torch.zeros(8)", 60*time.Second)
 
 	// Alice's connection file, in her runtime dir, before her kernel runs.
+	// Its ports are below the ephemeral range: the daemon dials them until
+	// she listens, and a dial to a free ephemeral port can connect to
+	// itself and take the port.
 	aliceFile := filepath.Join(alice.RuntimeDir(), "kernel-"+id+".json")
 	alice.Mkdir(t, alice.RuntimeDir())
-	testenv.ConnectionJSON(t, aliceFile, testenv.RandomHex(16))
+	conn := map[string]any{"transport": "tcp", "ip": "127.0.0.1", "key": testenv.RandomHex(16), "signature_scheme": "hmac-sha256",
+		"kernel_name": "python3"}
+	for _, name := range []string{"shell_port", "iopub_port", "stdin_port", "control_port", "hb_port"} {
+		conn[name] = freeLowPort(t)
+	}
+	data, _ := json.Marshal(conn)
+	if err := os.WriteFile(aliceFile, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.Chown(aliceFile, alice.UID, alice.GID); err != nil {
 		t.Fatal(err)
 	}
@@ -110,3 +124,26 @@ func TestKernelNamedAfterAnotherUsersKernel(t *testing.T) {
 		t.Errorf("root's GET %s: %d %q, want 409 naming both files", base, status, body)
 	}
 }
+
+// freeLowPort is a free TCP port of 127.0.0.1 below the ephemeral range
+// (Linux's default starts at 32768), never one picked before in this test.
+func freeLowPort(t *testing.T) int {
+	t.Helper()
+	for i := 0; i < 1000; i++ {
+		port := 20000 + rand.IntN(12000)
+		if usedLowPorts[port] {
+			continue
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		usedLowPorts[port] = true
+		return port
+	}
+	t.Fatal("no free port between 20000 and 32000")
+	return 0
+}
+
+var usedLowPorts = map[int]bool{}
