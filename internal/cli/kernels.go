@@ -103,11 +103,37 @@ func kernelsFromDaemon(ctx context.Context, env Env, dirs []string) ([]kernelRow
 }
 
 func discoverKernels(ctx context.Context, env Env, fs *procs.FS, extraDirs []string) discovery.Result {
-	return discovery.Discover(ctx, discovery.Options{
-		RuntimeDirs: discovery.RuntimeDirs(env.getenv, extraDirs),
-		Procs:       discovery.NewProcFinder(fs),
-		ServerToken: env.getenv("GPUMEM_SERVER_TOKEN"),
+	token, urls, err := serverToken(env, nil)
+	res := discovery.Discover(ctx, discovery.Options{
+		RuntimeDirs:     discovery.RuntimeDirs(env.getenv, extraDirs),
+		Procs:           discovery.NewProcFinder(fs),
+		ServerToken:     token,
+		ServerTokenURLs: urls,
 	})
+	if err != nil {
+		res.Problems = append(res.Problems, err)
+	}
+	return res
+}
+
+// serverToken is GPUMEM_SERVER_TOKEN and the servers it is for: the URL
+// patterns of GPUMEM_SERVER_TOKEN_URLS and of flags (serve's
+// --server-token-url). A bad pattern is an error naming it; the token is
+// then sent to none.
+func serverToken(env Env, flags []string) (string, []discovery.TokenPattern, error) {
+	token := env.getenv("GPUMEM_SERVER_TOKEN")
+	urls, err := discovery.ParseTokenPatterns(env.getenv("GPUMEM_SERVER_TOKEN_URLS"))
+	if err != nil {
+		return "", nil, fmt.Errorf("GPUMEM_SERVER_TOKEN_URLS: %w", err)
+	}
+	for _, f := range flags {
+		p, err := discovery.ParseTokenPattern(f)
+		if err != nil {
+			return "", nil, fmt.Errorf("--server-token-url: %w", err)
+		}
+		urls = append(urls, p)
+	}
+	return token, urls, nil
 }
 
 func writeJSON(w io.Writer, v any) error {

@@ -282,7 +282,7 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 	}
 	kernels := make([]attribution.Kernel, 0, len(res.Kernels))
 	for _, k := range res.Kernels {
-		kernel := attribution.Kernel{ID: k.ID, Notebook: k.Notebook}
+		kernel := attribution.Kernel{ID: k.ID, ConnectionFile: k.ConnectionFile, Notebook: k.Notebook}
 		if k.PIDProven { // an unproven process's tree is not the notebook's
 			kernel.PID, kernel.StartTime = k.PID, k.PIDStart
 		}
@@ -298,7 +298,7 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 	now := time.Now()
 	for i := range rep.Notebooks {
 		for _, k := range res.Kernels {
-			if k.ID == rep.Notebooks[i].KernelID && k.Server.URL != "" && !k.LastActivity.IsZero() {
+			if k.ConnectionFile == rep.Notebooks[i].ConnectionFile && k.Server.URL != "" && !k.LastActivity.IsZero() {
 				a := &attribution.Activity{ExecutionState: k.ExecutionState, LastActivity: k.LastActivity}
 				if k.ExecutionState == "idle" {
 					a.IdleSeconds = now.Sub(k.LastActivity).Seconds()

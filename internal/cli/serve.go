@@ -18,6 +18,7 @@ import (
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/daemon"
 	"github.com/gpumem/gpumem/sidecar/discovery"
+	"github.com/gpumem/gpumem/sidecar/metrics"
 )
 
 func runServe(ctx context.Context, env Env, args []string) error {
@@ -38,6 +39,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	listen := fs.String("listen", "", "serve Prometheus /metrics on this address (e.g. 127.0.0.1:9464)")
 	allowRemote := fs.Bool("listen-allow-remote", false, "allow --listen on an address that is not loopback")
 	notebookLabel := fs.Bool("metrics-notebook-label", true, "export per-notebook series (kernel_id, notebook labels); false keeps only per-user series, for large fleets")
+	metricsToken := fs.String("metrics-token-file", "", "serve per-notebook series only to scrapes with \"Authorization: Bearer <the token in this file>\" (a file of the daemon's user, mode 600); in shared mode (--socket-mode shared or --all-users) they are served only so")
 	threshold := fs.Float64("alert-threshold", 0.8, "warn when a GPU's used memory passes this fraction of its total (0 disables)")
 	noNotebookAlerts := fs.Bool("no-notebook-alerts", false, "don't print alerts in notebooks")
 	noInject := fs.Bool("no-inject", false, "don't inject the %gpumem magics into kernels")
@@ -47,6 +49,8 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	cullWarn := fs.Duration("cull-warn", 10*time.Minute, "warn in the notebook this long before culling; any use cancels")
 	cullUsers := fs.String("cull-users", "", "in shared mode, cull only these users' kernels (comma-separated; default all)")
 	cullExempt := fs.String("cull-exempt-users", "", "never cull these users' kernels (comma-separated)")
+	var tokenURLs stringList
+	fs.Var(&tokenURLs, "server-token-url", "send GPUMEM_SERVER_TOKEN to the servers under this URL (a port may be *: http://127.0.0.1:*/user/; repeatable; also GPUMEM_SERVER_TOKEN_URLS), and to no other")
 	logFormat := fs.String("log-format", "auto", "auto (readable on a terminal, JSON otherwise), json or console")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	kf := addKubeFlags(fs, env)
@@ -77,6 +81,20 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		Users: splitList(*cullUsers), ExemptUsers: splitList(*cullExempt)}
 	if err := cull.Validate(); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	var scrapeToken string
+	if *metricsToken != "" {
+		if scrapeToken, err = metrics.ReadTokenFile(*metricsToken); err != nil {
+			return fmt.Errorf("%w: --metrics-token-file: %v", errUsage, err)
+		}
+	}
+	token, urls, err := serverToken(env, tokenURLs)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if token != "" && len(urls) == 0 {
+		return fmt.Errorf("%w: GPUMEM_SERVER_TOKEN is set, but no --server-token-url (or GPUMEM_SERVER_TOKEN_URLS) says which servers it is for: "+
+			"a server file is its user's to write, so the token is sent only to the servers named", errUsage)
 	}
 	log, err := newLogger(env.Stderr, *logFormat, *logLevel)
 	if err != nil {
@@ -120,10 +138,12 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		MetricsAddr:        *listen,
 		MetricsAllowRemote: *allowRemote,
 		MetricsNoNotebook:  !*notebookLabel,
+		MetricsToken:       scrapeToken,
 		AlertThreshold:     *threshold,
 		NotebookAlerts:     !*noNotebookAlerts,
 		InjectMagics:       !*noInject,
-		ServerToken:        env.getenv("GPUMEM_SERVER_TOKEN"),
+		ServerToken:        token,
+		ServerTokenURLs:    urls,
 		Cull:               cull,
 	}, deps, log)
 	if err != nil {

@@ -2,7 +2,10 @@
 // files, server files, kernelspecs, the simulated-GPU file) without letting
 // them hang or bloat the reader: only regular files are read, never more
 // than a cap, and opening never blocks (a FIFO or a device named like a
-// Jupyter file is an error, not a wait). It owns nothing else.
+// Jupyter file is an error, not a wait), and a symbolic link is never
+// followed to its target: a root daemon that followed a link a user planted
+// in their own dir would read, as root, a file that user may not read. It
+// owns nothing else.
 package safefile
 
 import (
@@ -11,16 +14,20 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
-// Info is what the file was when it was read: its owner and identity.
+// Info is what the file was when it was read: its owner and identity, and
+// the owner of the dir it was opened in (0 for ReadInRoot, which opens
+// through a root, not a dir).
 type Info struct {
-	UID uint32
-	Dev uint64
-	Ino uint64
+	UID    uint32
+	Dev    uint64
+	Ino    uint64
+	DirUID uint32
 }
 
 // ErrNotRegular is returned for anything but a regular file.
@@ -29,16 +36,47 @@ var ErrNotRegular = errors.New("not a regular file")
 // ErrTooLarge is returned for a file longer than the cap.
 var ErrTooLarge = errors.New("file too large")
 
+// ErrSymlink is returned for a symbolic link: its target is not read.
+var ErrSymlink = errors.New("a symbolic link, not followed")
+
 // Read returns the contents of the regular file at path, at most max bytes.
-// O_NONBLOCK makes opening a FIFO return at once (and is harmless for a
-// regular file); the type is then checked on the open descriptor, so a swap
-// between a check and the open cannot fool it. Errors name the path.
+// The dir is opened first (links in the dir's own path are followed: the
+// caller chose or checked the dir), then the file through the dir's
+// descriptor with O_NOFOLLOW, so a link in the file's place is an error,
+// never a read of its target, and the dir's owner is the one of the dir the
+// file was read in (Info.DirUID). O_NONBLOCK makes opening a FIFO return at
+// once (and is harmless for a regular file); the type is then checked on the
+// open descriptor, so a swap between a check and the open cannot fool it.
+// Errors name the path.
 func Read(path string, max int64) ([]byte, Info, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	dir, name := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	if name == "" || name == "." || name == ".." {
+		return nil, Info{}, fmt.Errorf("%s: %w (a directory)", path, ErrNotRegular)
+	}
+	dirFD, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, Info{}, &fs.PathError{Op: "open", Path: path, Err: err}
 	}
-	return readFD(fd, path, max)
+	defer unix.Close(dirFD)
+	var dst unix.Stat_t
+	if err := unix.Fstat(dirFD, &dst); err != nil {
+		return nil, Info{}, &fs.PathError{Op: "stat", Path: dir, Err: err}
+	}
+	// One name, opened with O_NOFOLLOW: what openat2's RESOLVE_NO_SYMLINKS
+	// would refuse, on every kernel.
+	fd, err := unix.Openat(dirFD, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY|unix.O_NOFOLLOW, 0)
+	if errors.Is(err, unix.ELOOP) {
+		return nil, Info{}, fmt.Errorf("%s: %w; name the file itself, or remove the link", path, ErrSymlink)
+	}
+	if err != nil {
+		return nil, Info{}, &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	data, info, err := readFD(fd, path, max)
+	info.DirUID = dst.Uid
+	return data, info, err
 }
 
 // readFD reads the open descriptor fd (closing it) as Read does; path names

@@ -32,6 +32,12 @@ func TestRead(t *testing.T) {
 	if err := os.Symlink(regular, link); err != nil {
 		t.Fatal(err)
 	}
+	// A link to the dir is the caller's choice of dir: followed. Only the
+	// file's own name is never a link.
+	dirLink := filepath.Join(t.TempDir(), "runtime")
+	if err := os.Symlink(dir, dirLink); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name    string
 		path    string
@@ -40,11 +46,14 @@ func TestRead(t *testing.T) {
 		errText string
 	}{
 		{"regular", regular, `{"a":1}`, nil, ""},
-		{"symlink to a regular file", link, `{"a":1}`, nil, ""},
+		{"in a linked dir", filepath.Join(dirLink, "kernel-a.json"), `{"a":1}`, nil, ""},
+		{"symlink to a regular file", link, "", ErrSymlink, "not followed"},
+		{"symlink to a device", toZero, "", ErrSymlink, "not followed"},
 		{"over the cap", big, "", ErrTooLarge, "2048 bytes, at most 1024"},
 		{"fifo", fifo, "", ErrNotRegular, "a FIFO"},
-		{"device", toZero, "", ErrNotRegular, "a character device"},
+		{"device", "/dev/zero", "", ErrNotRegular, "a character device"},
 		{"directory", dir, "", ErrNotRegular, "a directory"},
+		{"directory with a slash", dir + "/", "", ErrNotRegular, "a directory"},
 		{"missing", filepath.Join(dir, "nope.json"), "", os.ErrNotExist, "nope.json"},
 	}
 	for _, tc := range tests {
@@ -80,7 +89,37 @@ func TestReadOwner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.UID != uint32(os.Geteuid()) || info.Ino == 0 {
-		t.Fatalf("info = %+v, want uid %d and an inode", info, os.Geteuid())
+	if info.UID != uint32(os.Geteuid()) || info.Ino == 0 || info.DirUID != uint32(os.Geteuid()) {
+		t.Fatalf("info = %+v, want uid and dir uid %d and an inode", info, os.Geteuid())
+	}
+}
+
+// TestReadDirOwner: Info names the owner of the dir the file was opened in,
+// apart from the file's own, so that a caller can refuse a file of another
+// user in someone's dir (a hard link, say).
+func TestReadDirOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("chown needs root")
+	}
+	dir := filepath.Join(t.TempDir(), "runtime")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "kernel-x.json")
+	if err := os.WriteFile(p, []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, 4242, 4242); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(p, 4343, 4343); err != nil {
+		t.Fatal(err)
+	}
+	_, info, err := Read(p, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.UID != 4343 || info.DirUID != 4242 {
+		t.Fatalf("info = %+v, want uid 4343 in a dir of uid 4242", info)
 	}
 }

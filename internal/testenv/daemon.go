@@ -116,7 +116,14 @@ type Daemon struct {
 // see Env) and waits (30 s) until its API answers.
 func StartDaemon(t testing.TB, bin, dir string, gpu *FakeGPU, args ...string) *Daemon {
 	t.Helper()
-	d := TryStartDaemon(t, bin, dir, gpu, args...)
+	return StartDaemonEnv(t, bin, dir, gpu, nil, args...)
+}
+
+// StartDaemonEnv is StartDaemon with env added to the daemon's environment
+// (settings that have no flag, or that an older build must not reject).
+func StartDaemonEnv(t testing.TB, bin, dir string, gpu *FakeGPU, env []string, args ...string) *Daemon {
+	t.Helper()
+	d := tryStartDaemon(t, bin, dir, gpu, env, args...)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -136,6 +143,11 @@ func StartDaemon(t testing.TB, bin, dir string, gpu *FakeGPU, args ...string) *D
 // is --socket=PATH when given, else gpumem.sock in dir's runtime dir.
 func TryStartDaemon(t testing.TB, bin, dir string, gpu *FakeGPU, args ...string) *Daemon {
 	t.Helper()
+	return tryStartDaemon(t, bin, dir, gpu, nil, args...)
+}
+
+func tryStartDaemon(t testing.TB, bin, dir string, gpu *FakeGPU, env []string, args ...string) *Daemon {
+	t.Helper()
 	sock := filepath.Join(dir, "runtime", "gpumem.sock")
 	for _, a := range args {
 		if strings.HasPrefix(a, "--socket=") {
@@ -143,7 +155,7 @@ func TryStartDaemon(t testing.TB, bin, dir string, gpu *FakeGPU, args ...string)
 		}
 	}
 	cmd := exec.Command(bin, append([]string{"serve", "--log-format=json", "--log-level=debug"}, args...)...)
-	cmd.Env = Env(dir, "GPUMEM_FAKE_GPU="+gpu.Path)
+	cmd.Env = Env(dir, append([]string{"GPUMEM_FAKE_GPU=" + gpu.Path}, env...)...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -233,29 +245,28 @@ func (d *Daemon) Logs(msg string, want map[string]any) []map[string]any {
 	defer d.mu.Unlock()
 	var found []map[string]any
 	for _, m := range d.logs {
-		if m["message"] != msg {
-			continue
-		}
-		ok := true
-		for k, v := range want {
-			got := fmt.Sprint(m[k])
-			if s, isStr := v.(string); isStr && strings.HasPrefix(s, "~") {
-				if !strings.Contains(got, s[1:]) {
-					ok = false
-					break
-				}
-				continue
-			}
-			if got != fmt.Sprint(v) {
-				ok = false
-				break
-			}
-		}
-		if ok {
+		if m["message"] == msg && logMatches(m, want) {
 			found = append(found, m)
 		}
 	}
 	return found
+}
+
+// logMatches says whether entry m has every key/value of want (see FindLog).
+func logMatches(m map[string]any, want map[string]any) bool {
+	for k, v := range want {
+		got := fmt.Sprint(m[k])
+		if s, isStr := v.(string); isStr && strings.HasPrefix(s, "~") {
+			if !strings.Contains(got, s[1:]) {
+				return false
+			}
+			continue
+		}
+		if got != fmt.Sprint(v) {
+			return false
+		}
+	}
+	return true
 }
 
 // WaitLog polls (deadline timeout) for a log entry as FindLog finds it.

@@ -235,15 +235,25 @@ func StartAs(t testing.TB, u *User, env []string, dir string, argv ...string) *P
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = env
 	cmd.Dir = dir
+	if u != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(u.UID), Gid: uint32(u.GID)}}
+	}
+	return StartCmd(t, cmd)
+}
+
+// StartCmd starts cmd (a User's Command, say) in its own process group,
+// keeping its output, and kills the group in t.Cleanup.
+func StartCmd(t testing.TB, cmd *exec.Cmd) *Proc {
+	t.Helper()
 	p := &Proc{Cmd: cmd, Log: &bytes.Buffer{}, mu: &sync.Mutex{}, done: make(chan struct{})}
 	cmd.Stdout = lockedWriter{p.mu, p.Log}
 	cmd.Stderr = lockedWriter{p.mu, p.Log}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if u != nil {
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(u.UID), Gid: uint32(u.GID)}
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
+	cmd.SysProcAttr.Setpgid = true
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %v: %v", argv, err)
+		t.Fatalf("start %v: %v", cmd.Args, err)
 	}
 	go func() { _ = cmd.Wait(); close(p.done) }()
 	t.Cleanup(p.Kill)
@@ -299,6 +309,15 @@ func StartKernelID(t testing.TB, dir, id string, extraEnv ...string) *Kernel {
 		t.Fatal(err)
 	}
 	p := Start(t, Env(dir, extraEnv...), dir, Python(), "-m", "ipykernel_launcher", "-f", cf)
+	k := waitKernelFile(t, p, cf)
+	k.Dir, k.ID = dir, id
+	return k
+}
+
+// waitKernelFile waits (60 s) until the kernel p writes its connection file
+// cf with its ports and key.
+func waitKernelFile(t testing.TB, p *Proc, cf string) *Kernel {
+	t.Helper()
 	var conn struct {
 		Key       *string `json:"key"`
 		ShellPort int     `json:"shell_port"`
@@ -315,7 +334,7 @@ func StartKernelID(t testing.TB, dir, id string, extraEnv ...string) *Kernel {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return &Kernel{Proc: p, Dir: dir, ConnectionFile: cf, Key: *conn.Key, ID: id}
+	return &Kernel{Proc: p, ConnectionFile: cf, Key: *conn.Key}
 }
 
 // ServerKind selects the Jupyter server implementation.

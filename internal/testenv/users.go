@@ -129,3 +129,27 @@ func (u User) Run(env []string, argv ...string) (stdout, stderr string, err erro
 	err = cmd.Run()
 	return o.String(), e.String(), err
 }
+
+// Mkdir makes dir (and its parents) as u: u's own, mode 0700.
+func (u User) Mkdir(t testing.TB, dir string) {
+	t.Helper()
+	if _, stderr, err := u.Run(nil, "mkdir", "-p", "-m", "700", dir); err != nil {
+		t.Fatalf("mkdir %s as %s: %v: %s", dir, u.Name, err, stderr)
+	}
+}
+
+// StartKernel starts `python -m ipykernel_launcher -f connFile` as u, in
+// u's home and environment (its dir made as u), and returns once the
+// kernel has written the file. The kernel id is the file's name without
+// "kernel-" and ".json", as Jupyter names them.
+func (u User) StartKernel(t testing.TB, connFile string, extraEnv ...string) *Kernel {
+	t.Helper()
+	Require(t, "ipykernel")
+	u.Mkdir(t, filepath.Dir(connFile))
+	env := append([]string{"PYTHONUNBUFFERED=1", "JUPYTER_PLATFORM_DIRS=1", "OMP_NUM_THREADS=1", "PYDEVD_DISABLE_FILE_VALIDATION=1"}, extraEnv...)
+	p := StartCmd(t, u.Command(env, Python(), "-m", "ipykernel_launcher", "-f", connFile))
+	k := waitKernelFile(t, p, connFile)
+	k.Dir = u.Home
+	k.ID = strings.TrimSuffix(strings.TrimPrefix(filepath.Base(connFile), "kernel-"), ".json")
+	return k
+}

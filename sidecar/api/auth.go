@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os/user"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -93,15 +94,26 @@ const (
 	roleAdmin
 )
 
-// caller is an identified peer.
+// caller is an identified peer, and for an endpoint of one kernel the
+// kernel its path names (pickKernel).
 type caller struct {
-	peer Peer
-	role role
-	user string // for roleUser: the caller's user name
+	peer   Peer
+	role   role
+	user   string    // for roleUser: the caller's user name
+	kernel KernelRef // for accessOwnKernel: the kernel acted on
 }
 
-// kernelLookup is Backend.KernelOfPID.
-type kernelLookup func(ctx context.Context, pid int) (kernelID string, ownerUID uint32, ok bool)
+// KernelRef is the one kernel a request acts on. A kernel id is what
+// callers name, but it is no identity: it is public (argv, /metrics), and
+// anyone may name a connection file after another's kernel. The connection
+// file is the identity, and the report's notebook of that file (its user
+// from the kernel's proven process) says whose it is.
+type KernelRef struct {
+	ID             string
+	ConnectionFile string
+	// Notebook is the last report's entry of the kernel.
+	Notebook attribution.Notebook
+}
 
 // identify decides a peer's role: root and the daemon's user are admins;
 // in shared mode every other local user is a user, named as the report
@@ -118,12 +130,10 @@ func identify(mode Mode, daemonUID uint32, peer Peer, userName func(uint32) stri
 	return c
 }
 
-// authorize says whether c may use an endpoint requiring a; for
-// accessOwnKernel, pathKernelID is the path's {id} and owner the user the
-// report names for it ("" when unknown). The error is the 403 message.
-// kernelOf (a /proc scan) is asked only when the owner's name does not
-// decide: whether the caller is a process of that very kernel.
-func authorize(ctx context.Context, mode Mode, c caller, a access, pathKernelID, owner string, kernelOf kernelLookup) error {
+// authorize says whether c may use an endpoint requiring a. The error is
+// the 403 message. For accessOwnKernel it admits every user: which kernel,
+// if any, is theirs is pickKernel's to say.
+func authorize(mode Mode, c caller, a access) error {
 	if c.role == roleAdmin {
 		return nil
 	}
@@ -133,30 +143,52 @@ func authorize(ctx context.Context, mode Mode, c caller, a access, pathKernelID,
 	switch a {
 	case accessAnyone:
 		return nil
-	case accessUser:
+	case accessUser, accessOwnKernel:
 		if c.role == roleUser {
 			return nil
-		}
-	case accessOwnKernel:
-		if c.role == roleUser && ((owner != "" && owner == c.user) || c.isProcessOf(ctx, pathKernelID, kernelOf)) {
-			return nil
-		}
-		if c.role == roleUser {
-			return fmt.Errorf("kernel %s is not user %s's: a user may see and act on their own kernels only", pathKernelID, c.user)
 		}
 	}
 	return fmt.Errorf("uid %d pid %d may not use this endpoint", c.peer.UID, c.peer.PID)
 }
 
-// isProcessOf reports whether the caller is a process of kernel id. The
-// uid must match the kernel's owner: a process of another user that got a
-// kernel process's pid after it exited is not that kernel.
-func (c caller) isProcessOf(ctx context.Context, id string, kernelOf kernelLookup) bool {
-	if c.peer.PID <= 0 || id == "" {
-		return false
+// pickKernel chooses the kernel a request for kernel id acts on, among the
+// report's notebooks: those of that id (and of connection file file, when
+// the request names one, as ?connection_file=), and of those only the
+// caller's own unless the caller is an admin. None: 403 for a user (the
+// same whether or not another user's kernel has that id), 404 for an
+// admin. More than one: 409, naming only the candidates the caller may
+// see, and how to name one. It returns the HTTP status of a refusal (0 when
+// ref is chosen) and its message.
+func pickKernel(c caller, id, file string, notebooks []attribution.Notebook) (KernelRef, int, string) {
+	var mine []attribution.Notebook
+	for _, nb := range notebooks {
+		if nb.KernelID != id || (file != "" && nb.ConnectionFile != file) {
+			continue
+		}
+		if c.role == roleAdmin || (c.role == roleUser && nb.User == c.user) {
+			mine = append(mine, nb)
+		}
 	}
-	got, owner, ok := kernelOf(ctx, c.peer.PID)
-	return ok && got == id && owner == c.peer.UID
+	switch {
+	case len(mine) == 1:
+		return KernelRef{ID: id, ConnectionFile: mine[0].ConnectionFile, Notebook: mine[0]}, 0, ""
+	case len(mine) > 1:
+		var files []string
+		for _, nb := range mine {
+			f := nb.ConnectionFile
+			if c.role == roleAdmin && nb.User != "" {
+				f += " (user " + nb.User + ")"
+			}
+			files = append(files, f)
+		}
+		return KernelRef{}, http.StatusConflict, fmt.Sprintf("kernel id %s names %d kernels: %s; name one with ?connection_file=PATH",
+			id, len(mine), strings.Join(files, ", "))
+	case c.role == roleUser:
+		return KernelRef{}, http.StatusForbidden, fmt.Sprintf("kernel %s is not user %s's: a user may see and act on their own kernels only", id, c.user)
+	case file != "":
+		return KernelRef{}, http.StatusNotFound, fmt.Sprintf("kernel %s with connection file %s is not known to the daemon: list kernels with GET /api/v1/kernels", id, file)
+	}
+	return KernelRef{}, http.StatusNotFound, fmt.Sprintf("kernel %s is not known to the daemon: list kernels with GET /api/v1/notebooks", id)
 }
 
 // ownView is what a user may see of a report: their own notebooks and

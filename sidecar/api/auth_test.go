@@ -1,41 +1,51 @@
 package api
 
 import (
-	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gpumem/gpumem/sidecar/attribution"
 )
 
-// The rules as a pure table: mode × caller × endpoint.
+// The rules as a pure table: mode × caller × endpoint, then which kernel
+// an id names for that caller.
 func TestAuthorizeTable(t *testing.T) {
 	const daemonUID = 1000
-	kernels := map[int]fakeKernel{
-		500: {id: "A", owner: 2000}, // a kernel process of uid 2000
-		600: {id: "B", owner: 3000},
-	}
-	lookup := func(_ context.Context, pid int) (string, uint32, bool) {
-		k, ok := kernels[pid]
-		return k.id, k.owner, ok
-	}
 	names := map[uint32]string{2000: "alice", 3000: "bob", 4000: "carol"}
 	userName := func(uid uint32) string { return names[uid] }
-	owners := map[string]string{"A": "alice", "B": "bob"}
+	notebooks := []attribution.Notebook{
+		{KernelID: "A", ConnectionFile: "/home/alice/rt/kernel-A.json", User: "alice"},
+		{KernelID: "B", ConnectionFile: "/home/bob/rt/kernel-B.json", User: "bob"},
+	}
 	type call struct {
 		a      access
 		pathID string
 	}
 	var (
-		healthz   = call{accessAnyone, ""}
-		gpus      = call{accessUser, ""}
-		notebooks = call{accessUser, ""} // filtered to the caller's own
-		kernelA   = call{accessOwnKernel, "A"}
-		kernelB   = call{accessOwnKernel, "B"}
-		everyone  = []call{healthz, gpus, notebooks, kernelA, kernelB}
+		healthz  = call{accessAnyone, ""}
+		gpus     = call{accessUser, ""}
+		listing  = call{accessUser, ""} // filtered to the caller's own
+		kernelA  = call{accessOwnKernel, "A"}
+		kernelB  = call{accessOwnKernel, "B"}
+		everyone = []call{healthz, gpus, listing, kernelA, kernelB}
 	)
+	allowed := func(mode Mode, c caller, cl call) error {
+		if err := authorize(mode, c, cl.a); err != nil {
+			return err
+		}
+		if cl.a != accessOwnKernel {
+			return nil
+		}
+		if _, status, msg := pickKernel(c, cl.pathID, "", notebooks); status != 0 {
+			return fmt.Errorf("%d %s", status, msg)
+		}
+		return nil
+	}
 	for _, tc := range []struct {
 		name  string
 		mode  Mode
@@ -49,23 +59,82 @@ func TestAuthorizeTable(t *testing.T) {
 		{"private stranger", ModePrivate, Peer{PID: 7, UID: 4000}, nil, everyone},
 		{"shared root", ModeShared, Peer{PID: 1, UID: 0}, everyone, nil},
 		{"shared daemon user", ModeShared, Peer{PID: 2, UID: daemonUID}, everyone, nil},
-		{"shared kernel A", ModeShared, Peer{PID: 500, UID: 2000}, []call{healthz, gpus, notebooks, kernelA}, []call{kernelB}},
-		{"shared kernel B", ModeShared, Peer{PID: 600, UID: 3000}, []call{healthz, gpus, notebooks, kernelB}, []call{kernelA}},
-		{"shared alice's shell", ModeShared, Peer{PID: 7, UID: 2000}, []call{healthz, gpus, notebooks, kernelA}, []call{kernelB}},
-		{"shared pid of A, other uid", ModeShared, Peer{PID: 500, UID: 4000}, []call{healthz, gpus, notebooks}, []call{kernelA, kernelB}},
-		{"shared user with no kernel", ModeShared, Peer{PID: 7, UID: 4000}, []call{healthz, gpus, notebooks}, []call{kernelA, kernelB}},
+		{"shared alice", ModeShared, Peer{PID: 500, UID: 2000}, []call{healthz, gpus, listing, kernelA}, []call{kernelB}},
+		{"shared bob", ModeShared, Peer{PID: 600, UID: 3000}, []call{healthz, gpus, listing, kernelB}, []call{kernelA}},
+		{"shared user with no kernel", ModeShared, Peer{PID: 7, UID: 4000}, []call{healthz, gpus, listing}, []call{kernelA, kernelB}},
 		{"shared pid unknown (other namespace)", ModeShared, Peer{PID: 0, UID: 2000}, []call{healthz, kernelA}, []call{kernelB}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := identify(tc.mode, daemonUID, tc.peer, userName)
 			for _, cl := range tc.allow {
-				if err := authorize(context.Background(), tc.mode, c, cl.a, cl.pathID, owners[cl.pathID], lookup); err != nil {
+				if err := allowed(tc.mode, c, cl); err != nil {
 					t.Errorf("access %d to %q denied: %v", cl.a, cl.pathID, err)
 				}
 			}
 			for _, cl := range tc.deny {
-				if err := authorize(context.Background(), tc.mode, c, cl.a, cl.pathID, owners[cl.pathID], lookup); err == nil {
+				if err := allowed(tc.mode, c, cl); err == nil {
 					t.Errorf("access %d to %q allowed", cl.a, cl.pathID)
+				}
+			}
+		})
+	}
+}
+
+// TestPickKernel: an id is no identity. Bob names his kernel's file after
+// alice's kernel id: each of them gets their own kernel by that id, never
+// the other's, and an admin is asked to say which. A refusal tells a user
+// nothing about another user's kernels.
+func TestPickKernel(t *testing.T) {
+	const aliceX, bobX = "/home/alice/rt/kernel-X.json", "/home/bob/d/kernel-X.json"
+	notebooks := []attribution.Notebook{
+		{KernelID: "X", ConnectionFile: bobX, User: "bob", Notebook: "/home/bob/trap.ipynb"},
+		{KernelID: "X", ConnectionFile: aliceX, User: "alice", Notebook: "/home/alice/secret.ipynb"},
+		{KernelID: "Y", ConnectionFile: "/home/alice/rt/kernel-Y.json", User: "alice"},
+		{KernelID: "Y", ConnectionFile: "/home/alice/other/kernel-Y.json", User: "alice"},
+		{KernelID: "Z", ConnectionFile: "/rt/kernel-Z.json", User: ""}, // no proven process
+	}
+	alice := caller{role: roleUser, user: "alice", peer: Peer{UID: 2000}}
+	bob := caller{role: roleUser, user: "bob", peer: Peer{UID: 3000}}
+	admin := caller{role: roleAdmin, peer: Peer{UID: 0}}
+	for _, tc := range []struct {
+		name     string
+		c        caller
+		id, file string
+		want     string // the connection file chosen, or ""
+		status   int
+		has      []string
+		hasNot   []string
+	}{
+		{"alice's X", alice, "X", "", aliceX, 0, nil, nil},
+		{"bob's X", bob, "X", "", bobX, 0, nil, nil},
+		{"bob names alice's file", bob, "X", aliceX, "", http.StatusForbidden, []string{"not user bob's"}, []string{aliceX, "secret"}},
+		{"bob asks alice's Y", bob, "Y", "", "", http.StatusForbidden, []string{"not user bob's"}, []string{"alice"}},
+		{"bob asks an unknown id", bob, "nope", "", "", http.StatusForbidden, []string{"not user bob's"}, nil},
+		{"alice's two Y", alice, "Y", "", "", http.StatusConflict, []string{"names 2 kernels", "/home/alice/rt/kernel-Y.json", "/home/alice/other/kernel-Y.json", "?connection_file="}, nil},
+		{"alice names one Y", alice, "Y", "/home/alice/other/kernel-Y.json", "/home/alice/other/kernel-Y.json", 0, nil, nil},
+		{"admin's X is ambiguous", admin, "X", "", "", http.StatusConflict, []string{aliceX, bobX, "user alice", "user bob"}, nil},
+		{"admin names bob's X", admin, "X", bobX, bobX, 0, nil, nil},
+		{"admin, unknown", admin, "nope", "", "", http.StatusNotFound, []string{"not known to the daemon"}, nil},
+		{"admin, unknown file", admin, "X", "/nowhere/kernel-X.json", "", http.StatusNotFound, []string{"/nowhere/kernel-X.json"}, nil},
+		{"unproven kernel: admins only", alice, "Z", "", "", http.StatusForbidden, nil, nil},
+		{"unproven kernel, admin", admin, "Z", "", "/rt/kernel-Z.json", 0, nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ref, status, msg := pickKernel(tc.c, tc.id, tc.file, notebooks)
+			if status != tc.status || ref.ConnectionFile != tc.want {
+				t.Fatalf("pickKernel = %q, %d %q; want %q, %d", ref.ConnectionFile, status, msg, tc.want, tc.status)
+			}
+			if status == 0 && (ref.ID != tc.id || ref.Notebook.ConnectionFile != tc.want) {
+				t.Errorf("ref = %+v, want id %s and its notebook", ref, tc.id)
+			}
+			for _, h := range tc.has {
+				if !strings.Contains(msg, h) {
+					t.Errorf("message %q lacks %q", msg, h)
+				}
+			}
+			for _, h := range tc.hasNot {
+				if strings.Contains(msg, h) {
+					t.Errorf("message %q tells %q", msg, h)
 				}
 			}
 		})
@@ -187,6 +256,29 @@ func TestSharedModeSecondUID(t *testing.T) {
 			reqHealthz: "200", reqGPUs: "200", reqUsers: "200", reqNotebooks: "200", reqKernels: "200",
 			reqKernelA: "403", reqFreeA: "403", reqKernelB: "403", reqFreeB: "403",
 		})
+	})
+	t.Run("bob's kernel named after alice's", func(t *testing.T) {
+		// Bob's file kernel-kernel-a.json in his own dir: an id is public.
+		// Bob acts on his kernel of that id, never on alice's.
+		twin := &fakeBackend{report: testReport()}
+		bobs := attribution.Notebook{KernelID: "kernel-a", ConnectionFile: "/home/bob/d/kernel-kernel-a.json", User: "bob"}
+		twin.report.Notebooks = append([]attribution.Notebook{bobs}, twin.report.Notebooks...)
+		sub := filepath.Join(dir, "bob")
+		if err := os.Mkdir(sub, 0o711); err != nil {
+			t.Fatal(err)
+		}
+		ts := startServerWith(t, sub, ModeShared, twin, as("bob"))
+		got := runAs(ts.path, nil, reqKernelA, reqFreeA, reqFreeA, reqFreeA)
+		checkResults(t, got, map[string]string{reqKernelA: "200", reqFreeA: "200"})
+		calls := twin.freeCalls()
+		if len(calls) != 3 {
+			t.Fatalf("free calls %+v, want 3", calls)
+		}
+		for _, c := range calls {
+			if c.connectionFile != bobs.ConnectionFile {
+				t.Errorf("bob's free went to %s, want his own %s", c.connectionFile, bobs.ConnectionFile)
+			}
+		}
 	})
 	t.Run("the daemon's own uid", func(t *testing.T) {
 		// A daemon running as uid otherUID: its user may do anything.

@@ -13,8 +13,11 @@
 //	GET  /api/v1/gpus                 {"gpus":[attribution.GPU...]}
 //	GET  /api/v1/users                {"users":[UserUsage...]}  per-user totals
 //	GET  /api/v1/notebooks            attribution.Report (same JSON as `gpumem ls --json`)
-//	GET  /api/v1/kernels/{id}         attribution.Notebook of one kernel
+//	GET  /api/v1/kernels/{id}         attribution.Notebook of one kernel (?fresh=1: read now)
 //	POST /api/v1/kernels/{id}/free    body: optional FreeRequest; reply: the backend's JSON
+//
+// Every endpoint of one kernel (these, and /vars and /summary) takes
+// ?connection_file=PATH to choose among kernels sharing an id.
 //
 // GET endpoints also answer HEAD. Any other method on these paths gets 405;
 // any other path 404. Errors are JSON: {"error":"..."}.
@@ -40,15 +43,25 @@
 // Shared mode (--socket-mode shared): the socket file is 0666 and
 //
 //   - root (uid 0) and the daemon's own uid are admins: they may do everything;
-//   - a kernel caller is a process that Backend.KernelOfPID places in a
-//     kernel's process tree and whose uid is that kernel's owner's uid (the
-//     uid check also defeats pid reuse between connect and lookup). It may
-//     GET /healthz, /api/v1/gpus and /api/v1/users, GET its own kernel's
-//     entry and POST free for its own kernel. Another kernel's id gets 403
-//     (whether or not that kernel exists), and so does /api/v1/notebooks;
-//   - any other caller may GET /healthz only; everything else is 403.
+//   - every other local user is a user (named as the report names kernels'
+//     owners): GET /healthz, /api/v1/gpus and /api/v1/users; their own view
+//     of /api/v1/notebooks, /api/v1/kernels and /api/v1/history; and the
+//     endpoints of one kernel for their own kernels only.
 //
-// Per-user totals (GET /api/v1/users) are what a kernel caller may learn about
+// # Which kernel an {id} names
+//
+// A kernel id is no identity: it is public (every kernel's argv), and anyone
+// may name a connection file after another's kernel. A kernel is its
+// connection file, and its owner the user of its proven process, as the last
+// report says. The endpoints of one kernel pick, among the report's kernels
+// of that id (and of that file, with ?connection_file=PATH), those the
+// caller may act on: a user's own, or all for an admin. None: 403 for a user
+// (the same whether or not another user's kernel has that id; the request
+// never reaches another user's kernel, so no refusal of theirs is seen), 404
+// for an admin. More than one: 409, naming only the candidates the caller
+// may see and how to choose one.
+//
+// Per-user totals (GET /api/v1/users) are what a user may learn about
 // other users: for each user, the number of notebooks and of other GPU
 // processes, their bytes, and bytes per GPU; never pids, paths or commands.
 package api

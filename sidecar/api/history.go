@@ -35,9 +35,9 @@ type HistoryQuery struct {
 type KernelQueryBackend interface {
 	// KernelVars is the %gpumem vars data of the kernel, as JSON;
 	// allDevices adds tensors on other devices than GPUs.
-	KernelVars(ctx context.Context, kernelID string, allDevices bool) (json.RawMessage, error)
+	KernelVars(ctx context.Context, k KernelRef, allDevices bool) (json.RawMessage, error)
 	// KernelSummary is the %gpumem data (per-framework figures), as JSON.
-	KernelSummary(ctx context.Context, kernelID string) (json.RawMessage, error)
+	KernelSummary(ctx context.Context, k KernelRef) (json.RawMessage, error)
 }
 
 // HistoryResponse is the reply of GET /api/v1/history.
@@ -48,7 +48,8 @@ type HistoryResponse struct {
 	// interval for the last 15 minutes, 60 for older ranges.
 	StepSeconds    int64   `json:"step_seconds"`
 	AlertThreshold float64 `json:"alert_threshold"`
-	// GPUs' series are keyed by GPU index, notebooks' by kernel id.
+	// GPUs' series are keyed by GPU index, notebooks' by kernel id (and
+	// ConnectionFile, the kernel's identity).
 	GPUs      []HistorySeries `json:"gpus"`
 	Notebooks []HistorySeries `json:"notebooks"`
 	// Events after the events_after asked for, oldest first; LastEvent is
@@ -63,20 +64,21 @@ type HistoryResponse struct {
 
 // HistorySeries is one series' points, [unix seconds, bytes] each.
 type HistorySeries struct {
-	ID     string      `json:"id"`
-	Peak   uint64      `json:"peak_bytes"`
-	PeakAt int64       `json:"peak_at"`
-	Points [][2]uint64 `json:"points"`
+	ID             string      `json:"id"`
+	ConnectionFile string      `json:"connection_file,omitempty"`
+	Peak           uint64      `json:"peak_bytes"`
+	PeakAt         int64       `json:"peak_at"`
+	Points         [][2]uint64 `json:"points"`
 }
 
 // extraRoutes adds the endpoints of the optional backend interfaces.
 func (s *Server) extraRoutes(route func(string, access, func(http.ResponseWriter, *http.Request, caller)), allow map[string]string) {
 	route("GET /api/v1/history", accessUser, s.serveHistory)
-	route("GET /api/v1/kernels/{id}/vars", accessOwnKernel, s.kernelQuery(func(b KernelQueryBackend, ctx context.Context, id string, r *http.Request) (json.RawMessage, error) {
-		return b.KernelVars(ctx, id, r.URL.Query().Get("all_devices") == "1")
+	route("GET /api/v1/kernels/{id}/vars", accessOwnKernel, s.kernelQuery(func(b KernelQueryBackend, ctx context.Context, k KernelRef, r *http.Request) (json.RawMessage, error) {
+		return b.KernelVars(ctx, k, r.URL.Query().Get("all_devices") == "1")
 	}))
-	route("GET /api/v1/kernels/{id}/summary", accessOwnKernel, s.kernelQuery(func(b KernelQueryBackend, ctx context.Context, id string, _ *http.Request) (json.RawMessage, error) {
-		return b.KernelSummary(ctx, id)
+	route("GET /api/v1/kernels/{id}/summary", accessOwnKernel, s.kernelQuery(func(b KernelQueryBackend, ctx context.Context, k KernelRef, _ *http.Request) (json.RawMessage, error) {
+		return b.KernelSummary(ctx, k)
 	}))
 	allow["/api/v1/history"] = "GET, HEAD"
 	allow["/api/v1/kernels/{id}/vars"] = "GET, HEAD"
@@ -126,20 +128,21 @@ func userHistory(resp HistoryResponse, user string) HistoryResponse {
 		}
 	}
 	resp.Report = ownView(resp.Report, user)
+	// By connection file: another user's kernel may share an id.
 	own := map[string]bool{}
 	for _, nb := range resp.Report.Notebooks {
-		own[nb.KernelID] = true
+		own[nb.ConnectionFile] = true
 	}
 	series := []HistorySeries{}
 	for _, sr := range resp.Notebooks {
-		if own[sr.ID] {
+		if own[sr.ConnectionFile] {
 			series = append(series, sr)
 		}
 	}
 	resp.Notebooks = series
 	events := []history.Event{}
 	for _, e := range resp.Events {
-		if own[e.KernelID] {
+		if own[e.ConnectionFile] {
 			events = append(events, e)
 		}
 	}
@@ -147,15 +150,15 @@ func userHistory(resp HistoryResponse, user string) HistoryResponse {
 	return resp
 }
 
-func (s *Server) kernelQuery(f func(KernelQueryBackend, context.Context, string, *http.Request) (json.RawMessage, error)) func(http.ResponseWriter, *http.Request, caller) {
-	return func(w http.ResponseWriter, r *http.Request, _ caller) {
+func (s *Server) kernelQuery(f func(KernelQueryBackend, context.Context, KernelRef, *http.Request) (json.RawMessage, error)) func(http.ResponseWriter, *http.Request, caller) {
+	return func(w http.ResponseWriter, r *http.Request, c caller) {
 		qb, ok := s.backend.(KernelQueryBackend)
 		if !ok {
 			s.writeError(w, r, http.StatusNotFound, "this daemon answers no kernel queries")
 			return
 		}
-		id := r.PathValue("id")
-		reply, err := f(qb, r.Context(), id, r)
+		id := c.kernel.ID
+		reply, err := f(qb, r.Context(), c.kernel, r)
 		switch {
 		case errors.Is(err, ErrKernelNotFound):
 			s.writeError(w, r, http.StatusNotFound, err.Error())

@@ -30,17 +30,14 @@ func (b *historyBackend) History(_ context.Context, q HistoryQuery) (HistoryResp
 		Notebooks: []HistorySeries{}, Report: testReport()}, nil
 }
 
-func (b *historyBackend) KernelVars(_ context.Context, id string, all bool) (json.RawMessage, error) {
+func (b *historyBackend) KernelVars(_ context.Context, k KernelRef, all bool) (json.RawMessage, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.vars = append(b.vars, fmt.Sprintf("%s all=%v", id, all))
-	if id == "kernel-zz" {
-		return nil, fmt.Errorf("kernel %s: %w", id, ErrKernelNotFound)
-	}
+	b.vars = append(b.vars, fmt.Sprintf("%s %s all=%v", k.ID, k.ConnectionFile, all))
 	return json.RawMessage(`{"kind":"vars","rows":[]}`), nil
 }
 
-func (b *historyBackend) KernelSummary(_ context.Context, id string) (json.RawMessage, error) {
+func (b *historyBackend) KernelSummary(_ context.Context, _ KernelRef) (json.RawMessage, error) {
 	return json.RawMessage(`{"kind":"summary"}`), nil
 }
 
@@ -79,7 +76,7 @@ func TestHistoryEndpoints(t *testing.T) {
 		{"POST", "/api/v1/history", 405, "method POST is not allowed"},
 		{"GET", "/api/v1/kernels/kernel-a/vars", 200, `"kind":"vars"`},
 		{"GET", "/api/v1/kernels/kernel-a/vars?all_devices=1", 200, `"kind":"vars"`},
-		{"GET", "/api/v1/kernels/kernel-zz/vars", 404, "kernel not found"},
+		{"GET", "/api/v1/kernels/kernel-zz/vars", 404, "kernel kernel-zz is not known to the daemon"},
 		{"GET", "/api/v1/kernels/kernel-a/summary", 200, `"kind":"summary"`},
 		{"POST", "/api/v1/kernels/kernel-a/vars", 405, "not allowed"},
 	}
@@ -95,7 +92,7 @@ func TestHistoryEndpoints(t *testing.T) {
 	if fmt.Sprint(b.queries) != fmt.Sprint(want) {
 		t.Errorf("backend got queries %+v, want %+v", b.queries, want)
 	}
-	if got := strings.Join(b.vars, "; "); got != "kernel-a all=false; kernel-a all=true; kernel-zz all=false" {
+	if got := strings.Join(b.vars, "; "); got != "kernel-a /rt/kernel-kernel-a.json all=false; kernel-a /rt/kernel-kernel-a.json all=true" {
 		t.Errorf("backend got vars calls %q", got)
 	}
 }
@@ -115,10 +112,17 @@ func TestUserHistory(t *testing.T) {
 		t.Fatalf("testReport needs notebooks of two users: %+v", rep.Notebooks)
 	}
 	me, them := rep.Notebooks[0], rep.Notebooks[1]
+	// Another user's kernel named after the caller's: told apart by its
+	// connection file.
+	twin := them
+	twin.KernelID, twin.ConnectionFile = me.KernelID, "/home/them/kernel-"+me.KernelID+".json"
+	rep.Notebooks = append(rep.Notebooks, twin)
 	resp := HistoryResponse{
-		Report:    rep,
-		Notebooks: []HistorySeries{{ID: me.KernelID}, {ID: them.KernelID}},
-		Events:    []history.Event{{Seq: 1, KernelID: them.KernelID}, {Seq: 2, KernelID: me.KernelID}},
+		Report: rep,
+		Notebooks: []HistorySeries{{ID: me.KernelID, ConnectionFile: me.ConnectionFile}, {ID: them.KernelID, ConnectionFile: them.ConnectionFile},
+			{ID: twin.KernelID, ConnectionFile: twin.ConnectionFile}},
+		Events: []history.Event{{Seq: 1, KernelID: them.KernelID, ConnectionFile: them.ConnectionFile},
+			{Seq: 2, KernelID: me.KernelID, ConnectionFile: me.ConnectionFile}, {Seq: 3, KernelID: twin.KernelID, ConnectionFile: twin.ConnectionFile}},
 	}
 	got := userHistory(resp, me.User)
 	for _, nb := range got.Report.Notebooks {
@@ -126,7 +130,7 @@ func TestUserHistory(t *testing.T) {
 			t.Errorf("user %s sees notebook %s of %s", me.User, nb.KernelID, nb.User)
 		}
 	}
-	if len(got.Notebooks) != 1 || got.Notebooks[0].ID != me.KernelID {
+	if len(got.Notebooks) != 1 || got.Notebooks[0].ConnectionFile != me.ConnectionFile {
 		t.Errorf("series = %+v, want only %s", got.Notebooks, me.KernelID)
 	}
 	if len(got.Events) != 1 || got.Events[0].Seq != 2 {

@@ -192,9 +192,10 @@ type fakeKernel struct {
 }
 
 type freeCall struct {
-	kernelID string
-	req      FreeRequest
-	peer     Peer
+	kernelID       string
+	connectionFile string
+	req            FreeRequest
+	peer           Peer
 }
 
 func (b *fakeBackend) Kernels(context.Context) ([]KernelStatus, error) {
@@ -202,15 +203,18 @@ func (b *fakeBackend) Kernels(context.Context) ([]KernelStatus, error) {
 }
 
 // KernelNow answers from fresh, not from the report: the tests tell them apart.
-func (b *fakeBackend) KernelNow(_ context.Context, id string) (attribution.Notebook, error) {
+func (b *fakeBackend) KernelNow(_ context.Context, k KernelRef) (attribution.Notebook, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	nb, ok := b.fresh[id]
-	if !ok {
-		return attribution.Notebook{}, fmt.Errorf("kernel %s: %w", id, ErrKernelNotFound)
+	nb, ok := b.fresh[k.ID]
+	if !ok || k.ConnectionFile != connFileOf(k.ID) {
+		return attribution.Notebook{}, fmt.Errorf("kernel %s: %w", k.ID, ErrKernelNotFound)
 	}
 	return nb, nil
 }
+
+// connFileOf is the connection file of the test report's kernel id.
+func connFileOf(id string) string { return "/rt/kernel-" + id + ".json" }
 
 func (b *fakeBackend) Report(context.Context) (attribution.Report, error) {
 	b.mu.Lock()
@@ -222,7 +226,7 @@ func (b *fakeBackend) KernelOfPID(_ context.Context, pid int) (string, uint32, b
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	k, ok := b.kernels[pid]
-	return k.id, k.owner, ok
+	return connFileOf(k.id), k.owner, ok
 }
 
 func (b *fakeBackend) setKernel(pid int, k fakeKernel) {
@@ -234,14 +238,15 @@ func (b *fakeBackend) setKernel(pid int, k fakeKernel) {
 	b.kernels[pid] = k
 }
 
-func (b *fakeBackend) Free(ctx context.Context, kernelID string, req FreeRequest) (json.RawMessage, error) {
+func (b *fakeBackend) Free(ctx context.Context, k KernelRef, req FreeRequest) (json.RawMessage, error) {
+	kernelID := k.ID
 	peer, _ := PeerFromContext(ctx)
 	b.mu.Lock()
-	b.frees = append(b.frees, freeCall{kernelID: kernelID, req: req, peer: peer})
+	b.frees = append(b.frees, freeCall{kernelID: kernelID, connectionFile: k.ConnectionFile, req: req, peer: peer})
 	f := b.freeFunc
 	known := false
 	for _, nb := range b.report.Notebooks {
-		known = known || nb.KernelID == kernelID
+		known = known || nb.ConnectionFile == k.ConnectionFile
 	}
 	b.mu.Unlock()
 	if f != nil {
@@ -267,9 +272,9 @@ func testReport() attribution.Report {
 			{Index: 1, UUID: "GPU-bbbb", Name: "NVIDIA H200", MemoryTotalBytes: 100 << 30, MemoryUsedBytes: 10 << 30, Simulated: true, NotebookBytes: 10 << 30, FreeBytes: 90 << 30},
 		},
 		Notebooks: []attribution.Notebook{
-			{KernelID: "kernel-a", Notebook: "/home/alice/a.ipynb", PIDs: []int{101, 102}, User: "alice", GPUMemoryBytes: 20 << 30, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 20 << 30}}},
-			{KernelID: "kernel-b", Notebook: "/home/bob/b.ipynb", PIDs: []int{201}, User: "bob", GPUMemoryBytes: 15 << 30, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 5 << 30}, {Index: 1, Bytes: 10 << 30}}},
-			{KernelID: "kernel-c", Notebook: "/home/alice/c.ipynb", PIDs: []int{301}, User: "alice"},
+			{KernelID: "kernel-a", ConnectionFile: connFileOf("kernel-a"), Notebook: "/home/alice/a.ipynb", PIDs: []int{101, 102}, User: "alice", GPUMemoryBytes: 20 << 30, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 20 << 30}}},
+			{KernelID: "kernel-b", ConnectionFile: connFileOf("kernel-b"), Notebook: "/home/bob/b.ipynb", PIDs: []int{201}, User: "bob", GPUMemoryBytes: 15 << 30, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 5 << 30}, {Index: 1, Bytes: 10 << 30}}},
+			{KernelID: "kernel-c", ConnectionFile: connFileOf("kernel-c"), Notebook: "/home/alice/c.ipynb", PIDs: []int{301}, User: "alice"},
 		},
 		Other: []attribution.OtherProcess{
 			{PID: 401, User: "bob", Command: "python train.py", PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 5 << 30}}},

@@ -26,22 +26,23 @@ import (
 type Backend interface {
 	// Report is the current snapshot. The server does not modify it.
 	Report(ctx context.Context) (attribution.Report, error)
-	// KernelOfPID says which kernel's process tree pid belongs to, and the
-	// uid owning that kernel. It is called for shared-mode callers that are
-	// neither root nor the daemon's user.
-	KernelOfPID(ctx context.Context, pid int) (kernelID string, ownerUID uint32, ok bool)
-	// Free frees GPU memory in a kernel; req has been validated. It returns
-	// the JSON reply to send, or an error wrapping ErrKernelNotFound for an
+	// KernelOfPID says which kernel's process tree pid belongs to (its
+	// connection file), and the uid owning that kernel: a free asked from
+	// inside the kernel it frees gets a short deadline.
+	KernelOfPID(ctx context.Context, pid int) (connectionFile string, ownerUID uint32, ok bool)
+	// Free frees GPU memory in the kernel of k.ConnectionFile; req has been
+	// validated, and the caller authorized for that kernel. It returns the
+	// JSON reply to send, or an error wrapping ErrKernelNotFound for an
 	// unknown kernel. The error's text is sent to the caller: it must not
 	// hold a kernel key or a server token.
-	Free(ctx context.Context, kernelID string, req FreeRequest) (json.RawMessage, error)
+	Free(ctx context.Context, k KernelRef, req FreeRequest) (json.RawMessage, error)
 	// Kernels lists the kernels the daemon follows, as `gpumem kernels`
 	// prints them.
 	Kernels(ctx context.Context) ([]KernelStatus, error)
 	// KernelNow is a kernel's figures sampled now (NVML and /proc), not
 	// from the last sample: what a report after a free must show. The
 	// error wraps ErrKernelNotFound for an unknown kernel.
-	KernelNow(ctx context.Context, kernelID string) (attribution.Notebook, error)
+	KernelNow(ctx context.Context, k KernelRef) (attribution.Notebook, error)
 }
 
 // Free deadlines. A free runs after the kernel's current cell, which may
@@ -193,18 +194,28 @@ func (s *Server) handler(mode Mode) http.Handler {
 	})
 }
 
-// authorized identifies the caller and applies the access rule before h.
+// authorized identifies the caller and applies the access rule before h;
+// for an endpoint of one kernel it picks that kernel (pickKernel) from the
+// last report, so that h acts on one connection file the caller may act on.
 func (s *Server) authorized(mode Mode, a access, h func(http.ResponseWriter, *http.Request, caller)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		pr, _ := r.Context().Value(peerKey{}).(peerResult) // checked by handler
 		c := identify(mode, s.daemonUID, pr.peer, s.userName)
-		owner := ""
-		if id := r.PathValue("id"); a == accessOwnKernel && c.role == roleUser {
-			owner = s.kernelOwner(r.Context(), id)
-		}
-		if err := authorize(r.Context(), mode, c, a, r.PathValue("id"), owner, s.backend.KernelOfPID); err != nil {
+		if err := authorize(mode, c, a); err != nil {
 			s.writeError(w, r, http.StatusForbidden, err.Error())
 			return
+		}
+		if a == accessOwnKernel {
+			rep, ok := s.report(w, r)
+			if !ok {
+				return
+			}
+			ref, status, msg := pickKernel(c, r.PathValue("id"), r.URL.Query().Get("connection_file"), rep.Notebooks)
+			if status != 0 {
+				s.writeError(w, r, status, msg)
+				return
+			}
+			c.kernel = ref
 		}
 		h(w, r, c)
 	})
@@ -242,20 +253,6 @@ func (s *Server) serveUsers(w http.ResponseWriter, r *http.Request, _ caller) {
 		return
 	}
 	s.writeJSON(w, r, http.StatusOK, UsersResponse{Users: SummarizeUsers(rep)})
-}
-
-// kernelOwner is the user the report names for kernel id ("" if none).
-func (s *Server) kernelOwner(ctx context.Context, id string) string {
-	rep, err := s.backend.Report(ctx)
-	if err != nil {
-		return ""
-	}
-	for _, nb := range rep.Notebooks {
-		if nb.KernelID == id {
-			return nb.User
-		}
-	}
-	return ""
 }
 
 // ReportEncoder is a Backend that also hands out its report already
@@ -301,11 +298,11 @@ func (s *Server) serveKernels(w http.ResponseWriter, r *http.Request, c caller) 
 		}
 		own := map[string]bool{}
 		for _, nb := range ownView(rep, c.user).Notebooks {
-			own[nb.KernelID] = true
+			own[nb.ConnectionFile] = true
 		}
 		mine := []KernelStatus{}
 		for _, k := range ks {
-			if own[k.KernelID] {
+			if own[k.ConnectionFile] {
 				mine = append(mine, k)
 			}
 		}
@@ -317,10 +314,9 @@ func (s *Server) serveKernels(w http.ResponseWriter, r *http.Request, c caller) 
 	s.writeJSON(w, r, http.StatusOK, KernelsResponse{Kernels: ks})
 }
 
-func (s *Server) serveKernel(w http.ResponseWriter, r *http.Request, _ caller) {
-	id := r.PathValue("id")
+func (s *Server) serveKernel(w http.ResponseWriter, r *http.Request, c caller) {
 	if r.URL.Query().Get("fresh") == "1" {
-		nb, err := s.backend.KernelNow(r.Context(), id)
+		nb, err := s.backend.KernelNow(r.Context(), c.kernel)
 		switch {
 		case errors.Is(err, ErrKernelNotFound):
 			s.writeError(w, r, http.StatusNotFound, err.Error())
@@ -331,34 +327,24 @@ func (s *Server) serveKernel(w http.ResponseWriter, r *http.Request, _ caller) {
 		}
 		return
 	}
-	rep, ok := s.report(w, r)
-	if !ok {
-		return
-	}
-	for _, nb := range rep.Notebooks {
-		if nb.KernelID == id {
-			s.writeJSON(w, r, http.StatusOK, nb)
-			return
-		}
-	}
-	s.writeError(w, r, http.StatusNotFound, fmt.Sprintf("kernel %s is not known to the daemon: list kernels with GET /api/v1/notebooks", id))
+	s.writeJSON(w, r, http.StatusOK, c.kernel.Notebook)
 }
 
 func (s *Server) serveFree(w http.ResponseWriter, r *http.Request, c caller) {
-	id := r.PathValue("id")
+	id := c.kernel.ID
 	req, status, err := decodeFree(w, r)
 	if err != nil {
 		s.writeError(w, r, status, err.Error())
 		return
 	}
-	log := s.log.With().Str("kernel_id", id).Int("pid", c.peer.PID).Uint32("uid", c.peer.UID).Logger()
+	log := s.log.With().Str("kernel_id", id).Str("connection_file", c.kernel.ConnectionFile).Int("pid", c.peer.PID).Uint32("uid", c.peer.UID).Logger()
 	wait, self := maxFreeWait, false
-	if kid, _, ok := s.backend.KernelOfPID(r.Context(), c.peer.PID); ok && kid == id {
+	if file, _, ok := s.backend.KernelOfPID(r.Context(), c.peer.PID); ok && file == c.kernel.ConnectionFile {
 		wait, self = s.selfFreeWait, true
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), wait)
 	defer cancel()
-	reply, err := s.backend.Free(ctx, id, req)
+	reply, err := s.backend.Free(ctx, c.kernel, req)
 	switch {
 	case self && errors.Is(err, context.DeadlineExceeded):
 		log.Warn().Err(err).Msg("free from inside the kernel timed out")

@@ -53,11 +53,12 @@ func TestEndpoints(t *testing.T) {
 	_, err = c.Free(ctx, "kernel-zz", FreeRequest{})
 	wantStatus(t, err, http.StatusNotFound)
 
+	// An unknown id is refused before the backend is asked.
 	calls := b.freeCalls()
-	if len(calls) != 3 {
-		t.Fatalf("backend got %d free calls, want 3: %+v", len(calls), calls)
+	if len(calls) != 2 {
+		t.Fatalf("backend got %d free calls, want 2: %+v", len(calls), calls)
 	}
-	if calls[0].kernelID != "kernel-a" || !reflect.DeepEqual(calls[0].req, FreeRequest{}) {
+	if calls[0].kernelID != "kernel-a" || calls[0].connectionFile != connFileOf("kernel-a") || !reflect.DeepEqual(calls[0].req, FreeRequest{}) {
 		t.Errorf("first free call %+v, want kernel-a cache-only", calls[0])
 	}
 	if !reflect.DeepEqual(calls[1].req.Vars, []string{"model", "x_1"}) {

@@ -13,9 +13,12 @@ import (
 
 // Kernel is a running kernel as discovery found it.
 type Kernel struct {
-	ID       string // kernel id
-	Notebook string // absolute notebook path; "" when unknown
-	PID      int    // the kernel process
+	ID string // kernel id: public, and not unique (anyone may name a file after another's)
+	// ConnectionFile is the kernel's identity: the path of its connection
+	// file ("" where the caller has none).
+	ConnectionFile string
+	Notebook       string // absolute notebook path; "" when unknown
+	PID            int    // the kernel process
 	// StartTime is the kernel process's start time (clock ticks since boot,
 	// /proc/<pid>/stat field 22); 0 means unknown, and then whatever process
 	// has PID is taken for the kernel.
@@ -192,7 +195,7 @@ func (c *claims) notebooks() []Notebook {
 	out := make([]Notebook, 0, len(c.kernels))
 	for ki, k := range c.kernels {
 		u := c.byKernel[ki]
-		nb := Notebook{KernelID: k.ID, Notebook: k.Notebook, PIDs: []int{}, PerGPU: perGPU(u.perGPU),
+		nb := Notebook{KernelID: k.ID, ConnectionFile: k.ConnectionFile, Notebook: k.Notebook, PIDs: []int{}, PerGPU: perGPU(u.perGPU),
 			Processes: make([]ProcessBytes, 0, len(u.pids))}
 		for pid, per := range u.pids {
 			nb.Processes = append(nb.Processes, ProcessBytes{PID: pid, PerGPU: perGPU(per)})
@@ -230,7 +233,7 @@ func (c *claims) notebooks() []Notebook {
 	}
 	slices.SortStableFunc(out, func(a, b Notebook) int {
 		return cmp.Or(cmp.Compare(b.GPUMemoryBytes, a.GPUMemoryBytes),
-			cmp.Compare(a.Notebook, b.Notebook), cmp.Compare(a.KernelID, b.KernelID))
+			cmp.Compare(a.Notebook, b.Notebook), cmp.Compare(a.KernelID, b.KernelID), cmp.Compare(a.ConnectionFile, b.ConnectionFile))
 	})
 	return out
 }

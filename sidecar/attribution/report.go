@@ -44,7 +44,10 @@ type GPUBytes struct {
 
 // Notebook is one kernel and the GPU memory its processes hold.
 type Notebook struct {
-	KernelID       string `json:"kernel_id"`
+	KernelID string `json:"kernel_id"`
+	// ConnectionFile is the kernel's identity (its id is not: two users'
+	// files may share a name); "" where the report's maker has none.
+	ConnectionFile string `json:"connection_file,omitempty"`
 	Notebook       string `json:"notebook"` // absolute path; "" for a kernel without a server
 	PIDs           []int  `json:"pids"`     // kernel pid first, then the tree's processes holding GPU memory
 	User           string `json:"user"`

@@ -73,7 +73,7 @@ func TestAllUsersDirsLastAsLongAsSomethingNamesThem(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.mu.Lock()
-	r.owners["kernel-k.json"] = discovery.Owner{PID: 100, Start: 100, FromPort: true, UIDMatch: true, Proven: true}
+	r.owners[file] = discovery.Owner{PID: 100, Start: 100, FromPort: true, UIDMatch: true, Proven: true}
 	r.mu.Unlock()
 	r.d.scan(r.ctx)
 	if r.kernel(file) == nil || !held() {

@@ -59,8 +59,8 @@ func (d *Daemon) ReportJSON(ctx context.Context) ([]byte, error) {
 	return body, nil
 }
 
-// KernelOfPID implements api.Backend: the kernel whose live process tree
-// holds pid.
+// KernelOfPID implements api.Backend: the kernel (its connection file)
+// whose live process tree holds pid.
 func (d *Daemon) KernelOfPID(ctx context.Context, pid int) (string, uint32, bool) {
 	table, err := d.fs.ScanTree([]int{pid})
 	if err != nil {
@@ -78,7 +78,7 @@ func (d *Daemon) KernelOfPID(ctx context.Context, pid int) (string, uint32, bool
 		}
 		for _, p := range table.KernelProcesses(ks.cur.PID, ks.cur.Start) {
 			if p.PID == caller.PID && p.StartTime == caller.StartTime {
-				return ks.id, ks.uid, true
+				return ks.connFile, ks.uid, true
 			}
 		}
 	}
@@ -87,32 +87,32 @@ func (d *Daemon) KernelOfPID(ctx context.Context, pid int) (string, uint32, bool
 
 // KernelNow implements api.Backend: the kernel's figures from a reading
 // taken now.
-func (d *Daemon) KernelNow(ctx context.Context, kernelID string) (attribution.Notebook, error) {
+func (d *Daemon) KernelNow(ctx context.Context, k api.KernelRef) (attribution.Notebook, error) {
 	obs, err := d.observe(ctx)
 	if err != nil {
 		return attribution.Notebook{}, err
 	}
 	for _, nb := range obs.Report.Notebooks {
-		if nb.KernelID == kernelID {
+		if nb.ConnectionFile == k.ConnectionFile {
 			return nb, nil
 		}
 	}
-	return attribution.Notebook{}, fmt.Errorf("kernel %s: %w", kernelID, api.ErrKernelNotFound)
+	return attribution.Notebook{}, fmt.Errorf("kernel %s: %w", k.ID, api.ErrKernelNotFound)
 }
 
 // Free implements api.Backend: a free run in the kernel after its current
 // cell; cache-only unless req names variables or All. The report carries the
 // driver's figure for the kernel's processes before and after, each read
 // when it is reported (the last sample may be a second old).
-func (d *Daemon) Free(ctx context.Context, kernelID string, req api.FreeRequest) (json.RawMessage, error) {
-	client, err := d.attachedClient(kernelID)
+func (d *Daemon) Free(ctx context.Context, k api.KernelRef, req api.FreeRequest) (json.RawMessage, error) {
+	client, err := d.attachedClient(k)
 	if err != nil {
 		return nil, err
 	}
 	// The driver's figure, read now before and after: the report's JSON
 	// and the kernel's text show the same two readings.
 	driverNow := func(ctx context.Context) *uint64 {
-		nb, err := d.KernelNow(ctx, kernelID)
+		nb, err := d.KernelNow(ctx, k)
 		if err != nil {
 			return nil
 		}
@@ -153,18 +153,18 @@ func (d *Daemon) Kernels(ctx context.Context) ([]api.KernelStatus, error) {
 	return out, nil
 }
 
-// attachedClient is the client attached to kernel kernelID, or an error
-// wrapping api.ErrKernelNotFound for a kernel the daemon does not follow.
-func (d *Daemon) attachedClient(kernelID string) (*protocol.Client, error) {
+// attachedClient is the client attached to the kernel of k's connection
+// file, or an error wrapping api.ErrKernelNotFound for a kernel the daemon
+// does not follow (never another kernel of the same id).
+func (d *Daemon) attachedClient(k api.KernelRef) (*protocol.Client, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for _, k := range d.kernels {
-		if k.id == kernelID {
-			if k.client == nil {
-				return nil, fmt.Errorf("kernel %s is not attached yet (starting, or not answering); try again", kernelID)
-			}
-			return k.client, nil
-		}
+	ks, ok := d.kernels[k.ConnectionFile]
+	if !ok || ks.id != k.ID {
+		return nil, fmt.Errorf("kernel %s: %w", k.ID, api.ErrKernelNotFound)
 	}
-	return nil, fmt.Errorf("kernel %s: %w", kernelID, api.ErrKernelNotFound)
+	if ks.client == nil {
+		return nil, fmt.Errorf("kernel %s is not attached yet (starting, or not answering); try again", k.ID)
+	}
+	return ks.client, nil
 }

@@ -137,10 +137,11 @@ func cullMessage(action string, bytes uint64, idle time.Duration, at time.Time) 
 // and returns the warnings that stand, for the notebook alert file.
 func (d *Daemon) cull(ctx context.Context, rep *attribution.Report) []notebookAlert {
 	now := time.Now()
+	// By connection file: another user's kernel may share an id.
 	bytes := map[string]uint64{}
 	users := map[string]string{}
 	for _, nb := range rep.Notebooks {
-		bytes[nb.KernelID], users[nb.KernelID] = nb.GPUMemoryBytes, nb.User
+		bytes[nb.ConnectionFile], users[nb.ConnectionFile] = nb.GPUMemoryBytes, nb.User
 	}
 	type job struct {
 		ks     *kernelState
@@ -159,7 +160,7 @@ func (d *Daemon) cull(ctx context.Context, rep *attribution.Report) []notebookAl
 			if ks.execState == "idle" {
 				act.IdleSeconds = now.Sub(ks.lastActivity).Seconds()
 			}
-			activity[ks.id] = act
+			activity[ks.connFile] = act
 		}
 		if !d.cfg.Cull.Enabled() {
 			continue
@@ -172,20 +173,20 @@ func (d *Daemon) cull(ctx context.Context, rep *attribution.Report) []notebookAl
 			state, act.ExecutionState, act.IdleSeconds = "busy", "busy", 0
 		}
 		in := cullInput{now: now, hasServer: hasServer, execState: state, lastActivity: ks.lastActivity,
-			bytes: bytes[ks.id], user: users[ks.id], state: ks.cull}
+			bytes: bytes[ks.connFile], user: users[ks.connFile], state: ks.cull}
 		verdict, why := d.cfg.Cull.decide(in)
 		// The logger is built only for a verdict that logs: this runs for
 		// every kernel at every sample.
 		logger := func() zerolog.Logger {
-			return d.log.With().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Str("user", users[ks.id]).
-				Uint64("bytes", bytes[ks.id]).Dur("idle", now.Sub(ks.lastActivity)).Str("action", d.cfg.Cull.Action).Logger()
+			return d.log.With().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Str("user", users[ks.connFile]).
+				Uint64("bytes", bytes[ks.connFile]).Dur("idle", now.Sub(ks.lastActivity)).Str("action", d.cfg.Cull.Action).Logger()
 		}
 		switch verdict {
 		case cullUnknown:
 			ks.cull.warnedAt = time.Time{}
-			if bytes[ks.id] >= d.cfg.Cull.MinMemory && !ks.cur.isZero() {
+			if bytes[ks.connFile] >= d.cfg.Cull.MinMemory && !ks.cur.isZero() {
 				d.problem(fmt.Errorf("kernel %s (%s) holds %s, but no Jupyter server reports its activity: never culled",
-					ks.id, ks.notebook, units.Bytes(bytes[ks.id])))
+					ks.id, ks.notebook, units.Bytes(bytes[ks.connFile])))
 			}
 		case cullWarnNow:
 			ks.cull.warnedAt, ks.cull.deadline, ks.cull.activityAtWarn = now, now.Add(d.cfg.Cull.Warn), ks.lastActivity
@@ -198,21 +199,21 @@ func (d *Daemon) cull(ctx context.Context, rep *attribution.Report) []notebookAl
 			log.Info().Str("reason", why).Msg("cull cancelled")
 		case cullAct:
 			ks.cull.warnedAt, ks.cull.doneAt = time.Time{}, ks.lastActivity
-			jobs = append(jobs, job{ks, bytes[ks.id], ks.server})
+			jobs = append(jobs, job{ks, bytes[ks.connFile], ks.server})
 		}
 		if !ks.cull.warnedAt.IsZero() {
 			act.CullAt, act.CullAction = ks.cull.deadline, d.cfg.Cull.Action
 			alerts = append(alerts, notebookAlert{
 				ID:      fmt.Sprintf("cull-%s-%d", ks.id, ks.cull.warnings),
 				GPU:     -1,
-				Message: cullMessage(d.cfg.Cull.Action, bytes[ks.id], now.Sub(ks.lastActivity), ks.cull.deadline),
+				Message: cullMessage(d.cfg.Cull.Action, bytes[ks.connFile], now.Sub(ks.lastActivity), ks.cull.deadline),
 				Kernels: []string{ks.id},
 			})
 		}
 	}
 	d.mu.Unlock()
 	for i := range rep.Notebooks {
-		rep.Notebooks[i].Activity = activity[rep.Notebooks[i].KernelID]
+		rep.Notebooks[i].Activity = activity[rep.Notebooks[i].ConnectionFile]
 	}
 	for _, j := range jobs {
 		d.wg.Add(1)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -65,7 +66,7 @@ func TestCullRunner(t *testing.T) {
 	setServer := func(state string, last time.Time) {
 		r.d.mu.Lock()
 		ks := r.d.kernels[k1]
-		ks.server, ks.execState, ks.lastActivity = discovery.Server{URL: srv.URL + "/", Token: "t"}, state, last
+		ks.server, ks.execState, ks.lastActivity = discovery.Server{URL: srv.URL + "/", Token: "t", FileUID: uint32(os.Geteuid())}, state, last
 		r.d.mu.Unlock()
 	}
 	report := func() []notebookAlert {

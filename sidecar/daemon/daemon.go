@@ -16,8 +16,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -28,6 +28,7 @@ import (
 	"github.com/gpumem/gpumem/sidecar/cgroups"
 	"github.com/gpumem/gpumem/sidecar/discovery"
 	"github.com/gpumem/gpumem/sidecar/metrics"
+	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
 // Config is `gpumem serve`'s flags.
@@ -47,6 +48,10 @@ type Config struct {
 	MetricsAddr        string // "" = no metrics listener
 	MetricsAllowRemote bool
 	MetricsNoNotebook  bool // no per-notebook series (kernel_id, notebook labels); per-user ones remain
+	// MetricsToken, when set, is the bearer token a scrape needs for the
+	// per-notebook series. In shared mode (a shared socket, or AllUsers)
+	// they are served only with it: loopback is open to every local user.
+	MetricsToken string
 
 	AlertThreshold float64 // fraction of a GPU's memory; <= 0 disables
 	NotebookAlerts bool
@@ -54,8 +59,9 @@ type Config struct {
 	InjectMagics bool
 
 	// ServerToken (GPUMEM_SERVER_TOKEN) is sent to servers whose info
-	// file holds no token.
-	ServerToken string
+	// file holds no token and whose URL ServerTokenURLs names.
+	ServerToken     string
+	ServerTokenURLs []discovery.TokenPattern
 
 	Cull CullConfig
 }
@@ -99,6 +105,11 @@ func (c *Config) defaults() {
 		c.SocketMode = api.ModePrivate
 	}
 }
+
+// shared says whether users other than the daemon's own use this daemon:
+// then what one of them may not see through the socket (another's
+// notebooks and kernel ids) is not served to all of them on loopback.
+func (c Config) shared() bool { return c.SocketMode == api.ModeShared || c.AllUsers }
 
 // Daemon is one `gpumem serve`.
 type Daemon struct {
@@ -200,7 +211,11 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 		locks:        newDirLocks(cfg.RuntimeDirs),
 		problems:     map[string]time.Time{},
 	}
-	d.metrics = metrics.New(d, log, metrics.PerNotebook(!cfg.MetricsNoNotebook))
+	perNotebook := !cfg.MetricsNoNotebook && (!cfg.shared() || cfg.MetricsToken != "")
+	d.metrics = metrics.New(d, log, metrics.PerNotebook(perNotebook))
+	if cfg.MetricsToken != "" {
+		d.metrics.NotebooksOnlyWith(cfg.MetricsToken)
+	}
 	d.hist = newHistoryParts(cfg.Interval)
 	return d, nil
 }
@@ -227,6 +242,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 			return err
 		}
 		d.log.Info().Str("addr", ms.Addr().String()).Msg("serving metrics")
+		if d.cfg.shared() && d.cfg.MetricsToken == "" && !d.cfg.MetricsNoNotebook {
+			d.log.Info().Msg("shared mode: /metrics serves no per-notebook series (kernel_id, notebook): every local user can read loopback; " +
+				"--metrics-token-file serves them to scrapes bearing its token")
+		}
 	}
 	// The watcher first: the kernels the first scan follows ask it for
 	// scans.
@@ -303,7 +322,8 @@ func (d *Daemon) scan(ctx context.Context) {
 	defer cancel()
 	d.addUserDirs()
 	res := discovery.Discover(dctx, discovery.Options{RuntimeDirs: d.watchedDirs(), Procs: knownFinder{d},
-		ServerToken: d.cfg.ServerToken, ServerTimeout: serverDeadline, Backoff: &d.serverBackoff})
+		ServerToken: d.cfg.ServerToken, ServerTokenURLs: d.cfg.ServerTokenURLs,
+		ServerTimeout: serverDeadline, Backoff: &d.serverBackoff})
 	if d.podKernels != nil {
 		pods := d.podKernels.Find(dctx)
 		res.Kernels = append(res.Kernels, pods.Kernels...)
@@ -405,7 +425,9 @@ func (d *Daemon) followLocked(ctx context.Context, ks *kernelState) {
 }
 
 // knownFinder resolves only the kernels whose process the daemon does not
-// know yet: a rescan need not read every process's fds again.
+// know yet: a rescan need not read every process's fds again. Kernels are
+// known by their connection file's path: another user's file of the same
+// name is another kernel.
 type knownFinder struct{ d *Daemon }
 
 func (f knownFinder) FindKernels(files []discovery.KernelFile) (map[string]discovery.Owner, error) {
@@ -413,13 +435,13 @@ func (f knownFinder) FindKernels(files []discovery.KernelFile) (map[string]disco
 	f.d.mu.Lock()
 	for file, ks := range f.d.kernels {
 		if !ks.cur.isZero() {
-			known[filepath.Base(file)] = true
+			known[file] = true
 		}
 	}
 	f.d.mu.Unlock()
 	var rest []discovery.KernelFile
 	for _, kf := range files {
-		if !known[kf.Name] {
+		if !known[kf.Path] {
 			rest = append(rest, kf)
 		}
 	}
@@ -427,6 +449,16 @@ func (f knownFinder) FindKernels(files []discovery.KernelFile) (map[string]disco
 		return map[string]discovery.Owner{}, nil
 	}
 	return f.d.finder.FindKernels(rest)
+}
+
+// TCPListener implements discovery.ListenerFinder with the daemon's finder,
+// when it is one (it reads the daemon's /proc).
+func (f knownFinder) TCPListener(ip net.IP, port int) (procs.Listener, bool, error) {
+	lf, ok := f.d.finder.(discovery.ListenerFinder)
+	if !ok {
+		return procs.Listener{}, false, errors.New("the daemon's process finder cannot say who listens on a port")
+	}
+	return lf.TCPListener(ip, port)
 }
 
 // setKernelProcessLocked records that ks is now served by process id. A new
@@ -440,6 +472,8 @@ func (d *Daemon) setKernelProcessLocked(ks *kernelState, id procID) {
 		return // sample() retires the old process first, reclaiming its tree
 	}
 	ks.cur = id
+	// Proven: it runs as the file's owner (observe keeps it current).
+	ks.uid = ks.fileUID
 	ks.recorded = map[procID]recordedProc{}
 	d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Int("pid", id.PID).Msg("kernel process")
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -64,7 +65,7 @@ func TestRestartReclaimsOnlyTheOrphansOfTheDeadKernel(t *testing.T) {
 	// Its new process is proven and taken.
 	r.setProcs(procstest.Proc{PID: 300, PPID: 1, PGID: 300, SID: 300})
 	r.mu.Lock()
-	r.owners["kernel-k1.json"] = discovery.Owner{PID: 300, Start: 300, FromPort: true, UIDMatch: true, Proven: true}
+	r.owners[k1] = discovery.Owner{PID: 300, Start: 300, FromPort: true, UIDMatch: true, Proven: true}
 	r.mu.Unlock()
 	r.d.scan(r.ctx)
 	if ks := r.kernel(k1); ks.cur.PID != 300 {
@@ -184,7 +185,8 @@ func TestScanToleratesRewrites(t *testing.T) {
 func TestKernelNowAndKernelOfPID(t *testing.T) {
 	r, _, _ := twoKernels(t, Config{})
 	r.setGPU(100, 1<<30)
-	nb, err := r.d.KernelNow(r.ctx, "k1")
+	k1Ref := api.KernelRef{ID: "k1", ConnectionFile: filepath.Join(r.dir, "kernel-k1.json")}
+	nb, err := r.d.KernelNow(r.ctx, k1Ref)
 	if err != nil || nb.GPUMemoryBytes != 1<<30 {
 		t.Errorf("KernelNow = %d, %v; want 1 GiB", nb.GPUMemoryBytes, err)
 	}
@@ -197,11 +199,11 @@ func TestKernelNowAndKernelOfPID(t *testing.T) {
 			t.Errorf("last sample for k1 = %d, want 10 GiB", n.GPUMemoryBytes)
 		}
 	}
-	if _, err := r.d.KernelNow(r.ctx, "nope"); err == nil || !strings.Contains(err.Error(), "kernel not found") {
+	if _, err := r.d.KernelNow(r.ctx, api.KernelRef{ID: "k1", ConnectionFile: "/elsewhere/kernel-k1.json"}); err == nil || !strings.Contains(err.Error(), "kernel not found") {
 		t.Errorf("KernelNow(nope) = %v", err)
 	}
-	if id, _, ok := r.d.KernelOfPID(r.ctx, 201); !ok || id != "k2" {
-		t.Errorf("KernelOfPID(201) = %q, %v", id, ok)
+	if file, _, ok := r.d.KernelOfPID(r.ctx, 201); !ok || file != filepath.Join(r.dir, "kernel-k2.json") {
+		t.Errorf("KernelOfPID(201) = %q, %v", file, ok)
 	}
 	if _, _, ok := r.d.KernelOfPID(r.ctx, 1); ok {
 		t.Error("init belongs to no kernel")
@@ -210,10 +212,11 @@ func TestKernelNowAndKernelOfPID(t *testing.T) {
 	if err != nil || len(ks) != 2 || ks[0].PID == 0 {
 		t.Errorf("Kernels = %+v, %v", ks, err)
 	}
-	if _, err := r.d.Free(r.ctx, "nope", api.FreeRequest{}); err == nil {
-		t.Error("Free of an unknown kernel succeeded")
+	// Another file of the same id is another kernel.
+	if _, err := r.d.Free(r.ctx, api.KernelRef{ID: "k1", ConnectionFile: "/elsewhere/kernel-k1.json"}, api.FreeRequest{}); !errors.Is(err, api.ErrKernelNotFound) {
+		t.Errorf("Free of an unknown kernel: %v", err)
 	}
-	if _, err := r.d.Free(r.ctx, "k1", api.FreeRequest{}); err == nil || !strings.Contains(err.Error(), "not attached") {
+	if _, err := r.d.Free(r.ctx, k1Ref, api.FreeRequest{}); err == nil || !strings.Contains(err.Error(), "not attached") {
 		t.Errorf("Free of an unattached kernel: %v", err)
 	}
 }

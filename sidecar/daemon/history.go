@@ -74,15 +74,22 @@ func (d *Daemon) recordHistory(now time.Time, rep *attribution.Report) int64 {
 		if len(nb.PIDs) > 0 {
 			gen = strconv.Itoa(nb.PIDs[0])
 		}
-		samples = append(samples, history.Sample{Key: history.Key{Kind: history.KindNotebook, ID: nb.KernelID}, Bytes: nb.GPUMemoryBytes, Generation: gen})
+		samples = append(samples, history.Sample{Key: notebookKey(nb.ConnectionFile), Label: nb.KernelID,
+			Bytes: nb.GPUMemoryBytes, Generation: gen})
 	}
 	d.hist.store.Record(now, samples)
 	for i := range rep.Notebooks {
-		if p, ok := d.hist.store.Peak(history.Key{Kind: history.KindNotebook, ID: rep.Notebooks[i].KernelID}); ok {
+		if p, ok := d.hist.store.Peak(notebookKey(rep.Notebooks[i].ConnectionFile)); ok {
 			rep.Notebooks[i].PeakBytes = p
 		}
 	}
 	return now.Unix()
+}
+
+// notebookKey is the series of the kernel of a connection file: kernels
+// are known by their file, since two users' kernels may share an id.
+func notebookKey(connectionFile string) history.Key {
+	return history.Key{Kind: history.KindNotebook, ID: connectionFile}
 }
 
 // historySampled wakes the waiting history requests; sample calls it once
@@ -97,13 +104,13 @@ func (d *Daemon) recordReclaim(ks *kernelState, notebook, why string, processes 
 	user := ""
 	d.mu.Lock()
 	for _, nb := range d.last.Report.Notebooks {
-		if nb.KernelID == ks.id {
+		if nb.ConnectionFile == ks.connFile {
 			user = nb.User
 		}
 	}
 	d.mu.Unlock()
 	d.hist.events.Add(history.Event{Time: time.Now().Unix(), Kind: "reclaim", KernelID: ks.id,
-		Notebook: notebook, User: user, Reason: why, Processes: processes, Bytes: bytes})
+		ConnectionFile: ks.connFile, Notebook: notebook, User: user, Reason: why, Processes: processes, Bytes: bytes})
 }
 
 // History implements api.HistoryBackend.
@@ -124,6 +131,9 @@ func (d *Daemon) History(ctx context.Context, q api.HistoryQuery) (api.HistoryRe
 		GPUs: []api.HistorySeries{}, Notebooks: []api.HistorySeries{}, Report: rep}
 	for _, sr := range d.hist.store.Since(now, since) {
 		hs := api.HistorySeries{ID: sr.Key.ID, Peak: sr.Peak, PeakAt: sr.PeakAt, Points: make([][2]uint64, len(sr.Points))}
+		if sr.Key.Kind == history.KindNotebook {
+			hs.ID, hs.ConnectionFile = sr.Label, sr.Key.ID
+		}
 		for i, p := range sr.Points {
 			hs.Points[i] = [2]uint64{uint64(p.Time), p.Bytes}
 		}
@@ -142,22 +152,22 @@ func (d *Daemon) History(ctx context.Context, q api.HistoryQuery) (api.HistoryRe
 }
 
 // KernelVars implements api.KernelQueryBackend: %gpumem vars's data.
-func (d *Daemon) KernelVars(ctx context.Context, kernelID string, allDevices bool) (json.RawMessage, error) {
-	return d.kernelQuery(ctx, kernelID, func(ctx context.Context, ex magics.Executor) (json.RawMessage, error) {
+func (d *Daemon) KernelVars(ctx context.Context, k api.KernelRef, allDevices bool) (json.RawMessage, error) {
+	return d.kernelQuery(ctx, k, func(ctx context.Context, ex magics.Executor) (json.RawMessage, error) {
 		return magics.Vars(ctx, ex, allDevices)
 	})
 }
 
 // KernelSummary implements api.KernelQueryBackend: %gpumem's data.
-func (d *Daemon) KernelSummary(ctx context.Context, kernelID string) (json.RawMessage, error) {
-	return d.kernelQuery(ctx, kernelID, magics.Summary)
+func (d *Daemon) KernelSummary(ctx context.Context, k api.KernelRef) (json.RawMessage, error) {
+	return d.kernelQuery(ctx, k, magics.Summary)
 }
 
 // queryTimeout bounds a kernel query: it waits for the current cell.
 const queryTimeout = 20 * time.Second
 
-func (d *Daemon) kernelQuery(ctx context.Context, kernelID string, q func(context.Context, magics.Executor) (json.RawMessage, error)) (json.RawMessage, error) {
-	client, err := d.attachedClient(kernelID)
+func (d *Daemon) kernelQuery(ctx context.Context, k api.KernelRef, q func(context.Context, magics.Executor) (json.RawMessage, error)) (json.RawMessage, error) {
+	client, err := d.attachedClient(k)
 	if err != nil {
 		return nil, err
 	}

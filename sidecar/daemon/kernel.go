@@ -178,13 +178,18 @@ func (d *Daemon) runKernel(ctx context.Context, ks *kernelState) {
 // attach dials the kernel until it answers or ctx ends (nil); the client
 // passes its events to onEvent.
 func (d *Daemon) attach(ctx context.Context, ks *kernelState, onEvent func(protocol.Event)) *protocol.Client {
-	log := d.log.With().Str("kernel_id", ks.id).Logger()
+	log := d.log.With().Str("kernel_id", ks.id).Str("connection_file", ks.connFile).Logger()
 	start := time.Now()
 	backoff := attachRetry
+	d.mu.Lock()
+	fileUID := ks.fileUID
+	d.mu.Unlock()
 	for {
 		opts := clientOptions
 		if ks.pod != nil {
 			opts = d.podClientOptions(ks)
+		} else {
+			opts.ReadConnectionFile = ownedConnectionFile(fileUID)
 		}
 		opts.OnEvent = onEvent
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -209,6 +214,25 @@ func (d *Daemon) attach(ctx context.Context, ks *kernelState, onEvent func(proto
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, attachMaxBackoff)
+	}
+}
+
+// ownedConnectionFile reads a host kernel's connection file at every
+// (re)connect as discovery first read it: no link followed, a file of its
+// dir's owner, and still of uid. A file replaced by one of another user
+// (a hard link to their connection file, say) is not followed: the client
+// keeps the key it had.
+func ownedConnectionFile(uid uint32) func(string) (protocol.ConnectionInfo, error) {
+	return func(path string) (protocol.ConnectionInfo, error) {
+		k, err := discovery.ReadKernelFile(path)
+		if err != nil {
+			return protocol.ConnectionInfo{}, err
+		}
+		if k.FileUID != uid {
+			return protocol.ConnectionInfo{}, &protocol.ConnectionFileError{Path: path,
+				Err: fmt.Errorf("now belongs to uid %d, not to uid %d as when it was found: not followed", k.FileUID, uid)}
+		}
+		return k.Connection, nil
 	}
 }
 
@@ -246,7 +270,7 @@ func (f *follower) attached(c *protocol.Client) bool {
 	ks.client = c
 	notebook := ks.notebook // scan updates it under d.mu
 	d.mu.Unlock()
-	d.log.Info().Str("kernel_id", ks.id).Str("notebook", notebook).Msg("attached")
+	d.log.Info().Str("kernel_id", ks.id).Str("connection_file", ks.connFile).Str("notebook", notebook).Msg("attached")
 	// jupyter_server 2 writes the connection file before the session names
 	// the notebook: look again now rather than at the next rescan.
 	d.rescan()
@@ -317,7 +341,7 @@ func (d *Daemon) startInject(ctx context.Context, ks *kernelState, c *protocol.C
 			ks.injectSince = time.Time{}
 			d.mu.Unlock()
 		}()
-		log := d.log.With().Str("kernel_id", ks.id).Logger()
+		log := d.log.With().Str("kernel_id", ks.id).Str("connection_file", ks.connFile).Logger()
 		opts := magics.InjectOptions{SidecarSocket: d.socket, KernelID: ks.id}
 		// The daemon's socket and alert file are paths of its own mount
 		// namespace, not a pod's: there they could name other files

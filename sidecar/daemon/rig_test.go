@@ -34,7 +34,7 @@ type rig struct {
 	ctx      context.Context
 
 	mu     sync.Mutex
-	owners map[string]discovery.Owner // by connection file name
+	owners map[string]discovery.Owner // by connection file
 	killed []int
 	procs  map[int]procstest.Proc
 }
@@ -45,8 +45,8 @@ func (r *rig) FindKernels(files []discovery.KernelFile) (map[string]discovery.Ow
 	defer r.mu.Unlock()
 	out := map[string]discovery.Owner{}
 	for _, f := range files {
-		if o, ok := r.owners[f.Name]; ok {
-			out[f.Name] = o
+		if o, ok := r.owners[f.Path]; ok {
+			out[f.Path] = o
 		}
 	}
 	return out, nil
@@ -146,7 +146,7 @@ func (r *rig) kernelFile(id string, owner discovery.Owner) string {
 		r.t.Fatal(err)
 	}
 	r.mu.Lock()
-	r.owners[filepath.Base(path)] = owner
+	r.owners[path] = owner
 	r.mu.Unlock()
 	return path
 }

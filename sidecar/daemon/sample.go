@@ -18,7 +18,8 @@ import (
 func (d *Daemon) kernelsLocked() []attribution.Kernel {
 	kernels := make([]attribution.Kernel, 0, len(d.kernels))
 	for _, ks := range d.kernels {
-		kernels = append(kernels, attribution.Kernel{ID: ks.id, Notebook: ks.notebook, PID: ks.cur.PID, StartTime: ks.cur.Start})
+		kernels = append(kernels, attribution.Kernel{ID: ks.id, ConnectionFile: ks.connFile, Notebook: ks.notebook,
+			PID: ks.cur.PID, StartTime: ks.cur.Start})
 	}
 	return kernels
 }
@@ -128,17 +129,16 @@ func (d *Daemon) sample(ctx context.Context) {
 // taken once it answers a request signed with the file's key.
 func (d *Daemon) resolveKernelProcesses(ctx context.Context, kss []*kernelState) {
 	var files []discovery.KernelFile
-	byName := map[string]*kernelState{}
+	byPath := map[string]*kernelState{}
 	d.mu.Lock()
 	for _, ks := range kss {
 		if ks.client == nil || ks.proving || ks.pod != nil {
 			continue // a pod kernel's process is proven by the scan
 		}
 		if info := ks.client.Info(); info.Transport == "tcp" {
-			name := filepath.Base(ks.connFile)
-			files = append(files, discovery.KernelFile{Name: name, Path: ks.connFile, IP: info.IP,
+			files = append(files, discovery.KernelFile{Name: filepath.Base(ks.connFile), Path: ks.connFile, IP: info.IP,
 				ShellPort: info.ShellPort, UID: ks.fileUID, ID: ks.fileID})
-			byName[name] = ks
+			byPath[ks.connFile] = ks
 		}
 	}
 	d.mu.Unlock()
@@ -151,8 +151,8 @@ func (d *Daemon) resolveKernelProcesses(ctx context.Context, kss []*kernelState)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for name, o := range owners {
-		ks := byName[name]
+	for path, o := range owners {
+		ks := byPath[path]
 		switch {
 		case ks == nil || !o.FromPort:
 		case o.Proven:

@@ -87,7 +87,7 @@ func TestSampleSkipsKernelsProvenAfterItsRead(t *testing.T) {
 			// a scan proves it.
 			r.setProcs(procstest.Proc{PID: 300, PPID: 1, PGID: 300, SID: 300})
 			r.mu.Lock()
-			r.owners["kernel-k1.json"] = discovery.Owner{PID: 300, Start: 300, FromPort: true, UIDMatch: true, Proven: true}
+			r.owners[k] = discovery.Owner{PID: 300, Start: 300, FromPort: true, UIDMatch: true, Proven: true}
 			r.mu.Unlock()
 			r.d.scan(r.ctx)
 		})

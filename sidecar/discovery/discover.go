@@ -65,7 +65,7 @@ type Kernel struct {
 // ProcessFinder resolves kernels' OS processes. The production
 // implementation reads /proc (see ProcFinder).
 type ProcessFinder interface {
-	// FindKernels returns, by file name, the process serving each kernel:
+	// FindKernels returns, by file path, the process serving each kernel:
 	// the owner of its listening shell port (FromPort) or, failing that, the
 	// process whose argv passes the file as a kernel's connection file.
 	// Proven says whether it is proven to serve it. Files it cannot resolve
@@ -117,8 +117,12 @@ type Options struct {
 	HTTPClient  *http.Client // default: 5 s timeout
 	Procs       ProcessFinder
 	// ServerToken is sent to servers whose info file holds no token (a
-	// password or external login, such as JupyterHub's): GPUMEM_SERVER_TOKEN.
-	ServerToken string
+	// password or external login, such as JupyterHub's): GPUMEM_SERVER_TOKEN,
+	// but only to those whose URL one of ServerTokenURLs names
+	// (GPUMEM_SERVER_TOKEN_URLS): a user's own server file could otherwise
+	// claim it. Without ServerTokenURLs it is sent to none.
+	ServerToken     string
+	ServerTokenURLs []TokenPattern
 	// ServerTimeout bounds each server's /api/sessions, body included
 	// (0: DefaultServerTimeout).
 	ServerTimeout time.Duration
@@ -155,6 +159,7 @@ func Discover(ctx context.Context, opts Options) Result {
 		opts.ServerTimeout = DefaultServerTimeout
 	}
 	seenFile := map[string]bool{}
+	lf, _ := opts.Procs.(ListenerFinder)
 	for _, dir := range opts.RuntimeDirs {
 		entries, err := os.ReadDir(dir)
 		if err != nil {
@@ -185,7 +190,10 @@ func Discover(ctx context.Context, opts Options) Result {
 			res.Problems = append(res.Problems, fmt.Errorf("runtime dir %s: %w", dir, err))
 		}
 		for _, f := range files {
-			data, _, err := safefile.Read(f, maxServerFileBytes)
+			data, st, err := safefile.Read(f, maxServerFileBytes)
+			if err == nil {
+				err = checkDirOwner("server file", f, st)
+			}
 			if err != nil {
 				res.Problems = append(res.Problems, fmt.Errorf("server file: %w", err))
 				continue
@@ -195,6 +203,7 @@ func Discover(ctx context.Context, opts Options) Result {
 				res.Problems = append(res.Problems, err)
 				continue
 			}
+			s.FileUID, s.listeners = st.UID, lf
 			res.Servers = append(res.Servers, s)
 		}
 	}
@@ -202,9 +211,13 @@ func Discover(ctx context.Context, opts Options) Result {
 	if lister, ok := opts.Procs.(ConnectionFileLister); ok {
 		addLaunchedKernels(&res, lister, opts.RuntimeDirs, seenFile)
 	}
+	if opts.ServerToken != "" && len(opts.ServerTokenURLs) == 0 {
+		res.Problems = append(res.Problems, errors.New("GPUMEM_SERVER_TOKEN is set, but GPUMEM_SERVER_TOKEN_URLS names no server it is for: it is sent to none; list the URLs of the servers that accept it (a port may be *, as in http://127.0.0.1:*/user/)"))
+	}
 	for i := range res.Servers {
-		if res.Servers[i].Token == "" && opts.ServerToken != "" {
-			res.Servers[i].Token, res.Servers[i].TokenGiven = opts.ServerToken, true
+		s := &res.Servers[i]
+		if s.Token == "" && opts.ServerToken != "" && tokenMeantFor(opts.ServerTokenURLs, s.URL) {
+			s.Token, s.TokenGiven = opts.ServerToken, true
 		}
 	}
 	res.Problems = append(res.Problems, attachSessions(ctx, hc, opts, res.Servers, res.Kernels)...)
@@ -228,9 +241,14 @@ const maxServerFileBytes = 1 << 20
 
 // ReadKernelFile reads a kernel's connection file, with the identity and
 // owner that proving its process needs. The kernel id is the name's
-// kernel-<id>.json part, else the name without .json.
+// kernel-<id>.json part, else the name without .json. A link in the file's
+// place is not followed, and a file in a user's dir must be that user's
+// (checkDirOwner).
 func ReadKernelFile(path string) (Kernel, error) {
 	info, st, err := protocol.ReadConnectionFileStat(path)
+	if err == nil {
+		err = checkDirOwner("kernel connection file", path, st)
+	}
 	if err != nil {
 		return Kernel{}, err
 	}
@@ -255,16 +273,37 @@ func KernelFileOf(k Kernel) KernelFile {
 	return kf
 }
 
+// checkDirOwner refuses a file in a dir of one user that belongs to
+// another: a hard link to someone else's connection file, or a file put
+// there for its user to find. Read as root, such a file would hand its
+// reader another user's key or sessions under the dir owner's name. A dir
+// of root (/tmp, root's own runtime dir) may hold anyone's files: each
+// kernel is still proven by its process, which runs as the file's owner.
+func checkDirOwner(what, path string, st safefile.Info) error {
+	if st.DirUID == 0 || st.UID == st.DirUID {
+		return nil
+	}
+	return fmt.Errorf("%s %s belongs to uid %d, but its dir to uid %d: not read; a file in a user's dir counts only when it is that user's",
+		what, path, st.UID, st.DirUID)
+}
+
 // dedupeServers drops servers listed twice (a runtime dir given twice through
-// a link, or a stale file next to a live one with the same URL).
+// a link, or a stale file next to a live one with the same URL). Files of
+// different owners are never one server: a file of another user naming the
+// same URL must not hide the real one.
 func dedupeServers(servers []Server) []Server {
-	seen := map[string]bool{}
+	type key struct {
+		url string
+		uid uint32
+	}
+	seen := map[key]bool{}
 	out := servers[:0]
 	for _, s := range servers {
-		if seen[s.URL] {
+		k := key{s.URL, s.FileUID}
+		if seen[k] {
 			continue
 		}
-		seen[s.URL] = true
+		seen[k] = true
 		out = append(out, s)
 	}
 	return out
@@ -272,7 +311,11 @@ func dedupeServers(servers []Server) []Server {
 
 // attachSessions asks every server (concurrently, each within
 // opts.ServerTimeout, skipping those opts.Backoff holds back) for its
-// sessions and fills Notebook and ServerURL of the kernels they name.
+// sessions and fills Notebook and ServerURL of the kernels they name. A
+// server speaks only for the kernels of its own runtime dir (where
+// jupyter_server writes both its file and its kernels' files) whose files
+// belong to its file's owner: a session naming a kernel id is otherwise
+// anyone's claim, and a kernel id is public (argv, /metrics).
 func attachSessions(ctx context.Context, hc *http.Client, opts Options, servers []Server, kernels []Kernel) []error {
 	type answer struct {
 		server   Server
@@ -301,9 +344,16 @@ func attachSessions(ctx context.Context, hc *http.Client, opts Options, servers 
 	}
 	wg.Wait()
 	opts.Backoff.keep(files)
-	byID := map[string]*Kernel{}
+	type ownKey struct {
+		dir, id string
+		uid     uint32
+	}
+	byID := map[ownKey]*Kernel{}
 	for i := range kernels {
-		byID[kernels[i].ID] = &kernels[i]
+		k := &kernels[i]
+		if !k.outside {
+			byID[ownKey{filepath.Dir(k.ConnectionFile), k.ID, k.FileUID}] = k
+		}
 	}
 	var problems []error
 	for _, a := range answers {
@@ -315,7 +365,7 @@ func attachSessions(ctx context.Context, hc *http.Client, opts Options, servers 
 			continue
 		}
 		for _, sess := range a.sessions {
-			k := byID[sess.Kernel.ID]
+			k := byID[ownKey{filepath.Dir(a.server.File), sess.Kernel.ID, a.server.FileUID}]
 			if k == nil {
 				continue
 			}
@@ -347,7 +397,7 @@ func resolvePIDs(pf ProcessFinder, kernels []Kernel) []error {
 	}
 	for i := range kernels {
 		k := &kernels[i]
-		if o, ok := owners[filepath.Base(k.ConnectionFile)]; ok {
+		if o, ok := owners[k.ConnectionFile]; ok {
 			k.PID, k.PIDStart = o.PID, o.Start
 			k.PIDProven, k.PIDUIDMatch, k.Unproven = o.Proven, o.UIDMatch, o.Why
 			if o.Proven {

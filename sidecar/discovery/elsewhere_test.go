@@ -108,6 +108,7 @@ func TestServerOnUnixSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.FileUID = uint32(os.Geteuid()) // the socket's listener: this process
 	sessions, err := s.Sessions(context.Background(), &http.Client{Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)

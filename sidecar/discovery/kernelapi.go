@@ -28,7 +28,7 @@ func (s Server) ShutdownKernel(ctx context.Context, hc *http.Client, kernelID st
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("server %s: shutting down kernel %s: %w", s.URL, kernelID, err)
+		return fmt.Errorf("shutting down kernel %s: %w", kernelID, s.requestError(err))
 	}
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))

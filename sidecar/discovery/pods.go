@@ -294,19 +294,36 @@ func (f *PodFinder) Dial(ctx context.Context, pid int, start uint64, network, ad
 	return netns.DialFD(ctx, nsFD, network, addr)
 }
 
-// httpClient asks servers in the network namespace of process (pid, start).
-func (f *PodFinder) httpClient(pid int, start uint64) *http.Client {
+// httpClient is the client options of requests to a pod's servers: its
+// deadline (Server.requestTarget dials through the server's podNet).
+func (f *PodFinder) httpClient() *http.Client {
 	timeout := f.HTTPTimeout
 	if timeout <= 0 {
 		timeout = 5 * time.Second
 	}
-	return &http.Client{Timeout: timeout, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return f.Dial(ctx, pid, start, network, addr)
-		},
-		DisableKeepAlives: true,
-		Proxy:             nil, // the daemon's proxy settings mean nothing inside a pod
-	}}
+	return &http.Client{Timeout: timeout}
+}
+
+// podNet is the network namespace of a pod, seen through process (pid,
+// start): who listens there, and dialing from inside it.
+type podNet struct {
+	f     *PodFinder
+	pid   int
+	start uint64
+}
+
+// TCPListener implements ListenerFinder in the pod's network namespace.
+func (n *podNet) TCPListener(ip net.IP, port int) (procs.Listener, bool, error) {
+	listening, err := n.f.fs.ListeningTCPPortsOf(n.pid)
+	if err != nil && len(listening) == 0 {
+		return procs.Listener{}, false, err
+	}
+	l, ok := listenerAt(listening[port], ip)
+	return l, ok, nil
+}
+
+func (n *podNet) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	return n.f.Dial(ctx, n.pid, n.start, network, addr)
 }
 
 // nameNotebooks finds the Jupyter servers beside each pod kernel's file
@@ -329,7 +346,7 @@ func (f *PodFinder) nameNotebooks(ctx context.Context, res *Result) []error {
 		done[dk] = true
 		servers, errs := f.podServers(k.PID, k.PIDStart, dk.dir, dk.uid)
 		problems = append(problems, errs...)
-		hc := f.httpClient(k.PID, k.PIDStart)
+		hc := f.httpClient()
 		for _, s := range servers {
 			if strings.HasPrefix(s.URL, "http+unix://") {
 				problems = append(problems, fmt.Errorf("pod %s: server %s listens on a unix socket, which is not asked in pods", k.Pod.UID, s.File))
@@ -406,6 +423,7 @@ func (f *PodFinder) podServers(pid int, start uint64, dir string, uid uint32) ([
 			problems = append(problems, err)
 			continue
 		}
+		s.FileUID, s.netns = st.UID, &podNet{f: f, pid: pid, start: start}
 		servers = append(servers, s)
 	}
 	return dedupeServers(servers), problems

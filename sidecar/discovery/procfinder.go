@@ -31,7 +31,10 @@ func NewProcFinder(fs *procs.FS) *ProcFinder {
 // UIDMatch set: a caller holding a client can still prove it by a reply
 // signed with the file's key. It reads every process's argv once (one read
 // each); fds are read only of the likely owners first, of all processes only
-// when the owner is not among them.
+// when the owner is not among them. Results are keyed by the file's path:
+// two users' files may share a base name (a kernel id is public), and
+// several files may name one port (a file planted with another kernel's
+// ports): each is judged on its own.
 func (f *ProcFinder) FindKernels(files []KernelFile) (map[string]Owner, error) {
 	out := map[string]Owner{}
 	if len(files) == 0 {
@@ -48,7 +51,7 @@ func (f *ProcFinder) FindKernels(files []KernelFile) (map[string]Owner, error) {
 		firstErr = err
 	}
 	var inodes []uint64
-	fileOf := map[uint64]KernelFile{}
+	filesOf := map[uint64][]KernelFile{}
 	var candidates, details []int
 	for _, kf := range files {
 		for _, m := range mentions[kf.Name] {
@@ -61,8 +64,10 @@ func (f *ProcFinder) FindKernels(files []KernelFile) (map[string]Owner, error) {
 		if !ok {
 			continue
 		}
-		inodes = append(inodes, ino)
-		fileOf[ino] = kf
+		if len(filesOf[ino]) == 0 {
+			inodes = append(inodes, ino)
+		}
+		filesOf[ino] = append(filesOf[ino], kf)
 		for _, o := range mentions[kf.Name] {
 			candidates = append(candidates, o.PID)
 		}
@@ -91,31 +96,16 @@ func (f *ProcFinder) FindKernels(files []KernelFile) (map[string]Owner, error) {
 		return out, err
 	}
 	for ino, pid := range owners {
-		kf := fileOf[ino]
 		p, ok := table.Get(pid)
 		if !ok {
 			continue
 		}
-		o := Owner{PID: pid, Start: p.StartTime, FromPort: true, SessionName: p.SessionName, PPID: p.PPID}
-		switch {
-		case !p.Detailed:
-			o.Why = fmt.Sprintf("port %d is served by pid %d, whose owner cannot be read", kf.ShellPort, pid)
-		case p.UID != kf.UID:
-			o.Why = fmt.Sprintf("port %d is served by pid %d (%s) of uid %d, but the file belongs to uid %d",
-				kf.ShellPort, pid, argvOf(p), p.UID, kf.UID)
-		default:
-			o.UIDMatch = true
-			if f.namesFile(pid, kf, mentions[kf.Name]) {
-				o.Proven = true
-			} else {
-				o.Why = fmt.Sprintf("port %d is served by pid %d (%s), which does not name this connection file",
-					kf.ShellPort, pid, argvOf(p))
-			}
+		for _, kf := range filesOf[ino] {
+			out[kf.Path] = f.judgePortOwner(p, kf, mentions[kf.Name])
 		}
-		out[kf.Name] = o
 	}
 	for _, kf := range files {
-		if _, ok := out[kf.Name]; ok {
+		if _, ok := out[kf.Path]; ok {
 			continue
 		}
 		// No port owner (not listening yet, or ipc): the process that passes
@@ -130,10 +120,32 @@ func (f *ProcFinder) FindKernels(files []KernelFile) (map[string]Owner, error) {
 			}
 		}
 		if o, ok := pickKernel(cands); ok {
-			out[kf.Name] = o
+			out[kf.Path] = o
 		}
 	}
 	return out, firstErr
+}
+
+// judgePortOwner is what process p, which owns kf's listening shell port,
+// is to kf: proven only when it runs as the file's owner and names the file.
+func (f *ProcFinder) judgePortOwner(p procs.Proc, kf KernelFile, mentions []Owner) Owner {
+	o := Owner{PID: p.PID, Start: p.StartTime, FromPort: true, SessionName: p.SessionName, PPID: p.PPID}
+	switch {
+	case !p.Detailed:
+		o.Why = fmt.Sprintf("port %d is served by pid %d, whose owner cannot be read", kf.ShellPort, p.PID)
+	case p.UID != kf.UID:
+		o.Why = fmt.Sprintf("port %d is served by pid %d (%s) of uid %d, but the file belongs to uid %d",
+			kf.ShellPort, p.PID, argvOf(p), p.UID, kf.UID)
+	default:
+		o.UIDMatch = true
+		if f.namesFile(p.PID, kf, mentions) {
+			o.Proven = true
+		} else {
+			o.Why = fmt.Sprintf("port %d is served by pid %d (%s), which does not name this connection file",
+				kf.ShellPort, p.PID, argvOf(p))
+		}
+	}
+	return o
 }
 
 // namesFile reports whether pid passes kf in its argv (resolved as pid sees
@@ -160,17 +172,23 @@ func listenerFor(ls []procs.Listener, ip string) (uint64, bool) {
 	if want == nil {
 		return 0, false
 	}
+	l, ok := listenerAt(ls, want)
+	return l.Inode, ok
+}
+
+// listenerAt is listenerFor of an address.
+func listenerAt(ls []procs.Listener, want net.IP) (procs.Listener, bool) {
 	for _, l := range ls {
 		if l.IP.Equal(want) {
-			return l.Inode, true
+			return l, true
 		}
 	}
 	for _, l := range ls {
 		if l.IP.IsUnspecified() {
-			return l.Inode, true
+			return l, true
 		}
 	}
-	return 0, false
+	return procs.Listener{}, false
 }
 
 func argvOf(p procs.Proc) string { return procs.CommandLine(p.Argv, p.Comm, 120) }

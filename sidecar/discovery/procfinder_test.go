@@ -21,8 +21,11 @@ func TestFindKernelsProof(t *testing.T) {
 		{PID: 3000, PPID: 1, PGID: 3000, SID: 3000, Start: 7, UID: 4242, Argv: launch("/rt/kernel-foreign.json"), Sockets: []uint64{31003}},
 		{PID: 4000, PPID: 1, PGID: 4000, SID: 4000, Start: 8, UID: 1000, Argv: launch("/elsewhere/kernel-moved.json"), Sockets: []uint64{31004}},
 		{PID: 5000, PPID: 1, PGID: 5000, SID: 5000, Start: 9, UID: 1000, Argv: launch("/rt/kernel-starting.json")},
+		// Two users' kernels whose files share a name (a kernel id is public).
+		{PID: 6000, PPID: 1, PGID: 6000, SID: 6000, Start: 10, UID: 1000, Argv: launch("/rt/kernel-same.json"), Sockets: []uint64{31006}},
+		{PID: 7000, PPID: 1, PGID: 7000, SID: 7000, Start: 11, UID: 1001, Argv: launch("/other/kernel-same.json"), Sockets: []uint64{31007}},
 	})
-	procstest.WriteNet(t, root, map[int]uint64{52001: 31001, 52002: 31002, 52003: 31003, 52004: 31004}, nil)
+	procstest.WriteNet(t, root, map[int]uint64{52001: 31001, 52002: 31002, 52003: 31003, 52004: 31004, 52006: 31006, 52007: 31007}, nil)
 	files := []KernelFile{
 		{Name: "kernel-good.json", Path: "/rt/kernel-good.json", IP: "127.0.0.1", ShellPort: 52001, UID: 1000},
 		{Name: "kernel-stale.json", Path: "/rt/kernel-stale.json", IP: "127.0.0.1", ShellPort: 52002, UID: 1000},
@@ -30,6 +33,11 @@ func TestFindKernelsProof(t *testing.T) {
 		{Name: "kernel-moved.json", Path: "/rt/kernel-moved.json", IP: "127.0.0.1", ShellPort: 52004, UID: 1000},
 		{Name: "kernel-otheraddr.json", Path: "/rt/kernel-otheraddr.json", IP: "10.1.2.3", ShellPort: 52001, UID: 1000},
 		{Name: "kernel-starting.json", Path: "/rt/kernel-starting.json", IP: "127.0.0.1", ShellPort: 52009, UID: 1000},
+		{Name: "kernel-same.json", Path: "/rt/kernel-same.json", IP: "127.0.0.1", ShellPort: 52006, UID: 1000},
+		{Name: "kernel-same.json", Path: "/other/kernel-same.json", IP: "127.0.0.1", ShellPort: 52007, UID: 1001},
+		// A file of uid 1001 planted with the good kernel's ports: judged on
+		// its own, and the good kernel's file still proven.
+		{Name: "kernel-planted.json", Path: "/other/kernel-planted.json", IP: "127.0.0.1", ShellPort: 52001, UID: 1001},
 	}
 	got, err := NewProcFinder(&procs.FS{Root: root}).FindKernels(files)
 	if err != nil {
@@ -42,15 +50,18 @@ func TestFindKernelsProof(t *testing.T) {
 		fromPort, uid, pro bool
 		why                string
 	}{
-		{"kernel-good.json", true, 1000, true, true, true, ""},
-		{"kernel-stale.json", true, 2000, true, true, false, "does not name this connection file"},
-		{"kernel-foreign.json", true, 3000, true, false, false, "of uid 4242, but the file belongs to uid 1000"},
+		{"/rt/kernel-good.json", true, 1000, true, true, true, ""},
+		{"/rt/kernel-stale.json", true, 2000, true, true, false, "does not name this connection file"},
+		{"/rt/kernel-foreign.json", true, 3000, true, false, false, "of uid 4242, but the file belongs to uid 1000"},
 		// argv names a file of the same name elsewhere: not this file.
-		{"kernel-moved.json", true, 4000, true, true, false, "does not name this connection file"},
+		{"/rt/kernel-moved.json", true, 4000, true, true, false, "does not name this connection file"},
 		// The port is served on another address than the file's.
-		{"kernel-otheraddr.json", false, 0, false, false, false, ""},
+		{"/rt/kernel-otheraddr.json", false, 0, false, false, false, ""},
 		// Not listening yet: the launch line is a hint, never a proof.
-		{"kernel-starting.json", true, 5000, false, true, false, "no process listens"},
+		{"/rt/kernel-starting.json", true, 5000, false, true, false, "no process listens"},
+		{"/rt/kernel-same.json", true, 6000, true, true, true, ""},
+		{"/other/kernel-same.json", true, 7000, true, true, true, ""},
+		{"/other/kernel-planted.json", true, 1000, true, false, false, "of uid 1000, but the file belongs to uid 1001"},
 	}
 	for _, tc := range tests {
 		o, ok := got[tc.file]

@@ -26,6 +26,15 @@ type Server struct {
 	Password bool `json:"-"`
 	// TokenGiven is true when Token came from GPUMEM_SERVER_TOKEN, not from the server's file.
 	TokenGiven bool `json:"-"`
+	// FileUID owns the info file: the server is asked only through a
+	// listener of this uid (see requestTarget), and names only kernels
+	// whose connection files are this uid's, in the file's own dir.
+	FileUID uint32 `json:"-"`
+	// listeners says who listens on TCP addresses (nil: /proc).
+	listeners ListenerFinder
+	// netns, for a server inside a pod, dials from inside the pod's network
+	// namespace; its listeners are the pod's. nil: this host's.
+	netns *podNet
 }
 
 // ParseServerFile parses a jpserver-<pid>.json or nbserver-<pid>.json file.
@@ -112,7 +121,7 @@ func (s Server) Sessions(ctx context.Context, hc *http.Client) ([]Session, error
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("server %s (%s) does not answer: %w; if it is gone, delete its file", s.URL, s.File, err)
+		return nil, s.requestError(err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))

@@ -9,9 +9,11 @@ type Event struct {
 	Time     int64  `json:"time"` // unix seconds
 	Kind     string `json:"kind"` // "reclaim"
 	KernelID string `json:"kernel_id"`
-	Notebook string `json:"notebook"`
-	User     string `json:"user"`
-	Reason   string `json:"reason"` // "restart" or "shutdown"
+	// ConnectionFile is the kernel's identity (ids are not unique).
+	ConnectionFile string `json:"connection_file,omitempty"`
+	Notebook       string `json:"notebook"`
+	User           string `json:"user"`
+	Reason         string `json:"reason"` // "restart" or "shutdown"
 	// Processes ended and the GPU memory they held.
 	Processes int    `json:"processes"`
 	Bytes     uint64 `json:"bytes"`

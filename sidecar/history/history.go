@@ -39,7 +39,8 @@ type Kind uint8
 const (
 	// KindGPU: ID is the GPU's index, as text.
 	KindGPU Kind = iota
-	// KindNotebook: ID is the kernel id.
+	// KindNotebook: ID is the kernel's connection file (its identity: two
+	// users' kernels may share an id), Label its kernel id.
 	KindNotebook
 )
 
@@ -57,6 +58,9 @@ type Sample struct {
 	// kernel pid and start time, say): when it changes the kernel was
 	// restarted and the peak starts again. Unused for GPUs.
 	Generation string
+	// Label is what the series is shown as (a notebook's kernel id); the
+	// newest one is kept.
+	Label string
 }
 
 // Options size the buffers.
@@ -192,6 +196,7 @@ type series struct {
 	peak         uint64
 	peakAt       int64
 	generation   string
+	label        string
 }
 
 // Store is every series. It is safe for concurrent use.
@@ -236,6 +241,7 @@ func (s *Store) Record(now time.Time, samples []Sample) {
 			se = &series{fine: newRing(s.fineLen), coarse: newRing(s.coarseLen), generation: sm.Generation}
 			s.series[sm.Key] = se
 		}
+		se.label = sm.Label
 		if last, ok := se.fine.last(); ok && last.Time >= t {
 			continue
 		}
@@ -264,7 +270,8 @@ func (s *Store) Record(now time.Time, samples []Sample) {
 
 // Series is one series' points since a time.
 type Series struct {
-	Key Key
+	Key   Key
+	Label string
 	// Step is the points' spacing in seconds: the fine step when the whole
 	// range asked for is in the fine window, else the coarse step.
 	Step   int64
@@ -284,7 +291,7 @@ func (s *Store) Since(now time.Time, since int64) []Series {
 	defer s.mu.Unlock()
 	out := make([]Series, 0, len(s.series))
 	for k, se := range s.series {
-		sr := Series{Key: k, Peak: se.peak, PeakAt: se.peakAt, Step: int64(s.opts.FineStep / time.Second)}
+		sr := Series{Key: k, Label: se.label, Peak: se.peak, PeakAt: se.peakAt, Step: int64(s.opts.FineStep / time.Second)}
 		if coarse {
 			sr.Step = s.coarseSecs
 			sr.Points = se.coarse.since(since, nil)

@@ -221,8 +221,13 @@ func boolFloat(b bool) float64 {
 // Metrics is the daemon's registry: the snapshot collector, the reclaim
 // counters, and the Go and process collectors.
 type Metrics struct {
-	reg            *prometheus.Registry
-	log            zerolog.Logger
+	reg *prometheus.Registry
+	src Source
+	log zerolog.Logger
+	// public, when set, is what a scrape without the bearer token gets
+	// (see NotebooksOnlyWith).
+	public         *prometheus.Registry
+	token          string
 	reclaimedBytes prometheus.Counter
 	reclaimedProcs prometheus.Counter
 	culled         *prometheus.CounterVec
@@ -247,6 +252,7 @@ func New(src Source, log zerolog.Logger, opts ...Option) *Metrics {
 	}
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
+		src: src,
 		log: log,
 		reclaimedBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "gpumem_reclaimed_bytes_total",
@@ -290,14 +296,14 @@ func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 // Handler serves GET /metrics (and HEAD); other methods get 405, other
 // paths 404. It does not check Host: Listen's server does.
 func (m *Metrics) Handler() http.Handler {
-	prom := promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
+	opts := promhttp.HandlerOpts{
 		ErrorLog: promLogger{m.log},
 		// A broken family must not hide the others.
 		ErrorHandling:       promhttp.ContinueOnError,
 		MaxRequestsInFlight: 4,
-	})
+	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", prom)
+	mux.Handle("GET /metrics", m.scrapeHandler(opts))
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", "GET, HEAD")
 		http.Error(w, fmt.Sprintf("method %s not allowed: use GET", r.Method), http.StatusMethodNotAllowed)

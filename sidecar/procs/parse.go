@@ -158,10 +158,13 @@ func environValue(data []byte, key string) (string, bool) {
 	return "", false
 }
 
-// Listener is one TCP socket in LISTEN state: its local address and inode.
+// Listener is one TCP socket in LISTEN state: its local address, inode,
+// and the uid that owns it (the kernel's record: the effective uid of the
+// process that made the socket).
 type Listener struct {
 	IP    net.IP
 	Inode uint64
+	UID   uint32
 }
 
 // parseNetTCP adds the listening sockets (state 0A) of /proc/net/tcp or tcp6
@@ -200,12 +203,16 @@ func parseNetTCP(data []byte, into map[int][]Listener) error {
 		if err != nil {
 			return fmt.Errorf("net/tcp line %d: port: %w", n+2, err)
 		}
+		uid, err := strconv.ParseUint(string(f[7]), 10, 32)
+		if err != nil {
+			return fmt.Errorf("net/tcp line %d: uid: %w", n+2, err)
+		}
 		inode, err := strconv.ParseUint(string(f[9]), 10, 64)
 		if err != nil {
 			return fmt.Errorf("net/tcp line %d: inode: %w", n+2, err)
 		}
 		if inode != 0 {
-			into[int(port)] = append(into[int(port)], Listener{IP: ip, Inode: inode})
+			into[int(port)] = append(into[int(port)], Listener{IP: ip, Inode: inode, UID: uint32(uid)})
 		}
 	}
 	return nil

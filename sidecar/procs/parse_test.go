@@ -143,19 +143,20 @@ func TestParseNetTCP(t *testing.T) {
 				"   1: 00000000:22B8 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 1234568 1 0000000000000000 100 0 0 10 0\n" +
 				"   2: 0100007F:CB21 0100007F:9C40 01 00000000:00000000 00:00000000 00000000  1000        0 1234569 1 0000000000000000 20 4 30 10 -1\n" +
 				"   3: 0100007F:1F90 0100007F:9C41 06 00000000:00000000 03:00000BB8 00000000     0        0 0 3 0000000000000000\n",
-			want: map[int][]Listener{0xCB21: {{IP: net.IPv4(127, 0, 0, 1).To4(), Inode: 1234567}}, 0x22B8: {{IP: net.IPv4zero.To4(), Inode: 1234568}}},
+			want: map[int][]Listener{0xCB21: {{IP: net.IPv4(127, 0, 0, 1).To4(), Inode: 1234567, UID: 1000}}, 0x22B8: {{IP: net.IPv4zero.To4(), Inode: 1234568, UID: 1000}}},
 		},
 		{
 			name: "tcp6",
 			in: header +
 				"   0: 00000000000000000000000001000000:CB22 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 7654321 1 0000000000000000 100 0 0 10 0\n",
-			want: map[int][]Listener{0xCB22: {{IP: net.IPv6loopback, Inode: 7654321}}},
+			want: map[int][]Listener{0xCB22: {{IP: net.IPv6loopback, Inode: 7654321, UID: 1000}}},
 		},
 		{name: "header only", in: header, want: map[int][]Listener{}},
 		{name: "bad address", in: header + "   0: 0100:CB21 00000000:0000 0A 0:0 0:0 0 0 0 5\n", wantErr: true},
 		{name: "no header", in: "garbage\n", wantErr: true},
 		{name: "short line", in: header + "   0: 0100007F:CB21 00000000:0000 0A\n", wantErr: true},
 		{name: "bad port", in: header + "   0: 0100007F:XYZW 00000000:0000 0A 0:0 0:0 0 0 0 5\n", wantErr: true},
+		{name: "bad uid", in: header + "   0: 0100007F:0050 00000000:0000 0A 0:0 0:0 0 u 0 5\n", wantErr: true},
 		{name: "bad inode", in: header + "   0: 0100007F:0050 00000000:0000 0A 0:0 0:0 0 0 0 x\n", wantErr: true},
 	}
 	for _, tt := range tests {
