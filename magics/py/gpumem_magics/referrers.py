@@ -153,6 +153,7 @@ class Search(object):
         self.tinfo, self.tvalues = {}, {}
         self.frozen_objs = None
         self._parents = None
+        self.tnodes = []
         self.baseline = baseline
         self.ours.update((id(self), id(self.__dict__)))
 
@@ -197,21 +198,38 @@ class Search(object):
         """Searches upwards from targets; returns their node numbers."""
         self.tinfo, self.tvalues = thread_locals()
         self.ours.add(id(self.tvalues))
-        tnodes = []
+        self.tnodes = []
         frontier = []
         for t in targets:
             if id(t) in self.index:
-                tnodes.append(self.index[id(t)])
+                self.tnodes.append(self.index[id(t)])
                 continue
             n, is_root = self._add(t, 0)
-            tnodes.append(n)
+            self.tnodes.append(n)
             if not is_root:
                 frontier.append(n)
-        for lvl in range(1, levels + 1):
+        self._levels(frontier, 1, levels)
+        return self.tnodes
+
+    def extend(self, frozen_objs, levels=MAX_LEVELS):
+        """Searches on from the nodes no visible referrer holds, with the
+        objects gc.freeze() froze as referrers too (frozen.py)."""
+        self.frozen_objs = frozen_objs
+        self.ours.add(id(frozen_objs))
+        frontier = sorted(self.dead)
+        self.dead = set()
+        self._parents = None
+        self._levels(frontier, 1 + max([self.level[i] for i in frontier] or [0]), levels)
+
+    def _levels(self, frontier, first, levels):
+        for lvl in range(first, first + levels):
             if not frontier:
                 break
             if self.budget.over():
-                self.stopped = "the referrer search, %d levels up" % (lvl - 1)
+                self.stopped = "the referrer search, %d levels up%s" % (
+                    lvl - 1,
+                    " among gc.freeze()'s objects" if self.frozen_objs else "",
+                )
                 break
             fset = set(id(self.nodes[i]) for i in frontier)
             refs = self._referrers([self.nodes[i] for i in frontier])
@@ -243,9 +261,8 @@ class Search(object):
                 if i not in seen_from:
                     self.dead.add(i)
             frontier = nxt
-            if self._resolved(tnodes):
+            if self._resolved(self.tnodes):
                 break
-        return tnodes
 
     def _resolved(self, tnodes):
         """Whether every target is below a root already (cheap check: any
@@ -311,7 +328,7 @@ class Search(object):
             seen.add(m)
             if m in self.dead:
                 dead = True
-            if id(self.nodes[m]) in frozen_ids:
+            if m != t and id(self.nodes[m]) in frozen_ids:
                 is_frozen = True
             stack.extend(parents.get(m, ()))
         if is_frozen:
@@ -328,6 +345,7 @@ class Search(object):
         self.tinfo, self.tvalues = {}, {}
         self.frozen_objs = None
         self._parents = None
+        self.tnodes = []
 
 
 def _key_of(d, value):

@@ -164,12 +164,17 @@ def why_data(device=None, all_devices=False, budget=2.0):
     b = referrers.Budget(budget)
     enabled = gc.isenabled()
     gc.disable()
+    # The types this call adds to the type cache are dropped again: the
+    # cache must not keep a type alive that the kernel drops later.
+    cached = set(holders._kind_cache)
     try:
         return _why(state.shell, device, all_devices, b, referrers.Baseline())
     except Exception as e:
         return {"kind": "error", "message": "gpumem why failed: %s" % state.short_exc(e)}
     finally:
-        holders._kind_cache.clear()
+        for tp in [tp for tp in holders._kind_cache if tp not in cached]:
+            del holders._kind_cache[tp]
+        cached.clear()
         if enabled:
             gc.enable()
 
@@ -301,42 +306,20 @@ def _elsewhere(shell, found, frozen_objs, want, traced, b, baseline, data):
 
 
 def _search(search, targets, frozen_objs, b):
-    """[(root, chain objects) or (reason, None)] per target."""
+    """[(root, chain objects) or ((reason,), None)] per target."""
     tnodes = search.run(targets)
     chains = search.chains(tnodes)
+    if len(chains) < len(tnodes) and frozen_objs and search.dead and not b.over():
+        # On from where no visible referrer was, among the frozen objects.
+        search.extend(frozen_objs)
+        chains = search.chains(tnodes)
     out = []
     for t in tnodes:
         c = chains.get(t)
         if c is not None:
-            root, path = c
-            out.append((root, [search.nodes[i] for i in path]))
+            out.append((c[0], [search.nodes[i] for i in c[1]]))
         else:
-            out.append((None, None))
-    missing = [i for i, (r, _p) in enumerate(out) if r is None]
-    if missing and frozen_objs and not b.over():
-        # Again, with the frozen objects as referrers too.
-        again = referrers.Search(search.shell, b, search.baseline, exclude=[targets, frozen_objs])
-        again.ours |= search.ours
-        again.frozen_objs = frozen_objs
-        sub = [targets[i] for i in missing]
-        again.ours.add(id(sub))
-        try:
-            nodes = again.run(sub)
-            chains = again.chains(nodes)
-            for i, n in zip(missing, nodes):
-                c = chains.get(n)
-                if c is not None:
-                    out[i] = (c[0], [again.nodes[j] for j in c[1]])
-                else:
-                    out[i] = ((again.why_unrooted(n),), None)
-            if again.stopped and not search.stopped:
-                search.stopped = again.stopped
-        finally:
-            again.release()
-            del sub[:]
-    for i, (r, _p) in enumerate(out):
-        if r is None:
-            out[i] = ((search.why_unrooted(tnodes[i]),), None)
+            out.append(((search.why_unrooted(t),), None))
     return out
 
 
