@@ -99,32 +99,36 @@ class Walk(object):
         import time
 
         word = ctypes.c_size_t.from_address
-        obj = ctypes.py_object
-        cast = ctypes.cast
         head = self._headaddr
         verdict = {}  # type address -> keep(type)
-        out = []
+        addrs = []
         node = word(head).value
         n = 0
         while node != head:
             n += 1
             if n > self.total + 1:
-                return out  # not the list we proved: stop
+                break  # not the list we proved: stop
             if keep is None:
-                out.append(cast(node + 16, obj).value)
+                addrs.append(node + 16)
             else:
                 tp = word(node + 24).value  # ob_type, after ob_refcnt
                 v = verdict.get(tp)
                 if v is None:
                     try:
-                        v = bool(keep(cast(tp, obj).value))
+                        v = bool(keep(ctypes.cast(tp, ctypes.py_object).value))
                     except Exception:
                         v = False
                     verdict[tp] = v
                 if v:
-                    out.append(cast(node + 16, obj).value)
+                    addrs.append(node + 16)
             node = word(node).value
             if self.deadline is not None and not n & 4095 and time.perf_counter() > self.deadline:
-                return out
-        self.complete = True
-        return out
+                break
+        else:
+            self.complete = True
+        if not addrs:
+            return []
+        # The objects, at once: an array of their addresses read as an
+        # array of object references (each one a new reference).
+        arr = (ctypes.c_void_p * len(addrs))(*addrs)
+        return ctypes.cast(arr, ctypes.POINTER(ctypes.py_object * len(addrs))).contents[:]

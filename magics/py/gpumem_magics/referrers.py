@@ -183,12 +183,16 @@ class Search(object):
         try:
             found = gc.get_referrers(*frontier)
             if self.frozen_objs:
+                # Which frozen objects refer to the frontier: a chunk at a
+                # time in C, and one by one only in a chunk that does.
                 ids = set(id(o) for o in frontier)
-                for f in self.frozen_objs:
-                    for x in gc.get_referents(f):
-                        if id(x) in ids:
+                fo = self.frozen_objs
+                for i in range(0, len(fo), 4096):
+                    if ids.isdisjoint(map(id, gc.get_referents(*fo[i : i + 4096]))):
+                        continue
+                    for f in fo[i : i + 4096]:
+                        if not ids.isdisjoint(map(id, gc.get_referents(f))):
                             found.append(f)
-                            break
             return found
         finally:
             self.ours.discard(id(frontier))
