@@ -11,7 +11,6 @@ import (
 	"github.com/gpumem/gpumem/magics"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/attribution"
-	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
 // childOutcome is one process of a kernel's tree that held GPU memory, and
@@ -38,9 +37,21 @@ func (d *Daemon) FreeChildren(ctx context.Context, kernelID string, fromKernel b
 	if err != nil {
 		return nil, err
 	}
-	first, err := d.observe(ctx)
-	if err != nil {
-		return nil, err
+	// The figures before the teardown: read now, or, when the kernel ran
+	// its teardown before asking, the last sample's.
+	var before attribution.Notebook
+	if fromKernel {
+		rep, err := d.Report(ctx)
+		if err != nil {
+			return nil, err
+		}
+		before, _ = notebookOf(rep, kernelID)
+	} else {
+		first, err := d.observe(ctx)
+		if err != nil {
+			return nil, err
+		}
+		before, _ = notebookOf(first.Report, kernelID)
 	}
 	report := map[string]any{"kind": "children", "schema": 1, "kernel_id": kernelID}
 	if !fromKernel {
@@ -77,15 +88,14 @@ func (d *Daemon) FreeChildren(ctx context.Context, kernelID string, fromKernel b
 	d.mu.Unlock()
 	delete(recorded, self)
 
-	before, _ := notebookOf(first.Report, kernelID)
 	var ended, left []childOutcome
 	for _, p := range before.Processes {
-		id, ok := first.Table.Get(p.PID)
-		if p.PID == self.PID || !ok {
+		if p.PID == self.PID {
 			continue
 		}
-		if _, alive := obs.Table.Lookup(id.PID, id.StartTime); !alive {
-			ended = append(ended, childOutcome{PID: p.PID, Command: command(id), Bytes: total(p.PerGPU), How: "ended during the frameworks' teardown"})
+		if _, alive := obs.Table.Get(p.PID); !alive {
+			ended = append(ended, childOutcome{PID: p.PID, Command: argvOf(recorded, p.PID), Bytes: total(p.PerGPU),
+				How: "ended during the frameworks' teardown"})
 		}
 	}
 	held := attribution.BytesByPID(obs.Snapshot)
@@ -150,8 +160,14 @@ func notebookOf(rep attribution.Report, kernelID string) (attribution.Notebook, 
 	return attribution.Notebook{}, false
 }
 
-func command(p procs.Proc) string {
-	return procs.CommandLine(p.Argv, p.Comm, attribution.MaxCommandLen)
+// argvOf is the command line recorded for pid in the kernel's tree.
+func argvOf(recorded map[procID]recordedProc, pid int) string {
+	for id, rec := range recorded {
+		if id.PID == pid {
+			return rec.Argv
+		}
+	}
+	return ""
 }
 
 func total(per []attribution.GPUBytes) (sum uint64) {
