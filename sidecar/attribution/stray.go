@@ -48,10 +48,11 @@ const (
 // per-process figures and, where a kernel reported them, its frameworks'
 // (evidence by kernel id; nil for none). The rule:
 //   - the kernel process on GPU g: flagged when its frameworks hold nothing
-//     on g but hold memory on another GPU (framework evidence), or, without
-//     evidence, when its figure on g is at most ContextBytesMax while it
-//     holds more than that on another GPU. A kernel that uses its GPU
-//     normally, or holds only a context after a free, is never flagged;
+//     on g (framework evidence) or, without evidence, its figure on g is at
+//     most ContextBytesMax, while it works on another GPU (its frameworks
+//     hold memory there, or it holds more than ContextBytesMax there). A
+//     kernel that uses its GPU normally, or holds only a context after a
+//     free, is never flagged;
 //   - a child process on GPU g: flagged when its figure there is at most
 //     ContextBytesMax (a context and next to nothing).
 func FlagStrayContexts(rep *Report, evidence map[string]FrameworkEvidence) {
@@ -76,10 +77,11 @@ func strayContexts(nb Notebook, ev FrameworkEvidence) []StrayContext {
 	fresh := func(gpu int) bool {
 		return hasEv && kernel[gpu] <= ev.DriverAt[gpu]+evidenceSlack
 	}
-	// The GPUs the kernel computes on.
+	// The GPUs the kernel works on: its frameworks hold memory there, or it
+	// holds more than a context there.
 	uses := map[int]bool{}
 	for gpu, b := range kernel {
-		if (fresh(gpu) && ev.Held[gpu] > 0) || (!fresh(gpu) && b > ContextBytesMax) {
+		if (fresh(gpu) && ev.Held[gpu] > 0) || b > ContextBytesMax {
 			uses[gpu] = true
 		}
 	}

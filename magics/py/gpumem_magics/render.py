@@ -95,6 +95,8 @@ def _render_summary(data):
             )
     elif data.get("driver_hint"):
         extra.append(("dim", data["driver_hint"]))
+    for sc in (drv or {}).get("stray_contexts") or []:
+        extra.append(("warn", render_why.stray_line(sc)))
     if data.get("context_note"):
         extra.append(("dim", data["context_note"]))
     hid = data.get("hidden") or {}

@@ -88,6 +88,11 @@ def render_why(data):
     return "\n".join(text), layout.html_doc(title, "".join(body))
 
 
+def stray_line(sc):
+    """One stray-context flag as gpumem serve computed it."""
+    return "GPU %s pid %s: %s: %s %s" % (sc.get("gpu"), sc.get("pid"), sc.get("label"), sc.get("why"), sc.get("avoid"))
+
+
 def _detail(r):
     """The line under a row: the chain of what holds it, or its note."""
     chain = r.get("chain") or []
