@@ -188,6 +188,9 @@ class Search(object):
                 ids = set(id(o) for o in frontier)
                 fo = self.frozen_objs
                 for i in range(0, len(fo), 4096):
+                    if self.budget.over():
+                        self.stopped = "the referrer search among gc.freeze()'s objects"
+                        break
                     if ids.isdisjoint(map(id, gc.get_referents(*fo[i : i + 4096]))):
                         continue
                     for f in fo[i : i + 4096]:
@@ -237,6 +240,8 @@ class Search(object):
                 break
             fset = set(id(self.nodes[i]) for i in frontier)
             refs = self._referrers([self.nodes[i] for i in frontier])
+            if self.stopped:
+                break
             self.ours.add(id(refs))
             new = self.baseline.new_ids()
             seen_from = set()
