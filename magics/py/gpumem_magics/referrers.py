@@ -48,9 +48,13 @@ _OUR_FILES = "<gpumem_magics/"
 
 
 class Budget(object):
+    """Seconds to spend. The search stops at 90% of them: one more level of
+    it, and the rows after it, fit in the rest."""
+
     def __init__(self, seconds):
+        self.seconds = max(0.05, float(seconds))
         self.start = time.perf_counter()
-        self.deadline = self.start + max(0.05, float(seconds))
+        self.deadline = self.start + 0.9 * self.seconds
 
     def over(self):
         return time.perf_counter() > self.deadline
@@ -153,6 +157,7 @@ class Search(object):
         self.tinfo, self.tvalues = {}, {}
         self.frozen_objs = None
         self._parents = None
+        self._frozen_ids = None
         self.tnodes = []
         self.baseline = baseline
         self.ours.update((id(self), id(self.__dict__)))
@@ -328,7 +333,9 @@ class Search(object):
                 for k in ks:
                     self._parents.setdefault(k, []).append(n)
         parents = self._parents
-        frozen_ids = set(id(o) for o in self.frozen_objs or ())
+        if self._frozen_ids is None:  # once: a million ids, in C
+            self._frozen_ids = set(map(id, self.frozen_objs or ()))
+        frozen_ids = self._frozen_ids
         is_frozen = False
         while stack:
             m = stack.pop()
@@ -354,6 +361,7 @@ class Search(object):
         self.tinfo, self.tvalues = {}, {}
         self.frozen_objs = None
         self._parents = None
+        self._frozen_ids = None
         self.tnodes = []
 
 

@@ -190,7 +190,7 @@ def _why(shell, device, all_devices, b, baseline):
         "schema": state.SCHEMA,
         "pid": os.getpid(),
         "scope": "cuda:%d" % device if device is not None else ("all devices" if all_devices else "GPU memory"),
-        "budget_s": round(b.deadline - b.start, 3),
+        "budget_s": round(b.seconds, 3),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "frameworks_loaded": [m for m in ("torch", "cupy", "jax", "tensorflow") if m in sys.modules],
     }
