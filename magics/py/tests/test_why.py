@@ -275,3 +275,28 @@ def test_a_suspended_generator():
         assert ref() is None
     finally:
         state.configure(None, {})
+
+
+def test_a_class_attribute_and_a_holder_in_c():
+    import ctypes
+
+    ns = {"__name__": "__main__"}
+    exec("import torch\nclass Config(object):\n    cache = torch.zeros(1236)\n", ns)
+    leaked = torch.zeros(1237)
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(leaked))  # a reference no gc object holds, as a C extension's
+    ref = weakref.ref(leaked)
+    del leaked
+    state.configure(Shell(ns), {})
+    try:
+        data = why.why_data(all_devices=True, budget=10)
+        by = {r["bytes"]: r for r in data["rows"]}
+        cls, c = by[4 * 1236], by[4 * 1237]
+        assert cls["holder"] == "a class attribute" and cls["fix"] == "del Config.cache", cls
+        assert c["root"] == "a holder in C that gc cannot see into" and c["fix"].startswith("restart the kernel"), c
+        exec(cls["fix"], ns)
+    finally:
+        t = ref()
+        if t is not None:
+            ctypes.pythonapi.Py_DecRef(ctypes.py_object(t))
+        del t
+        state.configure(None, {})
