@@ -207,7 +207,7 @@ def rows_from(holders, all_devices, want=None, owners=None):
     containers and objects, then IPython's hidden references (largest first
     within each); the others name the claimer in shared_with. want(device)
     picks the devices counted (default: GPUs, or all with all_devices);
-    owners, a dict, receives storage key -> (claiming row's name, bytes,
+    owners, a dict, receives storage key -> (the claiming row, bytes,
     device)."""
     if want is None:
         want = (lambda dev: True) if all_devices else is_gpu
@@ -246,7 +246,7 @@ def rows_from(holders, all_devices, want=None, owners=None):
                 owner[key] = row["name"]
                 total += n
                 if owners is not None:
-                    owners[key] = (row["name"], n, dev)
+                    owners[key] = (row, n, dev)
             elif o not in shared:
                 shared.append(o)
         if shared:

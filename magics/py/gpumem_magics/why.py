@@ -205,9 +205,11 @@ def _why(shell, device, all_devices, b, baseline):
     hidden = [(ref, obj, {"hidden": True, "where": what}) for ref, obj, what in holders.hidden_holders(shell)]
     vrows, _total = holders.rows_from(named + hidden, all_devices, want=want, owners=claims)
     del named, hidden
+    owned = {}  # id(row) -> its bytes
+    for k, (row, n, dev) in claims.items():
+        owned[id(row)] = owned.get(id(row), 0) + _bytes(k, n, dev)
     for r in vrows:
-        owned = [(k, n, dev) for k, (name, n, dev) in claims.items() if name == r["name"]]
-        r["bytes"] = sum(_bytes(k, n, dev) for k, n, dev in owned)
+        r["bytes"] = owned.get(id(r), 0)
         if not r["bytes"] and r.get("shared_with"):
             continue
         if r.get("hidden"):
@@ -215,8 +217,9 @@ def _why(shell, device, all_devices, b, baseline):
         else:
             rows.append(dict(r, category="variables", chain=[r["name"]], hops=1, fix="%%gpumem free %s" % r["name"]))
     traced = {}  # storage key -> (bytes, device)
-    for k, (_name, n, dev) in claims.items():
+    for k, (_row, n, dev) in claims.items():
         traced[k] = (_bytes(k, n, dev), dev)
+    claims.clear()
 
     # Every other live buffer, and who holds it.
     found, frozen_objs, finfo = _scan(b)
