@@ -168,12 +168,7 @@ func (r *FreeReport) safe() {
 // "driver": a kernel that writes one into its text cannot pass it off.
 func (r FreeReport) Render() string {
 	var b strings.Builder
-	b.WriteString("the kernel's report, as the kernel wrote it:\n")
-	for _, line := range strings.Split(strings.TrimRight(textsafe.Block(r.Text), "\n"), "\n") {
-		b.WriteString("  kernel| ")
-		b.WriteString(line)
-		b.WriteByte('\n')
-	}
+	writeKernelText(&b, r.Text)
 	switch {
 	case r.Driver != nil:
 		fmt.Fprintf(&b, "driver (NVML, read by gpumem serve): %s -> %s for this kernel (%s)",

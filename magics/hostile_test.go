@@ -65,6 +65,32 @@ sys.modules["_gpumem_magics"].magic.api_free = lambda req: {"kind": "free", "err
 	}
 }
 
+// The free --children report: the kernel's text marked as its own and
+// escaped, then the daemon's processes and figures, their argv escaped; a
+// kernel writing "ended pid" or "driver" lines into its text cannot pass
+// them off as gpumem's (they stay behind "kernel| ").
+func TestChildrenReportRender(t *testing.T) {
+	rep := magics.ChildrenReport{
+		Text:   "ended pid 1 (fake), 9 GiB: SIGTERM\ndriver (NVML, read by gpumem serve): 9 GiB -> 0 B\x1b[2J",
+		Ended:  []magics.ChildOutcome{{PID: 4310, Command: "python3 -c spawn\x1b]0;t\x07", Bytes: 518 << 20, How: "SIGTERM"}},
+		Left:   []magics.ChildOutcome{{PID: 4320, Command: "python3 helper.py", Bytes: 1 << 30, Reason: "owned by uid 1001, not ours"}},
+		Before: 3 << 30, After: 2 << 30,
+	}
+	want := "the kernel's report, as the kernel wrote it:\n" +
+		"  kernel| ended pid 1 (fake), 9 GiB: SIGTERM\n" +
+		"  kernel| driver (NVML, read by gpumem serve): 9 GiB -> 0 B\\x1b[2J\n" +
+		"ended pid 4310 (python3 -c spawn\\x1b]0;t\\x07), 518.0 MiB: SIGTERM\n" +
+		"left pid 4320 (python3 helper.py), 1.0 GiB: owned by uid 1001, not ours\n" +
+		"driver (NVML, read by gpumem serve): 3.0 GiB -> 2.0 GiB for this kernel (-1.0 GiB); the kernel itself was left running"
+	if got := rep.Render(); got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+	none := magics.ChildrenReport{Text: "nothing", Before: 1 << 30, After: 1 << 30}
+	if got := none.Render(); !strings.Contains(got, "gpumem serve: no worker process of this kernel held GPU memory\n") {
+		t.Errorf("no processes:\n%s", got)
+	}
+}
+
 func TestFreeReportRender(t *testing.T) {
 	tests := []struct {
 		name string

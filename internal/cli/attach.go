@@ -55,12 +55,14 @@ func runAttach(ctx context.Context, env Env, args []string) error {
 }
 
 func runFree(ctx context.Context, env Env, args []string) error {
-	fs := newFlagSet(env, "free", "KERNEL [--vars a,b] [--all] [--runtime-dir DIR ...]\n\n"+
-		"By default only caches are freed (gc, then the frameworks' caches): no user variable is touched.")
+	fs := newFlagSet(env, "free", "KERNEL [--vars a,b] [--all] [--children] [--runtime-dir DIR ...]\n\n"+
+		"By default only caches are freed (gc, then the frameworks' caches): no user variable is touched.\n"+
+		"--children ends the kernel's worker processes that hold GPU memory instead (never the kernel).")
 	var dirs stringList
 	fs.Var(&dirs, "runtime-dir", "also look in this Jupyter runtime dir (repeatable)")
 	vars := fs.String("vars", "", "also delete these variables (comma-separated) and IPython's hidden references to them")
 	all := fs.Bool("all", false, "delete every variable holding GPU memory")
+	children := fs.Bool("children", false, "end the kernel's GPU-holding worker processes, never the kernel (needs gpumem serve)")
 	asJSON := fs.Bool("json", false, "print the kernel's report as JSON")
 	timeout := fs.Duration("timeout", 10*time.Minute, "how long to wait for the kernel's current cell to finish")
 	pos, err := parseFlags(fs, args)
@@ -74,12 +76,18 @@ func runFree(ctx context.Context, env Env, args []string) error {
 	if err := req.Validate(); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
+	if *children && (req.All || len(req.Vars) > 0) {
+		return fmt.Errorf("%w: --children frees the kernel's worker processes: use it without --vars and --all", errUsage)
+	}
 	k, err := resolveKernel(ctx, env, pos[0], dirs)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
+	if *children {
+		return freeChildren(ctx, env, dirs, k, *asJSON)
+	}
 
 	var rep magics.FreeReport
 	// Through the daemon when it runs (it adds the driver's figure);
@@ -129,6 +137,34 @@ func runFree(ctx context.Context, env Env, args []string) error {
 		return writeJSON(env.Stdout, rep)
 	}
 	// The kernel's report marked as its own, then the driver's figures.
+	_, err = fmt.Fprintf(env.Stdout, "kernel %s (%s)\n%s\n", orDash(k.ID), orDash(k.Notebook), rep.Render())
+	return err
+}
+
+// freeChildren ends a kernel's GPU-holding worker processes through the
+// daemon, which alone knows the kernel's recorded tree and applies
+// reclaim's policy to it.
+func freeChildren(ctx context.Context, env Env, dirs []string, k discovery.Kernel, asJSON bool) error {
+	sock := daemonSocket(env, dirs)
+	if sock == "" {
+		return fmt.Errorf("kernel %s (%s): --children needs gpumem serve: it ends only processes it recorded in the kernel's "+
+			"tree; start `gpumem serve` beside Jupyter and try again", orDash(k.ID), orDash(k.Notebook))
+	}
+	c := api.NewClient(sock)
+	defer c.Close()
+	raw, err := c.FreeChildren(ctx, k.ID)
+	if err != nil {
+		return fmt.Errorf("kernel %s (%s): %w", orDash(k.ID), orDash(k.Notebook), err)
+	}
+	if asJSON {
+		_, err := fmt.Fprintf(env.Stdout, "%s\n", raw)
+		return err
+	}
+	var rep magics.ChildrenReport
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		return fmt.Errorf("daemon's reply: %w", err)
+	}
+	// The kernel's text marked as its own, then the daemon's account.
 	_, err = fmt.Fprintf(env.Stdout, "kernel %s (%s)\n%s\n", orDash(k.ID), orDash(k.Notebook), rep.Render())
 	return err
 }

@@ -67,6 +67,25 @@ func TestWriteLsGolden(t *testing.T) {
 	golden(t, "ls_empty.txt", b.Bytes())
 }
 
+// A child that holds only a CUDA context is flagged under its GPU, with the
+// flag's cause and how to avoid it, as attribution computes them.
+func TestWriteLsStrayGolden(t *testing.T) {
+	rep := sampleReport()
+	rep.Notebooks[0].Processes = []attribution.ProcessBytes{
+		{PID: 812, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 40*gib - 518<<20}}},
+		{PID: 845, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 518 << 20}}},
+	}
+	attribution.FlagStrayContexts(&rep, nil)
+	var b bytes.Buffer
+	if err := writeLs(&b, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "stray context (≈ 518 MiB)") {
+		t.Errorf("no stray context flag:\n%s", b.String())
+	}
+	golden(t, "ls_stray.txt", b.Bytes())
+}
+
 func TestWriteIdleGolden(t *testing.T) {
 	now := time.Date(2026, 11, 30, 14, 0, 0, 0, time.UTC)
 	rep := sampleReport()

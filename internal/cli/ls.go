@@ -366,6 +366,13 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 				return err
 			}
 		}
+		for _, nb := range rep.Notebooks {
+			for _, sc := range nb.StrayContexts {
+				if sc.GPU == g.Index {
+					fmt.Fprintf(w, "  ! pid %d (%s): %s. %s %s\n", sc.PID, orDash(nb.Notebook), sc.Label, sc.Why, sc.Avoid)
+				}
+			}
+		}
 		fmt.Fprintf(w, "  notebooks %s, other %s, free %s\n\n", units.Bytes(g.NotebookBytes), units.Bytes(g.OtherBytes), units.Bytes(g.FreeBytes))
 	}
 	var idle []string

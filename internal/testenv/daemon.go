@@ -82,15 +82,26 @@ func NewFakeGPU(t testing.TB) *FakeGPU {
 // file).
 func (f *FakeGPU) Set(t testing.TB, procs ...FakeProc) {
 	t.Helper()
+	f.SetDevices(t, procs)
+}
+
+// SetDevices lists, on each of len(devices) simulated 80 GiB GPUs, its
+// processes (atomically).
+func (f *FakeGPU) SetDevices(t testing.TB, devices ...[]FakeProc) {
+	t.Helper()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if procs == nil {
-		procs = []FakeProc{}
+	gpus := []any{}
+	for i, procs := range devices {
+		if procs == nil {
+			procs = []FakeProc{}
+		}
+		gpus = append(gpus, map[string]any{
+			"name": "Simulated H200", "uuid": fmt.Sprintf("GPU-00000000-0000-0000-0000-%012d", i),
+			"memory_total_bytes": uint64(80 << 30), "processes": procs,
+		})
 	}
-	doc := map[string]any{"gpus": []any{map[string]any{
-		"name": "Simulated H200", "uuid": "GPU-00000000-0000-0000-0000-000000000000",
-		"memory_total_bytes": uint64(80 << 30), "processes": procs,
-	}}}
+	doc := map[string]any{"gpus": gpus}
 	b, _ := json.Marshal(doc)
 	tmp := f.Path + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {

@@ -132,13 +132,26 @@ class FreeHandler(KernelHandler):
             self.reply(200, {"status": "ok", "free": rep})
 
 
+class ChildrenHandler(KernelHandler):
+    """POST kernels/{id}/children/free: end the kernel's GPU-holding worker
+    processes (never the kernel), through the daemon."""
+
+    @tornado.web.authenticated
+    async def post(self, kernel_id):
+        self.check_own(kernel_id)
+        rep = await self.call_daemon("POST", f"/api/v1/kernels/{kernel_id}/children/free", timeout=120)
+        if rep is not None:
+            self.reply(200, {"status": "ok", "children": rep})
+
+
 class QueryHandler(KernelHandler):
-    """GET kernels/{id}/vars or /summary: read silently through the daemon."""
+    """GET kernels/{id}/vars, /summary or /why: read silently through the
+    daemon."""
 
     @tornado.web.authenticated
     async def get(self, kernel_id, what):
         self.check_own(kernel_id)
-        params = {"all_devices": "1"} if what == "vars" and self.get_argument("all_devices", "") == "1" else None
+        params = {"all_devices": "1"} if what in ("vars", "why") and self.get_argument("all_devices", "") == "1" else None
         rep = await self.call_daemon("GET", f"/api/v1/kernels/{kernel_id}/{what}", params=params, timeout=30)
         if rep is not None:
             self.reply(200, {"status": "ok", what: rep})
@@ -156,8 +169,9 @@ def setup_handlers(serverapp):
             (url_path_join(base, "state"), StateHandler),
             (url_path_join(base, "kernels", KERNEL_ID, "free"), FreeHandler),
             (
-                url_path_join(base, "kernels", KERNEL_ID, r"(?P<what>vars|summary)"),
+                url_path_join(base, "kernels", KERNEL_ID, r"(?P<what>vars|summary|why)"),
                 QueryHandler,
             ),
+            (url_path_join(base, "kernels", KERNEL_ID, "children", "free"), ChildrenHandler),
         ],
     )

@@ -57,3 +57,13 @@ export function fetchVars(kernelId: string, allDevices = false): Promise<KernelR
 export function fetchSummary(kernelId: string): Promise<KernelReply<'summary'>> {
   return call(`kernels/${encodeURIComponent(kernelId)}/summary`);
 }
+
+/** %gpumem why's rows for a kernel (rendered text included), read through the daemon. */
+export function fetchWhy(kernelId: string): Promise<KernelReply<'why'>> {
+  return call(`kernels/${encodeURIComponent(kernelId)}/why`);
+}
+
+/** Ends the kernel's GPU-holding worker processes (never the kernel). */
+export function freeChildren(kernelId: string): Promise<KernelReply<'children'>> {
+  return call(`kernels/${encodeURIComponent(kernelId)}/children/free`, { method: 'POST' });
+}

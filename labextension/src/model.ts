@@ -35,6 +35,17 @@ export interface Notebook {
   processes: { pid: number; per_gpu: GPUBytes[] }[];
   /** The kernel's server's view of its activity, and any planned cull. */
   activity?: Activity;
+  /** (GPU, pid) of its tree holding memory with no framework memory there, as the daemon flags them. */
+  stray_contexts?: StrayContext[];
+}
+
+export interface StrayContext {
+  gpu: number;
+  pid: number;
+  bytes: number;
+  label: string;
+  why: string;
+  avoid: string;
 }
 
 export interface Activity {

@@ -8,7 +8,7 @@ import { Notification } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 import type uPlot from 'uplot';
 
-import { fetchVars, freeCache } from './api';
+import { fetchVars, fetchWhy, freeCache, freeChildren } from './api';
 import { formatBytes, formatPercent, levelFor } from './format';
 import { GPU, Notebook, notebookLabel, stackNotebooks, State, varRows } from './model';
 import { StateSource } from './source';
@@ -260,6 +260,12 @@ export class GpuPanel extends Widget {
     button('Variables', 'The variables holding GPU memory (%gpumem vars), read without running anything in the notebook', () =>
       this._showVars(nb)
     );
+    button('Why?', 'Every byte of this kernel\'s GPU memory in one row, with who holds it and the fix (%gpumem why)', () =>
+      this._showWhy(nb)
+    );
+    button('Free workers', 'End this kernel\'s worker processes that hold GPU memory (never the kernel itself)', () =>
+      this._freeWorkers(nb)
+    );
     const rb = button('Restart kernel', 'Restart the kernel (JupyterLab asks first)', async () => {
       await this._actions.restart(nb.kernel_id);
     });
@@ -273,7 +279,45 @@ export class GpuPanel extends Widget {
       ob.disabled = true;
       ob.onclick = null;
     }
+    for (const sc of nb.stray_contexts ?? []) {
+      const w = el('div', 'jp-gpumem-stray', `GPU ${sc.gpu} pid ${sc.pid}: ${sc.label}`);
+      w.title = `${sc.why} ${sc.avoid}`;
+      w.dataset.gpumem = 'stray-context';
+      actions.appendChild(w);
+    }
     return [tr, actionRow];
+  }
+
+  private async _showWhy(nb: Notebook): Promise<void> {
+    const box = this._vars;
+    const pre = el('pre', 'jp-gpumem-why', 'Reading…');
+    pre.dataset.gpumem = 'why';
+    box.replaceChildren(el('h3', '', `Why: ${notebookLabel(nb)}`), pre);
+    try {
+      const r = await fetchWhy(nb.kernel_id);
+      pre.textContent = r.status === 'ok' ? ((r.why as { text?: string } | undefined)?.text ?? '') : (r.message ?? 'failed');
+    } catch (e) {
+      pre.textContent = `Reading why failed: ${String(e)}`;
+    }
+  }
+
+  private async _freeWorkers(nb: Notebook): Promise<void> {
+    const label = notebookLabel(nb);
+    try {
+      const r = await freeChildren(nb.kernel_id);
+      if (r.status !== 'ok') {
+        Notification.warning(`Free workers of ${label}: ${r.message ?? 'failed'}`, { autoClose: 8000 });
+        return;
+      }
+      const rep = r.children as { ended?: unknown[]; returned_bytes?: number } | undefined;
+      Notification.success(
+        `Ended ${rep?.ended?.length ?? 0} worker process(es) of ${label}: ${formatBytes(rep?.returned_bytes ?? 0)} returned`,
+        { autoClose: 6000 }
+      );
+      void this._source.refresh();
+    } catch (e) {
+      Notification.error(`Free workers of ${label} failed: ${String(e)}`, { autoClose: 8000 });
+    }
   }
 
   private async _free(nb: Notebook): Promise<void> {

@@ -86,6 +86,17 @@ def test_only_this_servers_kernels(stack):
     assert r.status_code == 200, r.text
     assert r.json()["vars"]["kind"] == "vars", r.json()
 
+    # Why and free workers: this server's kernels only, too.
+    assert lab.get(f"gpumem/api/v1/kernels/{theirs}/why").status_code == 403
+    assert lab.post(f"gpumem/api/v1/kernels/{theirs}/children/free").status_code == 403
+    r = lab.get(f"gpumem/api/v1/kernels/{mine}/why")
+    assert r.status_code == 200, r.text
+    why = r.json()["why"]
+    assert why["kind"] == "why" and why["driver"]["bytes"] == 2 * GiB and "rows:" in why["text"], why
+    r = lab.post(f"gpumem/api/v1/kernels/{mine}/children/free")
+    assert r.status_code == 200, r.text
+    assert r.json()["children"]["kind"] == "children" and r.json()["children"]["ended"] == [], r.json()
+
     # A bad since is the caller's error, not the daemon's.
     assert lab.get("gpumem/api/v1/state", params={"since": "yesterday"}).status_code == 400
 

@@ -3,7 +3,7 @@
 # namespace.
 #
 # _ARGS: nonce, action ("inject" | "free" | "render" | "status" | "vars" |
-# "summary"), bundle (the package gpumem_magics as base64 of zlib of JSON
+# "summary" | "why" | "teardown"), bundle (the package gpumem_magics as base64 of zlib of JSON
 # {module: source}), config (JSON text: version, sidecar_socket, kernel_id,
 # ...), request (JSON text: the action's input).
 #
@@ -79,7 +79,7 @@ def _act(a, sources, shell, report):
                 pass
         magic.install(shell, config)
         report.update(ok=True, replaced=report["loaded_before"], version=magic.version())
-    elif action in ("free", "render", "vars", "summary"):
+    elif action in ("free", "render", "vars", "summary", "why", "teardown"):
         if current:
             report["result"] = _run(old, action, request)
         else:
@@ -109,6 +109,8 @@ def _run(magic, action, request):
         return magic.api_vars(request)
     if action == "summary":
         return magic.api_summary()
+    if action in ("why", "teardown"):
+        return getattr(magic, "api_" + action)(request)
     return magic.api_render(request)
 
 

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -144,6 +145,36 @@ func (c *Client) Free(ctx context.Context, kernelID string, req FreeRequest) (js
 	}
 	var reply json.RawMessage
 	err = c.do(ctx, http.MethodPost, "/api/v1/kernels/"+url.PathEscape(kernelID)+"/free", body, &reply)
+	return reply, err
+}
+
+// FreeChildren ends the GPU-holding worker processes of a kernel (never the
+// kernel) and returns the daemon's report as is.
+func (c *Client) FreeChildren(ctx context.Context, kernelID string) (json.RawMessage, error) {
+	var reply json.RawMessage
+	err := c.do(ctx, http.MethodPost, "/api/v1/kernels/"+url.PathEscape(kernelID)+"/children/free", []byte{}, &reply)
+	return reply, err
+}
+
+// Why is a kernel's %gpumem why, joined with the driver's figures and
+// rendered by the kernel.
+func (c *Client) Why(ctx context.Context, kernelID string, q WhyQuery) (json.RawMessage, error) {
+	v := url.Values{}
+	if q.AllDevices {
+		v.Set("all_devices", "1")
+	}
+	if q.Device != nil {
+		v.Set("device", strconv.Itoa(*q.Device))
+	}
+	if q.Budget > 0 {
+		v.Set("budget", strconv.FormatFloat(q.Budget, 'f', -1, 64))
+	}
+	path := "/api/v1/kernels/" + url.PathEscape(kernelID) + "/why"
+	if len(v) > 0 {
+		path += "?" + v.Encode()
+	}
+	var reply json.RawMessage
+	err := c.do(ctx, http.MethodGet, path, nil, &reply)
 	return reply, err
 }
 

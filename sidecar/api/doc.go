@@ -15,6 +15,9 @@
 //	GET  /api/v1/notebooks            attribution.Report (same JSON as `gpumem ls --json`)
 //	GET  /api/v1/kernels/{id}         attribution.Notebook of one kernel (?fresh=1: read now)
 //	POST /api/v1/kernels/{id}/free    body: optional FreeRequest; reply: the backend's JSON
+//	GET  /api/v1/kernels/{id}/why     %gpumem why joined with the driver's figures (?device=&all_devices=1&budget=)
+//	POST /api/v1/kernels/{id}/why     body: a kernel's own why data; reply: it joined
+//	POST /api/v1/kernels/{id}/children/free  end the kernel's GPU-holding workers, never the kernel
 //
 // Every endpoint of one kernel (these, and /vars and /summary) takes
 // ?connection_file=PATH to choose among kernels sharing an id.

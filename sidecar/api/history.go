@@ -83,6 +83,7 @@ func (s *Server) extraRoutes(route func(string, access, func(http.ResponseWriter
 	allow["/api/v1/history"] = "GET, HEAD"
 	allow["/api/v1/kernels/{id}/vars"] = "GET, HEAD"
 	allow["/api/v1/kernels/{id}/summary"] = "GET, HEAD"
+	s.whyRoutes(route, allow) // why.go
 }
 
 func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, c caller) {

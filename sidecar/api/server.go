@@ -339,7 +339,7 @@ func (s *Server) serveFree(w http.ResponseWriter, r *http.Request, c caller) {
 	}
 	log := s.log.With().Str("kernel_id", id).Str("connection_file", c.kernel.ConnectionFile).Int("pid", c.peer.PID).Uint32("uid", c.peer.UID).Logger()
 	wait, self := maxFreeWait, false
-	if file, _, ok := s.backend.KernelOfPID(r.Context(), c.peer.PID); ok && file == c.kernel.ConnectionFile {
+	if s.fromKernel(r, c) {
 		wait, self = s.selfFreeWait, true
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), wait)
@@ -378,6 +378,14 @@ func (s *Server) serveFree(w http.ResponseWriter, r *http.Request, c caller) {
 	setNoCache(w)
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(reply)
+}
+
+// fromKernel reports whether the caller's process (SO_PEERCRED) is in the
+// tree of the kernel c acts on: a request from inside that kernel. Never
+// anything the request says of itself.
+func (s *Server) fromKernel(r *http.Request, c caller) bool {
+	file, _, ok := s.backend.KernelOfPID(r.Context(), c.peer.PID)
+	return ok && file == c.kernel.ConnectionFile
 }
 
 // decodeFree reads the optional FreeRequest body: no body means cache-only.

@@ -64,6 +64,9 @@ type Notebook struct {
 	// Activity is the kernel's server's view of it, when a server lists
 	// it; nil otherwise.
 	Activity *Activity `json:"activity,omitempty"`
+	// StrayContexts are the (GPU, process) pairs of the kernel's tree that
+	// hold memory with no framework memory there (FlagStrayContexts).
+	StrayContexts []StrayContext `json:"stray_contexts,omitempty"`
 }
 
 // Activity is what a kernel's Jupyter server says of its activity, and

@@ -135,6 +135,9 @@ type Daemon struct {
 	alerted      map[int]bool // GPU index → alert raised
 	alertEpisode map[int]int  // GPU index → crossings so far
 	lastAlerts   []byte       // the alert file's content
+	// evidence is, by connection file, what each kernel's magics last said
+	// its frameworks hold per GPU: the stray-context flags' evidence (why.go).
+	evidence map[string]attribution.FrameworkEvidence
 	// sampleSeq counts the reports kept in last; reportJSON is the one
 	// numbered reportJSONSeq, encoded (see ReportJSON).
 	sampleSeq     uint64
@@ -205,6 +208,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 		kernels:      map[string]*kernelState{},
 		alerted:      map[int]bool{},
 		alertEpisode: map[int]int{},
+		evidence:     map[string]attribution.FrameworkEvidence{},
 		socket:       cfg.SocketPath,
 		sampleNow:    make(chan struct{}, 1),
 		rescan:       func() {},

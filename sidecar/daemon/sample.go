@@ -29,7 +29,11 @@ func (d *Daemon) observe(ctx context.Context) (attribution.Observation, error) {
 	d.mu.Lock()
 	kernels := d.kernelsLocked()
 	d.mu.Unlock()
-	return attribution.Observe(ctx, d.gpus, d.fs, kernels)
+	obs, err := attribution.Observe(ctx, d.gpus, d.fs, kernels)
+	if err == nil {
+		d.flagStray(&obs.Report)
+	}
+	return obs, err
 }
 
 // sample reads NVML and /proc once: it records each live kernel's tree,
@@ -91,10 +95,14 @@ func (d *Daemon) sample(ctx context.Context) {
 		}
 	}
 	rep := obs.Report
-	if len(jobs) > 0 { // the retired kernels' processes are no longer theirs
+	retired := len(jobs) > 0
+	if retired { // the retired kernels' processes are no longer theirs
 		rep = attribution.Attribute(obs.Snapshot, obs.Table, d.kernelsLocked())
 	}
 	d.mu.Unlock()
+	if retired {
+		d.flagStray(&rep)
+	}
 
 	for _, j := range jobs {
 		d.startReclaim(ctx, j.ks, j.recorded, j.why)
@@ -189,9 +197,15 @@ func (d *Daemon) proveByKey(ctx context.Context, ks *kernelState, c *protocol.Cl
 // liveKernelTrees is every process in the tree of a live kernel process we
 // know: never reclaimed.
 func (d *Daemon) liveKernelTreesLocked(table *procs.Table) map[procID]bool {
+	return d.kernelTreesLocked(table, nil)
+}
+
+// kernelTreesLocked is every process in the tree of a live kernel process
+// we know but except's.
+func (d *Daemon) kernelTreesLocked(table *procs.Table, except *kernelState) map[procID]bool {
 	keep := map[procID]bool{}
 	for _, ks := range d.kernels {
-		if ks.cur.isZero() {
+		if ks.cur.isZero() || ks == except {
 			continue
 		}
 		for _, p := range table.KernelProcesses(ks.cur.PID, ks.cur.Start) {

@@ -22,54 +22,11 @@ import (
 // bob reaches his own kernel by that id, never hers. He cannot read her
 // variables (GET …/vars), delete them (POST …/free {"vars": …}), or learn
 // her names from a refusal; alice still reaches hers; an admin is told the
-// id is ambiguous and shown both files.
-//
-// Built so that an older build fails every time, not by the luck of map
-// order: alice's connection file is there when the daemon starts but her
-// kernel listens only afterwards, so a daemon that knew processes by file
-// name gave her file bob's proven process (hence bob as its owner) and
-// then, by id, handed bob whichever of the two clients it met first.
+// id is ambiguous and shown both files. Built to fail an older build every
+// time (startSameIDKernels).
 func TestKernelNamedAfterAnotherUsersKernel(t *testing.T) {
-	testenv.Require(t, "ipykernel", "jupyter_client", "torch")
-	alice, bob := testenv.MakeUser(t, "ka"), testenv.MakeUser(t, "kb")
-	id := fmt.Sprintf("%s-%s-%s-%s-%s", testenv.RandomHex(4), testenv.RandomHex(2), testenv.RandomHex(2), testenv.RandomHex(2), testenv.RandomHex(6))
-
-	// Bob's kernel, running first, its file named after alice's id.
-	bobFile := filepath.Join(bob.Home, "d", "kernel-"+id+".json")
-	bk := bob.StartKernel(t, bobFile)
-	testenv.WaitKernelListening(t, bobFile, 60*time.Second)
-	testenv.RunCell(t, bobFile, "import torch; bobs_own = torch.zeros(8)", 60*time.Second)
-
-	// Alice's connection file, in her runtime dir, before her kernel runs.
-	// Its ports are below the ephemeral range: the daemon dials them until
-	// she listens, and a dial to a free ephemeral port can connect to
-	// itself and take the port.
-	aliceFile := filepath.Join(alice.RuntimeDir(), "kernel-"+id+".json")
-	alice.Mkdir(t, alice.RuntimeDir())
-	conn := map[string]any{"transport": "tcp", "ip": "127.0.0.1", "key": testenv.RandomHex(16), "signature_scheme": "hmac-sha256",
-		"kernel_name": "python3"}
-	for _, name := range []string{"shell_port", "iopub_port", "stdin_port", "control_port", "hb_port"} {
-		conn[name] = freeLowPort(t)
-	}
-	data, _ := json.Marshal(conn)
-	if err := os.WriteFile(aliceFile, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(aliceFile, alice.UID, alice.GID); err != nil {
-		t.Fatal(err)
-	}
-
-	gpu := testenv.NewFakeGPU(t)
-	gpu.Set(t, testenv.FakeProc{PID: bk.Cmd.Process.Pid, UsedBytes: 1 << 30})
-	d, sock := sharedDaemon(t, gpu, []testenv.User{alice, bob})
-
-	ak := alice.StartKernel(t, aliceFile)
-	testenv.WaitKernelListening(t, aliceFile, 60*time.Second)
-	testenv.RunCell(t, aliceFile, "import torch; secret_weights = torch.ones(64)", 60*time.Second)
-	gpu.Set(t, testenv.FakeProc{PID: bk.Cmd.Process.Pid, UsedBytes: 1 << 30}, testenv.FakeProc{PID: ak.Cmd.Process.Pid, UsedBytes: 2 << 30})
-	testenv.Poll(t, 60*time.Second, "the magics in both kernels of id "+id, func() bool {
-		return len(d.Logs("magics injected", map[string]any{"kernel_id": id})) >= 2
-	})
+	k := startSameIDKernels(t)
+	id, alice, bob, aliceFile, bobFile, ak, sock := k.id, k.alice, k.bob, k.aliceFile, k.bobFile, k.ak, k.sock
 
 	var cu crossUser
 	defer cu.summary(t)
@@ -123,6 +80,70 @@ func TestKernelNamedAfterAnotherUsersKernel(t *testing.T) {
 	if status != 409 || !strings.Contains(e.Error, aliceFile) || !strings.Contains(e.Error, bobFile) {
 		t.Errorf("root's GET %s: %d %q, want 409 naming both files", base, status, body)
 	}
+}
+
+// sameIDKernels are bob's kernel, its file named after the id of alice's,
+// with a daemon in shared mode following both: bob's kernel holds
+// bobs_own, alice's secret_weights (torch tensors).
+type sameIDKernels struct {
+	id                 string
+	alice, bob         testenv.User
+	aliceFile, bobFile string
+	ak, bk             *testenv.Kernel
+	gpu                *testenv.FakeGPU
+	d                  *testenv.Daemon
+	sock               string
+}
+
+// startSameIDKernels starts them so that an older build errs every time,
+// not by the luck of map order: alice's connection file is there when the
+// daemon starts but her kernel listens only afterwards, so a daemon that
+// knew processes by file name gave her file bob's proven process (hence
+// bob as its owner) and then, by id, handed bob whichever of the two
+// clients it met first. It returns once the magics are in both.
+func startSameIDKernels(t *testing.T) sameIDKernels {
+	t.Helper()
+	testenv.Require(t, "ipykernel", "jupyter_client", "torch")
+	alice, bob := testenv.MakeUser(t, "ka"), testenv.MakeUser(t, "kb")
+	id := fmt.Sprintf("%s-%s-%s-%s-%s", testenv.RandomHex(4), testenv.RandomHex(2), testenv.RandomHex(2), testenv.RandomHex(2), testenv.RandomHex(6))
+
+	// Bob's kernel, running first, its file named after alice's id.
+	bobFile := filepath.Join(bob.Home, "d", "kernel-"+id+".json")
+	bk := bob.StartKernel(t, bobFile)
+	testenv.WaitKernelListening(t, bobFile, 60*time.Second)
+	testenv.RunCell(t, bobFile, "import torch; bobs_own = torch.zeros(8)", 60*time.Second)
+
+	// Alice's connection file, in her runtime dir, before her kernel runs.
+	// Its ports are below the ephemeral range: the daemon dials them until
+	// she listens, and a dial to a free ephemeral port can connect to
+	// itself and take the port.
+	aliceFile := filepath.Join(alice.RuntimeDir(), "kernel-"+id+".json")
+	alice.Mkdir(t, alice.RuntimeDir())
+	conn := map[string]any{"transport": "tcp", "ip": "127.0.0.1", "key": testenv.RandomHex(16), "signature_scheme": "hmac-sha256",
+		"kernel_name": "python3"}
+	for _, name := range []string{"shell_port", "iopub_port", "stdin_port", "control_port", "hb_port"} {
+		conn[name] = freeLowPort(t)
+	}
+	data, _ := json.Marshal(conn)
+	if err := os.WriteFile(aliceFile, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(aliceFile, alice.UID, alice.GID); err != nil {
+		t.Fatal(err)
+	}
+
+	gpu := testenv.NewFakeGPU(t)
+	gpu.Set(t, testenv.FakeProc{PID: bk.Cmd.Process.Pid, UsedBytes: 1 << 30})
+	d, sock := sharedDaemon(t, gpu, []testenv.User{alice, bob})
+
+	ak := alice.StartKernel(t, aliceFile)
+	testenv.WaitKernelListening(t, aliceFile, 60*time.Second)
+	testenv.RunCell(t, aliceFile, "import torch; secret_weights = torch.ones(64)", 60*time.Second)
+	gpu.Set(t, testenv.FakeProc{PID: bk.Cmd.Process.Pid, UsedBytes: 1 << 30}, testenv.FakeProc{PID: ak.Cmd.Process.Pid, UsedBytes: 2 << 30})
+	testenv.Poll(t, 60*time.Second, "the magics in both kernels of id "+id, func() bool {
+		return len(d.Logs("magics injected", map[string]any{"kernel_id": id})) >= 2
+	})
+	return sameIDKernels{id: id, alice: alice, bob: bob, aliceFile: aliceFile, bobFile: bobFile, ak: ak, bk: bk, gpu: gpu, d: d, sock: sock}
 }
 
 // freeLowPort is a free TCP port of 127.0.0.1 below the ephemeral range

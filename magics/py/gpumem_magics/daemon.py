@@ -1,5 +1,7 @@
 """Talking to gpumem serve's local API (a unix socket): the driver's
-(NVML) figure for this kernel and %gpumem top."""
+(NVML) figure for this kernel, %gpumem top, the join of %gpumem why's
+data with the driver's per-process figures, and ending this kernel's
+worker processes."""
 
 import os
 
@@ -52,6 +54,7 @@ def driver_usage(timeout=0.5, fresh=False):
                 "bytes": int(nb.get("gpu_memory_bytes") or 0),
                 "per_gpu": [{"index": g.get("index"), "bytes": int(g.get("bytes") or 0)} for g in nb.get("per_gpu") or []],
                 "pids": [int(p) for p in nb.get("pids") or []],
+                "stray_contexts": nb.get("stray_contexts") or [],
             }
     return {"bytes": 0, "per_gpu": [], "pids": [pid]}
 
@@ -146,7 +149,48 @@ def top_data(timeout=1.0):
     return {"kind": "top", "gpus": gpus, "note": note}
 
 
+def why_join(data, timeout=5.0):
+    """%gpumem why's data joined by gpumem serve with the driver's figures
+    (POST /api/v1/kernels/<id>/why); without the sidecar, data with a hint."""
+    if not state.sidecar_socket() or not state.config.get("kernel_id"):
+        return dict(data, driver_hint=DRIVER_HINT)
+    joined, err = _post_kernel("why", data, timeout)
+    if err:
+        return dict(data, driver={"error": err})
+    return joined
+
+
+def free_children(timeout=90.0):
+    """Asks gpumem serve to end this kernel's GPU-holding worker processes
+    (POST /api/v1/kernels/<id>/children/free). None without the sidecar."""
+    if not state.sidecar_socket() or not state.config.get("kernel_id"):
+        return None
+    rep, err = _post_kernel("children/free", None, timeout)
+    return {"error": err} if err else rep
+
+
+def _post_kernel(what, body, timeout):
+    import json
+    from urllib.parse import quote
+
+    path = "/api/v1/kernels/%s/%s" % (quote(state.config["kernel_id"], safe=""), what)
+    raw = None if body is None else json.dumps(body).encode("utf-8")
+    status, reply = sidecar_request("POST", path, raw, timeout)
+    if status == 0:
+        return None, "gpumem serve did not answer on %s (%s)" % (state.sidecar_socket(), reply.decode("utf-8", "replace")[:200])
+    if status != 200:
+        return None, "gpumem serve answered %d: %s" % (status, api_error(reply))
+    try:
+        return json.loads(reply.decode("utf-8")), None
+    except ValueError as e:
+        return None, "gpumem serve's reply is not JSON: %s" % state.short_exc(e)
+
+
 def sidecar_get(path, timeout):
+    return sidecar_request("GET", path, None, timeout)
+
+
+def sidecar_request(method, path, body, timeout):
     import http.client
     import socket
 
@@ -165,7 +209,10 @@ def sidecar_get(path, timeout):
 
     conn = _UnixConn("local-gpumem.sock", timeout=timeout)
     try:
-        conn.request("GET", path, headers={"Accept": "application/json"})
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        conn.request(method, path, body=body, headers=headers)
         resp = conn.getresponse()
         return resp.status, resp.read()
     except Exception as e:

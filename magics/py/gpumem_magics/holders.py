@@ -200,12 +200,17 @@ def user_vars(shell):
         yield name, value
 
 
-def rows_from(holders, all_devices):
+def rows_from(holders, all_devices, want=None, owners=None):
     """holders: [(name, obj, extra)]. Returns rows, largest first, with
     shared storage counted once. A storage is claimed by its most direct
     holder: tensors, arrays and modules first, then optimizers, then
     containers and objects, then IPython's hidden references (largest first
-    within each); the others name the claimer in shared_with."""
+    within each); the others name the claimer in shared_with. want(device)
+    picks the devices counted (default: GPUs, or all with all_devices);
+    owners, a dict, receives storage key -> (the claiming row, bytes,
+    device)."""
+    if want is None:
+        want = (lambda dev: True) if all_devices else is_gpu
     prelim = []
     for name, obj, extra in holders:
         sts, tname, nleaves = holdings(obj)
@@ -213,7 +218,7 @@ def rows_from(holders, all_devices):
             continue
         seen = {}
         for key, n, dev in sts:
-            if not all_devices and not is_gpu(dev):
+            if not want(dev):
                 continue
             if key not in seen:
                 seen[key] = (n, dev)
@@ -235,11 +240,13 @@ def rows_from(holders, all_devices):
     total = 0
     for row, seen, _p in sorted(prelim, key=lambda r: (r[2], -r[0]["bytes"], r[0]["name"])):
         shared = []
-        for key, (n, _) in seen.items():
+        for key, (n, dev) in seen.items():
             o = owner.get(key)
             if o is None:
                 owner[key] = row["name"]
                 total += n
+                if owners is not None:
+                    owners[key] = (row, n, dev)
             elif o not in shared:
                 shared.append(o)
         if shared:

@@ -4,9 +4,12 @@ uninstall, api_free, api_render, api_status."""
 import os
 import sys
 
-from . import alerts, daemon, freeing, hygiene, render, reports, state
+from . import alerts, daemon, freeing, hygiene, render, reports, state, why, whymagic
 
-USAGE = "usage: %gpumem [vars [--all-devices] | free [NAME ...] [--all] [--keep NAME ...] [--dry-run] | help]"
+USAGE = (
+    "usage: %gpumem [vars [--all-devices] | why [--device N] [--all-devices] [--budget S] | "
+    "free [NAME ...] [--all] [--keep NAME ...] [--dry-run] | free --children | help]"
+)
 
 
 def show(data):
@@ -57,6 +60,8 @@ def _line(args):
             show({"kind": "error", "message": "unexpected %s; %s" % (" ".join(rest), USAGE)})
         else:
             show(reports.vars_data("--all-devices" in args[1:]))
+    elif cmd == "why" or (cmd == "free" and "--children" in args[1:]):
+        show(whymagic.line(cmd, args[1:]))
     elif cmd == "free":
         try:
             names, keep, opts = freeing.parse_free_args(args[1:])
@@ -142,6 +147,18 @@ def api_vars(opts):
 def api_summary():
     """The data of %gpumem (per-framework figures), for gpumem serve's API."""
     return reports.summary_data()
+
+
+def api_why(opts):
+    """The data of %gpumem why for the Go side, which joins the driver's
+    figures and has it rendered (action render)."""
+    return why.why_data(opts.get("device"), bool(opts.get("all_devices")), float(opts.get("budget") or 2.0))
+
+
+def api_teardown(_opts):
+    """The frameworks' own teardown of the kernel's workers, for the Go
+    side's free --children (which then ends what is left)."""
+    return whymagic.teardown_data()
 
 
 def api_status():

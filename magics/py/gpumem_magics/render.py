@@ -1,8 +1,9 @@
-"""Renders a data dict (kind summary, vars, free, cell, help, top, error)
+"""Renders a data dict (kind summary, vars, free, cell, help, top, why,
+children, error)
 as text/plain and text/html. Pure: the data dict is all it reads, so the
 renderings are deterministic; `gpumem free` prints the same text."""
 
-from . import layout, units
+from . import layout, render_why, units
 
 
 def render(data):
@@ -15,6 +16,8 @@ def render(data):
         "cell": _render_cell,
         "help": _render_help,
         "top": _render_top,
+        "why": render_why.render_why,
+        "children": render_why.render_children,
         "error": _render_error,
     }.get(kind, _render_error)
     return fn(data)
@@ -92,6 +95,8 @@ def _render_summary(data):
             )
     elif data.get("driver_hint"):
         extra.append(("dim", data["driver_hint"]))
+    for sc in (drv or {}).get("stray_contexts") or []:
+        extra.append(("warn", render_why.stray_line(sc)))
     if data.get("context_note"):
         extra.append(("dim", data["context_note"]))
     hid = data.get("hidden") or {}
@@ -323,6 +328,11 @@ _HELP = [
     ("%gpumem free ... --dry-run", "show what would be deleted and dropped; free nothing"),
     ("%%gpumem", "(first line of a cell) run the cell, report its change in memory and its peak"),
     ("%gpumem top", "the notebooks and processes sharing this kernel's GPUs, biggest first (needs gpumem serve)"),
+    (
+        "%gpumem why [--device N] [--all-devices] [--budget S]",
+        "every byte of this kernel's GPU memory in one row, with who holds it and the fix",
+    ),
+    ("%gpumem free --children", "end this kernel's GPU-holding worker processes (never the kernel; needs gpumem serve)"),
     ("%gpumem help", "this help"),
 ]
 

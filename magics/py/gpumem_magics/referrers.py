@@ -1,0 +1,515 @@
+"""The shortest chain of references from a root to an object: who holds a
+buffer that no variable reaches.
+
+A breadth-first search upwards from the buffers (gc.get_referrers, one
+call per level for the whole frontier) stops at a root:
+  - a variable of the notebook, or an attribute of a module in sys.modules;
+  - a local of a live thread's frame (those frames are not gc objects:
+    their locals are read once, before the search);
+and says what it met on the way: a closure cell, a functools cache, a
+class attribute, a hook registry (module._forward_hooks), a generator's
+frame, a saved traceback's frame. A search that ends without a root says
+why: the holder is frozen by gc.freeze() (frozen.py reads those objects),
+is a reference cycle gc has not collected yet, or is something in C that
+gc cannot see into.
+
+It only reads: the objects it meets are dropped before it returns. The
+one exception is CPython's own: reading a frame's f_locals (3.11, 3.12)
+makes a snapshot dict that lives with the frame; for a suspended
+generator's or another thread's frame the snapshot is emptied again
+(CPython refills it from the frame at the next read).
+"""
+
+import gc
+import sys
+import time
+import types
+
+from . import state
+
+MAX_LEVELS = 16
+
+_HOOK_NAMES = frozenset(
+    [
+        "_forward_hooks",
+        "_forward_pre_hooks",
+        "_backward_hooks",
+        "_backward_pre_hooks",
+        "_forward_hooks_with_kwargs",
+        "_forward_pre_hooks_with_kwargs",
+        "_state_dict_hooks",
+        "_state_dict_pre_hooks",
+        "_load_state_dict_pre_hooks",
+        "_load_state_dict_post_hooks",
+    ]
+)
+_CO_NEWLOCALS = 0x0002
+_OUR_FILES = "<gpumem_magics/"
+
+
+class Budget(object):
+    """Seconds to spend. The search stops at 90% of them: one more level of
+    it, and the rows after it, fit in the rest."""
+
+    def __init__(self, seconds):
+        self.seconds = max(0.05, float(seconds))
+        self.start = time.perf_counter()
+        self.deadline = self.start + 0.9 * self.seconds
+
+    def over(self):
+        return time.perf_counter() > self.deadline
+
+    def elapsed_ms(self):
+        return int((time.perf_counter() - self.start) * 1000)
+
+
+def _is_ours(o):
+    if isinstance(o, types.FrameType):
+        return o.f_code.co_filename.startswith(_OUR_FILES)
+    return False
+
+
+def module_dicts():
+    """id(module.__dict__) -> module name, for the modules in sys.modules."""
+    out = {}
+    for name, m in list(sys.modules.items()):
+        d = getattr(m, "__dict__", None)
+        if isinstance(d, dict) and id(d) not in out:
+            out[id(d)] = name
+    return out
+
+
+def thread_locals():
+    """The locals of other threads' function frames, which gc does not
+    traverse: ({id: (thread name, function, variable)}, {id: value})."""
+    import threading
+
+    me = threading.get_ident()
+    names = {t.ident: t.name for t in threading.enumerate()}
+    info, values = {}, {}
+    frames = sys._current_frames()
+    try:
+        for ident, fr in frames.items():
+            if ident == me:
+                continue
+            while fr is not None:
+                if fr.f_code.co_flags & _CO_NEWLOCALS and not _is_ours(fr):
+                    for var, value in _locals(fr, clear=True):
+                        if id(value) not in info:
+                            info[id(value)] = (names.get(ident, str(ident)), fr.f_code.co_name, var)
+                            values[id(value)] = value
+                fr = fr.f_back
+    finally:
+        frames.clear()
+        del frames
+    return info, values
+
+
+def _locals(fr, clear=False):
+    """(name, value) of a function frame's locals. With clear, the
+    snapshot dict CPython keeps on the frame is emptied after reading."""
+    try:
+        loc = fr.f_locals
+    except Exception:
+        return []
+    items = list(loc.items())
+    if clear and type(loc) is dict:
+        loc.clear()
+    return items
+
+
+class Baseline(object):
+    """The containers that exist when gpumem starts looking. With gc
+    disabled, every container made after that stays in generation 0: a
+    referrer there that was not in the baseline is gpumem's own (a list of
+    objects it is looking at), never a holder."""
+
+    def __init__(self):
+        self.ok = sys.version_info >= (3, 8)
+        self.ids = set(id(o) for o in gc.get_objects(0)) if self.ok else set()
+
+    def new_ids(self):
+        if not self.ok:
+            return set()
+        return set(id(o) for o in gc.get_objects(0)) - self.ids
+
+
+class Search(object):
+    """A search from targets (objects) to roots: run(), then chains() for
+    the targets that reached one and why_unrooted() for the others.
+    baseline (gc disabled meanwhile) tells gpumem's own containers from
+    the kernel's; exclude lists more of them."""
+
+    def __init__(self, shell, budget, baseline, exclude=()):
+        self.shell = shell
+        self.budget = budget
+        self.user_ns = getattr(shell, "user_ns", None)
+        self.moddicts = module_dicts()
+        self.nodes = []  # objects met, by node number
+        self.index = {}  # id -> node number
+        self.level = []
+        self.kids = []  # node -> nodes one level down that it refers to
+        self.roots = []  # (level, priority, node, root)
+        self.dead = set()
+        self.stopped = None
+        self.ours = set(id(x) for x in exclude)
+        self.ours.update((id(self.nodes), id(self.index), id(self.kids)))
+        self.tinfo, self.tvalues = {}, {}
+        self.frozen_objs = None
+        self._parents = None
+        self._frozen_ids = None
+        self.tnodes = []
+        self.baseline = baseline
+        self.ours.update((id(self), id(self.__dict__)))
+
+    def _add(self, obj, level):
+        n = len(self.nodes)
+        self.nodes.append(obj)
+        self.index[id(obj)] = n
+        self.level.append(level)
+        self.kids.append([])
+        t = self.tinfo.get(id(obj))
+        if t is not None and self.tvalues.get(id(obj)) is obj:
+            self.roots.append((level, 3, n, ("thread",) + t))
+            return n, True
+        return n, False
+
+    def _root_of(self, r):
+        if r is self.user_ns:
+            return ("variable",)
+        name = self.moddicts.get(id(r))
+        if name is not None and isinstance(r, dict):
+            return ("variable",) if name == "__main__" else ("module", name)
+        return None
+
+    def _referrers(self, objs):
+        frontier = list(objs)
+        self.ours.add(id(frontier))
+        try:
+            found = gc.get_referrers(*frontier)
+            if self.frozen_objs:
+                # Which frozen objects refer to the frontier: a chunk at a
+                # time in C, and one by one only in a chunk that does.
+                ids = set(id(o) for o in frontier)
+                fo = self.frozen_objs
+                for i in range(0, len(fo), 4096):
+                    if self.budget.over():
+                        self.stopped = "the referrer search among gc.freeze()'s objects"
+                        break
+                    if ids.isdisjoint(map(id, gc.get_referents(*fo[i : i + 4096]))):
+                        continue
+                    for f in fo[i : i + 4096]:
+                        if not ids.isdisjoint(map(id, gc.get_referents(f))):
+                            found.append(f)
+            return found
+        finally:
+            self.ours.discard(id(frontier))
+            del frontier
+
+    def run(self, targets, levels=MAX_LEVELS):
+        """Searches upwards from targets; returns their node numbers."""
+        self.tinfo, self.tvalues = thread_locals()
+        self.ours.add(id(self.tvalues))
+        self.tnodes = []
+        frontier = []
+        for t in targets:
+            if id(t) in self.index:
+                self.tnodes.append(self.index[id(t)])
+                continue
+            n, is_root = self._add(t, 0)
+            self.tnodes.append(n)
+            if not is_root:
+                frontier.append(n)
+        self._levels(frontier, 1, levels)
+        return self.tnodes
+
+    def extend(self, frozen_objs, levels=MAX_LEVELS):
+        """Searches on from the nodes no visible referrer holds, with the
+        objects gc.freeze() froze as referrers too (frozen.py)."""
+        self.frozen_objs = frozen_objs
+        self.ours.add(id(frozen_objs))
+        frontier = sorted(self.dead)
+        self.dead = set()
+        self._parents = None
+        self._levels(frontier, 1 + max([self.level[i] for i in frontier] or [0]), levels)
+
+    def _levels(self, frontier, first, levels):
+        for lvl in range(first, first + levels):
+            if not frontier:
+                break
+            if self.budget.over():
+                self.stopped = "the referrer search, %d levels up%s" % (
+                    lvl - 1,
+                    " among gc.freeze()'s objects" if self.frozen_objs else "",
+                )
+                break
+            fset = set(id(self.nodes[i]) for i in frontier)
+            refs = self._referrers([self.nodes[i] for i in frontier])
+            if self.stopped:
+                break
+            self.ours.add(id(refs))
+            new = self.baseline.new_ids()
+            seen_from = set()
+            nxt = []
+            for r in refs:
+                if id(r) in self.ours or id(r) in new or _is_ours(r):
+                    continue
+                kids = [self.index[id(x)] for x in gc.get_referents(r) if id(x) in fset]
+                if not kids:
+                    continue
+                seen_from.update(kids)
+                n = self.index.get(id(r))
+                if n is not None:  # met before, for another target: a path for this one too
+                    self.kids[n].extend(kids)
+                    continue
+                root = self._root_of(r)
+                n, is_root = self._add(r, lvl)
+                self.kids[n].extend(kids)
+                if root is not None:
+                    self.roots.append((lvl, 0 if root[0] == "variable" else 1, n, root))
+                elif not is_root:
+                    nxt.append(n)
+            self.ours.discard(id(refs))
+            del refs
+            for i in frontier:
+                if i not in seen_from:
+                    self.dead.add(i)
+            frontier = nxt
+            if self._resolved(self.tnodes):
+                break
+
+    def _resolved(self, tnodes):
+        """Whether every target is below a root already (cheap check: any
+        root at all reaches each target)."""
+        reach = set()
+        for _l, _p, n, _r in self.roots:
+            stack = [n]
+            while stack:
+                m = stack.pop()
+                if m in reach:
+                    continue
+                reach.add(m)
+                stack.extend(self.kids[m])
+        return all(t in reach for t in tnodes)
+
+    def chains(self, tnodes):
+        """{target node: (root, [node numbers from the root down])}: a
+        breadth-first walk down from every root at once gives each target
+        its nearest root (the better root first among equals)."""
+        from collections import deque
+
+        via, owner = {}, {}
+        queue = deque()
+        for _lvl, _p, n, root in sorted(self.roots, key=lambda r: (r[1], r[0])):
+            if n not in via:
+                via[n], owner[n] = None, root
+                queue.append(n)
+        while queue:
+            m = queue.popleft()
+            for k in self.kids[m]:
+                if k not in via:
+                    via[k], owner[k] = m, owner[m]
+                    queue.append(k)
+        out = {}
+        for t in tnodes:
+            if t not in via:
+                continue
+            path = [t]
+            while via[path[-1]] is not None:
+                path.append(via[path[-1]])
+            path.reverse()
+            out[t] = (owner[t], path)
+        return out
+
+    def why_unrooted(self, t):
+        """Why target node t reached no root: 'frozen', 'cycle', 'c_level'
+        or 'budget'."""
+        if self.stopped:
+            return "budget"
+        seen, stack, dead = set(), [t], False
+        if self._parents is None:
+            self._parents = {}
+            for n, ks in enumerate(self.kids):
+                for k in ks:
+                    self._parents.setdefault(k, []).append(n)
+        parents = self._parents
+        if self._frozen_ids is None:  # once: a million ids, in C
+            self._frozen_ids = set(map(id, self.frozen_objs or ()))
+        frozen_ids = self._frozen_ids
+        is_frozen = False
+        while stack:
+            m = stack.pop()
+            if m in seen:
+                continue
+            seen.add(m)
+            if m in self.dead:
+                dead = True
+            if m != t and id(self.nodes[m]) in frozen_ids:
+                is_frozen = True
+            stack.extend(parents.get(m, ()))
+        if is_frozen:
+            return "frozen"
+        if dead:
+            return "c_level"
+        return "cycle"
+
+    def release(self):
+        self.nodes[:] = []
+        self.index.clear()
+        self.kids[:] = []
+        self.roots[:] = []
+        self.tinfo, self.tvalues = {}, {}
+        self.frozen_objs = None
+        self._parents = None
+        self._frozen_ids = None
+        self.tnodes = []
+
+
+def _key_of(d, value):
+    for k, v in d.items():
+        if v is value:
+            return k, True
+    for k in d:
+        if k is value:
+            return k, False
+    return None, False
+
+
+def _ident(k):
+    return isinstance(k, str) and k.isidentifier()
+
+
+def _instance_dict(o):
+    try:
+        d = object.__getattribute__(o, "__dict__")
+    except Exception:
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def _item(k):
+    if isinstance(k, (str, int, float, bool, type(None))) or (isinstance(k, tuple) and len(repr(k)) <= 60):
+        return "[%r]" % (k,)
+    return None
+
+
+def steps(objs):
+    """Labels the chain objs (the root's container first, the target last)
+    as [(code, note, kind)]: code is a Python suffix that reaches the next
+    object (None where there is none), note says more, kind is None or
+    one of 'closure', 'lru', 'class', 'hook', 'generator', 'frame',
+    'attr', 'item', 'cell'."""
+    out = []
+    i = 0
+    while i + 1 < len(objs):
+        x, y = objs[i], objs[i + 1]
+        z = objs[i + 2] if i + 2 < len(objs) else state.MISSING
+        code, note, kind, used = _step(x, y, z)
+        out.append((code, note, kind))
+        i += used
+    return out
+
+
+def root_step(container, child, root):
+    """The first step: the name under which a root's dict holds child."""
+    k, is_value = _key_of(container, child)
+    if not is_value or not isinstance(k, str):
+        return (None, "(a key of %s)" % root[0], None)
+    return (k, None, _attr_kind(None, k))
+
+
+def _other(y):
+    return (None, "-> %s" % type(y).__name__, None, 1)
+
+
+def _step(x, y, z):
+    """One step from x to y (or through y to z: used says 1 or 2)."""
+    tname = type(x).__name__
+    if isinstance(x, types.FunctionType):
+        if y is x.__closure__ and z is not state.MISSING:
+            i = next((i for i, c in enumerate(x.__closure__ or ()) if c is z), None)
+            if i is not None:
+                var = x.__code__.co_freevars[i] if i < len(x.__code__.co_freevars) else "?"
+                return (".__closure__[%d]" % i, "(cell %r of %s)" % (var, x.__qualname__), "closure", 2)
+        for attr in ("__defaults__", "__kwdefaults__", "__dict__", "__globals__", "__wrapped__"):
+            if getattr(x, attr, None) is y:
+                return ("." + attr, None, "attr", 1)
+        return _other(y)
+    if tname == "_lru_cache_wrapper":
+        note = "(a result in the functools cache of %s)" % getattr(x, "__qualname__", "?")
+        return (None, note, "lru", 2 if isinstance(y, dict) and z is not state.MISSING else 1)
+    if isinstance(x, type):
+        if isinstance(y, dict) and z is not state.MISSING:
+            k, is_value = _key_of(y, z)
+            if is_value and _ident(k):
+                return ("." + k, "(class attribute of %s)" % x.__qualname__, "class", 2)
+        return _other(y)
+    if isinstance(x, types.ModuleType):
+        if y is getattr(x, "__dict__", None) and z is not state.MISSING:
+            k, _v = _key_of(y, z)
+            if _ident(k):
+                return ("." + k, None, "attr", 2)
+        return _other(y)
+    if tname == "cell":
+        return (".cell_contents", None, "cell", 1)
+    if isinstance(x, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)):
+        fr = getattr(x, "gi_frame", None) or getattr(x, "cr_frame", None) or getattr(x, "ag_frame", None)
+        var = None
+        if fr is not None:
+            for k, v in _locals(fr, clear=True):
+                if v is y:
+                    var = k
+                    break
+        return (None, "(local %r of the suspended %s())" % (var, getattr(x, "__qualname__", "?")), "generator", 1)
+    if isinstance(x, types.FrameType):
+        var, used = None, 1
+        if isinstance(y, dict) and z is not state.MISSING and y is x.f_locals:
+            k, is_value = _key_of(y, z)
+            var, used = (k, 2) if is_value else (None, 1)
+        else:
+            for k, v in _locals(x):
+                if v is y:
+                    var = k
+                    break
+        return (".f_locals[%r]" % var if var else None, "(local %r of %s())" % (var, x.f_code.co_name), "frame", used)
+    if isinstance(x, types.TracebackType):
+        return (".tb_frame" if y is x.tb_frame else ".tb_next", None, "attr", 1)
+    if isinstance(x, BaseException):
+        for attr in ("__traceback__", "__context__", "__cause__", "args"):
+            if getattr(x, attr, None) is y:
+                return ("." + attr, None, "attr", 1)
+        return _other(y)
+    if isinstance(x, types.MethodType):
+        return (".__self__" if y is x.__self__ else ".__func__", None, "attr", 1)
+    if isinstance(x, dict):
+        k, is_value = _key_of(x, y)
+        if not is_value:
+            return (None, "(a key of a dict)" if k is not None else "-> %s" % type(y).__name__, "item", 1)
+        return (_item(k), None if _item(k) else "(under a %s key)" % type(k).__name__, "item", 1)
+    if isinstance(x, (list, tuple)) or tname == "deque":
+        for i, v in enumerate(x):
+            if v is y:
+                return ("[%d]" % i, None, "item", 1)
+        return _other(y)
+    if isinstance(x, (set, frozenset)):
+        return (None, "(a member of a %s)" % tname, "item", 1)
+    d = _instance_dict(x)
+    if d is not None:
+        if y is d and z is not state.MISSING:
+            k, is_value = _key_of(d, z)
+            if is_value and _ident(k):
+                return ("." + k, None, _attr_kind(x, k), 2)
+        k, is_value = _key_of(d, y)
+        if is_value and _ident(k):
+            return ("." + k, None, _attr_kind(x, k), 1)
+    for cls in type(x).__mro__:
+        for slot in getattr(cls, "__slots__", ()) or ():
+            if isinstance(slot, str) and getattr(x, slot, None) is y:
+                return ("." + slot, None, "attr", 1)
+    return (None, "-> %s (held by a %s)" % (type(y).__name__, tname), None, 1)
+
+
+def _attr_kind(x, name):
+    if name in _HOOK_NAMES or (name.startswith("_global_") and name.endswith("hooks")):
+        return "hook"
+    return "attr"

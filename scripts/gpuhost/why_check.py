@@ -1,0 +1,468 @@
+#!/usr/bin/env python3
+"""why_check.py: %gpumem why, the stray-context flags and free --children on
+a real GPU host, against nvidia-smi.
+
+Runs ON the lent GPU host after sourcing a Jupyter stack's environment
+(gpu-kit's /tmp/gpukit/env.sh, or gpu_host_current.sh's exports), with
+GPUMEM_BIN naming a cgo build of gpumem and python3 the Python with CUDA
+torch. It starts its own kernels (ipykernel, connection files in
+$JUPYTER_RUNTIME_DIR) and one `gpumem serve` beside them, and checks:
+
+  1. seven holders on CUDA (a closure, an lru_cache, another module's
+     attribute, a forward hook, a daemon thread's local, a gc.freeze()d
+     cycle, a traceback): why names 7 of 7, each with a chain of at most 6
+     hops; its rows add up to the driver's figure (within 1 MiB), which
+     equals nvidia-smi's; after the printed fixes and %gpumem free --all, NVML
+     shows the kernel at its CUDA context floor (torch reserves nothing,
+     and NVML is within 64 MiB of why's "outside the allocators" row);
+  2. a million live objects: why within its 2 s budget, without stopping;
+  3. fragmentation: an allocation pattern that OOMs with at least 1 GiB
+     free; why reports a largest free block smaller than the request and a
+     request no larger than the free memory, and advises
+     expandable_segments; the same cell runs in a kernel started with
+     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True;
+  4. stray context: a child that initialises CUDA and allocates nothing is
+     flagged (gpumem ls, the API, %gpumem why); with two GPUs or more, a
+     kernel computing on GPU 1 that synchronises the default device is
+     flagged on GPU 0;
+  5. DataLoader persistent workers holding CUDA memory: gpumem free KERNEL
+     --children ends them (NVML drops by their bytes), the kernel lives on
+     and its loader starts new workers, which %gpumem free --children ends.
+No stray flag may appear in 1, 3 and 5. Every scenario's rows must add up
+to the driver's figure.
+
+Prints PASS/FAIL/INFO lines and exits 1 if any check failed. Every wait has
+a deadline. Outputs (daemon and kernel logs) go to $OUT (default /tmp).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+BIN = os.environ.get("GPUMEM_BIN", ".gpukit/gpumem")
+OUT = os.environ.get("OUT", "/tmp")
+PY = os.environ.get("GPUKIT_PYTHON", sys.executable)
+RUNTIME = os.environ.get("JUPYTER_RUNTIME_DIR") or tempfile.mkdtemp(prefix="why-runtime-")
+MIB, GIB = 1 << 20, 1 << 30
+FAILED = []
+
+
+def result(status, msg):
+    print("%s %s" % (status, msg), flush=True)
+    if status == "FAIL":
+        FAILED.append(msg)
+
+
+def check(ok, msg):
+    result("PASS" if ok else "FAIL", msg)
+    return ok
+
+
+def wait(what, cond, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise RuntimeError("timed out after %ss waiting for %s" % (timeout, what))
+
+
+def smi():
+    """{(gpu index, pid): bytes} from nvidia-smi."""
+    idx = {}
+    for line in subprocess.run(
+        ["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+    ).stdout.splitlines():
+        i, u = [x.strip() for x in line.split(",")]
+        idx[u] = int(i)
+    out = {}
+    for line in subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.splitlines():
+        u, pid, mib = [x.strip() for x in line.split(",")]
+        out[(idx.get(u, -1), int(pid))] = int(mib) * MIB
+    return out
+
+
+def smi_pids(pids):
+    return sum(b for (_g, p), b in smi().items() if p in pids)
+
+
+def gpu_count():
+    return len([x for x in subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout.splitlines() if x.startswith("GPU ")])
+
+
+def gpumem(*args, timeout=180):
+    return subprocess.run([BIN] + list(args), capture_output=True, text=True, timeout=timeout)
+
+
+def report():
+    r = gpumem("ls", "--json")
+    return json.loads(r.stdout)
+
+
+class Kernel(object):
+    """An ipykernel with its connection file in the runtime dir, driven by
+    jupyter_client as a notebook's frontend would."""
+
+    def __init__(self, name, env=None):
+        from jupyter_client import BlockingKernelClient
+
+        self.id = str(uuid.uuid4())
+        self.cf = os.path.join(RUNTIME, "kernel-%s.json" % self.id)
+        self.log = open(os.path.join(OUT, "kernel-%s.log" % name), "w")
+        self.proc = subprocess.Popen(
+            [PY, "-m", "ipykernel_launcher", "-f", self.cf],
+            env=dict(os.environ, **(env or {})),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.pid = self.proc.pid
+        wait("kernel %s's connection file" % name, lambda: os.path.exists(self.cf) and os.path.getsize(self.cf) > 0, 60)
+        deadline = time.monotonic() + 90
+        while True:
+            self.kc = BlockingKernelClient(connection_file=self.cf)
+            self.kc.load_connection_file()
+            self.kc.start_channels()
+            try:
+                self.kc.wait_for_ready(timeout=10)
+                break
+            except RuntimeError:
+                self.kc.stop_channels()
+                if time.monotonic() > deadline:
+                    raise
+        wait("gpumem serve injects kernel %s" % name, self.injected, 60)
+
+    def injected(self):
+        st, out, _ = self.cell("print('_gpumem_magics' in __import__('sys').modules)")
+        return st == "ok" and out.strip() == "True"
+
+    def cell(self, code, timeout=300):
+        out = []
+        r = self.kc.execute_interactive(
+            code,
+            timeout=timeout,
+            output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
+        )
+        c = r["content"]
+        return c["status"], "".join(out), "%s: %s" % (c.get("ename", ""), c.get("evalue", ""))
+
+    def magic(self, line):
+        """The data dict and the text %gpumem LINE shows."""
+        st, out, err = self.cell(
+            "import json as _j\nfrom IPython.utils.capture import capture_output as _cap\nwith _cap() as _c:\n"
+            "    get_ipython().run_line_magic('gpumem', %r)\n"
+            "print(_j.dumps([o.data.get('application/vnd.gpumem.v1+json') for o in _c.outputs][-1]))\n"
+            "print('\\n'.join(o.data.get('text/plain', '') for o in _c.outputs))" % line
+        )
+        if st != "ok":
+            raise RuntimeError("%%gpumem %s: %s" % (line, err))
+        first, _, rest = out.partition("\n")
+        return json.loads(first), rest
+
+    def tree(self):
+        for nb in report()["notebooks"]:
+            if nb["kernel_id"] == self.id:
+                return nb
+        return None
+
+    def close(self):
+        try:
+            self.kc.stop_channels()
+        except Exception:
+            pass
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        self.proc.wait(timeout=30)
+        self.log.close()
+        try:
+            os.remove(self.cf)  # the daemon then forgets the kernel
+        except OSError:
+            pass
+
+
+def rows_add_up(k, data, text, what):
+    """The rows add up to the driver's figure, which equals nvidia-smi's."""
+    drv = data.get("driver") or {}
+    total = sum(r["bytes"] for r in data.get("rows", []))
+    nb = k.tree() or {}
+    want = smi_pids(set(nb.get("pids") or [k.pid]))
+    ok = "bytes" in drv and abs(total - drv["bytes"]) <= MIB and abs(drv["bytes"] - want) <= MIB
+    check(
+        ok,
+        "%s: rows %.1f MiB, the driver's figure %.1f MiB, nvidia-smi for the tree %.1f MiB (unexplained %s B)"
+        % (what, total / MIB, drv.get("bytes", -1) / MIB, want / MIB, drv.get("unexplained")),
+    )
+    if not ok:
+        print(text, flush=True)
+
+
+def no_flags(what):
+    flags = [(nb["kernel_id"][:8], sc["gpu"], sc["pid"], sc["label"]) for nb in report()["notebooks"] for sc in nb.get("stray_contexts") or []]
+    check(not flags, "%s: no stray-context flag (%s)" % (what, flags or "none"))
+
+
+SEVEN = r"""
+import functools, gc, sys, threading, types, torch
+M = 1 << 20
+def make():
+    w = torch.empty(64 * M, dtype=torch.uint8, device="cuda")
+    return lambda: w
+f = make()
+@functools.lru_cache(maxsize=8)
+def load(n):
+    return torch.empty(n * M, dtype=torch.uint8, device="cuda")
+load(128)
+stash = types.ModuleType("gpumem_stash"); sys.modules["gpumem_stash"] = stash
+stash.T = torch.empty(192 * M, dtype=torch.uint8, device="cuda"); del stash
+model = torch.nn.Linear(4, 4).cuda()
+def mk(t):
+    return lambda mod, inp, out: t
+h = model.register_forward_hook(mk(torch.empty(256 * M, dtype=torch.uint8, device="cuda")))
+ev, ready = threading.Event(), threading.Event()
+def worker():
+    t = torch.empty(320 * M, dtype=torch.uint8, device="cuda")
+    ready.set(); ev.wait(600)
+th = threading.Thread(target=worker, name="stash-worker", daemon=True); th.start(); ready.wait(60)
+class Node(object):
+    pass
+n = Node(); n.me = n; n.t = torch.empty(384 * M, dtype=torch.uint8, device="cuda"); del n
+gc.freeze()
+def fail():
+    big = torch.empty(448 * M, dtype=torch.uint8, device="cuda")
+    1 / 0
+torch.cuda.synchronize()
+"""
+SIZES = {64: "a closure cell", 128: "a functools cache", 192: "a module attribute", 256: "a hook registry",
+         320: "a live thread's frame", 384: "gc.freeze()'s permanent generation", 448: "traceback"}
+
+
+def seven_holders():
+    k = Kernel("seven")
+    try:
+        st, _, err = k.cell(SEVEN)
+        if st != "ok":
+            return result("FAIL", "seven holders: %s" % err)
+        k.cell("fail()")  # raises: IPython keeps its traceback
+        wait("the daemon samples the kernel", lambda: (k.tree() or {}).get("gpu_memory_bytes"), 30)
+        data, text = k.magic("why")
+        print("---- %gpumem why (seven holders)\n" + text + "----", flush=True)
+        found = {}
+        for r in data.get("rows", []):
+            for mib in SIZES:
+                if r["bytes"] == mib * MIB:
+                    found[mib] = r
+        check(len(found) == 7, "seven holders: why names %d of 7 (%s)" % (len(found), sorted(found)))
+        for mib, r in sorted(found.items()):
+            ok = 1 <= r.get("hops", 99) <= 6 and (SIZES[mib] == "traceback" or r.get("holder") == SIZES[mib] or r.get("root") == SIZES[mib])
+            check(ok, "%d MiB held by %s: %s (%d hops), fix %r" % (mib, r.get("holder"), " -> ".join(r.get("chain", [])), r.get("hops", -1), r.get("fix")))
+        rows_add_up(k, data, text, "seven holders")
+        no_flags("seven holders")
+        outside = sum(r["bytes"] for r in data["rows"] if r["category"] == "outside")
+        fixes = "\n".join(r["fix"] for mib, r in found.items() if mib != 320) + "\nev.set(); th.join(30)"
+        st, _, err = k.cell(fixes)
+        check(st == "ok", "the printed fixes run: %s" % (err if st != "ok" else fixes.replace("\n", "; ")))
+        k.magic("free --all")  # the named variable's fix (%gpumem free model) and the caches
+        st, out, _ = k.cell("import torch; print(torch.cuda.memory_reserved())")
+        reserved = int(out.strip() or -1)
+        floor = wait("NVML settles", lambda: smi_pids({k.pid}) or None, 10)
+        check(
+            reserved == 0 and floor <= outside + 64 * MIB,
+            "after the fixes and %%gpumem free: torch reserves %d B; NVML %.0f MiB, the context floor (why's outside row) %.0f MiB"
+            % (reserved, floor / MIB, outside / MIB),
+        )
+    finally:
+        k.close()
+
+
+def million_objects():
+    k = Kernel("million")
+    try:
+        k.cell("class _O(object):\n    pass\n_heap = []\nfor _i in range(330000):\n    _o = _O(); _o.a = _i; "
+               "_heap.append(_o); _heap.append([_i]); _heap.append({'k': _i})")
+        k.cell(SEVEN.replace("gc.freeze()", ""))
+        st, out, _ = k.cell("import gc; print(len(gc.get_objects()))")
+        data, text = k.magic("why")
+        ok = data.get("elapsed_ms", 1e9) <= 2000 and not data.get("stopped")
+        check(ok, "why with %s live objects: %s ms, stopped %s (budget 2 s)" % (out.strip(), data.get("elapsed_ms"), data.get("stopped")))
+    finally:
+        k.close()
+
+
+FRAG = r"""
+import torch
+G = 1 << 30
+torch.cuda.init()
+big = torch.empty(8 * G, dtype=torch.uint8, device="cuda"); del big      # one 8 GiB segment, cached
+blocks = [torch.empty(G, dtype=torch.uint8, device="cuda") for _ in range(8)]  # carved out of it
+del blocks[::2]                                                           # 4 holes of 1 GiB inside it
+free, _total = torch.cuda.mem_get_info()
+filler = torch.empty(free - (3 * G) // 2, dtype=torch.uint8, device="cuda")   # 1.5 GiB left on the device
+torch.cuda.synchronize()
+x = torch.empty(2 * G, dtype=torch.uint8, device="cuda")                  # no block of 2 GiB anywhere
+print("allocated 2 GiB")
+"""
+
+
+def fragmentation():
+    k = Kernel("frag")
+    try:
+        st, _, err = k.cell(FRAG)
+        check(st == "error" and "out of memory" in err.lower(), "the fragmenting cell OOMs without expandable segments (%s)" % err[:160])
+        data, text = k.magic("why")
+        print("---- %gpumem why (fragmentation)\n" + text + "----", flush=True)
+        fr = data.get("fragmentation") or {}
+        ok = fr.get("case") == "oom" and fr["largest_free_block"] < fr["request"] <= fr["free"] and fr["free"] - fr["request"] >= 0
+        check(ok, "why: largest free block %s < request %s <= free %s" % (fr.get("largest_free_block"), fr.get("request"), fr.get("free")))
+        check(fr.get("free", 0) >= GIB, "the OOM came with %.2f GiB free (at least 1 GiB)" % (fr.get("free", 0) / GIB))
+        check(any("expandable_segments:True" in a for a in data.get("advice", [])), "why advises expandable_segments, kernelspec or %env")
+        rows_add_up(k, data, text, "fragmentation")
+        no_flags("fragmentation")
+    finally:
+        k.close()
+    k = Kernel("frag-expandable", env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    try:
+        st, out, err = k.cell(FRAG)
+        check(st == "ok" and "allocated 2 GiB" in out, "with expandable_segments:True the same cell runs (%s)" % (err if st != "ok" else "ok"))
+    finally:
+        k.close()
+
+
+def stray_contexts():
+    k = Kernel("stray")
+    try:
+        st, out, err = k.cell(
+            "import subprocess, sys, torch\n"
+            "x = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize()\n"
+            "_c = subprocess.Popen([sys.executable, '-c', \"import torch, time; torch.cuda.synchronize(); "
+            "print('ready', flush=True); time.sleep(600)\"], stdout=subprocess.PIPE, text=True)\n"
+            "assert _c.stdout.readline().strip() == 'ready'\nprint(_c.pid)"
+        )
+        child = int(out.strip())
+        wait("nvidia-smi lists the child", lambda: any(p == child for (_g, p) in smi()), 60)
+        nb = wait("the daemon flags the child", lambda: (lambda n: n if n and n.get("stray_contexts") else None)(k.tree()), 30)
+        flags = [(sc["gpu"], sc["pid"]) for sc in nb["stray_contexts"]]
+        check(flags == [(0, child)], "a child that initialised CUDA and allocates nothing is flagged: %s (want [(0, %d)]); %s"
+              % (flags, child, [sc["label"] for sc in nb["stray_contexts"]]))
+        ls = gpumem("ls").stdout
+        check("stray context" in ls and str(child) in ls, "gpumem ls shows it:\n" + ls)
+        data, text = k.magic("why")
+        check(any(sc["pid"] == child for sc in data.get("stray_contexts", [])), "%gpumem why shows it")
+        rows_add_up(k, data, text, "stray context")
+    finally:
+        k.close()
+    if gpu_count() < 2:
+        return result("INFO", "the default-device case needs two GPUs: this host has %d (covered on the simulated GPU)" % gpu_count())
+    k = Kernel("default-device")
+    try:
+        k.cell("import torch\nx = torch.empty(1 << 30, dtype=torch.uint8, device='cuda:1')\ntorch.cuda.synchronize()")
+        nb = wait("the daemon flags GPU 0", lambda: (lambda n: n if n and n.get("stray_contexts") else None)(k.tree()), 30)
+        data, text = k.magic("why")
+        flags = [(sc["gpu"], sc["pid"], sc["cause"]) for sc in data.get("stray_contexts", [])]
+        check(flags == [(0, k.pid, "default_device")], "synchronize() on the default device while computing on GPU 1: %s" % flags)
+        rows_add_up(k, data, text, "default device")
+    finally:
+        k.close()
+
+
+WORKERS = r"""
+import os, sys, json, torch
+sys.path.insert(0, %r)
+from torch.utils.data import DataLoader
+import gpuds
+dl = DataLoader(gpuds.DS(), batch_size=4, num_workers=2, persistent_workers=True,
+                multiprocessing_context="spawn", worker_init_fn=gpuds.hold)
+n = sum(int(b.sum()) for b in dl)
+print(json.dumps([w.pid for w in dl._iterator._workers]))
+"""
+GPUDS = '''import torch
+HELD = []
+class DS(torch.utils.data.Dataset):
+    def __len__(self):
+        return 16
+    def __getitem__(self, i):
+        return torch.tensor(i)
+def hold(_worker_id):
+    HELD.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
+    torch.cuda.synchronize()
+'''
+
+
+def workers():
+    d = tempfile.mkdtemp(prefix="gpuds-")
+    with open(os.path.join(d, "gpuds.py"), "w") as f:
+        f.write(GPUDS)
+    k = Kernel("workers")
+    try:
+        k.cell("import torch; x = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize()")
+        st, out, err = k.cell(WORKERS % d, timeout=600)
+        if st != "ok":
+            return result("FAIL", "DataLoader workers: %s" % err)
+        pids = json.loads(out.strip().splitlines()[-1])
+        held = wait("nvidia-smi lists the workers", lambda: (lambda s: s if all(any(p == w for (_g, p) in s) for w in pids) else None)(smi()), 60)
+        wbytes = sum(b for (_g, p), b in held.items() if p in pids)
+        wait("the daemon attributes the workers", lambda: (lambda n: n if n and set(pids) <= set(n["pids"]) else None)(k.tree()), 30)
+        data, text = k.magic("why")
+        rows_add_up(k, data, text, "DataLoader workers")
+        no_flags("DataLoader workers holding CUDA memory")
+        before = smi_pids({k.pid} | set(pids))
+        r = gpumem("free", k.id, "--children")
+        print("---- gpumem free --children\n" + r.stdout + r.stderr + "----", flush=True)
+        gone = wait("the workers end", lambda: not any(p in pids for (_g, p) in smi()) or None, 30)
+        after = smi_pids({k.pid} | set(pids))
+        check(r.returncode == 0 and gone and before - after >= wbytes - MIB,
+              "gpumem free --children: workers %s ended; NVML %.0f -> %.0f MiB (workers held %.0f MiB)" % (pids, before / MIB, after / MIB, wbytes / MIB))
+        check(k.proc.poll() is None, "the kernel itself lives on")
+        st, out, err = k.cell("n2 = sum(int(b.sum()) for b in dl); print(n2 == n, json.dumps([w.pid for w in dl._iterator._workers]))", timeout=600)
+        again = json.loads(out.split(" ", 1)[1]) if st == "ok" else []
+        check(st == "ok" and out.startswith("True"), "the kernel is usable: the next epoch runs on new workers %s" % again)
+        wait("nvidia-smi lists the new workers", lambda: all(any(p == w for (_g, p) in smi()) for w in again) or None, 60)
+        wait("the daemon attributes the new workers", lambda: (lambda n: n if n and set(again) <= set(n["pids"]) else None)(k.tree()), 30)
+        data, text = k.magic("free --children")
+        print("---- %gpumem free --children\n" + text + "----", flush=True)
+        gone = wait("the new workers end", lambda: not any(p in again for (_g, p) in smi()) or None, 30)
+        check(gone and k.proc.poll() is None, "%gpumem free --children ends the new workers; the kernel lives on")
+    finally:
+        k.close()
+
+
+def main():
+    os.makedirs(RUNTIME, exist_ok=True)
+    os.environ["JUPYTER_RUNTIME_DIR"] = RUNTIME
+    daemon = subprocess.Popen(
+        [BIN, "serve", "--log-format=json", "--interval=500ms", "--runtime-dir", RUNTIME],
+        stderr=open(os.path.join(OUT, "why-gpumem-serve.log"), "w"),
+        start_new_session=True,
+    )
+    try:
+        wait("gpumem serve's socket", lambda: os.path.exists(os.path.join(RUNTIME, "gpumem.sock")), 30)
+        for step in (seven_holders, million_objects, fragmentation, stray_contexts, workers):
+            print("== %s" % step.__name__, flush=True)
+            try:
+                step()
+            except Exception as e:
+                result("FAIL", "%s: %s: %s" % (step.__name__, type(e).__name__, e))
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+    print("%d check(s) failed" % len(FAILED) if FAILED else "all checks passed", flush=True)
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
