@@ -81,6 +81,8 @@ func (s *Server) extraRoutes(route func(string, access, func(http.ResponseWriter
 	allow["/api/v1/history"] = "GET, HEAD"
 	allow["/api/v1/kernels/{id}/vars"] = "GET, HEAD"
 	allow["/api/v1/kernels/{id}/summary"] = "GET, HEAD"
+	s.oomRoutes(route, allow)      // out-of-memory errors: oom.go
+	s.snapshotRoutes(route, allow) // memory snapshots: snapshots.go
 }
 
 func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, c caller) {
@@ -140,6 +142,10 @@ func userHistory(resp HistoryResponse, user string) HistoryResponse {
 	events := []history.Event{}
 	for _, e := range resp.Events {
 		if own[e.KernelID] {
+			if e.OOM != nil { // other users' holders as user and bytes only
+				v := e.OOM.For(user)
+				e.OOM = &v
+			}
 			events = append(events, e)
 		}
 	}

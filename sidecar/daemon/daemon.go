@@ -134,6 +134,12 @@ type Daemon struct {
 
 	hist *historyParts // figures over time and reclaim events: history.go
 
+	ooms      *oomLog        // out-of-memory errors reported by kernels: oom.go
+	snapshots *snapshotStore // memory snapshots kernels handed over: snapshots.go
+	// runContext is Run's context, for work the API starts that outlives
+	// its request (a snapshot's reduction); Background before Run.
+	runContext context.Context
+
 	locks     *dirLocks
 	problemMu sync.Mutex
 	problems  map[string]time.Time // problem text → last logged at warn
@@ -199,6 +205,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 	}
 	d.metrics = metrics.New(d, log, metrics.PerNotebook(!cfg.MetricsNoNotebook))
 	d.hist = newHistoryParts(cfg.Interval)
+	d.ooms, d.snapshots, d.runContext = newOOMLog(), newSnapshotStore(), context.Background()
 	return d, nil
 }
 
@@ -217,6 +224,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	d.runContext = ctx // before the API serves: its handlers read it
 	var ms *metrics.Server
 	if d.cfg.MetricsAddr != "" {
 		if ms, err = metrics.Listen(ctx, d.cfg.MetricsAddr, d.cfg.MetricsAllowRemote, d.metrics.Handler(), d.log); err != nil {
@@ -276,6 +284,7 @@ loop:
 	}
 	cancel()
 	d.wg.Wait() // kernel goroutines close their clients: detached, kernels untouched
+	d.closeSnapshots()
 	sock.wait()
 	parts.Wait()
 	_ = os.Remove(d.alertFile())

@@ -227,6 +227,8 @@ type Metrics struct {
 	reclaimedBytes prometheus.Counter
 	reclaimedProcs prometheus.Counter
 	culled         *prometheus.CounterVec
+	oom            *prometheus.CounterVec
+	oomPerNotebook bool
 }
 
 // Option changes what New's registry exports.
@@ -261,6 +263,8 @@ func New(src Source, log zerolog.Logger, opts ...Option) *Metrics {
 			Name: "gpumem_culled_kernels_total",
 			Help: "Idle kernels holding GPU memory that GPU-aware culling acted on, by action (report, free, shutdown).",
 		}, []string{"action"}),
+		oom:            newOOMCounter(coll.perNotebook),
+		oomPerNotebook: coll.perNotebook,
 	}
 	m.reg.MustRegister(
 		coll,
@@ -268,6 +272,7 @@ func New(src Source, log zerolog.Logger, opts ...Option) *Metrics {
 		m.reclaimedBytes,
 		m.reclaimedProcs,
 		m.culled,
+		m.oom,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
