@@ -1,5 +1,6 @@
 """Talking to gpumem serve's local API (a unix socket): the driver's
-(NVML) figure for this kernel and %gpumem top."""
+(NVML) figure for this kernel, %gpumem top, and the requests of the
+out-of-memory report and of snapshots (sidecar_post)."""
 
 import os
 
@@ -147,6 +148,18 @@ def top_data(timeout=1.0):
 
 
 def sidecar_get(path, timeout):
+    return sidecar_request("GET", path, timeout)
+
+
+def sidecar_post(path, body, timeout):
+    """POSTs body (a dict, as JSON) to gpumem serve; (status, reply bytes),
+    status 0 when it did not answer."""
+    import json
+
+    return sidecar_request("POST", path, timeout, json.dumps(body).encode("utf-8"))
+
+
+def sidecar_request(method, path, timeout, body=None):
     import http.client
     import socket
 
@@ -164,8 +177,11 @@ def sidecar_get(path, timeout):
             self.sock = s
 
     conn = _UnixConn("local-gpumem.sock", timeout=timeout)
+    headers = {"Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
     try:
-        conn.request("GET", path, headers={"Accept": "application/json"})
+        conn.request(method, path, body=body, headers=headers)
         resp = conn.getresponse()
         return resp.status, resp.read()
     except Exception as e:

@@ -1,27 +1,19 @@
 """The %gpumem magic and what the bootstrap calls: configure, install,
-uninstall, api_free, api_render, api_status."""
+uninstall, api_free, api_render, api_status. It registers the
+out-of-memory report's post_run_cell hook (oom.py)."""
 
 import os
 import sys
 
-from . import alerts, daemon, freeing, hygiene, render, reports, state
+from . import alerts, daemon, freeing, hygiene, oom, recording, reports, state
+from .display import rendered, show
 
-USAGE = "usage: %gpumem [vars [--all-devices] | free [NAME ...] [--all] [--keep NAME ...] [--dry-run] | help]"
-
-
-def show(data):
-    """Displays a data dict as text, HTML and gpumem's own mime type."""
-    text, html = rendered(data)
-    from IPython.display import display
-
-    display({"text/plain": text, "text/html": html, state.MIME: data}, raw=True)
+USAGE = (
+    "usage: %gpumem [vars [--all-devices] | free [NAME ...] [--all] [--keep NAME ...] [--dry-run] | top"
+    " | record on [--max-entries N] | record off | snapshot | help]"
+)
 
 
-def rendered(data):
-    try:
-        return render.render(data)
-    except Exception as e:
-        return render.render({"kind": "error", "message": "rendering failed: %s" % state.short_exc(e)})
 
 
 def gpumem(line="", cell=None):
@@ -66,6 +58,13 @@ def _line(args):
         show(freeing.free_data(names, opts["all"], keep, opts["dry_run"], opts["all_devices"]))
     elif cmd == "top":
         show(daemon.top_data())
+    elif cmd == "record":
+        show(recording.record_data(args[1:]))
+    elif cmd == "snapshot":
+        if args[1:]:
+            show({"kind": "error", "message": "%%gpumem snapshot takes no arguments; %s" % USAGE})
+        else:
+            show(recording.snapshot_data())
     elif cmd in ("help", "-h", "--help"):
         show({"kind": "help", "version": state.version})
     else:
@@ -81,6 +80,7 @@ def install(shell, config):
     """Registers the magics in shell. Called by the bootstrap."""
     configure(shell, config)
     shell.register_magic_function(gpumem, "line_cell", "gpumem")
+    shell.events.register("post_run_cell", oom.oom_hook)
     if state.config.get("notebook_alerts"):
         shell.events.register("pre_run_cell", alerts.alert_hook)
 
@@ -91,11 +91,12 @@ def uninstall():
     shell = state.shell
     if shell is None:
         return
-    try:
-        if alerts.alert_hook in shell.events.callbacks.get("pre_run_cell", []):
-            shell.events.unregister("pre_run_cell", alerts.alert_hook)
-    except Exception:
-        pass
+    for event, hook in (("pre_run_cell", alerts.alert_hook), ("post_run_cell", oom.oom_hook)):
+        try:
+            if hook in shell.events.callbacks.get(event, []):
+                shell.events.unregister(event, hook)
+        except Exception:
+            pass
     try:
         mm = shell.magics_manager
         for kind in ("line", "cell"):

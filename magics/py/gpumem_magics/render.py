@@ -1,8 +1,9 @@
-"""Renders a data dict (kind summary, vars, free, cell, help, top, error)
-as text/plain and text/html. Pure: the data dict is all it reads, so the
-renderings are deterministic; `gpumem free` prints the same text."""
+"""Renders a data dict (kind summary, vars, free, cell, help, top, error;
+oom, record and snapshot in render_oom.py) as text/plain and text/html.
+Pure: the data dict is all it reads, so the renderings are deterministic;
+`gpumem free` prints the same text."""
 
-from . import layout, units
+from . import layout, render_oom, units
 
 
 def render(data):
@@ -16,6 +17,9 @@ def render(data):
         "help": _render_help,
         "top": _render_top,
         "error": _render_error,
+        "oom": render_oom.render_oom,
+        "record": render_oom.render_record,
+        "snapshot": render_oom.render_snapshot,
     }.get(kind, _render_error)
     return fn(data)
 
@@ -323,6 +327,8 @@ _HELP = [
     ("%gpumem free ... --dry-run", "show what would be deleted and dropped; free nothing"),
     ("%%gpumem", "(first line of a cell) run the cell, report its change in memory and its peak"),
     ("%gpumem top", "the notebooks and processes sharing this kernel's GPUs, biggest first (needs gpumem serve)"),
+    ("%gpumem record on [--max-entries N]", "record PyTorch's memory history (off by default; `record off` stops it)"),
+    ("%gpumem snapshot", "save PyTorch's memory snapshot (memory_viz's .pickle); gpumem serve draws it in JupyterLab"),
     ("%gpumem help", "this help"),
 ]
 
@@ -334,6 +340,7 @@ def _render_help(data):
         "Hidden references: Out/_oh, _, __, ___, _N, the displayhook, last_execution_result, "
         "sys.last_* and the frames of a saved traceback keep objects alive after `del`.",
         "Only a kernel restart frees the CUDA context (about 0.5 GiB per GPU) and TensorFlow's memory.",
+        "A cell that runs out of GPU memory gets a report under its traceback: who holds the GPU, and what would free it.",
     ]
     text = [title, ""] + layout.pad(rows, ["command", "what it does"]) + [""] + foot
     body = layout.html_table(["command", "what it does"], rows) + layout.html_lines(foot, "dim")
