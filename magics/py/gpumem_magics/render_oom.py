@@ -83,11 +83,11 @@ def render_oom(data):
             "gpumem serve is not running: this is what the kernel alone knows. Who else holds this GPU, and the advice, "
             "need `gpumem serve` beside Jupyter."
         )
-        known = ""
+        known = "who holds it is unknown to the kernel alone"
         if k.get("device_total_bytes"):
             known = "the driver says: %s total, %s free" % (_B(k["device_total_bytes"]), _B(k.get("device_free_bytes")))
-            text.append("  " + known)
-            body.append(layout.html_lines([known]))
+        text.append("  " + known)
+        body.append(layout.html_lines([known]))
         foot.append(("warn", why))
     if foot:
         text.append("")
