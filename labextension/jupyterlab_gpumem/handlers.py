@@ -145,6 +145,7 @@ class QueryHandler(KernelHandler):
 
 
 def setup_handlers(serverapp):
+    from . import snapshots  # its handlers build on this module's
     web_app = serverapp.web_app
     path = socket_path(serverapp.runtime_dir)
     web_app.settings["gpumem_daemon"] = Daemon(path)
@@ -159,5 +160,6 @@ def setup_handlers(serverapp):
                 url_path_join(base, "kernels", KERNEL_ID, r"(?P<what>vars|summary)"),
                 QueryHandler,
             ),
-        ],
+        ]
+        + snapshots.handlers(base),
     )

@@ -171,6 +171,9 @@ func newReducer() *reducer {
 // which then stands in for the list everywhere; trace entries (with an
 // "action") are consumed: tallied, then forgotten.
 func (rd *reducer) offer(dec *Decoder, l *List, items []any) bool {
+	if len(items) == 0 {
+		return false
+	}
 	first, ok := items[0].(*Dict)
 	if !ok {
 		return false
