@@ -8,6 +8,7 @@
 import type uPlot from 'uplot';
 
 import { formatBytes } from './format';
+import { formatDuration } from './model';
 
 export interface OOMHolder {
   kind: 'notebook' | 'process';
@@ -146,7 +147,7 @@ export function reportNode(ev: OOMEvent): HTMLElement {
     table.appendChild(head);
     for (const h of ev.holders) {
       const tr = el('tr');
-      const state = h.state === 'idle' && h.idle_seconds ? `idle ${Math.round(h.idle_seconds / 60)} min` : h.state || '';
+      const state = h.state === 'idle' && h.idle_seconds ? `idle ${formatDuration(h.idle_seconds)}` : h.state || '';
       tr.append(el('td', '', holderName(h)), el('td', '', h.user), el('td', 'jp-gpumem-num', formatBytes(h.bytes)), el('td', '', state));
       table.appendChild(tr);
     }
