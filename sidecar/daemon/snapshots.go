@@ -69,6 +69,13 @@ func (d *Daemon) AddSnapshot(ctx context.Context, kernelID string, uid uint32, r
 
 	f, _, err := safefile.OpenOwned(req.Path, uid, maxSnapshotBytes)
 	if err != nil {
+		d.log.Warn().Err(err).Str("kernel_id", kernelID).Uint32("uid", uid).Msg("memory snapshot refused")
+		if uid != 0 && uid != d.selfUID {
+			// Another user learns nothing of files not theirs: not whether
+			// one exists, nor whose it is.
+			return api.SnapshotInfo{}, fmt.Errorf("snapshot of kernel %s: %s is not a regular file of yours of at most %d bytes "+
+				"reached through no symlink", kernelID, req.Path, int64(maxSnapshotBytes))
+		}
 		return api.SnapshotInfo{}, fmt.Errorf("snapshot of kernel %s: %w", kernelID, err)
 	}
 	fi, err := f.Stat()

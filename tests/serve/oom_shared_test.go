@@ -124,6 +124,47 @@ print(get("/api/v1/oom")); print(get("/api/v1/history"))`, d.Socket)
 		t.Errorf("root's view of the events: %d %s", status, body)
 	}
 
+	// Snapshots: a kernel hands over only its user's own files, and only
+	// its user reads them back.
+	hand := fmt.Sprintf(`import json, socket, http.client, os, pickle, tempfile
+class C(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX); self.sock.connect(%q)
+def post(p):
+    c = C("localhost")
+    c.request("POST", "/api/v1/snapshots", body=json.dumps({"path": p, "reason": "manual"}), headers={"Content-Type": "application/json"})
+    r = c.getresponse(); return r.status, r.read().decode()
+own = os.path.join(os.path.realpath(tempfile.mkdtemp()), "s.pickle")
+pickle.dump({"segments": [], "device_traces": [[]]}, open(own, "wb"))
+for p in (%q, own):
+    print(*post(p))`, d.Socket, gpu.Path)
+	out = fa.Cell(t, hand).Text()
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.TrimSpace(l) != "" {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "400 ") || !strings.Contains(lines[0], "is not a regular file of yours") ||
+		strings.Contains(lines[0], "uid 0") || !strings.HasPrefix(lines[1], "202 ") {
+		t.Fatalf("alice hands over root's file, then her own:\n%s", out)
+	}
+	var info api.SnapshotInfo
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(lines[1], "202 ")), &info); err != nil {
+		t.Fatal(err)
+	}
+	status, body = socketDo(t, d.Socket, http.MethodGet, "/api/v1/kernels/"+ka.ID+"/snapshots/"+info.ID+"/raw", nil)
+	if status != 200 || !strings.HasPrefix(body, "\x80") {
+		t.Errorf("root downloads alice's snapshot: %d", status)
+	}
+	bobGet := fmt.Sprintf(`import socket
+s = socket.socket(socket.AF_UNIX); s.connect(%q)
+s.sendall(b"GET /api/v1/kernels/%s/snapshots/%s/raw HTTP/1.0\r\nHost: localhost\r\n\r\n")
+print(s.recv(200).decode(errors="replace").splitlines()[0])`, d.Socket, ka.ID, info.ID)
+	if out := fb.Cell(t, bobGet).Text(); !strings.Contains(out, " 403 ") {
+		t.Errorf("bob reads alice's snapshot: %s", out)
+	}
+
 	resp, err := http.Get("http://127.0.0.1:" + strconv.Itoa(port) + "/metrics")
 	if err != nil {
 		t.Fatal(err)
