@@ -85,6 +85,10 @@ func (l *oomLog) annotate(rep *attribution.Report) {
 	for id := range l.summary {
 		if !present[id] {
 			delete(l.summary, id)
+		}
+	}
+	for id := range l.recent {
+		if !present[id] {
 			delete(l.recent, id)
 		}
 	}
