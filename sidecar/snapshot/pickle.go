@@ -30,6 +30,9 @@ type List struct {
 type Dict struct {
 	Keys, Vals []any
 	memo       int
+	// tag is the reducer's own mark (a frame dict's id + 1), so that a
+	// frame met again costs no lookup.
+	tag int32
 }
 
 // Get returns the value of string key k.

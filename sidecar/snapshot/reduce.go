@@ -151,19 +151,35 @@ func Reduce(r io.Reader, limits Limits) (*Reduction, error) {
 	return out, nil
 }
 
-// stackRef stands for a frames list already interned as stack n.
+// stackRef stands for a frames list already interned as stack n. The memo
+// holds pointers into the reducer's table of them (an int in an interface
+// would cost an allocation per entry).
 type stackRef int
 
 // reducer accumulates the trace entries as the decoder reads them.
 type reducer struct {
-	frames   map[*Dict]int32 // frame dict -> frame id
-	frameTab []*Dict
+	frameTab []*Dict // frame id -> its dict (whose tag is id + 1)
 	stacks   *stackTable
+	refs     []*stackRef      // stack id -> the value standing for it in the memo
+	ids      []int32          // scratch: the frame ids of the stack being interned
 	traces   map[*List]*trace // per device list, until its index is known
 }
 
 func newReducer() *reducer {
-	return &reducer{frames: map[*Dict]int32{}, stacks: newStackTable(), traces: map[*List]*trace{}}
+	return &reducer{stacks: newStackTable(), traces: map[*List]*trace{}}
+}
+
+// ref is the shared value that stands for stack id (-1: none).
+func (rd *reducer) ref(id int) *stackRef {
+	if id < 0 {
+		none := stackRef(-1)
+		return &none
+	}
+	for len(rd.refs) <= id {
+		r := stackRef(len(rd.refs))
+		rd.refs = append(rd.refs, &r)
+	}
+	return rd.refs[id]
 }
 
 // offer sees the dicts appended to any list. Those with "frames" (trace
@@ -198,7 +214,7 @@ func (rd *reducer) offer(dec *Decoder, l *List, items []any) bool {
 		for i, k := range e.Keys {
 			if k == "frames" {
 				stack = rd.intern(dec, e.Vals[i])
-				e.Vals[i] = stackRef(stack)
+				e.Vals[i] = rd.ref(stack)
 				break
 			}
 		}
@@ -214,34 +230,33 @@ func (rd *reducer) offer(dec *Decoder, l *List, items []any) bool {
 // interned before); -1 for none.
 func (rd *reducer) intern(dec *Decoder, v any) int {
 	switch f := v.(type) {
-	case stackRef:
-		return int(f)
+	case *stackRef:
+		return int(*f)
 	case *List:
 		if f.Items == nil { // interned already, met again through the memo
-			if ref, ok := dec.memoValue(f).(stackRef); ok {
-				return int(ref)
+			if ref, ok := dec.memoValue(f).(*stackRef); ok {
+				return int(*ref)
 			}
 			return -1
 		}
-		ids := make([]int32, 0, len(f.Items))
+		ids := rd.ids[:0]
 		for _, it := range f.Items {
 			fd, ok := it.(*Dict)
 			if !ok {
 				continue
 			}
-			id, ok := rd.frames[fd]
-			if !ok {
-				id = int32(len(rd.frameTab))
-				rd.frames[fd] = id
+			if fd.tag == 0 {
 				rd.frameTab = append(rd.frameTab, fd)
+				fd.tag = int32(len(rd.frameTab))
 			}
-			ids = append(ids, id)
+			ids = append(ids, fd.tag-1)
 		}
+		rd.ids = ids
 		id := -1
 		if len(ids) > 0 {
 			id = rd.stacks.intern(ids)
 		}
-		dec.Replace(f, stackRef(id))
+		dec.Replace(f, rd.ref(id))
 		return id
 	}
 	return -1

@@ -1,7 +1,6 @@
 package snapshot
 
 import (
-	"hash/maphash"
 	"slices"
 	"sort"
 )
@@ -169,34 +168,31 @@ func clampU(v int64) uint64 {
 	return uint64(v)
 }
 
-// stackTable interns stacks (sequences of frame ids).
+// stackTable interns stacks (sequences of frame ids). The hash needs no
+// secret: a collision costs a comparison, never a wrong stack.
 type stackTable struct {
-	seed   maphash.Seed
 	byHash map[uint64][]int
 	stacks [][]int32
 }
 
 func newStackTable() *stackTable {
-	return &stackTable{seed: maphash.MakeSeed(), byHash: map[uint64][]int{}}
+	return &stackTable{byHash: map[uint64][]int{}}
 }
 
+// intern is ids' stack id; ids is copied when new.
 func (st *stackTable) intern(ids []int32) int {
-	var h maphash.Hash
-	h.SetSeed(st.seed)
-	var b [4]byte
+	h := uint64(14695981039346656037) // FNV-1a over the ids
 	for _, id := range ids {
-		b[0], b[1], b[2], b[3] = byte(id), byte(id>>8), byte(id>>16), byte(id>>24)
-		_, _ = h.Write(b[:])
+		h = (h ^ uint64(uint32(id))) * 1099511628211
 	}
-	key := h.Sum64()
-	for _, cand := range st.byHash[key] {
+	for _, cand := range st.byHash[h] {
 		if slices.Equal(st.stacks[cand], ids) {
 			return cand
 		}
 	}
 	id := len(st.stacks)
-	st.stacks = append(st.stacks, ids)
-	st.byHash[key] = append(st.byHash[key], id)
+	st.stacks = append(st.stacks, slices.Clone(ids))
+	st.byHash[h] = append(st.byHash[h], id)
 	return id
 }
 
@@ -238,8 +234,8 @@ func (d *deviceAcc) addSegment(rd *reducer, s *Dict) {
 				case "a":
 					stack := -1
 					if v, ok := b.Get("frames"); ok {
-						if ref, ok := v.(stackRef); ok {
-							stack = int(ref)
+						if ref, ok := v.(*stackRef); ok {
+							stack = int(*ref)
 						}
 					}
 					if stack >= 0 {
