@@ -15,6 +15,15 @@
 //	GET  /api/v1/notebooks            attribution.Report (same JSON as `gpumem ls --json`)
 //	GET  /api/v1/kernels/{id}         attribution.Notebook of one kernel
 //	POST /api/v1/kernels/{id}/free    body: optional FreeRequest; reply: the backend's JSON
+//	GET  /api/v1/kernels              {"kernels":[KernelStatus...]}
+//	GET  /api/v1/kernels/{id}/vars, /summary  the kernel's %gpumem vars / %gpumem data
+//	GET  /api/v1/history              HistoryResponse (history.go)
+//	POST /api/v1/oom                  body: oom.Request; reply: oom.Event (oom.go)
+//	GET  /api/v1/oom                  {"events":[oom.Event...]}
+//	POST /api/v1/snapshots            body: SnapshotRequest; reply 202: SnapshotInfo (snapshots.go)
+//	GET  /api/v1/kernels/{id}/snapshots            {"snapshots":[SnapshotInfo...]}
+//	GET  /api/v1/kernels/{id}/snapshots/{sid}      SnapshotResponse
+//	GET  /api/v1/kernels/{id}/snapshots/{sid}/raw  the pickle
 //
 // GET endpoints also answer HEAD. Any other method on these paths gets 405;
 // any other path 404. Errors are JSON: {"error":"..."}.
@@ -51,4 +60,14 @@
 // Per-user totals (GET /api/v1/users) are what a kernel caller may learn about
 // other users: for each user, the number of notebooks and of other GPU
 // processes, their bytes, and bytes per GPU; never pids, paths or commands.
+// An out-of-memory event shows another user's holder by user, bytes and
+// idle time only.
+//
+// # A kernel speaking for itself
+//
+// POST /api/v1/oom and POST /api/v1/snapshots take no kernel id: the kernel
+// is the one whose live process tree holds the caller's SO_PEERCRED pid
+// and whose owner is the caller's uid (Backend.KernelOfPID), in either
+// mode. No kernel can report for another, and a process of no kernel gets
+// 403. A user sees only the events and snapshots of their own kernels.
 package api

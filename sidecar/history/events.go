@@ -7,12 +7,13 @@ import (
 )
 
 // Event is something a user should hear about once: the end of a
-// restarted or shut-down kernel's orphans ("reclaim"), or an out-of-memory
-// error in a kernel ("oom").
+// restarted or shut-down kernel's orphans ("reclaim"), an out-of-memory
+// error in a kernel ("oom"), or a memory snapshot reduced ("snapshot": its
+// Reason is the snapshot's id, Bytes its file's size).
 type Event struct {
 	Seq      uint64 `json:"seq"`  // increasing from 1: a reader asks for what came after
 	Time     int64  `json:"time"` // unix seconds
-	Kind     string `json:"kind"` // "reclaim" or "oom"
+	Kind     string `json:"kind"` // "reclaim", "oom" or "snapshot"
 	KernelID string `json:"kernel_id"`
 	Notebook string `json:"notebook"`
 	User     string `json:"user"`
