@@ -4,7 +4,6 @@ traceback, the traceback and sys.last_* stay IPython's, and nothing of the
 failing frames is kept once IPython lets them go."""
 
 import gc
-import os
 import sys
 import weakref
 
@@ -14,17 +13,6 @@ from IPython.core.interactiveshell import InteractiveShell
 from gpumem_magics import magic, oom
 
 TORCH_MSG = "CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total capacity of 79.35 GiB of which 512.00 MiB is free."
-
-
-def need_torch():
-    """Debian's CPU torch; under CI=true its absence fails, never skips."""
-    try:
-        import torch
-    except ImportError:
-        if os.environ.get("CI") == "true":
-            pytest.fail("torch is not importable (CI=true: a missing part fails)")
-        pytest.skip("torch is not importable")
-    return torch
 
 
 @pytest.fixture
@@ -55,8 +43,7 @@ def test_report_under_the_traceback_without_daemon(shell, capsys):
     assert out.count("gpumem: out of memory") == 1
 
 
-def test_torch_error_as_torch_raises_it(shell, capsys):
-    torch = need_torch()
+def test_torch_error_as_torch_raises_it(shell, capsys, torch):
     cls = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
     shell.user_ns["TorchOOM"] = cls
     out = run(shell, capsys, "def step():\n    x = [1] * 10\n    raise TorchOOM(%r)\nstep()" % TORCH_MSG)
@@ -121,10 +108,9 @@ def test_no_reference_to_the_failing_frames(shell, capsys):
     shell.user_ns.pop("Pinned")
 
 
-def test_the_report_names_what_ipython_holds(shell, capsys):
+def test_the_report_names_what_ipython_holds(shell, capsys, torch):
     # CPU tensors in the traceback's frames are not GPU memory: IPython
     # holds none of it, the report says.
-    need_torch()
     out = run(
         shell,
         capsys,
