@@ -13,8 +13,9 @@ binary built with cgo:
      traceback, name hold.ipynb with its bytes equal to nvidia-smi's, and
      advise a command; the command is run as written: hold.ipynb's kernel
      must drop to its CUDA context (nvidia-smi) and the cell then succeed;
-  3. rec.ipynb: `%gpumem record on` in a fresh kernel creates no CUDA
-     context; a cell allocates; `%gpumem snapshot` hands the pickle to the
+  3. rec.ipynb: `%gpumem record on` in a fresh kernel initialises no CUDA
+     and waits: recording starts after the first cell that uses the GPU;
+     a cell allocates; `%gpumem snapshot` hands the pickle to the
      daemon; its reduction's top 3 stacks must hold the allocating line;
      torch's own memory_viz reads the pickle; an out-of-memory error while
      recording saves a snapshot by itself, its oom in the reduction;
@@ -291,10 +292,16 @@ def recording(api):
     rec = Kernel(api, "team/rec.ipynb")
     wait("magics in rec.ipynb", rec.magic_ready, 60, every=0.5)
     st, out = rec.run("import torch\n%gpumem record on\nprint('initialised', torch.cuda.is_initialized())")
+    armed = (rec.data() or {}).get("armed")
     result(
-        "PASS" if "initialised False" in out else "FAIL",
-        "%%gpumem record on in a fresh kernel leaves CUDA uninitialised: %s" % out.strip(),
+        "PASS" if "initialised False" in out and armed else "FAIL",
+        "%%gpumem record on in a fresh kernel leaves CUDA uninitialised and waits for it: %s, armed %s" % (out.strip(), armed),
     )
+    # The first cell that uses the GPU: recording starts right after it.
+    rec.run("w = torch.zeros(1, device='cuda')")
+    rec.run("%gpumem record")
+    on = (rec.data() or {}).get("on")
+    result("PASS" if on else "FAIL", "recording on after the first cell that used the GPU: %s" % rec.data())
     st, _ = rec.run(
         "a = torch.empty(8 << 30, dtype=torch.uint8, device='cuda')\nb = torch.empty(1 << 30, dtype=torch.uint8, device='cuda')"
     )

@@ -91,7 +91,8 @@ def uninstall():
     shell = state.shell
     if shell is None:
         return
-    for event, hook in (("pre_run_cell", alerts.alert_hook), ("post_run_cell", oom.oom_hook)):
+    hooks = (("pre_run_cell", alerts.alert_hook), ("post_run_cell", oom.oom_hook), ("post_run_cell", recording.armed_hook))
+    for event, hook in hooks:
         try:
             if hook in shell.events.callbacks.get(event, []):
                 shell.events.unregister(event, hook)

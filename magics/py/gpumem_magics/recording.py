@@ -19,7 +19,9 @@ DEFAULT_MAX_ENTRIES = 100000
 # descriptors of the ones it took).
 KEEP_FILES = 8
 
-_state = {"on": False, "max_entries": None}
+# on: PyTorch records now; armed: the entries to record once CUDA is
+# initialised (record on before any cell used the GPU), else None.
+_state = {"on": False, "max_entries": None, "armed": None}
 
 
 def is_recording():
@@ -72,33 +74,87 @@ def record_data(args):
         data["error"] = str(e)
         return data
     if action == "status":
-        data.update(on=_state["on"], max_entries=_state["max_entries"])
+        data.update(on=_state["on"], max_entries=_state["max_entries"], armed=_state["armed"] is not None)
         return data
     mem, why = _torch_memory()
     if mem is None:
         data["error"] = why
         return data
     torch = state.mod("torch")
-    before = torch.cuda.is_initialized()
+    if action == "off":
+        _disarm()
+        if _state["on"]:
+            try:
+                _set(mem, None)
+            except Exception as e:
+                data["error"] = "PyTorch refused: %s" % state.short_exc(e)
+                return data
+        _state.update(on=False, max_entries=None)
+        data.update(on=False, max_entries=None)
+        return data
+    n = max_entries or DEFAULT_MAX_ENTRIES
+    if not torch.cuda.is_initialized():
+        # torch's _record_memory_history initialises CUDA itself: gpumem
+        # never does. It is turned on after the first cell that does.
+        _arm(n)
+        data.update(on=False, armed=True, max_entries=n)
+        return data
     try:
-        if action == "on":
-            n = max_entries or DEFAULT_MAX_ENTRIES
-            try:
-                mem._record_memory_history(enabled="all", context="all", stacks="python", max_entries=n)
-            except TypeError:  # PyTorch before 2.1
-                mem._record_memory_history(True, trace_alloc_max_entries=n, trace_alloc_record_context=True)
-            _state.update(on=True, max_entries=n)
-        else:
-            try:
-                mem._record_memory_history(enabled=None)
-            except TypeError:
-                mem._record_memory_history(False)
-            _state.update(on=False, max_entries=None)
+        _set(mem, n)
     except Exception as e:
         data["error"] = "PyTorch refused: %s" % state.short_exc(e)
         return data
-    data.update(on=_state["on"], max_entries=_state["max_entries"], cuda_initialised=before)
+    _state.update(on=True, max_entries=n)
+    data.update(on=True, max_entries=n)
     return data
+
+
+def _set(mem, n):
+    """Turns PyTorch's memory history on (n entries) or off (None)."""
+    if n is None:
+        try:
+            mem._record_memory_history(enabled=None)
+        except TypeError:  # PyTorch before 2.1
+            mem._record_memory_history(False)
+        return
+    try:
+        mem._record_memory_history(enabled="all", context="all", stacks="python", max_entries=n)
+    except TypeError:
+        mem._record_memory_history(True, trace_alloc_max_entries=n, trace_alloc_record_context=True)
+
+
+def _arm(n):
+    _state["armed"] = n
+    hooks = state.shell.events.callbacks.get("post_run_cell", [])
+    if armed_hook not in hooks:
+        state.shell.events.register("post_run_cell", armed_hook)
+
+
+def _disarm():
+    _state["armed"] = None
+    try:
+        if armed_hook in state.shell.events.callbacks.get("post_run_cell", []):
+            state.shell.events.unregister("post_run_cell", armed_hook)
+    except Exception:
+        pass
+
+
+def armed_hook(*_args):
+    """post_run_cell, while `record on` waits for CUDA: once a cell has
+    initialised it, recording starts. Never raises into the user's cell."""
+    try:
+        torch = state.mod("torch")
+        if torch is None or not torch.cuda.is_initialized():
+            return
+        n = _state["armed"]
+        _disarm()
+        mem, why = _torch_memory()
+        if mem is None or n is None:
+            return
+        _set(mem, n)
+        _state.update(on=True, max_entries=n)
+    except Exception as e:
+        print("gpumem: could not turn PyTorch's memory history on (%s)" % state.short_exc(e))
 
 
 def snapshot_dir():

@@ -125,7 +125,13 @@ def render_record(data):
     title = "gpumem record"
     if data.get("error"):
         return title + ": " + data["error"], layout.html_doc(title, '<div class="err">%s</div>' % layout.esc(data["error"]))
-    if data.get("on"):
+    if data.get("armed") and not data.get("on"):
+        msg = (
+            "CUDA is not initialised in this kernel yet (gpumem never initialises it): PyTorch's memory history "
+            "starts right after the first cell that uses the GPU, that cell's own allocations unrecorded. To record "
+            "them too, run torch.cuda.init() first, then `%gpumem record on`."
+        )
+    elif data.get("on"):
         msg = (
             "PyTorch's memory history is on (the last %s allocator events, with Python stacks): `%%gpumem snapshot` "
             "saves it, and an out-of-memory error saves it by itself; `%%gpumem record off` stops it."

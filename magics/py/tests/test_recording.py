@@ -48,7 +48,7 @@ def test_without_torch(monkeypatch):
 
 def test_status_is_off_by_default():
     data = recording.record_data([])
-    assert data == {"kind": "record", "schema": 1, "on": False, "max_entries": None}
+    assert data == {"kind": "record", "schema": 1, "on": False, "max_entries": None, "armed": False}
     assert render.render(data)[0].endswith("is off (`%gpumem record on [--max-entries N]` turns it on).")
 
 
@@ -59,3 +59,53 @@ def test_a_torch_without_cuda(torch):
     assert "sees no CUDA GPU" in data["error"], data
     assert not recording.is_recording()
     assert "sees no CUDA GPU" in recording.snapshot_data()["error"]
+
+
+class FakeCuda:
+    """A torch whose CUDA a test initialises, recording the history calls."""
+
+    def __init__(self):
+        self.initialised = False
+        self.calls = []
+        outer = self
+
+        class Memory:
+            def _record_memory_history(self, enabled="all", **kw):
+                outer.calls.append((enabled, kw.get("max_entries")))
+
+        class Cuda:
+            memory = Memory()
+
+            def is_available(self):
+                return True
+
+            def is_initialized(self):
+                return outer.initialised
+
+        self.cuda = Cuda()
+        self._C = type("C", (), {"_cuda_getDeviceCount": staticmethod(lambda: 1)})
+        self.__version__ = "fake"
+
+
+def test_record_on_waits_for_cuda(monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from gpumem_magics import state
+
+    shell = InteractiveShell.instance()
+    monkeypatch.setattr(state, "shell", shell)
+    fake = FakeCuda()
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    data = recording.record_data(["on", "--max-entries", "42"])
+    assert data["armed"] and not data["on"] and fake.calls == [], data
+    assert "CUDA is not initialised in this kernel yet" in render.render(data)[0]
+    # A cell that does not touch CUDA: still waiting, nothing called.
+    recording.armed_hook(None)
+    assert fake.calls == [] and not recording.is_recording()
+    # A cell initialised CUDA: recording starts, the hook leaves.
+    fake.initialised = True
+    recording.armed_hook(None)
+    assert fake.calls == [("all", 42)] and recording.is_recording()
+    assert recording.armed_hook not in shell.events.callbacks["post_run_cell"]
+    off = recording.record_data(["off"])
+    assert fake.calls[-1] == (None, None) and not off["on"] and not recording.is_recording()
