@@ -160,6 +160,11 @@ func TestAttach(t *testing.T) {
 			if got := footprint(t, k); got != footprints[k.ID] {
 				t.Errorf("injection changed the kernel:\nbefore %s\nafter  %s", footprints[k.ID], got)
 			}
+			// Injection registers one callback, and only it, however many
+			// times it runs: the out-of-memory report's post_run_cell hook.
+			if got := gpumemCallbacks(t, k); got != "[('post_run_cell', 'oom_hook')]" {
+				t.Errorf("gpumem's IPython callbacks: %s, want only the out-of-memory report's post_run_cell hook", got)
+			}
 			if got := userExpr(t, k, "sorted(m for m in __import__('sys').modules if 'gpumem' in m)"); got != "['_gpumem_magics']" {
 				t.Errorf("gpumem's modules in sys.modules: %s, want only ['_gpumem_magics']", got)
 			}
@@ -631,7 +636,18 @@ func footprint(t testing.TB, k *liveKernel) string {
 	t.Helper()
 	return userExpr(t, k, "(get_ipython().execution_count, len(In), sorted(Out), "+
 		"sorted(n for n in get_ipython().user_ns if not n.startswith('_')), "+
-		"{e: len(f) for e, f in sorted(get_ipython().events.callbacks.items())})")
+		"{e: len([c for c in f if not "+isGpumemCallback+"]) for e, f in sorted(get_ipython().events.callbacks.items())})")
+}
+
+// isGpumemCallback (a Python expression of c) says whether an IPython event
+// callback is one of gpumem's, whose package is _gpumem_magics.
+const isGpumemCallback = "(getattr(c, '__module__', None) or '').startswith('_gpumem_magics')"
+
+// gpumemCallbacks lists the IPython event callbacks gpumem registered, as
+// (event, name) pairs.
+func gpumemCallbacks(t testing.TB, k *liveKernel) string {
+	t.Helper()
+	return userExpr(t, k, "sorted((e, c.__name__) for e, f in get_ipython().events.callbacks.items() for c in f if "+isGpumemCallback+")")
 }
 
 // magicRegistered reports whether %gpumem is registered in the kernel.

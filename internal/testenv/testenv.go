@@ -295,8 +295,12 @@ func ConnectionJSON(t testing.TB, path, key string) {
 // test's connection. extraEnv is appended to the kernel's environment.
 func StartKernel(t testing.TB, dir string, extraEnv ...string) *Kernel {
 	t.Helper()
-	id := fmt.Sprintf("%s-%s-%s-%s-%s", RandomHex(4), RandomHex(2), RandomHex(2), RandomHex(2), RandomHex(6))
-	return StartKernelID(t, dir, id, extraEnv...)
+	return StartKernelID(t, dir, NewKernelID(), extraEnv...)
+}
+
+// NewKernelID is a fresh kernel id shaped as Jupyter's (a UUID).
+func NewKernelID() string {
+	return fmt.Sprintf("%s-%s-%s-%s-%s", RandomHex(4), RandomHex(2), RandomHex(2), RandomHex(2), RandomHex(6))
 }
 
 // StartKernelID is StartKernel with the kernel id (the file's

@@ -73,3 +73,12 @@ class Daemon:
             msg = body.get("error", "") if isinstance(body, dict) else ""
             raise DaemonError(r.status_code, msg or "HTTP %d" % r.status_code)
         return body
+
+    def stream(self, path, timeout=None):
+        """An async context manager over the daemon's reply to GET path,
+        streamed (a memory snapshot's raw pickle)."""
+        if not os.path.exists(self.path):
+            raise NoDaemon(self.path)
+        self.requests += 1
+        kwargs = {} if timeout is None else {"timeout": timeout}
+        return self._client.stream("GET", path, **kwargs)

@@ -158,6 +158,7 @@ class QueryHandler(KernelHandler):
 
 
 def setup_handlers(serverapp):
+    from . import snapshots  # its handlers build on this module's
     web_app = serverapp.web_app
     path = socket_path(serverapp.runtime_dir)
     web_app.settings["gpumem_daemon"] = Daemon(path)
@@ -173,5 +174,6 @@ def setup_handlers(serverapp):
                 QueryHandler,
             ),
             (url_path_join(base, "kernels", KERNEL_ID, "children", "free"), ChildrenHandler),
-        ],
+        ]
+        + snapshots.handlers(base),
     )

@@ -67,3 +67,18 @@ export function fetchWhy(kernelId: string): Promise<KernelReply<'why'>> {
 export function freeChildren(kernelId: string): Promise<KernelReply<'children'>> {
   return call(`kernels/${encodeURIComponent(kernelId)}/children/free`, { method: 'POST' });
 }
+
+/** A kernel's memory snapshots (newest last), kept by the daemon. */
+export function fetchSnapshots(kernelId: string): Promise<KernelReply<'snapshots'>> {
+  return call(`kernels/${encodeURIComponent(kernelId)}/snapshots`);
+}
+
+/** One snapshot and, once reduced, its reduction. */
+export function fetchSnapshot(kernelId: string, id: string): Promise<KernelReply<'snapshot'>> {
+  return call(`kernels/${encodeURIComponent(kernelId)}/snapshots/${encodeURIComponent(id)}`);
+}
+
+/** Where the browser downloads the snapshot's raw pickle. */
+export function snapshotRawUrl(kernelId: string, id: string): string {
+  return URLExt.join(settings.baseUrl, 'gpumem', 'api', 'v1', 'kernels', encodeURIComponent(kernelId), 'snapshots', encodeURIComponent(id), 'raw');
+}

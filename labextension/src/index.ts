@@ -11,6 +11,7 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { freeCache } from './api';
 import { reclaimMessage } from './format';
 import { alerts, cullWarnings, newAlerts } from './model';
+import { LogEvent, newOOMs } from './oom';
 import { GpuPanel } from './panel';
 import { StateSource } from './source';
 import { GpuStatusItem } from './statusbar';
@@ -103,6 +104,27 @@ const plugin: JupyterFrontEndPlugin<void> = {
       for (const ev of events) {
         if (ev.kind === 'reclaim') {
           Notification.info(reclaimMessage(ev), { autoClose: 15000 });
+        }
+      }
+    });
+    // Out-of-memory errors in this server's notebooks (each once), and
+    // their memory snapshots once the daemon has reduced them.
+    const ooms = new Set<number>();
+    const openPanel = () => app.shell.activateById(panel.id);
+    source.events.connect((_, events) => {
+      for (const ev of newOOMs(events as LogEvent[], ooms)) {
+        Notification.error(ev.headline, {
+          autoClose: false,
+          actions: [{ label: 'Open report', caption: 'Show the report in the GPU memory panel', callback: () => { openPanel(); panel.showOOM(ev); } }]
+        });
+      }
+      for (const ev of events as LogEvent[]) {
+        if (ev.kind === 'snapshot') {
+          const name = ev.notebook ? ev.notebook.slice(ev.notebook.lastIndexOf('/') + 1) : `kernel ${ev.kernel_id.slice(0, 8)}`;
+          Notification.info(`Memory snapshot of ${name} is ready`, {
+            autoClose: 15000,
+            actions: [{ label: 'Open', callback: () => { openPanel(); void panel.showSnapshot(ev.kernel_id, ev.reason, ev.notebook); } }]
+          });
         }
       }
     });

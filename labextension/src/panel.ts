@@ -8,9 +8,10 @@ import { Notification } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 import type uPlot from 'uplot';
 
-import { fetchVars, fetchWhy, freeCache, freeChildren } from './api';
+import { fetchSnapshot, fetchSnapshots, fetchVars, fetchWhy, freeCache, freeChildren, snapshotRawUrl } from './api';
 import { formatBytes, formatPercent, levelFor } from './format';
 import { GPU, Notebook, notebookLabel, stackNotebooks, State, varRows } from './model';
+import { drawSnapshot, OOMEvent, reportNode, SnapshotReduction } from './oom';
 import { StateSource } from './source';
 
 /** What the panel needs from the application for its buttons. */
@@ -50,6 +51,8 @@ export class GpuPanel extends Widget {
   private _notebooks = el('div', 'jp-gpumem-notebooks');
   private _others = el('div', 'jp-gpumem-others');
   private _vars = el('div', 'jp-gpumem-vars');
+  // An out-of-memory report or a memory snapshot, opened from a notification.
+  private _report = el('div', 'jp-gpumem-report-area');
   private _plots = new Map<number, { box: HTMLDivElement; head: HTMLDivElement; plot: uPlot | null; ids: string }>();
   private _colors = new Map<string, string>();
 
@@ -63,12 +66,74 @@ export class GpuPanel extends Widget {
     this.title.caption = 'GPU memory';
     this._status.dataset.gpumem = 'panel-status';
     this._vars.dataset.gpumem = 'vars';
-    this.node.append(this._status, this._gpus, this._notebooks, this._others, this._vars);
+    this._report.hidden = true;
+    this.node.append(this._report, this._status, this._gpus, this._notebooks, this._others, this._vars);
     _source.changed.connect(() => {
       if (this.isVisible) {
         this.update();
       }
     });
+  }
+
+  /** Shows an out-of-memory report at the top, with its snapshots when there are. */
+  showOOM(ev: OOMEvent): void {
+    const box = this._openReport(`Out of memory in ${ev.notebook ? ev.notebook.slice(ev.notebook.lastIndexOf('/') + 1) : 'a kernel'}`);
+    box.appendChild(reportNode(ev));
+    void fetchSnapshots(ev.kernel_id)
+      .then(r => {
+        const list = ((r as { snapshots?: { snapshots?: { id: string; oom_event?: number }[] } }).snapshots?.snapshots ?? []).filter(
+          s => s.oom_event === ev.seq
+        );
+        for (const s of list) {
+          const b = el('button', 'jp-mod-styled jp-gpumem-button', 'Open the memory snapshot');
+          b.dataset.action = 'Open snapshot';
+          b.onclick = () => void this.showSnapshot(ev.kernel_id, s.id, ev.notebook);
+          box.appendChild(b);
+        }
+      })
+      .catch(() => undefined);
+  }
+
+  /** Draws a memory snapshot at the top (when the daemon has reduced it). */
+  async showSnapshot(kernelId: string, id: string, notebook = ''): Promise<void> {
+    const name = notebook ? notebook.slice(notebook.lastIndexOf('/') + 1) : `kernel ${kernelId.slice(0, 8)}`;
+    const box = this._openReport(`Memory snapshot ${id} of ${name}`);
+    const body = el('div', 'jp-gpumem-empty', 'Reading…');
+    box.appendChild(body);
+    try {
+      const r = await fetchSnapshot(kernelId, id);
+      const s = (r as { snapshot?: { snapshot: { status: string; error?: string }; reduction: SnapshotReduction | null } }).snapshot;
+      if (r.status !== 'ok' || !s) {
+        body.textContent = r.message ?? 'failed';
+        return;
+      }
+      if (!s.reduction) {
+        body.textContent = s.snapshot.status === 'failed' ? `gpumem serve could not read it: ${s.snapshot.error}` : 'gpumem serve is still reducing it…';
+        return;
+      }
+      const t0 = performance.now();
+      await drawSnapshot(body, s.reduction, snapshotRawUrl(kernelId, id), this._plotWidth());
+      body.dataset.drawMs = String(Math.round(performance.now() - t0));
+    } catch (e) {
+      body.textContent = `Reading the snapshot failed: ${String(e)}`;
+    }
+  }
+
+  private _openReport(title: string): HTMLDivElement {
+    const r = this._report;
+    r.replaceChildren();
+    r.hidden = false;
+    const head = el('div', 'jp-gpumem-report-title');
+    head.append(el('h3', '', title));
+    const close = el('button', 'jp-mod-styled jp-gpumem-button', 'Close');
+    close.onclick = () => {
+      r.hidden = true;
+      r.replaceChildren();
+    };
+    head.appendChild(close);
+    const box = el('div');
+    r.append(head, box);
+    return box;
   }
 
   protected onAfterShow(): void {

@@ -71,8 +71,8 @@ def run_cell(page, index, expect_text, timeout=60):
         except Exception:
             if attempt == 7:
                 raise
-    cell.locator(".jp-OutputArea-output", has_text=expect_text).wait_for(timeout=timeout * 1000)
-    return cell.locator(".jp-OutputArea-output").inner_text()
+    cell.locator(".jp-OutputArea-output", has_text=expect_text).first.wait_for(timeout=timeout * 1000)
+    return "\n".join(cell.locator(".jp-OutputArea-output").all_inner_texts())
 
 
 def test_user_journey(stack):

@@ -15,11 +15,20 @@
 //	GET  /api/v1/notebooks            attribution.Report (same JSON as `gpumem ls --json`)
 //	GET  /api/v1/kernels/{id}         attribution.Notebook of one kernel (?fresh=1: read now)
 //	POST /api/v1/kernels/{id}/free    body: optional FreeRequest; reply: the backend's JSON
+//	GET  /api/v1/kernels              {"kernels":[KernelStatus...]}
+//	GET  /api/v1/kernels/{id}/vars, /summary  the kernel's %gpumem vars / %gpumem data
+//	GET  /api/v1/history              HistoryResponse (history.go)
 //	GET  /api/v1/kernels/{id}/why     %gpumem why joined with the driver's figures (?device=&all_devices=1&budget=)
 //	POST /api/v1/kernels/{id}/why     body: a kernel's own why data; reply: it joined
 //	POST /api/v1/kernels/{id}/children/free  end the kernel's GPU-holding workers, never the kernel
+//	POST /api/v1/oom                  body: oom.Request; reply: oom.Event (oom.go)
+//	GET  /api/v1/oom                  {"events":[oom.Event...]}
+//	POST /api/v1/snapshots            body: SnapshotRequest; reply 202: SnapshotInfo (snapshots.go)
+//	GET  /api/v1/kernels/{id}/snapshots            {"snapshots":[SnapshotInfo...]}
+//	GET  /api/v1/kernels/{id}/snapshots/{sid}      SnapshotResponse
+//	GET  /api/v1/kernels/{id}/snapshots/{sid}/raw  the pickle
 //
-// Every endpoint of one kernel (these, and /vars and /summary) takes
+// Every endpoint of one kernel (/api/v1/kernels/{id}/...) takes
 // ?connection_file=PATH to choose among kernels sharing an id.
 //
 // GET endpoints also answer HEAD. Any other method on these paths gets 405;
@@ -67,4 +76,16 @@
 // Per-user totals (GET /api/v1/users) are what a user may learn about
 // other users: for each user, the number of notebooks and of other GPU
 // processes, their bytes, and bytes per GPU; never pids, paths or commands.
+// An out-of-memory event shows another user's holder by user, bytes and
+// idle time only.
+//
+// # A kernel speaking for itself
+//
+// POST /api/v1/oom and POST /api/v1/snapshots take no kernel id: the kernel
+// is the one whose live process tree holds the caller's SO_PEERCRED pid
+// and whose owner is the caller's uid (Backend.KernelOfPID: its connection
+// file, the kernel's identity), in either mode. No kernel can report for
+// another; a process of no kernel gets 403, one of a kernel the last
+// sample does not have yet 404. A user sees only the events and snapshots
+// of their own kernels, a kernel's snapshots being those of its file.
 package api

@@ -83,7 +83,9 @@ func (s *Server) extraRoutes(route func(string, access, func(http.ResponseWriter
 	allow["/api/v1/history"] = "GET, HEAD"
 	allow["/api/v1/kernels/{id}/vars"] = "GET, HEAD"
 	allow["/api/v1/kernels/{id}/summary"] = "GET, HEAD"
-	s.whyRoutes(route, allow) // why.go
+	s.whyRoutes(route, allow)      // why.go
+	s.oomRoutes(route, allow)      // out-of-memory errors: oom.go
+	s.snapshotRoutes(route, allow) // memory snapshots: snapshots.go
 }
 
 func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, c caller) {
@@ -144,6 +146,10 @@ func userHistory(resp HistoryResponse, user string) HistoryResponse {
 	events := []history.Event{}
 	for _, e := range resp.Events {
 		if own[e.ConnectionFile] {
+			if e.OOM != nil { // other users' holders as user and bytes only
+				v := e.OOM.For(user)
+				e.OOM = &v
+			}
 			events = append(events, e)
 		}
 	}

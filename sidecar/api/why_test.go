@@ -30,6 +30,11 @@ func (b *whyBackend) got() string {
 	return strings.Join(b.calls, "; ")
 }
 
+var (
+	_ WhyBackend      = (*whyBackend)(nil)
+	_ ChildrenBackend = (*whyBackend)(nil)
+)
+
 // known checks that the server handed over the connection file of the
 // kernel it picked, as the daemon's lookups need.
 func (b *whyBackend) known(k KernelRef) error {

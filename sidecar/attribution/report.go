@@ -67,6 +67,20 @@ type Notebook struct {
 	// StrayContexts are the (GPU, process) pairs of the kernel's tree that
 	// hold memory with no framework memory there (FlagStrayContexts).
 	StrayContexts []StrayContext `json:"stray_contexts,omitempty"`
+	// OOM counts the out-of-memory errors gpumem serve recorded in this
+	// kernel; nil when none (or without the daemon).
+	OOM *OOMSummary `json:"oom,omitempty"`
+}
+
+// OOMSummary is a kernel's out-of-memory errors as the daemon recorded
+// them: how many, and the last (its whole event is in the daemon's
+// events, by sequence number).
+type OOMSummary struct {
+	Count              int    `json:"count"`
+	LastTime           int64  `json:"last_time"` // unix seconds
+	LastGPU            *int   `json:"last_gpu,omitempty"`
+	LastRequestedBytes uint64 `json:"last_requested_bytes"`
+	LastEvent          uint64 `json:"last_event"`
 }
 
 // Activity is what a kernel's Jupyter server says of its activity, and

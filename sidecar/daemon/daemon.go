@@ -148,6 +148,12 @@ type Daemon struct {
 
 	hist *historyParts // figures over time and reclaim events: history.go
 
+	ooms      *oomLog        // out-of-memory errors reported by kernels: oom.go
+	snapshots *snapshotStore // memory snapshots kernels handed over: snapshots.go
+	// runContext is Run's context, for work the API starts that outlives
+	// its request (a snapshot's reduction); Background before Run.
+	runContext context.Context
+
 	locks         *dirLocks
 	serverBackoff discovery.ServerBackoff // servers that failed, across scans
 	problemMu     sync.Mutex
@@ -221,6 +227,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 		d.metrics.NotebooksOnlyWith(cfg.MetricsToken)
 	}
 	d.hist = newHistoryParts(cfg.Interval)
+	d.ooms, d.snapshots, d.runContext = newOOMLog(), newSnapshotStore(), context.Background()
 	return d, nil
 }
 
@@ -239,6 +246,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	d.runContext = ctx // before the API serves: its handlers read it
 	var ms *metrics.Server
 	if d.cfg.MetricsAddr != "" {
 		if ms, err = metrics.Listen(ctx, d.cfg.MetricsAddr, d.cfg.MetricsAllowRemote, d.metrics.Handler(), d.log); err != nil {
@@ -300,8 +308,11 @@ loop:
 	// Discovery first: a scan still running may follow a kernel (d.wg) or
 	// serve the socket anew (sock) until it returns.
 	parts.Wait()
-	d.wg.Wait() // kernel goroutines close their clients: detached, kernels untouched
+	// The API next: its handlers start work in d.wg (a snapshot's
+	// reduction), which must not begin once d.wg is waited for.
 	sock.wait()
+	d.wg.Wait() // kernel goroutines close their clients: detached, kernels untouched
+	d.closeSnapshots()
 	_ = os.Remove(d.alertFile())
 	d.log.Info().Msg("gpumem serve stopped; kernels left untouched")
 	return runErr

@@ -114,6 +114,7 @@ func (d *Daemon) sample(ctx context.Context) {
 	attribution.AddPods(&rep, obs.Table, d.pods)
 	culls := d.cull(ctx, &rep)
 	sampledAt := d.recordHistory(time.Now(), &rep)
+	d.ooms.annotate(&rep)
 	elapsed := time.Since(start)
 	d.mu.Lock()
 	attached := 0

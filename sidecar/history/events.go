@@ -1,13 +1,19 @@
 package history
 
-import "sync"
+import (
+	"sync"
 
-// Event is something the daemon did that a user should hear about once:
-// today, the end of a restarted or shut-down kernel's orphans.
+	"github.com/gpumem/gpumem/sidecar/oom"
+)
+
+// Event is something a user should hear about once: the end of a
+// restarted or shut-down kernel's orphans ("reclaim"), an out-of-memory
+// error in a kernel ("oom"), or a memory snapshot reduced ("snapshot": its
+// Reason is the snapshot's id, Bytes its file's size).
 type Event struct {
 	Seq      uint64 `json:"seq"`  // increasing from 1: a reader asks for what came after
 	Time     int64  `json:"time"` // unix seconds
-	Kind     string `json:"kind"` // "reclaim"
+	Kind     string `json:"kind"` // "reclaim", "oom" or "snapshot"
 	KernelID string `json:"kernel_id"`
 	// ConnectionFile is the kernel's identity (ids are not unique).
 	ConnectionFile string `json:"connection_file,omitempty"`
@@ -17,6 +23,9 @@ type Event struct {
 	// Processes ended and the GPU memory they held.
 	Processes int    `json:"processes"`
 	Bytes     uint64 `json:"bytes"`
+	// OOM is the out-of-memory event (kind "oom"); Bytes is then its
+	// request and Reason its headline.
+	OOM *oom.Event `json:"oom,omitempty"`
 }
 
 // Events keeps the last Capacity events. It is safe for concurrent use.
@@ -38,6 +47,11 @@ func (l *Events) Add(e Event) uint64 {
 	defer l.mu.Unlock()
 	e.Seq = l.next
 	l.next++
+	if e.OOM != nil { // the event's own copy, numbered like it
+		o := *e.OOM
+		o.Seq = e.Seq
+		e.OOM = &o
+	}
 	if len(l.ring) == EventCapacity {
 		copy(l.ring, l.ring[1:])
 		l.ring = l.ring[:EventCapacity-1]

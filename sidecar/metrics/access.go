@@ -37,6 +37,7 @@ func (m *Metrics) NotebooksOnlyWith(token string) {
 		m.reclaimedBytes,
 		m.reclaimedProcs,
 		m.culled,
+		m.oom.byUser,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

@@ -231,6 +231,7 @@ type Metrics struct {
 	reclaimedBytes prometheus.Counter
 	reclaimedProcs prometheus.Counter
 	culled         *prometheus.CounterVec
+	oom            oomCounters
 }
 
 // Option changes what New's registry exports.
@@ -266,6 +267,7 @@ func New(src Source, log zerolog.Logger, opts ...Option) *Metrics {
 			Name: "gpumem_culled_kernels_total",
 			Help: "Idle kernels holding GPU memory that GPU-aware culling acted on, by action (report, free, shutdown).",
 		}, []string{"action"}),
+		oom: newOOMCounters(coll.perNotebook),
 	}
 	m.reg.MustRegister(
 		coll,
@@ -273,6 +275,7 @@ func New(src Source, log zerolog.Logger, opts ...Option) *Metrics {
 		m.reclaimedBytes,
 		m.reclaimedProcs,
 		m.culled,
+		m.oom.full(),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

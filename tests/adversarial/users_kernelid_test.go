@@ -105,7 +105,7 @@ func startSameIDKernels(t *testing.T) sameIDKernels {
 	t.Helper()
 	testenv.Require(t, "ipykernel", "jupyter_client", "torch")
 	alice, bob := testenv.MakeUser(t, "ka"), testenv.MakeUser(t, "kb")
-	id := fmt.Sprintf("%s-%s-%s-%s-%s", testenv.RandomHex(4), testenv.RandomHex(2), testenv.RandomHex(2), testenv.RandomHex(2), testenv.RandomHex(6))
+	id := testenv.NewKernelID()
 
 	// Bob's kernel, running first, its file named after alice's id.
 	bobFile := filepath.Join(bob.Home, "d", "kernel-"+id+".json")

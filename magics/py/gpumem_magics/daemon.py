@@ -1,7 +1,8 @@
 """Talking to gpumem serve's local API (a unix socket): the driver's
 (NVML) figure for this kernel, %gpumem top, the join of %gpumem why's
-data with the driver's per-process figures, and ending this kernel's
-worker processes."""
+data with the driver's per-process figures, ending this kernel's worker
+processes, and the requests of the out-of-memory report and of snapshots
+(sidecar_post)."""
 
 import os
 
@@ -175,7 +176,7 @@ def _post_kernel(what, body, timeout):
 
     path = "/api/v1/kernels/%s/%s" % (quote(state.config["kernel_id"], safe=""), what)
     raw = None if body is None else json.dumps(body).encode("utf-8")
-    status, reply = sidecar_request("POST", path, raw, timeout)
+    status, reply = sidecar_request("POST", path, timeout, raw)
     if status == 0:
         return None, "gpumem serve did not answer on %s (%s)" % (state.sidecar_socket(), reply.decode("utf-8", "replace")[:200])
     if status != 200:
@@ -187,10 +188,18 @@ def _post_kernel(what, body, timeout):
 
 
 def sidecar_get(path, timeout):
-    return sidecar_request("GET", path, None, timeout)
+    return sidecar_request("GET", path, timeout)
 
 
-def sidecar_request(method, path, body, timeout):
+def sidecar_post(path, body, timeout):
+    """POSTs body (a dict, as JSON) to gpumem serve; (status, reply bytes),
+    status 0 when it did not answer."""
+    import json
+
+    return sidecar_request("POST", path, timeout, json.dumps(body).encode("utf-8"))
+
+
+def sidecar_request(method, path, timeout, body=None):
     import http.client
     import socket
 
@@ -208,10 +217,10 @@ def sidecar_request(method, path, body, timeout):
             self.sock = s
 
     conn = _UnixConn("local-gpumem.sock", timeout=timeout)
+    headers = {"Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
     try:
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = "application/json"
         conn.request(method, path, body=body, headers=headers)
         resp = conn.getresponse()
         return resp.status, resp.read()

@@ -1,30 +1,18 @@
 """The %gpumem magic and what the bootstrap calls: configure, install,
-uninstall, api_free, api_render, api_status."""
+uninstall, api_free, api_render, api_status. It registers the
+out-of-memory report's post_run_cell hook (oom.py)."""
 
 import os
 import sys
 
-from . import alerts, daemon, freeing, hygiene, render, reports, state, why, whymagic
+from . import alerts, daemon, freeing, hygiene, oom, recording, reports, state, why, whymagic
+from .display import rendered, show
 
 USAGE = (
     "usage: %gpumem [vars [--all-devices] | why [--device N] [--all-devices] [--budget S] | "
-    "free [NAME ...] [--all] [--keep NAME ...] [--dry-run] | free --children | help]"
+    "free [NAME ...] [--all] [--keep NAME ...] [--dry-run] | free --children | top"
+    " | record on [--max-entries N] | record off | snapshot | help]"
 )
-
-
-def show(data):
-    """Displays a data dict as text, HTML and gpumem's own mime type."""
-    text, html = rendered(data)
-    from IPython.display import display
-
-    display({"text/plain": text, "text/html": html, state.MIME: data}, raw=True)
-
-
-def rendered(data):
-    try:
-        return render.render(data)
-    except Exception as e:
-        return render.render({"kind": "error", "message": "rendering failed: %s" % state.short_exc(e)})
 
 
 def gpumem(line="", cell=None):
@@ -71,6 +59,13 @@ def _line(args):
         show(freeing.free_data(names, opts["all"], keep, opts["dry_run"], opts["all_devices"]))
     elif cmd == "top":
         show(daemon.top_data())
+    elif cmd == "record":
+        show(recording.record_data(args[1:]))
+    elif cmd == "snapshot":
+        if args[1:]:
+            show({"kind": "error", "message": "%%gpumem snapshot takes no arguments; %s" % USAGE})
+        else:
+            show(recording.snapshot_data())
     elif cmd in ("help", "-h", "--help"):
         show({"kind": "help", "version": state.version})
     else:
@@ -86,6 +81,7 @@ def install(shell, config):
     """Registers the magics in shell. Called by the bootstrap."""
     configure(shell, config)
     shell.register_magic_function(gpumem, "line_cell", "gpumem")
+    shell.events.register("post_run_cell", oom.oom_hook)
     if state.config.get("notebook_alerts"):
         shell.events.register("pre_run_cell", alerts.alert_hook)
 
@@ -96,11 +92,13 @@ def uninstall():
     shell = state.shell
     if shell is None:
         return
-    try:
-        if alerts.alert_hook in shell.events.callbacks.get("pre_run_cell", []):
-            shell.events.unregister("pre_run_cell", alerts.alert_hook)
-    except Exception:
-        pass
+    hooks = (("pre_run_cell", alerts.alert_hook), ("post_run_cell", oom.oom_hook), ("post_run_cell", recording.armed_hook))
+    for event, hook in hooks:
+        try:
+            if hook in shell.events.callbacks.get(event, []):
+                shell.events.unregister(event, hook)
+        except Exception:
+            pass
     try:
         mm = shell.magics_manager
         for kind in ("line", "cell"):

@@ -1,9 +1,10 @@
-"""Renders a data dict (kind summary, vars, free, cell, help, top, why,
-children, error)
-as text/plain and text/html. Pure: the data dict is all it reads, so the
-renderings are deterministic; `gpumem free` prints the same text."""
+"""Renders a data dict (kind summary, vars, free, cell, help, top, error;
+why and children in render_why.py; oom, record and snapshot in
+render_oom.py) as text/plain and text/html. Pure: the data dict is all it
+reads, so the renderings are deterministic; `gpumem free` prints the same
+text."""
 
-from . import layout, render_why, units
+from . import layout, render_oom, render_why, units
 
 
 def render(data):
@@ -19,6 +20,9 @@ def render(data):
         "why": render_why.render_why,
         "children": render_why.render_children,
         "error": _render_error,
+        "oom": render_oom.render_oom,
+        "record": render_oom.render_record,
+        "snapshot": render_oom.render_snapshot,
     }.get(kind, _render_error)
     return fn(data)
 
@@ -333,6 +337,8 @@ _HELP = [
         "every byte of this kernel's GPU memory in one row, with who holds it and the fix",
     ),
     ("%gpumem free --children", "end this kernel's GPU-holding worker processes (never the kernel; needs gpumem serve)"),
+    ("%gpumem record on [--max-entries N]", "record PyTorch's memory history (off by default; `record off` stops it)"),
+    ("%gpumem snapshot", "save PyTorch's memory snapshot (memory_viz's .pickle); gpumem serve draws it in JupyterLab"),
     ("%gpumem help", "this help"),
 ]
 
@@ -344,6 +350,7 @@ def _render_help(data):
         "Hidden references: Out/_oh, _, __, ___, _N, the displayhook, last_execution_result, "
         "sys.last_* and the frames of a saved traceback keep objects alive after `del`.",
         "Only a kernel restart frees the CUDA context (about 0.5 GiB per GPU) and TensorFlow's memory.",
+        "A cell that runs out of GPU memory gets a report under its traceback: who holds the GPU, and what would free it.",
     ]
     text = [title, ""] + layout.pad(rows, ["command", "what it does"]) + [""] + foot
     body = layout.html_table(["command", "what it does"], rows) + layout.html_lines(foot, "dim")

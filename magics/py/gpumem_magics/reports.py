@@ -32,27 +32,36 @@ def summary_data():
                 )
         data["context_note"] = note
     try:
-        # Hidden bytes that no user variable also holds.
-        user_keys = set()
-        for _n, v in holders.user_vars(state.shell):
-            for key, _b, _d in holders.holdings(v)[0]:
-                user_keys.add(key)
-        hb, refs = 0, []
-        for ref, obj, _w in holders.hidden_holders(state.shell):
-            extra = 0
-            for key, n, dev in holders.holdings(obj)[0]:
-                if holders.is_gpu(dev) and key not in user_keys:
-                    user_keys.add(key)
-                    extra += n
-            if extra:
-                hb += extra
-                refs.append(ref)
-        if hb:
-            data["hidden"] = {"bytes": hb, "refs": refs}
+        hid = hidden_only(state.shell)
+        if hid["bytes"]:
+            data["hidden"] = {"bytes": hid["bytes"], "refs": hid["refs"]}
     except Exception:
         pass
     data["advice"] = _advice(data)
     return data
+
+
+def hidden_only(shell):
+    """GPU memory that only IPython's own references hold (no user variable
+    holds it too): {"bytes", "refs", "traceback_bytes"}, the last the part
+    held by saved tracebacks' frames."""
+    user_keys = set()
+    for _n, v in holders.user_vars(shell):
+        for key, _b, _d in holders.holdings(v)[0]:
+            user_keys.add(key)
+    hb, tb, refs = 0, 0, []
+    for ref, obj, what in holders.hidden_holders(shell):
+        extra = 0
+        for key, n, dev in holders.holdings(obj)[0]:
+            if holders.is_gpu(dev) and key not in user_keys:
+                user_keys.add(key)
+                extra += n
+        if extra:
+            hb += extra
+            refs.append(ref)
+            if what == "saved traceback":
+                tb += extra
+    return {"bytes": hb, "refs": refs, "traceback_bytes": tb}
 
 
 def _advice(data):

@@ -1,0 +1,263 @@
+// Out-of-memory errors and memory snapshots, as gpumem serve computes them:
+// the event's types, the pure shaping of what the panel shows (unit-tested
+// in oom.test.ts), and the DOM of the report and of a snapshot. Nothing is
+// derived here that the daemon did not say: the holders, the advice and the
+// headline are its own. Self-contained, so that the panel's layout can
+// change around it.
+
+import type uPlot from 'uplot';
+
+import { formatBytes } from './format';
+import { formatDuration } from './model';
+
+export interface OOMHolder {
+  kind: 'notebook' | 'process';
+  self?: boolean;
+  user: string;
+  bytes: number;
+  state?: string;
+  idle_seconds?: number;
+  kernel_id?: string;
+  notebook?: string;
+  pids?: number[];
+  command?: string;
+  hidden?: boolean;
+}
+
+export interface OOMEvent {
+  seq: number;
+  time: number;
+  kernel_id: string;
+  notebook: string;
+  user: string;
+  framework: string;
+  error: string;
+  message: string;
+  requested_bytes: number;
+  cell: { execution_count?: number; line?: number; source?: string };
+  kernel: {
+    allocated_bytes: number;
+    reserved_bytes: number;
+    releasable_bytes: number;
+    fragmented_bytes: number;
+    ipython_bytes: number;
+    ipython_refs?: string[];
+    traceback_bytes: number;
+  };
+  gpu: { index: number; name: string; total_bytes: number; used_bytes: number; free_bytes: number; simulated: boolean } | null;
+  holders: OOMHolder[];
+  advice: string;
+  headline: string;
+  view?: string;
+}
+
+/** An event of the daemon's log with what it carries for these kinds. */
+export interface LogEvent {
+  seq: number;
+  kind: string;
+  kernel_id: string;
+  notebook: string;
+  reason: string;
+  oom?: OOMEvent;
+}
+
+/** The out-of-memory events among new events, each once (by sequence number). */
+export function newOOMs(events: LogEvent[], seen: Set<number>): OOMEvent[] {
+  const out: OOMEvent[] = [];
+  for (const ev of events) {
+    if (ev.kind === 'oom' && ev.oom && !seen.has(ev.seq)) {
+      seen.add(ev.seq);
+      out.push(ev.oom);
+    }
+  }
+  return out;
+}
+
+/** "this kernel", "user b's notebook", "train.ipynb", a command. */
+export function holderName(h: OOMHolder): string {
+  if (h.self) {
+    return 'this kernel';
+  }
+  if (h.hidden) {
+    return `user ${h.user || '?'}'s ${h.kind === 'notebook' ? 'notebook' : 'process'}`;
+  }
+  if (h.kind === 'process') {
+    return (h.command || `pid ${h.pids?.[0] ?? '?'}`).slice(0, 60);
+  }
+  const nb = h.notebook || '';
+  return nb ? nb.slice(nb.lastIndexOf('/') + 1) : `kernel ${(h.kernel_id || '').slice(0, 8)}`;
+}
+
+/** One line per fact of the report, in the panel's order. */
+export function reportLines(ev: OOMEvent): string[] {
+  const lines: string[] = [];
+  const c = ev.cell || {};
+  let where = ev.notebook ? ev.notebook.slice(ev.notebook.lastIndexOf('/') + 1) : `kernel ${ev.kernel_id.slice(0, 8)}`;
+  if (c.execution_count) {
+    where += `, cell [${c.execution_count}]` + (c.line ? `, line ${c.line}` : '');
+  }
+  lines.push(`${where}: asked for ${ev.requested_bytes ? formatBytes(ev.requested_bytes) : 'an unknown amount'} (${ev.error})`);
+  if (c.source) {
+    lines.push(c.source);
+  }
+  const k = ev.kernel;
+  const cached = Math.max(0, k.reserved_bytes - k.allocated_bytes);
+  lines.push(
+    `this kernel: ${formatBytes(k.allocated_bytes)} allocated, ${formatBytes(cached)} cached` +
+      (cached ? ` (${formatBytes(k.releasable_bytes)} releasable, ${formatBytes(k.fragmented_bytes)} fragmented)` : '')
+  );
+  if (k.ipython_bytes) {
+    lines.push(`held only by IPython: ${formatBytes(k.ipython_bytes)} (${(k.ipython_refs || []).join(', ')})`);
+  }
+  if (ev.gpu) {
+    const g = ev.gpu;
+    lines.push(
+      `GPU ${g.index} ${g.name}${g.simulated ? ' (simulated)' : ''}: ${formatBytes(g.used_bytes)} of ${formatBytes(g.total_bytes)} used, ${formatBytes(g.free_bytes)} free`
+    );
+  }
+  return lines;
+}
+
+function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls = '', text = ''): HTMLElementTagNameMap[K] {
+  const e = document.createElement(tag);
+  if (cls) {
+    e.className = cls;
+  }
+  if (text) {
+    e.textContent = text;
+  }
+  return e;
+}
+
+/** The report's DOM (text only: nothing the kernel sent becomes markup). */
+export function reportNode(ev: OOMEvent): HTMLElement {
+  const box = el('div', 'jp-gpumem-report');
+  box.dataset.gpumem = 'oom-report';
+  box.appendChild(el('div', 'jp-gpumem-report-head', ev.headline));
+  for (const line of reportLines(ev)) {
+    box.appendChild(el('div', '', line));
+  }
+  if (ev.holders.length) {
+    const table = el('table', 'jp-gpumem-table');
+    table.dataset.gpumem = 'oom-holders';
+    const head = el('tr');
+    for (const h of ['holder', 'user', 'memory', 'state']) {
+      head.appendChild(el('th', '', h));
+    }
+    table.appendChild(head);
+    for (const h of ev.holders) {
+      const tr = el('tr');
+      const state = h.state === 'idle' && h.idle_seconds ? `idle ${formatDuration(h.idle_seconds)}` : h.state || '';
+      tr.append(el('td', '', holderName(h)), el('td', '', h.user), el('td', 'jp-gpumem-num', formatBytes(h.bytes)), el('td', '', state));
+      table.appendChild(tr);
+    }
+    box.appendChild(table);
+  }
+  if (ev.advice) {
+    const a = el('div', 'jp-gpumem-report-advice', `advice: ${ev.advice}`);
+    a.dataset.gpumem = 'oom-advice';
+    box.appendChild(a);
+  }
+  return box;
+}
+
+// ---- memory snapshots: the daemon's reduction (sidecar/snapshot) ----
+
+export interface SnapshotFrame {
+  filename: string;
+  line: number;
+  name: string;
+}
+
+export interface SnapshotReduction {
+  schema: number;
+  devices: {
+    device: number;
+    segments: { count: number; reserved_bytes: number; allocated_bytes: number; inactive_bytes: number; truncated?: boolean };
+    top_stacks: { stack: number; bytes: number; count: number }[];
+    ooms: { time_us: number; requested_bytes: number; stack: number }[];
+    timeline: { time_us: number[]; allocated: number[]; reserved: number[] };
+    entries: number;
+  }[];
+  stacks: { id: number; frames: SnapshotFrame[]; frames_total: number; where?: SnapshotFrame }[];
+}
+
+/** A stack's one line: where it asked, else its innermost frame. */
+export function stackLine(s: { frames: SnapshotFrame[]; where?: SnapshotFrame } | undefined): string {
+  const f = s?.where ?? s?.frames[0];
+  if (!f) {
+    return '(no Python frame)';
+  }
+  return `${f.filename.slice(f.filename.lastIndexOf('/') + 1)}:${f.line} in ${f.name}`;
+}
+
+/** uPlot's data for one device's timeline: seconds since its start, then bytes allocated and reserved. */
+export function timelineData(t: { time_us: number[]; allocated: number[]; reserved: number[] }): [number[], number[], number[]] {
+  const t0 = t.time_us.length ? t.time_us[0] : 0;
+  return [t.time_us.map(v => (v - t0) / 1e6), t.allocated, t.reserved];
+}
+
+/**
+ * Draws a reduction into box: per device its segments' totals, the
+ * timeline (uPlot) and the top stacks; rawUrl downloads the pickle that
+ * pytorch.org/memory_viz opens. Resolves when drawn.
+ */
+export async function drawSnapshot(box: HTMLElement, red: SnapshotReduction, rawUrl: string, width: number): Promise<void> {
+  const UPlot = (await import('uplot')).default;
+  box.replaceChildren();
+  box.dataset.gpumem = 'snapshot';
+  const dl = el('a', 'jp-gpumem-button', 'Download the .pickle (pytorch.org/memory_viz opens it)');
+  dl.href = rawUrl;
+  dl.download = '';
+  dl.dataset.gpumem = 'snapshot-download';
+  box.appendChild(dl);
+  const stacks = new Map(red.stacks.map(s => [s.id, s]));
+  for (const d of red.devices) {
+    const s = d.segments;
+    box.appendChild(
+      el(
+        'div',
+        'jp-gpumem-report-head',
+        `cuda:${d.device}: ${s.count} segments, ${formatBytes(s.reserved_bytes)} reserved, ${formatBytes(s.allocated_bytes)} allocated, ${formatBytes(s.inactive_bytes)} cached; ${d.entries} trace entries`
+      )
+    );
+    if (d.timeline.time_us.length) {
+      const plot = el('div', 'jp-gpumem-snapshot-plot');
+      plot.dataset.points = String(d.timeline.time_us.length);
+      box.appendChild(plot);
+      const opts: uPlot.Options = {
+        width,
+        height: 160,
+        legend: { show: true, live: false },
+        cursor: { show: false },
+        scales: { x: { time: false } },
+        axes: [{ label: 's' }, { values: (_u, vals) => vals.map(v => formatBytes(v)), size: 70 }],
+        series: [
+          {},
+          { label: 'allocated', stroke: '#1f77b4', width: 1, points: { show: false } },
+          { label: 'reserved', stroke: '#ff7f0e', width: 1, points: { show: false } }
+        ]
+      };
+      new UPlot(opts, timelineData(d.timeline) as uPlot.AlignedData, plot);
+    }
+    const table = el('table', 'jp-gpumem-table');
+    table.dataset.gpumem = 'snapshot-stacks';
+    const head = el('tr');
+    for (const h of ['allocated at', 'memory', 'blocks']) {
+      head.appendChild(el('th', '', h));
+    }
+    table.appendChild(head);
+    for (const ts of d.top_stacks.slice(0, 10)) {
+      const tr = el('tr');
+      const st = stacks.get(ts.stack);
+      const cell = el('td', '', stackLine(st));
+      cell.title = (st?.frames ?? []).map(f => `${f.filename}:${f.line} ${f.name}`).join('\n');
+      tr.append(cell, el('td', 'jp-gpumem-num', formatBytes(ts.bytes)), el('td', 'jp-gpumem-num', String(ts.count)));
+      table.appendChild(tr);
+    }
+    box.appendChild(table);
+    for (const o of d.ooms) {
+      box.appendChild(el('div', 'jp-gpumem-report-advice', `out of memory asking ${formatBytes(o.requested_bytes)} at ${stackLine(stacks.get(o.stack))}`));
+    }
+  }
+}

@@ -1,0 +1,165 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+
+	"github.com/gpumem/gpumem/sidecar/oom"
+)
+
+// OOMBackend is what the out-of-memory endpoints need. A Backend that does
+// not implement it answers 404 there.
+type OOMBackend interface {
+	// RecordOOM records an out-of-memory error of kernel k (the caller is
+	// one of its processes) and returns the whole event. Errors wrapping
+	// ErrTooMany are answered 429.
+	RecordOOM(ctx context.Context, k KernelRef, req oom.Request) (oom.Event, error)
+	// OOMEvents is every event recorded and still kept, oldest first.
+	OOMEvents(ctx context.Context) ([]oom.Event, error)
+}
+
+// ErrTooMany is wrapped by an OOMBackend's error for a kernel that reports
+// more errors than any cell could raise.
+var ErrTooMany = errors.New("too many reports")
+
+// OOMEventsResponse is the reply of GET /api/v1/oom.
+type OOMEventsResponse struct {
+	Events []oom.Event `json:"events"`
+}
+
+// oomRoutes adds POST /api/v1/oom (a kernel reports its own error) and
+// GET /api/v1/oom (the events the caller may see).
+func (s *Server) oomRoutes(route func(string, access, func(http.ResponseWriter, *http.Request, caller)), allow map[string]string) {
+	route("POST /api/v1/oom", accessAnyone, s.serveRecordOOM)
+	route("GET /api/v1/oom", accessUser, s.serveOOMEvents)
+	allow["/api/v1/oom"] = "GET, HEAD, POST"
+}
+
+// callerKernel is the kernel the caller's process belongs to, for the
+// endpoints where a kernel speaks for itself: the kernel is never named by
+// the caller, so no kernel can speak for another. It is the kernel whose
+// live tree holds the caller's SO_PEERCRED pid, by its connection file
+// (KernelOfPID), and the uid must be the kernel's owner's (a pid reused
+// by another user is not the kernel). Its entry is the last report's.
+func (s *Server) callerKernel(ctx context.Context, c caller) (KernelRef, error) {
+	if c.peer.PID <= 0 {
+		return KernelRef{}, fmt.Errorf("the caller's pid is not visible to the daemon (another pid namespace): only a kernel's own process may use this endpoint")
+	}
+	file, owner, ok := s.backend.KernelOfPID(ctx, c.peer.PID)
+	if !ok || owner != c.peer.UID {
+		return KernelRef{}, fmt.Errorf("pid %d (uid %d) is not a process of a kernel the daemon follows: only a kernel's own process may use this endpoint", c.peer.PID, c.peer.UID)
+	}
+	rep, err := s.backend.Report(ctx)
+	if err != nil {
+		return KernelRef{}, fmt.Errorf("no GPU memory snapshot: %w", err)
+	}
+	for _, nb := range rep.Notebooks {
+		if nb.ConnectionFile == file {
+			return KernelRef{ID: nb.KernelID, ConnectionFile: file, Notebook: nb}, nil
+		}
+	}
+	return KernelRef{}, fmt.Errorf("the kernel of pid %d (connection file %s) is not in the daemon's last sample yet: try again: %w", c.peer.PID, file, ErrKernelNotFound)
+}
+
+func (s *Server) serveRecordOOM(w http.ResponseWriter, r *http.Request, c caller) {
+	ob, ok := s.backend.(OOMBackend)
+	if !ok {
+		s.writeError(w, r, http.StatusNotFound, "this daemon records no out-of-memory errors")
+		return
+	}
+	k, err := s.callerKernel(r.Context(), c)
+	if err != nil {
+		s.writeCallerKernelError(w, r, err)
+		return
+	}
+	var req oom.Request
+	if status, err := decodeJSONBody(w, r, oom.MaxRequestBody, &req); err != nil {
+		s.writeError(w, r, status, "out-of-memory report: "+err.Error())
+		return
+	}
+	if err := req.Clean(); err != nil {
+		s.writeError(w, r, http.StatusBadRequest, "out-of-memory report: "+err.Error())
+		return
+	}
+	ev, err := ob.RecordOOM(r.Context(), k, req)
+	switch {
+	case errors.Is(err, ErrTooMany):
+		s.writeError(w, r, http.StatusTooManyRequests, err.Error())
+		return
+	case errors.Is(err, ErrKernelNotFound):
+		s.writeError(w, r, http.StatusNotFound, err.Error())
+		return
+	case err != nil:
+		s.writeError(w, r, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	if c.role == roleUser {
+		ev = ev.For(c.user)
+	}
+	s.writeJSON(w, r, http.StatusOK, ev)
+}
+
+func (s *Server) serveOOMEvents(w http.ResponseWriter, r *http.Request, c caller) {
+	ob, ok := s.backend.(OOMBackend)
+	if !ok {
+		s.writeError(w, r, http.StatusNotFound, "this daemon records no out-of-memory errors")
+		return
+	}
+	evs, err := ob.OOMEvents(r.Context())
+	if err != nil {
+		s.writeError(w, r, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	out := OOMEventsResponse{Events: []oom.Event{}}
+	for _, ev := range evs {
+		if c.role == roleUser {
+			if ev.User != c.user {
+				continue
+			}
+			ev = ev.For(c.user)
+		}
+		out.Events = append(out.Events, ev)
+	}
+	s.writeJSON(w, r, http.StatusOK, out)
+}
+
+// writeCallerKernelError answers callerKernel's error: 404 for a kernel
+// not sampled yet, 403 for a caller that is no kernel's process.
+func (s *Server) writeCallerKernelError(w http.ResponseWriter, r *http.Request, err error) {
+	status := http.StatusForbidden
+	if errors.Is(err, ErrKernelNotFound) {
+		status = http.StatusNotFound
+	}
+	s.writeError(w, r, status, err.Error())
+}
+
+// decodeJSONBody reads a JSON object of at most limit bytes with a JSON
+// content type (which a browser cannot send without a CORS preflight).
+// It returns the status to answer with an error.
+func decodeJSONBody(w http.ResponseWriter, r *http.Request, limit int64, into any) (int, error) {
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		return http.StatusUnsupportedMediaType, errors.New("the body must have Content-Type application/json")
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return http.StatusRequestEntityTooLarge, fmt.Errorf("the body is over %d bytes", limit)
+		}
+		return http.StatusBadRequest, fmt.Errorf("read the body: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(into); err != nil {
+		return http.StatusBadRequest, fmt.Errorf("decode the body: %w", err)
+	}
+	if dec.More() {
+		return http.StatusBadRequest, errors.New("trailing data after the JSON object")
+	}
+	return 0, nil
+}

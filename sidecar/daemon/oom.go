@@ -1,0 +1,142 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gpumem/gpumem/sidecar/api"
+	"github.com/gpumem/gpumem/sidecar/attribution"
+	"github.com/gpumem/gpumem/sidecar/history"
+	"github.com/gpumem/gpumem/sidecar/oom"
+)
+
+// A kernel reports an out-of-memory error once per cell that raised one
+// (its post_run_cell hook): more than this many a minute is not cells.
+const (
+	oomBurst  = 20
+	oomWindow = time.Minute
+)
+
+// oomLog is what the daemon remembers of out-of-memory errors per kernel:
+// counts for `gpumem ls --json` (the events themselves live in the
+// history's event log) and the recent reports, to refuse a flood.
+type oomLog struct {
+	mu      sync.Mutex
+	summary map[string]*attribution.OOMSummary // by connection file
+	recent  map[string][]time.Time             // by connection file
+}
+
+func newOOMLog() *oomLog {
+	return &oomLog{summary: map[string]*attribution.OOMSummary{}, recent: map[string][]time.Time{}}
+}
+
+// allow says whether the kernel of connFile may report one more error at now.
+func (l *oomLog) allow(connFile string, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	keep := l.recent[connFile][:0]
+	for _, t := range l.recent[connFile] {
+		if now.Sub(t) < oomWindow {
+			keep = append(keep, t)
+		}
+	}
+	if len(keep) >= oomBurst {
+		l.recent[connFile] = keep
+		return false
+	}
+	l.recent[connFile] = append(keep, now)
+	return true
+}
+
+func (l *oomLog) record(ev oom.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.summary[ev.ConnectionFile]
+	if s == nil {
+		s = &attribution.OOMSummary{}
+		l.summary[ev.ConnectionFile] = s
+	}
+	s.Count++
+	s.LastTime, s.LastRequestedBytes, s.LastEvent, s.LastGPU = ev.Time, ev.RequestedBytes, ev.Seq, nil
+	if ev.GPU != nil {
+		g := ev.GPU.Index
+		s.LastGPU = &g
+	}
+}
+
+// annotate sets each notebook's OOM summary in rep and forgets kernels no
+// longer in it.
+func (l *oomLog) annotate(rep *attribution.Report) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	present := map[string]bool{}
+	for i := range rep.Notebooks {
+		file := rep.Notebooks[i].ConnectionFile
+		present[file] = true
+		if s := l.summary[file]; s != nil {
+			c := *s
+			rep.Notebooks[i].OOM = &c
+		}
+	}
+	for file := range l.summary {
+		if !present[file] {
+			delete(l.summary, file)
+		}
+	}
+	for file := range l.recent {
+		if !present[file] {
+			delete(l.recent, file)
+		}
+	}
+}
+
+// RecordOOM implements api.OOMBackend: the event of an out-of-memory error
+// that a process of kernel k reported, assessed against the last sample,
+// kept in the event log, counted and logged.
+func (d *Daemon) RecordOOM(ctx context.Context, k api.KernelRef, req oom.Request) (oom.Event, error) {
+	now := time.Now()
+	d.mu.Lock()
+	rep, sampledAt := d.last.Report, d.last.SampledAt
+	d.mu.Unlock()
+	if sampledAt.IsZero() {
+		return oom.Event{}, errors.New("no sample yet: the daemon started less than --interval ago")
+	}
+	if !d.ooms.allow(k.ConnectionFile, now) {
+		return oom.Event{}, fmt.Errorf("kernel %s reported more than %d out-of-memory errors in %v: %w", k.ID, oomBurst, oomWindow, api.ErrTooMany)
+	}
+	ev := oom.Assess(rep, k.ID, k.ConnectionFile, req, sampledAt, now)
+	ev.Seq = d.hist.events.Add(history.Event{Time: ev.Time, Kind: "oom", KernelID: k.ID, ConnectionFile: k.ConnectionFile,
+		Notebook: ev.Notebook, User: ev.User, Reason: ev.Headline, Bytes: ev.RequestedBytes, OOM: &ev})
+	d.ooms.record(ev)
+	gpu := "unknown"
+	if ev.GPU != nil {
+		gpu = strconv.Itoa(ev.GPU.Index)
+	}
+	d.metrics.AddOOM(ev.Notebook, ev.User, gpu)
+	d.log.Warn().Str("kernel_id", k.ID).Str("connection_file", k.ConnectionFile).Str("notebook", ev.Notebook).Str("user", ev.User).Str("gpu", gpu).
+		Str("framework", ev.Framework).Uint64("requested_bytes", ev.RequestedBytes).Str("advice", ev.Advice).
+		Msg("out-of-memory error in a kernel")
+	return ev, nil
+}
+
+// OOMEvents implements api.OOMBackend: the out-of-memory events still in
+// the event log, oldest first.
+func (d *Daemon) OOMEvents(ctx context.Context) ([]oom.Event, error) {
+	evs, _ := d.hist.events.After(0)
+	out := []oom.Event{}
+	for _, e := range evs {
+		if e.Kind == "oom" && e.OOM != nil {
+			out = append(out, *e.OOM)
+		}
+	}
+	return out, nil
+}
+
+var (
+	_ api.OOMBackend      = (*Daemon)(nil)
+	_ api.SnapshotBackend = (*Daemon)(nil)
+)

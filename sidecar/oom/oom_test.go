@@ -1,0 +1,355 @@
+package oom
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gpumem/gpumem/sidecar/attribution"
+)
+
+const gib = 1 << 30
+
+func intp(i int) *int       { return &i }
+func strp(s string) *string { return &s }
+
+// fixture: an 80 GiB GPU 0 where train.ipynb (user a, kernel k-self)
+// holds 10 GiB, a's idle hold.ipynb 40 GiB, b's idle notebook 25 GiB and
+// a process of b 4 GiB; GPU 1 is empty.
+// cf is the fixture's connection file of a kernel id.
+func cf(id string) string { return "/rt/kernel-" + id + ".json" }
+
+func fixture() attribution.Report {
+	per := func(idx int, b uint64) []attribution.GPUBytes { return []attribution.GPUBytes{{Index: idx, Bytes: b}} }
+	return attribution.Report{
+		GPUs: []attribution.GPU{
+			{Index: 0, UUID: "GPU-aaaa-0000", Name: "H200", MemoryTotalBytes: 80 * gib, MemoryUsedBytes: 79 * gib, FreeBytes: 1 * gib},
+			{Index: 1, UUID: "GPU-bbbb-1111", Name: "H200", MemoryTotalBytes: 80 * gib, FreeBytes: 80 * gib},
+		},
+		Notebooks: []attribution.Notebook{
+			{KernelID: "k-self-0001", ConnectionFile: cf("k-self-0001"), Notebook: "/home/a/train.ipynb", User: "a", PIDs: []int{10}, GPUMemoryBytes: 10 * gib,
+				PerGPU: per(0, 10*gib), Processes: []attribution.ProcessBytes{{PID: 10, PerGPU: per(0, 10*gib)}},
+				Activity: &attribution.Activity{ExecutionState: "busy"}},
+			{KernelID: "k-hold-0002", ConnectionFile: cf("k-hold-0002"), Notebook: "/home/a/hold.ipynb", User: "a", PIDs: []int{20, 21}, GPUMemoryBytes: 40 * gib,
+				PerGPU: per(0, 40*gib), Processes: []attribution.ProcessBytes{{PID: 20, PerGPU: per(0, 30*gib)}, {PID: 21, PerGPU: per(0, 10*gib)}},
+				Activity: &attribution.Activity{ExecutionState: "idle", IdleSeconds: 180}},
+			{KernelID: "k-bbbb-0003", ConnectionFile: cf("k-bbbb-0003"), Notebook: "/home/b/secret.ipynb", User: "b", PIDs: []int{30}, GPUMemoryBytes: 25 * gib,
+				PerGPU: per(0, 25*gib), Processes: []attribution.ProcessBytes{{PID: 30, PerGPU: per(0, 25*gib)}},
+				Activity: &attribution.Activity{ExecutionState: "idle", IdleSeconds: 3 * 3600}},
+			{KernelID: "k-none-0004", ConnectionFile: cf("k-none-0004"), Notebook: "/home/a/empty.ipynb", User: "a", PIDs: []int{40}},
+		},
+		Other: []attribution.OtherProcess{{PID: 50, User: "b", Command: "/usr/bin/python3 serve.py --port 1", PerGPU: per(0, 4*gib)}},
+	}
+}
+
+func TestAssessHoldersAndGPU(t *testing.T) {
+	now := time.Unix(1000, 0)
+	ev := Assess(fixture(), "k-self-0001", cf("k-self-0001"), Request{Framework: "torch", RequestedBytes: 8 * gib, Device: Device{Ordinal: intp(0)}}, now, now)
+	if ev.GPU == nil || ev.GPU.Index != 0 || ev.GPU.FreeBytes != 1*gib {
+		t.Fatalf("gpu %+v", ev.GPU)
+	}
+	if ev.Notebook != "/home/a/train.ipynb" || ev.User != "a" {
+		t.Errorf("kernel: %q %q", ev.Notebook, ev.User)
+	}
+	var got []string
+	for _, h := range ev.Holders {
+		got = append(got, h.Kind+":"+h.User+":"+bytesText(h.Bytes)+":"+h.Notebook+h.Command)
+	}
+	want := []string{"notebook:a:40.0 GiB:/home/a/hold.ipynb", "notebook:b:25.0 GiB:/home/b/secret.ipynb",
+		"notebook:a:10.0 GiB:/home/a/train.ipynb", "process:b:4.0 GiB:/usr/bin/python3 serve.py --port 1"}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("holders:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if !ev.Holders[2].Self || ev.Holders[0].Self {
+		t.Errorf("self flags: %+v", ev.Holders)
+	}
+	if p := ev.Holders[0].PIDs; len(p) != 2 || p[0] != 20 || p[1] != 21 {
+		t.Errorf("pids of hold.ipynb: %v", p)
+	}
+	if ev.Holders[0].IdleSeconds != 180 || ev.Holders[2].IdleSeconds != 0 || ev.Holders[2].State != "busy" {
+		t.Errorf("activity: %+v %+v", ev.Holders[0], ev.Holders[2])
+	}
+}
+
+func TestResolveGPU(t *testing.T) {
+	rep := fixture()
+	self := &rep.Notebooks[0]
+	cases := []struct {
+		name string
+		d    Device
+		self *attribution.Notebook
+		want int // -1: none
+	}{
+		{"uuid wins over ordinal", Device{UUID: "bbbb-1111", Ordinal: intp(0)}, self, 1},
+		{"uuid with prefix", Device{UUID: "GPU-BBBB"}, nil, 1},
+		{"ordinal without CUDA_VISIBLE_DEVICES", Device{Ordinal: intp(1)}, nil, 1},
+		{"CUDA_VISIBLE_DEVICES renumbers", Device{Ordinal: intp(0), VisibleDevices: strp("1,0")}, nil, 1},
+		{"CUDA_VISIBLE_DEVICES by uuid", Device{Ordinal: intp(0), VisibleDevices: strp("GPU-aaaa")}, nil, 0},
+		{"ordinal past CUDA_VISIBLE_DEVICES: where the kernel holds most", Device{Ordinal: intp(3), VisibleDevices: strp("1")}, self, 0},
+		{"nothing said: where the kernel holds most", Device{}, self, 0},
+		{"nothing known", Device{}, nil, -1},
+		{"unknown index", Device{Ordinal: intp(7)}, nil, -1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			g := resolveGPU(rep, c.self, c.d)
+			got := -1
+			if g != nil {
+				got = g.Index
+			}
+			if got != c.want {
+				t.Errorf("got GPU %d, want %d", got, c.want)
+			}
+		})
+	}
+	one := attribution.Report{GPUs: rep.GPUs[:1]}
+	if g := resolveGPU(one, nil, Device{}); g == nil || g.Index != 0 {
+		t.Errorf("the only GPU: %v", g)
+	}
+}
+
+func TestAdviceAndHeadline(t *testing.T) {
+	base := func() Request { return Request{Framework: "torch", Device: Device{Ordinal: intp(0)}} }
+	cases := []struct {
+		name     string
+		kernel   string
+		req      func(r *Request)
+		report   func(r *attribution.Report)
+		advice   string
+		headline string
+	}{
+		{
+			name: "IPython holds enough: free --all, keeping the variables",
+			req: func(r *Request) {
+				r.RequestedBytes = 4 * gib
+				r.Kernel = Kernel{IPythonBytes: 12 * gib, IPythonRefs: []string{"Out[7]", "OutOfMemoryError traceback: forward() locals"},
+					Variables: []Holding{{"model", 6 * gib}, {"opt", 2 * gib}}}
+			},
+			advice:   "`%gpumem free --all --keep model,opt` returns 12.0 GiB held by Out[7] and this traceback (your variables stay)",
+			headline: "Out of memory in train.ipynb on GPU 0: 40.0 GiB held by your idle notebook hold.ipynb",
+		},
+		{
+			name: "IPython holds enough and no variable",
+			req: func(r *Request) {
+				r.RequestedBytes = 4 * gib
+				r.Kernel = Kernel{IPythonBytes: 12 * gib, IPythonRefs: []string{"Out[7]", "_7"}}
+			},
+			advice: "`%gpumem free --all` returns 12.0 GiB held by Out[7] and _7",
+		},
+		{
+			name: "too many variables to list",
+			req: func(r *Request) {
+				r.RequestedBytes = 4 * gib
+				r.Kernel = Kernel{IPythonBytes: 5 * gib, IPythonRefs: []string{"RuntimeError traceback: f() locals"},
+					Variables: []Holding{{"a", 1}}, VariablesTruncated: true}
+			},
+			advice: "5.0 GiB is held by this traceback only: `%gpumem free --all --dry-run` shows what --all would delete (your variables too; --keep NAME spares one)",
+		},
+		{
+			name: "fragmented",
+			req: func(r *Request) {
+				r.RequestedBytes = 4 * gib
+				r.Kernel = Kernel{AllocatedBytes: 1 * gib, ReservedBytes: 10 * gib, FragmentedBytes: 9 * gib}
+			},
+			advice: "fragmented: 9.0 GiB free in PyTorch's cache but no block of 4.0 GiB: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before the first CUDA use (restart the kernel)",
+		},
+		{
+			name: "fragmented but expandable already: the holders",
+			req: func(r *Request) {
+				r.RequestedBytes = 4 * gib
+				r.Kernel = Kernel{AllocatedBytes: 1 * gib, ReservedBytes: 10 * gib, ExpandableSegments: true}
+			},
+			advice: "hold.ipynb (yours, idle 3 min) holds 40.0 GiB of GPU 0: `gpumem free hold.ipynb --all` frees it, or shut its kernel down",
+		},
+		{
+			name:     "another user's idle notebook, never by path",
+			req:      func(r *Request) { r.RequestedBytes = 20 * gib },
+			report:   func(r *attribution.Report) { r.Notebooks[1].PerGPU[0].Bytes = 1 * gib; r.Notebooks[1].Processes = nil },
+			advice:   "user b's notebook, idle 3 h, holds 25.0 GiB of GPU 0: ask b, or an admin (`gpumem free` as root)",
+			headline: "Out of memory in train.ipynb on GPU 0: 25.0 GiB held by user b's idle notebook",
+		},
+		{
+			name:     "a process of another user",
+			req:      func(r *Request) { r.RequestedBytes = 4 * gib },
+			report:   func(r *attribution.Report) { r.Notebooks = r.Notebooks[:1] },
+			advice:   "a process of user b holds 4.0 GiB of GPU 0: ask b",
+			headline: "Out of memory in train.ipynb on GPU 0: 4.0 GiB held by a process of user b",
+		},
+		{
+			name: "an own process",
+			req:  func(r *Request) { r.RequestedBytes = 4 * gib },
+			report: func(r *attribution.Report) {
+				r.Notebooks = r.Notebooks[:1]
+				r.Other[0].User = "a"
+			},
+			advice:   "your process 50 (python3 serve.py) holds 4.0 GiB of GPU 0: end it if it is done",
+			headline: "Out of memory in train.ipynb on GPU 0: 4.0 GiB held by your process 50 (python3 serve.py)",
+		},
+		{
+			name: "a notebook name two notebooks share: the kernel id",
+			req:  func(r *Request) { r.RequestedBytes = 30 * gib },
+			report: func(r *attribution.Report) {
+				r.Notebooks[3].Notebook = "/home/a/old/hold.ipynb"
+			},
+			advice: "hold.ipynb (yours, idle 3 min) holds 40.0 GiB of GPU 0: `gpumem free k-hold-0 --all` frees it, or shut its kernel down",
+		},
+		{
+			name:   "nobody frees enough; this kernel holds the most",
+			req:    func(r *Request) { r.RequestedBytes = 70 * gib },
+			report: func(r *attribution.Report) { r.Notebooks[0].PerGPU[0].Bytes = 50 * gib },
+			advice: "this kernel holds 50.0 GiB of GPU 0 and asked for 70.0 GiB more: `%gpumem vars` shows what holds it; free what is no longer needed or use smaller batches",
+		},
+		{
+			name: "TensorFlow holding the GPU itself",
+			req: func(r *Request) {
+				r.Framework = "tensorflow"
+				r.RequestedBytes = 70 * gib
+			},
+			report: func(r *attribution.Report) { r.Notebooks[0].PerGPU[0].Bytes = 50 * gib },
+			advice: "this kernel holds 50.0 GiB of GPU 0 and TensorFlow returns memory only when the process exits: restart the kernel, then set tf.config.experimental.set_memory_growth before using the GPU",
+		},
+		{
+			name:   "nobody frees enough; another holds the most",
+			req:    func(r *Request) { r.RequestedBytes = 70 * gib },
+			advice: "no single holder frees enough; the biggest: hold.ipynb (yours, idle 3 min) holds 40.0 GiB of GPU 0: `gpumem free hold.ipynb --all` frees it, or shut its kernel down",
+		},
+		{
+			name:     "an empty GPU too small",
+			req:      func(r *Request) { r.RequestedBytes = 90 * gib; r.Device.Ordinal = intp(1) },
+			advice:   "GPU 1 has 80.0 GiB free and 90.0 GiB was asked: it does not fit on this GPU; use smaller batches or another GPU",
+			headline: "Out of memory in train.ipynb on GPU 1",
+		},
+		{
+			name:     "unknown GPU",
+			kernel:   "k-none-0004",
+			req:      func(r *Request) { r.RequestedBytes = 1 * gib; r.Device = Device{} },
+			advice:   "gpumem serve could not tell which GPU this was: `gpumem ls` shows who holds each GPU",
+			headline: "Out of memory in empty.ipynb: 1.0 GiB asked",
+		},
+		{
+			name:     "a kernel the daemon does not know",
+			kernel:   "k-gone",
+			req:      func(r *Request) { r.RequestedBytes = 1 * gib; r.Device = Device{} },
+			headline: "Out of memory in kernel k-gone: 1.0 GiB asked",
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rep := fixture()
+			if c.report != nil {
+				c.report(&rep)
+			}
+			req := base()
+			c.req(&req)
+			k := c.kernel
+			if k == "" {
+				k = "k-self-0001"
+			}
+			ev := Assess(rep, k, cf(k), req, time.Unix(1, 0), time.Unix(2, 0))
+			if c.advice != "" && ev.Advice != c.advice {
+				t.Errorf("advice:\n got %s\nwant %s", ev.Advice, c.advice)
+			}
+			if c.headline != "" && ev.Headline != c.headline {
+				t.Errorf("headline:\n got %s\nwant %s", ev.Headline, c.headline)
+			}
+			// Never another user's path, whatever the case.
+			for _, s := range []string{ev.Advice, ev.Headline} {
+				if strings.Contains(s, "secret") || strings.Contains(s, "k-bbbb") || strings.Contains(s, "serve.py") && !strings.Contains(c.name, "own process") {
+					t.Errorf("names another user's notebook or process: %s", s)
+				}
+			}
+		})
+	}
+}
+
+// A kernel is its connection file: another user's kernel of the same id
+// (a file named after it) is neither the event's kernel nor its Self row.
+func TestAssessByConnectionFile(t *testing.T) {
+	rep := fixture()
+	twin := rep.Notebooks[2] // b's, 25 GiB on GPU 0
+	twin.KernelID = "k-self-0001"
+	rep.Notebooks[2] = twin
+	ev := Assess(rep, "k-self-0001", cf("k-self-0001"), Request{Framework: "torch", RequestedBytes: 8 * gib, Device: Device{Ordinal: intp(0)}},
+		time.Unix(1, 0), time.Unix(2, 0))
+	if ev.User != "a" || ev.Notebook != "/home/a/train.ipynb" || ev.ConnectionFile != cf("k-self-0001") {
+		t.Errorf("event of %q %q %q, want a's train.ipynb", ev.User, ev.Notebook, ev.ConnectionFile)
+	}
+	for _, h := range ev.Holders {
+		if h.Self != (h.Notebook == "/home/a/train.ipynb") {
+			t.Errorf("self flag on %+v", h)
+		}
+	}
+	if v := ev.For("a"); strings.Contains(fmt.Sprint(v.Holders), "secret") {
+		t.Errorf("a's view shows b's twin: %+v", v.Holders)
+	}
+}
+
+func TestForHidesOtherUsers(t *testing.T) {
+	ev := Assess(fixture(), "k-self-0001", cf("k-self-0001"), Request{Framework: "torch", RequestedBytes: 8 * gib, Device: Device{Ordinal: intp(0)}},
+		time.Unix(1, 0), time.Unix(2, 0))
+	view := ev.For("a")
+	b, _ := json.Marshal(view)
+	for _, leak := range []string{"secret.ipynb", "k-bbbb", "serve.py", `"pids":[30]`, `"pids":[50]`} {
+		if strings.Contains(string(b), leak) {
+			t.Errorf("a's view shows %q: %s", leak, b)
+		}
+	}
+	for _, want := range []string{"hold.ipynb", "train.ipynb", `"pids":[20,21]`, `"user":"b","bytes":26843545600,"state":"idle","idle_seconds":10800,"hidden":true`, `"view":"own"`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("a's view lacks %q: %s", want, b)
+		}
+	}
+	// The stored event is untouched.
+	if ev.Holders[1].Notebook != "/home/b/secret.ipynb" || ev.View != "" {
+		t.Errorf("For changed the event: %+v", ev.Holders[1])
+	}
+	// Anyone but the event's user sees none of a's notebooks, cell or text.
+	ev.Cell, ev.Message = Cell{Source: "secret_line = 1"}, "a's message"
+	vb, _ := json.Marshal(ev.For("b"))
+	for _, leak := range []string{"hold.ipynb", "k-hold", "train.ipynb", "k-self", "secret_line", "a's message"} {
+		if strings.Contains(string(vb), leak) {
+			t.Errorf("b's view of a's event shows %q: %s", leak, vb)
+		}
+	}
+}
+
+func TestRequestClean(t *testing.T) {
+	long := strings.Repeat("é", 1000)
+	r := Request{Framework: "cupy", Error: "cupy.cuda.memory.OutOfMemoryError\x1b[31m", Message: "line1\nline2\u202e" + long,
+		Cell: Cell{Source: "x = 1\x00" + long}, Kernel: Kernel{IPythonRefs: make([]string, 40), Variables: make([]Holding, 50)}}
+	if err := r.Clean(); err != nil {
+		t.Fatal(err)
+	}
+	// Control and bidirectional characters are shown escaped (textsafe),
+	// newlines as spaces; bounds are bytes, cut on a rune boundary.
+	if r.Error != `cupy.cuda.memory.OutOfMemoryError\x1b[31m` {
+		t.Errorf("error %q", r.Error)
+	}
+	if !strings.HasPrefix(r.Message, `line1 line2\u202eé`) || len(r.Message) > maxMessage || len(r.Message) < maxMessage-4 ||
+		!strings.HasSuffix(r.Message, "…") || !utf8.ValidString(r.Message) {
+		t.Errorf("message %q (%d bytes)", r.Message[:20], len(r.Message))
+	}
+	if len(r.Cell.Source) > maxSource || !strings.HasPrefix(r.Cell.Source, `x = 1\x00é`) || strings.ContainsRune(r.Cell.Source, 0) {
+		t.Errorf("source %q (%d bytes)", r.Cell.Source[:12], len(r.Cell.Source))
+	}
+	if len(r.Kernel.IPythonRefs) != maxRefs || len(r.Kernel.Variables) != maxVariables || !r.Kernel.VariablesTruncated {
+		t.Errorf("caps: %d refs %d vars", len(r.Kernel.IPythonRefs), len(r.Kernel.Variables))
+	}
+	for _, bad := range []Request{{Framework: "numpy"}, {Framework: "torch", Device: Device{Ordinal: intp(-1)}},
+		{Framework: "torch", Cell: Cell{Line: -3}}} {
+		if err := bad.Clean(); err == nil {
+			t.Errorf("%+v: no error", bad)
+		}
+	}
+}
+
+func TestIdleText(t *testing.T) {
+	for in, want := range map[float64]string{0: "0 s", 59: "59 s", 60: "1 min", 3599: "59 min", 3600: "1 h", 47 * 3600: "47 h", 49 * 3600: "2 d"} {
+		if got := IdleText(in); got != want {
+			t.Errorf("IdleText(%v) = %q, want %q", in, got, want)
+		}
+	}
+}
