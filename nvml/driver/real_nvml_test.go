@@ -26,13 +26,13 @@ func requireRealNVML(tb testing.TB) {
 func TestRealNVML(t *testing.T) {
 	requireRealNVML(t)
 	start := time.Now()
-	src, r := openLibrary(gonvml.New())
+	src, r := openLibrary(gonvml.New(), 0)
 	defer src.Close()
 	t.Logf("Open (Init + probes): %v", time.Since(start))
 	if err := src.InitErr(); err != nil {
 		t.Fatalf("no driver: %v", err)
 	}
-	t.Logf("probes: memory info v2 %v, MPS %v, MIG %v; driver %s", r.memV2, r.mps, r.mig, r.driverVersion)
+	t.Logf("probes: memory info v2 %v, MPS %v, MIG %v, process utilization %v; driver %s", r.memV2, r.mps, r.mig, r.procUtil, r.driverVersion)
 
 	start = time.Now()
 	snap, err := src.Sample(context.Background())
@@ -49,8 +49,12 @@ func TestRealNVML(t *testing.T) {
 	for _, d := range snap.Devices {
 		t.Logf("gpu %d %s %s: total %d used %d reserved %d MIG %v, %d processes",
 			d.Index, d.UUID, d.Name, d.MemoryTotalBytes, d.MemoryUsedBytes, d.MemoryReservedBytes, d.MIGEnabled, len(d.Processes))
+		if d.UtilizationMissing != "" {
+			t.Logf("  per-process utilization unknown: %s", d.UtilizationMissing)
+		}
 		for _, p := range d.Processes {
-			t.Logf("  pid %d used %d (known %v) gi %#x ci %#x", p.PID, p.UsedBytes, p.UsedKnown, p.GPUInstanceID, p.ComputeInstanceID)
+			t.Logf("  pid %d used %d (known %v) gi %#x ci %#x; SM %d%% memory %d%% (known %v, at %d)", p.PID, p.UsedBytes, p.UsedKnown,
+				p.GPUInstanceID, p.ComputeInstanceID, p.Util.SMPercent, p.Util.MemoryPercent, p.Util.Known, p.Util.SampledAt)
 		}
 		if d.MemoryTotalBytes == 0 || d.UUID == "" || d.Name == "" || d.DriverVersion == "" {
 			t.Errorf("gpu %d: incomplete %+v", d.Index, d)
