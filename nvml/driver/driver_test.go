@@ -139,7 +139,7 @@ func TestSampleDGXH100(t *testing.T) {
 		Index: 0, UUID: devs[0].UUID, Name: "NVIDIA H100 80GB HBM3",
 		MemoryTotalBytes: 80 * gib, MemoryUsedBytes: 2 * gib, MemoryReservedBytes: gib / 2,
 		DriverVersion: "550.54.15",
-		Processes: []nvml.Process{known(17, gib), known(4242, 2*gib)},
+		Processes:     []nvml.Process{known(17, gib), known(4242, 2*gib)},
 	}
 	if !reflect.DeepEqual(d0, want) {
 		t.Errorf("device 0:\n got %+v\nwant %+v", d0, want)
