@@ -174,6 +174,16 @@ func ownView(rep attribution.Report, user string) attribution.Report {
 			out.Other = append(out.Other, o)
 		}
 	}
+	for _, lr := range rep.LeftRunning {
+		if lr.User == user {
+			out.LeftRunning = append(out.LeftRunning, lr)
+		}
+	}
+	for _, h := range rep.Hoarding {
+		if h.User == user {
+			out.Hoarding = append(out.Hoarding, h)
+		}
+	}
 	return out
 }
 

@@ -139,7 +139,9 @@ func userHistory(resp HistoryResponse, user string) HistoryResponse {
 	resp.Notebooks = series
 	events := []history.Event{}
 	for _, e := range resp.Events {
-		if own[e.KernelID] {
+		// A kernel shut down since is in no notebook of the report: its
+		// events are still its user's.
+		if own[e.KernelID] || (e.User != "" && e.User == user) {
 			events = append(events, e)
 		}
 	}

@@ -1,14 +1,11 @@
 package api
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log"
-	"mime"
 	"net"
 	"net/http"
 	"os"
@@ -164,7 +161,8 @@ func (s *Server) handler(mode Mode) http.Handler {
 		"/api/v1/kernels/{id}":      "GET, HEAD",
 		"/api/v1/kernels/{id}/free": "POST",
 	}
-	s.extraRoutes(route, allows) // history and kernel queries: history.go
+	s.extraRoutes(route, allows)  // history and kernel queries: history.go
+	s.orphanRoutes(route, allows) // ending processes left running: orphans.go
 	// The same paths without a method: any other method gets 405.
 	for path, allow := range allows {
 		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
@@ -244,7 +242,9 @@ func (s *Server) serveUsers(w http.ResponseWriter, r *http.Request, _ caller) {
 	s.writeJSON(w, r, http.StatusOK, UsersResponse{Users: SummarizeUsers(rep)})
 }
 
-// kernelOwner is the user the report names for kernel id ("" if none).
+// kernelOwner is the user the report names for kernel id ("" if none):
+// its notebook's, else (a kernel shut down since) that of the processes
+// reclaim left running for it.
 func (s *Server) kernelOwner(ctx context.Context, id string) string {
 	rep, err := s.backend.Report(ctx)
 	if err != nil {
@@ -253,6 +253,11 @@ func (s *Server) kernelOwner(ctx context.Context, id string) string {
 	for _, nb := range rep.Notebooks {
 		if nb.KernelID == id {
 			return nb.User
+		}
+	}
+	for _, lr := range rep.LeftRunning {
+		if lr.KernelID == id {
+			return lr.User
 		}
 	}
 	return ""
@@ -397,29 +402,8 @@ func (s *Server) serveFree(w http.ResponseWriter, r *http.Request, c caller) {
 // decodeFree reads the optional FreeRequest body: no body means cache-only.
 func decodeFree(w http.ResponseWriter, r *http.Request) (FreeRequest, int, error) {
 	var req FreeRequest
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxFreeBody))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return req, http.StatusRequestEntityTooLarge, fmt.Errorf("free request body is over %d bytes", maxFreeBody)
-		}
-		return req, http.StatusBadRequest, fmt.Errorf("read free request body: %w", err)
-	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		return req, 0, nil
-	}
-	// A JSON content type is required with a body: browsers cannot send it
-	// without a CORS preflight, which this API never answers.
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		return req, http.StatusUnsupportedMediaType, errors.New("free request body must have Content-Type application/json")
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		return req, http.StatusBadRequest, fmt.Errorf("free request body: %w", err)
-	}
-	if dec.More() {
-		return req, http.StatusBadRequest, errors.New("free request body: trailing data after the JSON object")
+	if status, err := decodeBody(w, r, &req); err != nil {
+		return req, status, fmt.Errorf("free request %w", err)
 	}
 	if err := req.Validate(); err != nil {
 		return req, http.StatusBadRequest, err

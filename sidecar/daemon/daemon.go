@@ -58,6 +58,9 @@ type Config struct {
 	ServerToken string
 
 	Cull CullConfig
+	// Compute says what "computing on a GPU" means to reclaim, culling and
+	// hoarding (compute_policy.go).
+	Compute ComputeConfig
 }
 
 // Deps are the daemon's windows on the system, built by its caller (the
@@ -98,6 +101,7 @@ func (c *Config) defaults() {
 	if c.SocketMode == "" {
 		c.SocketMode = api.ModePrivate
 	}
+	c.Compute.defaults()
 }
 
 // Daemon is one `gpumem serve`.
@@ -133,6 +137,9 @@ type Daemon struct {
 	wg sync.WaitGroup // kernel and reclaim goroutines
 
 	hist *historyParts // figures over time and reclaim events: history.go
+	// compute is GPU utilization over time: readings, verdicts, hoarding,
+	// processes left running (compute.go).
+	compute *computeState
 
 	locks     *dirLocks
 	problemMu sync.Mutex
@@ -163,6 +170,9 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 		return nil, errors.New("--reclaim-all-users needs root: only root may end other users' processes")
 	}
 	if err := cfg.Cull.Validate(); err != nil {
+		return nil, err
+	}
+	if err := cfg.Compute.Validate(); err != nil {
 		return nil, err
 	}
 	if deps.GPUs == nil || deps.Procs == nil || deps.Finder == nil {
@@ -199,6 +209,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 	}
 	d.metrics = metrics.New(d, log, metrics.PerNotebook(!cfg.MetricsNoNotebook))
 	d.hist = newHistoryParts(cfg.Interval)
+	d.compute = newComputeState(cfg.Compute, cfg.Interval, d.reclaimWatch(), d.hist.store.Options().CoarseWindow)
 	return d, nil
 }
 

@@ -75,6 +75,7 @@ func (d *Daemon) sample(ctx context.Context) {
 	rep := obs.Report
 	if len(jobs) > 0 { // the retired kernels' processes are no longer theirs
 		rep = attribution.Attribute(obs.Snapshot, obs.Table, d.kernelsLocked())
+		attribution.AddUtilization(&rep, obs.Snapshot)
 	}
 	d.mu.Unlock()
 
@@ -86,6 +87,7 @@ func (d *Daemon) sample(ctx context.Context) {
 	}
 
 	attribution.AddPods(&rep, obs.Table, d.pods)
+	d.finishCompute(time.Now(), &rep, obs)
 	culls := d.cull(ctx, &rep)
 	sampledAt := d.recordHistory(time.Now(), &rep)
 	elapsed := time.Since(start)

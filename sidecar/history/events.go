@@ -3,18 +3,24 @@ package history
 import "sync"
 
 // Event is something the daemon did that a user should hear about once:
-// today, the end of a restarted or shut-down kernel's orphans.
+// the end of a restarted or shut-down kernel's orphans ("reclaim"), or one
+// of them left running because it computes on a GPU ("left_running").
 type Event struct {
 	Seq      uint64 `json:"seq"`  // increasing from 1: a reader asks for what came after
 	Time     int64  `json:"time"` // unix seconds
-	Kind     string `json:"kind"` // "reclaim"
+	Kind     string `json:"kind"` // "reclaim" or "left_running"
 	KernelID string `json:"kernel_id"`
 	Notebook string `json:"notebook"`
 	User     string `json:"user"`
 	Reason   string `json:"reason"` // "restart" or "shutdown"
-	// Processes ended and the GPU memory they held.
+	// Processes ended (or left running) and the GPU memory they held.
 	Processes int    `json:"processes"`
 	Bytes     uint64 `json:"bytes"`
+	// PID and StartTime name the process left running (with its
+	// kernel id, what ending it asks for); Message is the sentence shown.
+	PID       int    `json:"pid,omitempty"`
+	StartTime uint64 `json:"start_time,omitempty"`
+	Message   string `json:"message,omitempty"`
 }
 
 // Events keeps the last Capacity events. It is safe for concurrent use.
