@@ -65,10 +65,13 @@ type FakeGPU struct {
 	mu   sync.Mutex
 }
 
-// FakeProc is one process of the simulated GPU.
+// FakeProc is one process of the simulated GPU; SMPercent and
+// MemoryPercent play one that computes (none: it only holds memory).
 type FakeProc struct {
-	PID       int    `json:"pid"`
-	UsedBytes uint64 `json:"used_bytes"`
+	PID           int    `json:"pid"`
+	UsedBytes     uint64 `json:"used_bytes"`
+	SMPercent     uint32 `json:"sm_percent,omitempty"`
+	MemoryPercent uint32 `json:"memory_percent,omitempty"`
 }
 
 // NewFakeGPU writes an empty simulated GPU in a temporary dir.
@@ -82,15 +85,32 @@ func NewFakeGPU(t testing.TB) *FakeGPU {
 // file).
 func (f *FakeGPU) Set(t testing.TB, procs ...FakeProc) {
 	t.Helper()
+	f.write(t, true, procs)
+}
+
+// SetUtilizationUnknown is Set on a GPU that cannot say how much its
+// processes compute (as MIG, or a driver without per-process
+// utilization); procs' percentages must be 0.
+func (f *FakeGPU) SetUtilizationUnknown(t testing.TB, procs ...FakeProc) {
+	t.Helper()
+	f.write(t, false, procs)
+}
+
+func (f *FakeGPU) write(t testing.TB, utilization bool, procs []FakeProc) {
+	t.Helper()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if procs == nil {
 		procs = []FakeProc{}
 	}
-	doc := map[string]any{"gpus": []any{map[string]any{
+	gpu := map[string]any{
 		"name": "Simulated H200", "uuid": "GPU-00000000-0000-0000-0000-000000000000",
 		"memory_total_bytes": uint64(80 << 30), "processes": procs,
-	}}}
+	}
+	if !utilization {
+		gpu["process_utilization"] = false
+	}
+	doc := map[string]any{"gpus": []any{gpu}}
 	b, _ := json.Marshal(doc)
 	tmp := f.Path + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
