@@ -51,6 +51,10 @@ type HistoryResponse struct {
 	// GPUs' series are keyed by GPU index, notebooks' by kernel id.
 	GPUs      []HistorySeries `json:"gpus"`
 	Notebooks []HistorySeries `json:"notebooks"`
+	// NotebookSM are the notebooks' SM utilization series: points
+	// [unix seconds, percent summed over the notebook's GPUs]; a gap where
+	// it was unknown.
+	NotebookSM []HistorySeries `json:"notebook_sm"`
 	// Events after the events_after asked for, oldest first; LastEvent is
 	// the sequence number to ask after next time.
 	Events    []history.Event    `json:"events"`
@@ -130,13 +134,16 @@ func userHistory(resp HistoryResponse, user string) HistoryResponse {
 	for _, nb := range resp.Report.Notebooks {
 		own[nb.KernelID] = true
 	}
-	series := []HistorySeries{}
-	for _, sr := range resp.Notebooks {
-		if own[sr.ID] {
-			series = append(series, sr)
+	ownSeries := func(all []HistorySeries) []HistorySeries {
+		series := []HistorySeries{}
+		for _, sr := range all {
+			if own[sr.ID] {
+				series = append(series, sr)
+			}
 		}
+		return series
 	}
-	resp.Notebooks = series
+	resp.Notebooks, resp.NotebookSM = ownSeries(resp.Notebooks), ownSeries(resp.NotebookSM)
 	events := []history.Event{}
 	for _, e := range resp.Events {
 		// A kernel shut down since is in no notebook of the report: its

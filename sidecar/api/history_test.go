@@ -116,9 +116,13 @@ func TestUserHistory(t *testing.T) {
 	}
 	me, them := rep.Notebooks[0], rep.Notebooks[1]
 	resp := HistoryResponse{
-		Report:    rep,
-		Notebooks: []HistorySeries{{ID: me.KernelID}, {ID: them.KernelID}},
-		Events:    []history.Event{{Seq: 1, KernelID: them.KernelID}, {Seq: 2, KernelID: me.KernelID}},
+		Report:     rep,
+		Notebooks:  []HistorySeries{{ID: me.KernelID}, {ID: them.KernelID}},
+		NotebookSM: []HistorySeries{{ID: them.KernelID}, {ID: me.KernelID}},
+		// Seq 3: a process left running of a kernel of the caller's that
+		// is gone from the report (shut down): still theirs.
+		Events: []history.Event{{Seq: 1, KernelID: them.KernelID}, {Seq: 2, KernelID: me.KernelID},
+			{Seq: 3, KernelID: "gone", User: me.User, Kind: "left_running"}, {Seq: 4, KernelID: "gone2", User: them.User}},
 	}
 	got := userHistory(resp, me.User)
 	for _, nb := range got.Report.Notebooks {
@@ -129,8 +133,11 @@ func TestUserHistory(t *testing.T) {
 	if len(got.Notebooks) != 1 || got.Notebooks[0].ID != me.KernelID {
 		t.Errorf("series = %+v, want only %s", got.Notebooks, me.KernelID)
 	}
-	if len(got.Events) != 1 || got.Events[0].Seq != 2 {
-		t.Errorf("events = %+v, want only seq 2", got.Events)
+	if len(got.NotebookSM) != 1 || got.NotebookSM[0].ID != me.KernelID {
+		t.Errorf("SM series = %+v, want only %s", got.NotebookSM, me.KernelID)
+	}
+	if len(got.Events) != 2 || got.Events[0].Seq != 2 || got.Events[1].Seq != 3 {
+		t.Errorf("events = %+v, want seq 2 and 3", got.Events)
 	}
 	for _, u := range got.Users {
 		if u.User == me.User {

@@ -41,6 +41,10 @@ const (
 	KindGPU Kind = iota
 	// KindNotebook: ID is the kernel id.
 	KindNotebook
+	// KindNotebookSM: a notebook's SM utilization (percent, summed over its
+	// GPUs) in place of bytes; ID is the kernel id. An unknown figure is
+	// no point (a gap), never 0.
+	KindNotebookSM
 )
 
 // Key names one series.
