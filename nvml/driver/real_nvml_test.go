@@ -3,6 +3,7 @@ package driver
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
@@ -119,6 +120,44 @@ func BenchmarkRealSample(b *testing.B) {
 	for b.Loop() {
 		if _, err := src.Sample(ctx); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// What per-process utilization adds to a sample on the real driver: the
+// same Sample with the query and without it (the probe turned off), in
+// one run. The GPU host's script (scripts/gpuhost/util_check.py) runs it
+// while a job computes.
+func BenchmarkRealSampleUtilization(b *testing.B) {
+	requireRealNVML(b)
+	src, r := openLibrary(gonvml.New(), 0)
+	defer src.Close()
+	if err := src.InitErr(); err != nil {
+		b.Fatalf("no driver: %v", err)
+	}
+	if !r.procUtil {
+		b.Skip("the driver lacks nvmlDeviceGetProcessUtilization")
+	}
+	ctx := context.Background()
+	for _, on := range []bool{false, true} {
+		b.Run(fmt.Sprintf("utilization=%v", on), func(b *testing.B) {
+			r.procUtil = on
+			for b.Loop() {
+				if _, err := src.Sample(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	r.procUtil = true
+	snap, err := src.Sample(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, d := range snap.Devices {
+		for _, p := range d.Processes {
+			b.Logf("gpu %d pid %d: SM %d%% memory %d%% (known %v%s)", d.Index, p.PID, p.Util.SMPercent, p.Util.MemoryPercent,
+				p.Util.Known, map[bool]string{true: "", false: ": " + d.UtilizationMissing}[p.Util.Known])
 		}
 	}
 }

@@ -25,6 +25,7 @@ type computeState struct {
 	mu         sync.Mutex
 	procs      map[procID][]utilSample // oldest first
 	computedAt map[string]time.Time    // kernel id → newest active reading of its tree
+	settling   map[string]bool         // kernel id → its tree's verdict still wants readings
 	lastSample time.Time
 	hoard      *history.Hoard
 	left       map[procID]*leftRunning
@@ -43,7 +44,7 @@ func newComputeState(cfg ComputeConfig, interval, reclaimWatch time.Duration, ho
 		// Reclaim looks from Window before a kernel's exit to the end of
 		// its watch, and starts late by a sample or two.
 		keep:  cfg.Window + reclaimWatch + 4*interval + 10*time.Second,
-		procs: map[procID][]utilSample{}, computedAt: map[string]time.Time{},
+		procs: map[procID][]utilSample{}, computedAt: map[string]time.Time{}, settling: map[string]bool{},
 		hoard: history.NewHoard(hoardWindow), left: map[procID]*leftRunning{}}
 }
 
@@ -108,6 +109,14 @@ func (c *computeState) kernelComputedAt(kernelID string) time.Time {
 	return c.computedAt[kernelID]
 }
 
+// kernelSettling reports whether kernelID's tree is not judged yet for
+// want of readings: culling waits for them.
+func (c *computeState) kernelSettling(kernelID string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.settling[kernelID]
+}
+
 // finish judges each notebook of rep over the window (its Compute), keeps
 // each kernel's last computation, adds this sample's hoarding (notebooks
 // and processes left running that hold GPU memory and compute nothing)
@@ -143,6 +152,7 @@ func (c *computeState) finish(now time.Time, rep *attribution.Report, snap nvml.
 			}
 		}
 		j := combine(js, nb.Utilization != nil)
+		c.settling[nb.KernelID] = j.settling
 		if j.lastActive.After(c.computedAt[nb.KernelID]) {
 			c.computedAt[nb.KernelID] = j.lastActive
 		}
@@ -150,6 +160,17 @@ func (c *computeState) finish(now time.Time, rep *attribution.Report, snap nvml.
 		nb.Compute = &attribution.Compute{State: j.verdict.String(), Reason: j.why, LastComputedAt: c.computedAt[nb.KernelID]}
 		if bs, ok := c.hoard.Notebook(now, nb.KernelID); ok {
 			nb.Compute.HoardedGiBHours = gib(bs)
+		}
+	}
+	if len(c.settling) > 2*len(rep.Notebooks)+16 { // kernels gone: forget theirs
+		seen := map[string]bool{}
+		for _, nb := range rep.Notebooks {
+			seen[nb.KernelID] = true
+		}
+		for k := range c.settling {
+			if !seen[k] {
+				delete(c.settling, k)
+			}
 		}
 	}
 	rep.LeftRunning = nil

@@ -110,6 +110,9 @@ type judgement struct {
 	why string
 	// lastActive is the newest active reading's sample time (zero: none).
 	lastActive time.Time
+	// settling: unknown only for want of readings yet (a process just
+	// seen, a daemon just started), not because the GPU cannot say.
+	settling bool
 }
 
 // judge is the policy, pure: the verdict of the readings in samples taken
@@ -149,6 +152,7 @@ func (c ComputeConfig) judge(samples []utilSample, from, to time.Time) judgement
 		j.verdict, j.why = verdictUnknown, fmt.Sprintf("GPU utilization unknown in %d of %d readings", unknown, known+unknown)
 	case known < computeMinKnown:
 		j.verdict, j.why = verdictUnknown, fmt.Sprintf("%d readings so far, %d needed to call it idle", known, computeMinKnown)
+		j.settling = unknown == 0
 	default:
 		j.verdict, j.why = verdictIdle, fmt.Sprintf("%d readings, %d at or above %d%% SM or memory, in the last %v", known, active, c.ThresholdPercent, window)
 	}
@@ -170,8 +174,9 @@ func (c ComputeConfig) mayEnd(j judgement) (bool, string) {
 }
 
 // combine is the verdict of a notebook from its processes': computing if
-// one computes, idle if every one is idle, else unknown. With no process
-// on a GPU it is idle, if the GPUs can say so (known).
+// one computes, idle if every one is idle, else unknown (settling while
+// one only wants readings). With no process on a GPU it is idle, if the
+// GPUs can say so (known).
 func combine(js []judgement, known bool) judgement {
 	if len(js) == 0 {
 		if known {
@@ -184,6 +189,7 @@ func combine(js []judgement, known bool) judgement {
 		if j.lastActive.After(out.lastActive) {
 			out.lastActive = j.lastActive
 		}
+		out.settling = out.settling || j.settling
 		switch {
 		case j.verdict == verdictComputing && out.verdict != verdictComputing:
 			out.verdict, out.why = verdictComputing, j.why
@@ -193,5 +199,6 @@ func combine(js []judgement, known bool) judgement {
 			out.why = j.why
 		}
 	}
+	out.settling = out.settling && out.verdict != verdictComputing
 	return out
 }

@@ -40,6 +40,7 @@ func TestJudge(t *testing.T) {
 		from, to time.Time
 		want     computeVerdict
 		wantWhy  string
+		settling bool // unknown for want of readings only
 	}{
 		{name: "computing", samples: readings(t0, "aaaaaaaaaa"), want: verdictComputing},
 		{name: "idle: holds memory, computes nothing", samples: readings(t0, ".........."), want: verdictIdle},
@@ -50,8 +51,8 @@ func TestJudge(t *testing.T) {
 		{name: "memory-bound work computes", samples: readings(t0, "mmmm"), want: verdictComputing},
 		{name: "1 % is at the threshold", samples: readings(t0, "llll"), want: verdictComputing},
 		{name: "one active, one unknown: cannot say", samples: readings(t0, "....a.?..."), want: verdictUnknown},
-		{name: "too few readings to call it idle", samples: readings(t0, ".."), want: verdictUnknown, wantWhy: "2 readings so far, 3 needed"},
-		{name: "no reading at all", samples: nil, want: verdictUnknown},
+		{name: "too few readings to call it idle", samples: readings(t0, ".."), want: verdictUnknown, wantWhy: "2 readings so far, 3 needed", settling: true},
+		{name: "no reading at all", samples: nil, want: verdictUnknown, settling: true},
 		{name: "starts computing during the grace period",
 			samples: append(readings(t0, "..............................")[:30], readings(exit, "..aaa")...),
 			from:    exit.Add(-time.Minute), to: exit.Add(5 * time.Second), want: verdictComputing},
@@ -71,6 +72,9 @@ func TestJudge(t *testing.T) {
 			}
 			if j.verdict == verdictComputing && j.lastActive.IsZero() {
 				t.Error("computing with no last active reading")
+			}
+			if j.settling != tt.settling {
+				t.Errorf("settling %v, want %v", j.settling, tt.settling)
 			}
 		})
 	}
@@ -128,6 +132,9 @@ func TestMayEnd(t *testing.T) {
 
 func TestCombine(t *testing.T) {
 	c, i, u := judgement{verdict: verdictComputing, lastActive: t0}, judgement{verdict: verdictIdle}, judgement{verdict: verdictUnknown}
+	if got := combine([]judgement{c, {verdict: verdictUnknown, settling: true}}, true); got.settling {
+		t.Error("a computing notebook is settling")
+	}
 	tests := []struct {
 		name  string
 		in    []judgement
@@ -139,6 +146,7 @@ func TestCombine(t *testing.T) {
 		{"one unknown among idle ones", []judgement{i, u}, true, verdictUnknown},
 		{"no GPU process, GPUs that can say", nil, true, verdictIdle},
 		{"no GPU process, GPUs that cannot", nil, false, verdictUnknown},
+		{"a new process still settling, the rest idle", []judgement{i, {verdict: verdictUnknown, settling: true}}, true, verdictUnknown},
 	}
 	for _, tt := range tests {
 		got := combine(tt.in, tt.known)
@@ -147,6 +155,9 @@ func TestCombine(t *testing.T) {
 		}
 		if tt.want == verdictComputing && !got.lastActive.Equal(t0) {
 			t.Errorf("%s: last active %v", tt.name, got.lastActive)
+		}
+		if wantSettling := strings.Contains(tt.name, "settling"); got.settling != wantSettling {
+			t.Errorf("%s: settling %v", tt.name, got.settling)
 		}
 	}
 }

@@ -93,6 +93,9 @@ type cullInput struct {
 	// processes computed on a GPU (zero: none seen, or unknown): such a
 	// kernel is in use whatever its server says.
 	computedAt time.Time
+	// settling: its processes' GPU work is not judged yet for want of
+	// readings (the daemon just started, or a process just appeared).
+	settling bool
 }
 
 // used is when the kernel was last used: its server's last activity, or
@@ -129,6 +132,8 @@ func (c CullConfig) decide(in cullInput) (cullVerdict, string) {
 		return cullNothing, "already culled; not used since"
 	case in.now.Sub(in.computedAt) < c.Idle:
 		return cancel("its processes computed on a GPU within --cull-idle")
+	case in.settling && !warned:
+		return cullNothing, "its processes' GPU work is not judged yet"
 	case in.now.Sub(in.used()) < c.Idle:
 		return cancel("idle for less than --cull-idle")
 	case in.bytes < c.MinMemory:
@@ -191,7 +196,8 @@ func (d *Daemon) cull(ctx context.Context, rep *attribution.Report) []notebookAl
 			state, act.ExecutionState, act.IdleSeconds = "busy", "busy", 0
 		}
 		in := cullInput{now: now, hasServer: hasServer, execState: state, lastActivity: ks.lastActivity,
-			bytes: bytes[ks.id], user: users[ks.id], state: ks.cull, computedAt: computedAt}
+			bytes: bytes[ks.id], user: users[ks.id], state: ks.cull, computedAt: computedAt,
+			settling: d.compute.kernelSettling(ks.id)}
 		verdict, why := d.cfg.Cull.decide(in)
 		// The logger is built only for a verdict that logs: this runs for
 		// every kernel at every sample.

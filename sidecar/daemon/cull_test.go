@@ -47,6 +47,11 @@ func TestCullDecide(t *testing.T) {
 			in.computedAt = now.Add(-90 * time.Minute)
 			in.state = cullState{warnedAt: now.Add(-time.Minute), deadline: now.Add(9 * time.Minute), activityAtWarn: in.computedAt}
 		}), cullNothing},
+		{"its GPU work not judged yet (too few readings): not warned yet", with(func(in *cullInput) { in.settling = true }), cullNothing},
+		{"not judged yet, but already warned: the warning runs its course", with(func(in *cullInput) {
+			in.settling = true
+			in.state = expired
+		}), cullAct},
 		{"culled after its last work, not used since", with(func(in *cullInput) {
 			in.computedAt = now.Add(-90 * time.Minute)
 			in.state = cullState{doneAt: in.computedAt}
