@@ -162,10 +162,15 @@ func (c *computeState) finish(now time.Time, rep *attribution.Report, snap nvml.
 			nb.Compute.HoardedGiBHours = gib(bs)
 		}
 	}
-	if len(c.settling) > 2*len(rep.Notebooks)+16 { // kernels gone: forget theirs
+	if len(c.computedAt)+len(c.settling) > 3*len(rep.Notebooks)+16 { // kernels gone: forget theirs
 		seen := map[string]bool{}
 		for _, nb := range rep.Notebooks {
 			seen[nb.KernelID] = true
+		}
+		for k := range c.computedAt {
+			if !seen[k] {
+				delete(c.computedAt, k)
+			}
 		}
 		for k := range c.settling {
 			if !seen[k] {
