@@ -52,7 +52,7 @@ func newComputeState(cfg ComputeConfig, interval, reclaimWatch time.Duration, ho
 // (a process on several GPUs: its highest figures, unknown if any GPU
 // cannot say) and forgets readings older than keep.
 func (c *computeState) record(now time.Time, snap nvml.Snapshot, table *procs.Table) {
-	per := map[procID]utilSample{}
+	per := make(map[procID]utilSample, len(c.procs))
 	for _, d := range snap.Devices {
 		for _, p := range d.Processes {
 			tp, ok := table.Resolve(p.PID)
@@ -84,7 +84,9 @@ func (c *computeState) record(now time.Time, snap nvml.Snapshot, table *procs.Ta
 		if i == len(ss) {
 			delete(c.procs, id)
 		} else if i > 0 {
-			c.procs[id] = slices.Clone(ss[i:])
+			// Resliced, not copied: append moves the readings to a new
+			// array once this one's end is reached, freeing the old one.
+			c.procs[id] = ss[i:]
 		}
 	}
 }
@@ -148,7 +150,7 @@ func (c *computeState) finish(now time.Time, rep *attribution.Report, snap nvml.
 			if tp, ok := table.Resolve(p.PID); ok {
 				js = append(js, c.judgeLocked(procID{tp.PID, tp.StartTime}, from, now))
 			} else {
-				js = append(js, judgement{verdict: verdictUnknown, why: "a process not in /proc"})
+				js = append(js, judgement{verdict: verdictUnknown, note: "a process not in /proc"})
 			}
 		}
 		j := combine(js, nb.Utilization != nil)
@@ -157,7 +159,7 @@ func (c *computeState) finish(now time.Time, rep *attribution.Report, snap nvml.
 			c.computedAt[nb.KernelID] = j.lastActive
 		}
 		c.addHoard(now, nb.KernelID, nb.User, j, nb.GPUMemoryBytes, dt)
-		nb.Compute = &attribution.Compute{State: j.verdict.String(), Reason: j.why, LastComputedAt: c.computedAt[nb.KernelID]}
+		nb.Compute = &attribution.Compute{State: j.verdict.String(), Reason: j.why(), LastComputedAt: c.computedAt[nb.KernelID]}
 		if bs, ok := c.hoard.Notebook(now, nb.KernelID); ok {
 			nb.Compute.HoardedGiBHours = gib(bs)
 		}

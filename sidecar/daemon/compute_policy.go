@@ -106,55 +106,75 @@ func (v computeVerdict) String() string {
 // judgement is a verdict and what it rests on.
 type judgement struct {
 	verdict computeVerdict
-	// why, for people.
-	why string
 	// lastActive is the newest active reading's sample time (zero: none).
 	lastActive time.Time
 	// settling: unknown only for want of readings yet (a process just
 	// seen, a daemon just started), not because the GPU cannot say.
 	settling bool
+	// What why says: the readings counted, or a note of its own. Kept as
+	// figures: a sample judges every process, and only some verdicts are
+	// ever put in words.
+	known, unknown, active int
+	window                 time.Duration
+	threshold              uint32
+	note                   string
+}
+
+// why says, for people, what the verdict rests on.
+func (j judgement) why() string {
+	switch {
+	case j.note != "":
+		return j.note
+	case j.verdict == verdictComputing:
+		return fmt.Sprintf("%d readings at or above %d%% SM or memory in the last %v", j.active, j.threshold, j.window)
+	case j.verdict == verdictIdle:
+		return fmt.Sprintf("%d readings, %d at or above %d%% SM or memory, in the last %v", j.known, j.active, j.threshold, j.window)
+	case j.settling || j.unknown == 0:
+		return fmt.Sprintf("%d readings so far, %d needed to call it idle", j.known, computeMinKnown)
+	}
+	return fmt.Sprintf("GPU utilization unknown in %d of %d readings", j.unknown, j.known+j.unknown)
 }
 
 // judge is the policy, pure: the verdict of the readings in samples taken
 // within [from, to].
 func (c ComputeConfig) judge(samples []utilSample, from, to time.Time) judgement {
-	var j judgement
-	known, unknown, active := 0, 0, 0
-	seen := map[uint64]bool{}
+	j := judgement{window: to.Sub(from).Round(time.Second), threshold: c.ThresholdPercent}
+	// A reading stays a process's figure until a newer one replaces it, so
+	// the samples that saw it again follow one another: comparing with the
+	// last one counted is enough.
+	var lastReading uint64
 	for _, s := range samples {
 		if s.at.Before(from) || s.at.After(to) {
 			continue
 		}
 		if !s.known {
-			unknown++
+			j.unknown++
 			continue
 		}
-		known++
+		j.known++
 		if s.sm < c.ThresholdPercent && s.mem < c.ThresholdPercent {
 			continue
 		}
 		if s.reading != 0 {
-			if seen[s.reading] {
+			if s.reading == lastReading {
 				continue
 			}
-			seen[s.reading] = true
+			lastReading = s.reading
 		}
-		active++
+		j.active++
 		if s.at.After(j.lastActive) {
 			j.lastActive = s.at
 		}
 	}
-	window := to.Sub(from).Round(time.Second)
 	switch {
-	case active >= computeMinActive:
-		j.verdict, j.why = verdictComputing, fmt.Sprintf("%d readings at or above %d%% SM or memory in the last %v", active, c.ThresholdPercent, window)
-	case active+unknown >= computeMinActive:
-		j.verdict, j.why = verdictUnknown, fmt.Sprintf("GPU utilization unknown in %d of %d readings", unknown, known+unknown)
-	case known < computeMinKnown:
-		j.verdict, j.why = verdictUnknown, fmt.Sprintf("%d readings so far, %d needed to call it idle", known, computeMinKnown)
-		j.settling = unknown == 0
+	case j.active >= computeMinActive:
+		j.verdict = verdictComputing
+	case j.active+j.unknown >= computeMinActive:
+		j.verdict = verdictUnknown
+	case j.known < computeMinKnown:
+		j.verdict, j.settling = verdictUnknown, j.unknown == 0
 	default:
-		j.verdict, j.why = verdictIdle, fmt.Sprintf("%d readings, %d at or above %d%% SM or memory, in the last %v", known, active, c.ThresholdPercent, window)
+		j.verdict = verdictIdle
 	}
 	return j
 }
@@ -166,11 +186,11 @@ func (c ComputeConfig) mayEnd(j judgement) (bool, string) {
 	case j.verdict == verdictIdle:
 		return true, ""
 	case j.verdict == verdictComputing:
-		return false, "computing on a GPU (" + j.why + ")"
+		return false, "computing on a GPU (" + j.why() + ")"
 	case c.ReclaimUnknown == ReclaimEnd:
 		return true, ""
 	}
-	return false, "its GPU utilization is unknown (" + j.why + "); --reclaim-unknown=end would end it"
+	return false, "its GPU utilization is unknown (" + j.why() + "); --reclaim-unknown=end would end it"
 }
 
 // combine is the verdict of a notebook from its processes': computing if
@@ -180,11 +200,12 @@ func (c ComputeConfig) mayEnd(j judgement) (bool, string) {
 func combine(js []judgement, known bool) judgement {
 	if len(js) == 0 {
 		if known {
-			return judgement{verdict: verdictIdle, why: "no process on a GPU"}
+			return judgement{verdict: verdictIdle, note: "no process on a GPU"}
 		}
-		return judgement{verdict: verdictUnknown, why: "no GPU reports per-process utilization"}
+		return judgement{verdict: verdictUnknown, note: "no GPU reports per-process utilization"}
 	}
-	out := judgement{verdict: verdictIdle}
+	// The verdict's words are those of the process that decided it.
+	out, basis := judgement{verdict: verdictIdle}, js[0]
 	for _, j := range js {
 		if j.lastActive.After(out.lastActive) {
 			out.lastActive = j.lastActive
@@ -192,13 +213,13 @@ func combine(js []judgement, known bool) judgement {
 		out.settling = out.settling || j.settling
 		switch {
 		case j.verdict == verdictComputing && out.verdict != verdictComputing:
-			out.verdict, out.why = verdictComputing, j.why
+			out.verdict, basis = verdictComputing, j
 		case j.verdict == verdictUnknown && out.verdict == verdictIdle:
-			out.verdict, out.why = verdictUnknown, j.why
-		case j.verdict == verdictIdle && out.why == "":
-			out.why = j.why
+			out.verdict, basis = verdictUnknown, j
 		}
 	}
+	out.known, out.unknown, out.active, out.window, out.threshold, out.note =
+		basis.known, basis.unknown, basis.active, basis.window, basis.threshold, basis.note
 	out.settling = out.settling && out.verdict != verdictComputing
 	return out
 }

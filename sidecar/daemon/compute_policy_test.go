@@ -67,8 +67,8 @@ func TestJudge(t *testing.T) {
 				from, to = t0.Add(-policy.Window), t0.Add(policy.Window)
 			}
 			j := policy.judge(tt.samples, from, to)
-			if j.verdict != tt.want || !strings.Contains(j.why, tt.wantWhy) {
-				t.Errorf("verdict %v (%s), want %v (%q)", j.verdict, j.why, tt.want, tt.wantWhy)
+			if j.verdict != tt.want || !strings.Contains(j.why(), tt.wantWhy) {
+				t.Errorf("verdict %v (%s), want %v (%q)", j.verdict, j.why(), tt.want, tt.wantWhy)
 			}
 			if j.verdict == verdictComputing && j.lastActive.IsZero() {
 				t.Error("computing with no last active reading")
@@ -90,11 +90,11 @@ func TestJudgeCountsAReadingOnce(t *testing.T) {
 	s[4].sm, s[4].reading = 100, 777
 	s[5].sm, s[5].reading = 100, 777 // the same reading, seen again
 	if j := policy.judge(s, t0, t0.Add(time.Minute)); j.verdict != verdictIdle {
-		t.Errorf("one reading seen twice: %v (%s), want idle", j.verdict, j.why)
+		t.Errorf("one reading seen twice: %v (%s), want idle", j.verdict, j.why())
 	}
 	s[5].reading = 778
 	if j := policy.judge(s, t0, t0.Add(time.Minute)); j.verdict != verdictComputing {
-		t.Errorf("two readings: %v (%s), want computing", j.verdict, j.why)
+		t.Errorf("two readings: %v (%s), want computing", j.verdict, j.why())
 	}
 }
 

@@ -2,14 +2,17 @@ package daemon
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/gpumem/gpumem/nvml"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/history"
+	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
 // computing makes pids compute (90 % SM) on the rig's GPU from the next
@@ -196,5 +199,47 @@ func TestLeftRunningMessage(t *testing.T) {
 		if !strings.Contains(got, part) {
 			t.Errorf("%q lacks %q", got, part)
 		}
+	}
+}
+
+// The compute step of one sample (record the readings, judge every
+// notebook over a minute of them, hoarding) at 1,000 notebooks of a kernel
+// and a worker each, on 8 GPUs, with a minute of readings kept.
+func BenchmarkComputeStep1000(b *testing.B) {
+	var ps []procs.Proc
+	snap := nvml.Snapshot{}
+	for i := range 8 {
+		snap.Devices = append(snap.Devices, nvml.Device{Index: i, MemoryTotalBytes: 141 << 30})
+	}
+	var kernels []attribution.Kernel
+	for k := range 1000 {
+		pid := 10000 + 2*k
+		ps = append(ps, procs.Proc{PID: pid, PPID: 1, PGID: pid, SID: pid, StartTime: uint64(pid)},
+			procs.Proc{PID: pid + 1, PPID: pid, PGID: pid, SID: pid, StartTime: uint64(pid + 1)})
+		kernels = append(kernels, attribution.Kernel{ID: fmt.Sprintf("k%d", k), PID: pid, StartTime: uint64(pid)})
+		d := &snap.Devices[k%8]
+		for _, p := range []int{pid, pid + 1} {
+			d.Processes = append(d.Processes, nvml.Process{PID: p, UsedBytes: 1 << 30, UsedKnown: true,
+				Util: nvml.Utilization{Known: true, SMPercent: uint32(k % 3 * 40), SampledAt: uint64(k)}})
+		}
+	}
+	table := procs.NewTable(ps)
+	cfg := ComputeConfig{}
+	cfg.defaults()
+	c := newComputeState(cfg, time.Second, 5*time.Second, 24*time.Hour)
+	now := time.Now()
+	for i := range 60 {
+		c.record(now.Add(time.Duration(i-60)*time.Second), snap, table)
+	}
+	rep := attribution.Attribute(snap, table, kernels)
+	attribution.AddUtilization(&rep, snap)
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		at := now.Add(time.Duration(i) * time.Second)
+		c.record(at, snap, table)
+		c.finish(at, &rep, snap, table)
+	}
+	if rep.Notebooks[0].Compute == nil {
+		b.Fatal("no verdict")
 	}
 }

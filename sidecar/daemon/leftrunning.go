@@ -46,7 +46,7 @@ func (d *Daemon) leaveRunning(ks *kernelState, notebook, pod string, dec decisio
 		KernelID: ks.id, Notebook: notebook, User: user, PID: dec.ID.PID, StartTime: dec.ID.Start,
 		Command: dec.Argv, GPUs: gpus, Bytes: dec.Bytes, Reason: state, Since: time.Now(),
 	}}
-	lr.Message = leftRunningMessage(lr.LeftRunning, j.why)
+	lr.Message = leftRunningMessage(lr.LeftRunning, j.why())
 	d.compute.addLeftRunning(lr)
 	d.metrics.AddLeftRunning(state)
 	d.log.Warn().Str("kernel_id", ks.id).Str("notebook", notebook).Int("pid", dec.ID.PID).Str("argv", dec.Argv).
