@@ -18,11 +18,16 @@ import (
 //	           "memory_used_bytes": 1073741824,      // optional: default sum of processes
 //	           "memory_reserved_bytes": 0,           // optional
 //	           "driver_version": "sim",              // optional
-//	           "processes": [{"pid": 4242, "used_bytes": 1073741824}]}]}
+//	           "process_utilization": true,          // optional: false plays a GPU that cannot say (MIG, old driver)
+//	           "processes": [{"pid": 4242, "used_bytes": 1073741824,
+//	                          "sm_percent": 97, "memory_percent": 12}]}]}  // both optional, default 0
 //
 // A GPU's index is its position. name and uuid default to "Simulated GPU"
 // and "GPU-SIMULATED-<index>". used_bytes 18446744073709551615 (max uint64)
-// means unknown, as in NVML. Unknown keys are errors (they are usually typos).
+// means unknown, as in NVML. A process without sm_percent and
+// memory_percent computes nothing, as NVML says of a process it does not
+// list: files written before utilization existed mean what they meant.
+// Unknown keys are errors (they are usually typos).
 
 type simFile struct {
 	GPUs *[]simGPU `json:"gpus"`
@@ -35,12 +40,44 @@ type simGPU struct {
 	MemoryUsedBytes     *uint64      `json:"memory_used_bytes"`
 	MemoryReservedBytes *uint64      `json:"memory_reserved_bytes"`
 	DriverVersion       string       `json:"driver_version"`
+	ProcessUtilization  *bool        `json:"process_utilization"`
 	Processes           []simProcess `json:"processes"`
 }
 
 type simProcess struct {
-	PID       *int    `json:"pid"`
-	UsedBytes *uint64 `json:"used_bytes"`
+	PID           *int    `json:"pid"`
+	UsedBytes     *uint64 `json:"used_bytes"`
+	SMPercent     *uint32 `json:"sm_percent"`
+	MemoryPercent *uint32 `json:"memory_percent"`
+}
+
+// simNoUtilization is what a simulated GPU with "process_utilization":
+// false says of its processes' utilization.
+const simNoUtilization = "the simulated GPU plays one without per-process utilization"
+
+// utilization reads a process's optional sm_percent and memory_percent.
+func (p simProcess) utilization(known bool) (Utilization, error) {
+	if !known {
+		if p.SMPercent != nil || p.MemoryPercent != nil {
+			return Utilization{}, errors.New(`sm_percent or memory_percent given on a GPU with "process_utilization": false`)
+		}
+		return Utilization{}, nil
+	}
+	u := Utilization{Known: true}
+	for _, f := range []struct {
+		name string
+		in   *uint32
+		out  *uint32
+	}{{"sm_percent", p.SMPercent, &u.SMPercent}, {"memory_percent", p.MemoryPercent, &u.MemoryPercent}} {
+		if f.in == nil {
+			continue
+		}
+		if *f.in > 100 {
+			return Utilization{}, fmt.Errorf("%s %d is not a percentage (0 to 100)", f.name, *f.in)
+		}
+		*f.out = *f.in
+	}
+	return u, nil
 }
 
 type simulated struct{ path string }
@@ -111,6 +148,10 @@ func (g simGPU) device(index int) (Device, error) {
 	if g.MemoryReservedBytes != nil {
 		dev.MemoryReservedBytes = *g.MemoryReservedBytes
 	}
+	utilKnown := g.ProcessUtilization == nil || *g.ProcessUtilization
+	if !utilKnown {
+		dev.UtilizationMissing = simNoUtilization
+	}
 	var sum uint64
 	seen := make(map[int]bool, len(g.Processes))
 	for j, p := range g.Processes {
@@ -125,7 +166,11 @@ func (g simGPU) device(index int) (Device, error) {
 			return Device{}, fmt.Errorf(`processes[%d]: pid %d is listed twice`, j, *p.PID)
 		}
 		seen[*p.PID] = true
-		proc := Process{PID: *p.PID, GPUInstanceID: NoInstance, ComputeInstanceID: NoInstance}
+		util, err := p.utilization(utilKnown)
+		if err != nil {
+			return Device{}, fmt.Errorf("processes[%d]: %w", j, err)
+		}
+		proc := Process{PID: *p.PID, GPUInstanceID: NoInstance, ComputeInstanceID: NoInstance, Util: util}
 		if *p.UsedBytes != UnknownMemory {
 			proc.UsedBytes, proc.UsedKnown = *p.UsedBytes, true
 			sum += proc.UsedBytes

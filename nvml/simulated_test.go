@@ -85,6 +85,12 @@ func TestSimulatedMalformed(t *testing.T) {
 			"processes use more than memory_total_bytes (10)"},
 		{"used exceeds total", `{"gpus":[{"memory_total_bytes":10,"memory_used_bytes":11}]}`, "memory_used_bytes 11 exceeds memory_total_bytes 10"},
 		{"trailing data", `{"gpus":[]} {"gpus":[]}`, "line 1, column 13: unexpected data after the JSON object"},
+		{"sm over 100", `{"gpus":[{"memory_total_bytes":10,"processes":[{"pid":3,"used_bytes":1,"sm_percent":101}]}]}`,
+			"gpus[0]: processes[0]: sm_percent 101 is not a percentage (0 to 100)"},
+		{"negative memory percent", `{"gpus":[{"memory_total_bytes":10,"processes":[{"pid":3,"used_bytes":1,"memory_percent":-1}]}]}`,
+			"cannot unmarshal number -1"},
+		{"utilization on a GPU without it", `{"gpus":[{"memory_total_bytes":10,"process_utilization":false,"processes":[{"pid":3,"used_bytes":1,"sm_percent":5}]}]}`,
+			`processes[0]: sm_percent or memory_percent given on a GPU with "process_utilization": false`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -120,5 +126,29 @@ func TestLineCol(t *testing.T) {
 		if l, c := lineCol(data, tt.off); l != tt.line || c != tt.col {
 			t.Errorf("lineCol(%d) = %d:%d, want %d:%d", tt.off, l, c, tt.line, tt.col)
 		}
+	}
+}
+
+// Utilization: sm_percent and memory_percent are read; a process without
+// them computes nothing (files from before utilization mean what they
+// meant); a GPU with "process_utilization": false knows nothing of it.
+func TestSimulatedUtilization(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "gpus.json")
+	writeFile(t, path, `{"gpus":[
+	  {"memory_total_bytes":100,"processes":[{"pid":1,"used_bytes":10,"sm_percent":97,"memory_percent":12},{"pid":2,"used_bytes":10}]},
+	  {"memory_total_bytes":100,"process_utilization":false,"processes":[{"pid":3,"used_bytes":10}]}]}`)
+	snap := sample(t, openSimulated(t, path))
+	d0, d1 := snap.Devices[0], snap.Devices[1]
+	if d0.UtilizationMissing != "" {
+		t.Errorf("GPU 0: UtilizationMissing = %q, want known", d0.UtilizationMissing)
+	}
+	if got, want := d0.Processes[0].Util, (Utilization{Known: true, SMPercent: 97, MemoryPercent: 12}); got != want {
+		t.Errorf("pid 1: %+v, want %+v", got, want)
+	}
+	if got, want := d0.Processes[1].Util, (Utilization{Known: true}); got != want {
+		t.Errorf("pid 2 (no figures given): %+v, want known 0", got)
+	}
+	if d1.UtilizationMissing == "" || d1.Processes[0].Util.Known {
+		t.Errorf("GPU 1: missing %q, pid 3 %+v: want unknown", d1.UtilizationMissing, d1.Processes[0].Util)
 	}
 }

@@ -45,6 +45,11 @@ type Device struct {
 	// Processes hold GPU memory on this device, de-duplicated per
 	// (pid, GPU instance, compute instance) and sorted by PID.
 	Processes []Process
+	// UtilizationMissing says why this device's processes' utilization is
+	// unknown ("" when the device reports it): a driver without
+	// nvmlDeviceGetProcessUtilization, MIG, a GPU that does not support
+	// it, or an error.
+	UtilizationMissing string
 }
 
 // MIGInstance is one MIG device (a compute instance inside a GPU instance).
@@ -71,6 +76,27 @@ type Process struct {
 	UsedKnown         bool
 	GPUInstanceID     uint32
 	ComputeInstanceID uint32
+	// Util is the process's share of the device's compute and memory
+	// bandwidth just now.
+	Util Utilization
+}
+
+// Utilization is NVML's per-process utilization of one process on one
+// device: the share of the last sampling period in which a kernel of the
+// process ran on the SMs, and in which device memory was read or written
+// for it. A process that ran no kernel lately is absent from NVML's answer:
+// its figures are 0, and known.
+type Utilization struct {
+	// Known is false when the device cannot say (see
+	// Device.UtilizationMissing): then the figures are not 0 but unknown.
+	Known         bool
+	SMPercent     uint32
+	MemoryPercent uint32
+	// SampledAt is NVML's own timestamp of the reading (microseconds of
+	// the CPU's clock); 0 when the process ran nothing lately, and on the
+	// simulated GPU. The same reading, seen by two samples, has the same
+	// SampledAt: whoever counts readings counts it once.
+	SampledAt uint64
 }
 
 // UnknownMemory is what NVML puts in a process's used memory when it cannot

@@ -33,6 +33,8 @@ if bash .gpukit/setup-on-device; then
     python3 scripts/gpu_host_check.py 2>&1 | tee "$RES/gpu_host_check_debian12.txt" || step=1
     python3 scripts/gpu_check.py magics/py --mode kernel --notebook examples/leaks.ipynb \
       --notebook-out "$RES/leaks.ipynb" 2>&1 | tee "$RES/gpu_check_debian12.txt" || step=1
+    GPUMEM_DRIVER_TEST=$PWD/.gpukit/driver.test python3 scripts/gpuhost/util_check.py 2>&1 \
+      | tee "$RES/util_check_debian12.txt" || step=1
     exit $step
   ) || rc=1
 else

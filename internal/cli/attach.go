@@ -55,9 +55,10 @@ func runAttach(ctx context.Context, env Env, args []string) error {
 }
 
 func runFree(ctx context.Context, env Env, args []string) error {
-	fs := newFlagSet(env, "free", "KERNEL [--vars a,b] [--all] [--children] [--runtime-dir DIR ...]\n\n"+
+	fs := newFlagSet(env, "free", "KERNEL [--vars a,b] [--all] [--children] [--orphans [--pid N,...]] [--runtime-dir DIR ...]\n\n"+
 		"By default only caches are freed (gc, then the frameworks' caches): no user variable is touched.\n"+
-		"--children ends the kernel's worker processes that hold GPU memory instead (never the kernel).")
+		"--children ends the kernel's worker processes that hold GPU memory instead (never the kernel).\n"+
+		"--orphans ends instead the processes of KERNEL's dead tree that gpumem serve left running (they were computing on a GPU).")
 	var dirs stringList
 	fs.Var(&dirs, "runtime-dir", "also look in this Jupyter runtime dir (repeatable)")
 	vars := fs.String("vars", "", "also delete these variables (comma-separated) and IPython's hidden references to them")
@@ -65,12 +66,24 @@ func runFree(ctx context.Context, env Env, args []string) error {
 	children := fs.Bool("children", false, "end the kernel's GPU-holding worker processes, never the kernel (needs gpumem serve)")
 	asJSON := fs.Bool("json", false, "print the kernel's report as JSON")
 	timeout := fs.Duration("timeout", 10*time.Minute, "how long to wait for the kernel's current cell to finish")
+	orphans := fs.Bool("orphans", false, "end the processes reclaim left running for KERNEL (the notebook's user or root only; through gpumem serve)")
+	orphanPIDs := fs.String("pid", "", "with --orphans, only these processes (comma-separated pids)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
 		return fmt.Errorf("%w: want exactly one KERNEL, got %d", errUsage, len(pos))
+	}
+	if *orphans || *orphanPIDs != "" {
+		if !*orphans || *vars != "" || *all || *children {
+			return fmt.Errorf("%w: --pid goes with --orphans, which ends processes and takes no --vars, --all or --children", errUsage)
+		}
+		pids, err := parsePIDs(*orphanPIDs)
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		return runFreeOrphans(ctx, env, dirs, pos[0], pids, *asJSON)
 	}
 	req := api.FreeRequest{All: *all, Vars: splitList(*vars)}
 	if err := req.Validate(); err != nil {

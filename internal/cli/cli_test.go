@@ -38,19 +38,21 @@ func sampleReport() attribution.Report {
 	return attribution.Report{
 		GPUs: []attribution.GPU{
 			{Index: 0, UUID: "GPU-0", Name: "NVIDIA H200", MemoryTotalBytes: 141 * gib, MemoryUsedBytes: 60 * gib,
-				NotebookBytes: 52 * gib, OtherBytes: 8 * gib, FreeBytes: 80 * gib},
-			{Index: 1, UUID: "GPU-1", Name: "NVIDIA H200", MemoryTotalBytes: 141 * gib, Simulated: true, FreeBytes: 141 * gib},
+				NotebookBytes: 52 * gib, OtherBytes: 8 * gib, FreeBytes: 80 * gib, Utilization: &attribution.Utilization{SMPercent: 97, MemoryPercent: 12}},
+			{Index: 1, UUID: "GPU-1", Name: "NVIDIA H200", MemoryTotalBytes: 141 * gib, Simulated: true, FreeBytes: 141 * gib,
+				UtilizationMissing: "MIG: NVML reports no per-process utilization on MIG instances"},
 		},
 		Notebooks: []attribution.Notebook{
 			{KernelID: "4c1f2e0a-aaaa", Notebook: "/home/alice/train.ipynb", PIDs: []int{812, 845}, User: "alice",
-				GPUMemoryBytes: 40 * gib, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 40 * gib}}},
+				GPUMemoryBytes: 40 * gib, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 40 * gib, Utilization: &attribution.Utilization{SMPercent: 97, MemoryPercent: 12}}}},
 			{KernelID: "9d00be11-bbbb", Notebook: "/home/bob/eval.ipynb", PIDs: []int{901}, User: "bob",
-				GPUMemoryBytes: 12 * gib, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 12 * gib}}},
+				GPUMemoryBytes: 12 * gib, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 12 * gib, Utilization: &attribution.Utilization{}}}},
 			{KernelID: "77aa0000-cccc", Notebook: "", PIDs: []int{990}, User: "carol"},
 		},
 		Other: []attribution.OtherProcess{
 			{PID: 4242, User: "dave", Command: "python serve.py --port 8000", PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 8 * gib}}},
 		},
+		LeftRunning: []attribution.LeftRunning{{KernelID: "4c1f2e0a-aaaa", PID: 777, Message: "a job started from train.ipynb (pid 777, `python train.py`) is still computing on GPU 0 with 20.0 GiB: left running"}},
 	}
 }
 
@@ -92,6 +94,11 @@ func TestWriteIdleGolden(t *testing.T) {
 	rep.Notebooks[0].Activity = &attribution.Activity{ExecutionState: "idle", LastActivity: now.Add(-3 * time.Hour),
 		IdleSeconds: 3 * 3600, CullAt: now.Add(5 * time.Minute), CullAction: "shutdown"}
 	rep.Notebooks[1].Activity = &attribution.Activity{ExecutionState: "busy", LastActivity: now}
+	hoarded := 12.5
+	rep.Notebooks[0].Compute = &attribution.Compute{State: attribution.ComputeIdle, HoardedGiBHours: &hoarded}
+	rep.Notebooks[1].Compute = &attribution.Compute{State: attribution.ComputeComputing, HoardedGiBHours: new(float64)}
+	rep.Notebooks[2].Compute = &attribution.Compute{State: attribution.ComputeUnknown}
+	rep.Hoarding = []attribution.UserHoarding{{User: "alice", GiBHours: 12.5, WindowSeconds: 86400}, {User: "bob", WindowSeconds: 86400}}
 	var b bytes.Buffer
 	if err := writeIdle(&b, rep, now); err != nil {
 		t.Fatal(err)
@@ -166,5 +173,32 @@ func TestRunExitCodes(t *testing.T) {
 		if code := Run(context.Background(), tc.args, env); code != tc.code || !strings.Contains(errb.String(), tc.inStderr) {
 			t.Errorf("gpumem %v: exit %d, stderr %q; want exit %d with %q", tc.args, code, errb.String(), tc.code, tc.inStderr)
 		}
+	}
+}
+
+func TestMatchLeftRunning(t *testing.T) {
+	left := []attribution.LeftRunning{
+		{KernelID: "4c1f2e0a-aaaa", Notebook: "/home/alice/train.ipynb", PID: 1},
+		{KernelID: "4c1f2e0a-aaaa", Notebook: "/home/alice/train.ipynb", PID: 2},
+		{KernelID: "4c9900aa-bbbb", Notebook: "/home/alice/eval.ipynb", PID: 3},
+	}
+	for _, tc := range []struct{ arg, want, err string }{
+		{"4c1f2e0a-aaaa", "4c1f2e0a-aaaa", ""},
+		{"4c1f", "4c1f2e0a-aaaa", ""},
+		{"train.ipynb", "4c1f2e0a-aaaa", ""},
+		{"/home/alice/eval.ipynb", "4c9900aa-bbbb", ""},
+		{"4c", "", "matches 2 kernels"},
+		{"nope", "", "no kernel with processes left running matches"},
+	} {
+		got, err := matchLeftRunning(left, tc.arg)
+		if got != tc.want || (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("%q: %q, %v; want %q, %q", tc.arg, got, err, tc.want, tc.err)
+		}
+	}
+	if _, err := matchLeftRunning(nil, "x"); err == nil || !strings.Contains(err.Error(), "left no process running") {
+		t.Errorf("nothing left running: %v", err)
+	}
+	if _, err := parsePIDs("12, 0"); err == nil {
+		t.Error("pid 0 parsed")
 	}
 }

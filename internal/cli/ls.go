@@ -56,7 +56,7 @@ func (w *watchFlag) Set(v string) error {
 func runLs(ctx context.Context, env Env, args []string) error {
 	fs := newFlagSet(env, "ls", "[--json] [--idle] [--watch[=INTERVAL]] [--runtime-dir DIR ...]")
 	asJSON := fs.Bool("json", false, "print JSON")
-	idle := fs.Bool("idle", false, "idle GPU holders: each kernel's idle time (its server's last_activity) beside its GPU memory, largest first")
+	idle := fs.Bool("idle", false, "idle GPU holders: each kernel's idle time (its server's last_activity, and its processes' last work on a GPU) beside its GPU memory, whether it computes, and what it held while computing nothing (GiB·h), largest first")
 	var watch watchFlag
 	fs.Var(&watch, "watch", "redraw every INTERVAL (default 2s) until Ctrl-C")
 	var dirs stringList
@@ -328,8 +328,8 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 		if g.MemoryTotalBytes > 0 {
 			pct = 100 * float64(g.MemoryUsedBytes) / float64(g.MemoryTotalBytes)
 		}
-		fmt.Fprintf(w, "GPU %d  %s%s  %s / %s used (%.0f%%)\n", g.Index, textsafe.Line(g.Name), sim,
-			units.Bytes(g.MemoryUsedBytes), units.Bytes(g.MemoryTotalBytes), pct)
+		fmt.Fprintf(w, "GPU %d  %s%s  %s / %s used (%.0f%%)  SM %s\n", g.Index, textsafe.Line(g.Name), sim,
+			units.Bytes(g.MemoryUsedBytes), units.Bytes(g.MemoryTotalBytes), pct, gpuSM(g))
 		type row struct {
 			cols  string
 			bytes uint64
@@ -341,14 +341,14 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 				if name == "" {
 					name = "(no notebook)"
 				}
-				rows = append(rows, row{fmt.Sprintf("  %s\t%s\t%s\t%s\t%s", name, shortID(nb.KernelID),
-					joinPIDs(nb.PIDs), orDash(nb.User), units.Bytes(b)), b})
+				rows = append(rows, row{fmt.Sprintf("  %s\t%s\t%s\t%s\t%s\t%s", name, shortID(nb.KernelID),
+					joinPIDs(nb.PIDs), orDash(nb.User), units.Bytes(b), smOn(nb.PerGPU, g.Index)), b})
 			}
 		}
 		for _, o := range rep.Other {
 			if b, ok := onGPU(o.PerGPU, g.Index); ok {
-				others = append(others, row{fmt.Sprintf("  other: %s\t-\t%d\t%s\t%s", orDash(truncate(o.Command, 60)), o.PID,
-					orDash(o.User), units.Bytes(b)), b})
+				others = append(others, row{fmt.Sprintf("  other: %s\t-\t%d\t%s\t%s\t%s", orDash(truncate(o.Command, 60)), o.PID,
+					orDash(o.User), units.Bytes(b), smOn(o.PerGPU, g.Index)), b})
 			}
 		}
 		bySize := func(r []row) {
@@ -358,7 +358,7 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 		bySize(others)
 		if len(rows)+len(others) > 0 {
 			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "  NOTEBOOK\tKERNEL\tPIDS\tUSER\tMEMORY")
+			fmt.Fprintln(tw, "  NOTEBOOK\tKERNEL\tPIDS\tUSER\tMEMORY\tSM")
 			for _, r := range append(rows, others...) {
 				fmt.Fprintln(tw, r.cols)
 			}
@@ -388,8 +388,46 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 	if len(idle) > 0 {
 		fmt.Fprintf(w, "Kernels without GPU memory: %s\n", strings.Join(idle, ", "))
 	}
+	writeLeftRunning(w, rep)
 	return nil
 }
+
+// writeLeftRunning lists the processes reclaim left running, each by the
+// daemon's sentence, and how to end them.
+func writeLeftRunning(w io.Writer, rep attribution.Report) {
+	if len(rep.LeftRunning) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "Left running by reclaim (end one with gpumem free KERNEL --orphans):")
+	for _, lr := range rep.LeftRunning {
+		fmt.Fprintf(w, "  kernel %s: %s\n", shortID(lr.KernelID), textsafe.Line(lr.Message))
+	}
+}
+
+// gpuSM is a GPU's SM utilization: its processes' sum, or unknown and why.
+func gpuSM(g attribution.GPU) string {
+	if g.Utilization == nil {
+		if g.UtilizationMissing != "" {
+			return "unknown (" + g.UtilizationMissing + ")"
+		}
+		return "unknown"
+	}
+	return fmt.Sprintf("%d%%", g.Utilization.SMPercent)
+}
+
+// smOn is the SM utilization on GPU index of per's entry: "unknown" when
+// the GPU cannot say, never 0.
+func smOn(per []attribution.GPUBytes, index int) string {
+	for _, p := range per {
+		if p.Index == index && p.Utilization != nil {
+			return fmt.Sprintf("%d%%", p.Utilization.SMPercent)
+		}
+	}
+	return "unknown"
+}
+
+// gibHours renders GPU memory held over time.
+func gibHours(v float64) string { return fmt.Sprintf("%.2f GiB·h", v) }
 
 // writeIdle renders each kernel's activity beside its GPU memory, largest
 // holder first: who sits on GPU memory without using it.
@@ -397,7 +435,7 @@ func writeIdle(w io.Writer, rep attribution.Report, now time.Time) error {
 	nbs := append([]attribution.Notebook(nil), rep.Notebooks...)
 	sort.SliceStable(nbs, func(i, j int) bool { return nbs[i].GPUMemoryBytes > nbs[j].GPUMemoryBytes })
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NOTEBOOK\tKERNEL\tUSER\tSTATE\tIDLE\tMEMORY\tCULL")
+	fmt.Fprintln(tw, "NOTEBOOK\tKERNEL\tUSER\tSTATE\tIDLE\tMEMORY\tGPU WORK\tHOARDED\tCULL")
 	for _, nb := range nbs {
 		name := textsafe.Line(nb.Notebook)
 		if name == "" {
@@ -413,10 +451,29 @@ func writeIdle(w io.Writer, rep attribution.Report, now time.Time) error {
 				cull = fmt.Sprintf("%s in %s", orDash(a.CullAction), a.CullAt.Sub(now).Round(time.Second))
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, shortID(nb.KernelID), orDash(nb.User), state, idleFor,
-			units.Bytes(nb.GPUMemoryBytes), cull)
+		work, hoarded := "-", "-"
+		if c := nb.Compute; c != nil {
+			work = c.State
+			if c.HoardedGiBHours != nil {
+				hoarded = gibHours(*c.HoardedGiBHours)
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, shortID(nb.KernelID), orDash(nb.User), state, idleFor,
+			units.Bytes(nb.GPUMemoryBytes), work, hoarded, cull)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(rep.Hoarding) > 0 {
+		parts := make([]string, len(rep.Hoarding))
+		for i, h := range rep.Hoarding {
+			parts[i] = orDash(h.User) + " " + gibHours(h.GiBHours)
+		}
+		window := time.Duration(rep.Hoarding[0].WindowSeconds) * time.Second
+		fmt.Fprintf(w, "GPU memory held while computing nothing, per user, last %s: %s\n", window, strings.Join(parts, ", "))
+	}
+	writeLeftRunning(w, rep)
+	return nil
 }
 
 func onGPU(per []attribution.GPUBytes, index int) (uint64, bool) {

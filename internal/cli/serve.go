@@ -28,7 +28,10 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	interval := fs.Duration("interval", time.Second, "how often to sample GPU memory")
 	rescan := fs.Duration("rescan", 5*time.Second, "how often to rescan the runtime dirs besides inotify events (a deleted dir, a missed event)")
 	reclaim := fs.Bool("reclaim", true, "end orphans of a restarted or shut-down kernel that still hold GPU memory (false: only report them)")
-	grace := fs.Duration("reclaim-grace", 5*time.Second, "time between SIGTERM and SIGKILL when reclaiming")
+	grace := fs.Duration("reclaim-grace", 5*time.Second, "how long a dead kernel's survivors are watched for GPU work before any is ended, and the time between SIGTERM and SIGKILL when reclaiming")
+	computeWindow := fs.Duration("compute-window", time.Minute, "how far back \"computing on a GPU\" looks: a process computes when at least 2 of its readings in this window reach --compute-threshold (reclaim looks from this long before the kernel's exit)")
+	computeThreshold := fs.Uint("compute-threshold", 1, "SM or memory busy percentage that makes a reading count as work on a GPU (1 to 100)")
+	reclaimUnknown := fs.String("reclaim-unknown", daemon.ReclaimKeep, "what reclaim does with a survivor whose GPU utilization is unknown (MIG, a driver without per-process utilization): keep (leave it running) or end")
 	allUsers := fs.Bool("reclaim-all-users", false, "as root, also reclaim other users' orphans")
 	everyUser := fs.Bool("all-users", false, "as root, find and watch every user's kernels (their runtime dirs, kernel processes, Jupyter servers); rescans every 2s unless --rescan says otherwise")
 	podKernels := fs.Bool("pod-kernels", false, "as root on a Kubernetes node with the host's pids (hostPID): also find, attach to, inject into and reclaim for the kernels inside this node's pods; reads every pod's connection keys: see deploy/helm/gpumem/README.md; rescans every 2s unless --rescan says otherwise")
@@ -43,7 +46,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	threshold := fs.Float64("alert-threshold", 0.8, "warn when a GPU's used memory passes this fraction of its total (0 disables)")
 	noNotebookAlerts := fs.Bool("no-notebook-alerts", false, "don't print alerts in notebooks")
 	noInject := fs.Bool("no-inject", false, "don't inject the %gpumem magics into kernels")
-	cullIdle := fs.Duration("cull-idle", 0, "cull kernels idle this long (by their server's last_activity) that hold GPU memory (0: off)")
+	cullIdle := fs.Duration("cull-idle", 0, "cull kernels idle this long (by their server's last_activity and their processes' work on a GPU) that hold GPU memory (0: off)")
 	cullMin := fs.String("cull-min-memory", "1GiB", "cull only kernels holding at least this much GPU memory (children included)")
 	cullAction := fs.String("cull-action", daemon.CullReport, "what culling does: report (log and count), free (cache-only free) or shutdown (through the kernel's server)")
 	cullWarn := fs.Duration("cull-warn", 10*time.Minute, "warn in the notebook this long before culling; any use cancels")
@@ -96,6 +99,13 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		return fmt.Errorf("%w: GPUMEM_SERVER_TOKEN is set, but no --server-token-url (or GPUMEM_SERVER_TOKEN_URLS) says which servers it is for: "+
 			"a server file is its user's to write, so the token is sent only to the servers named", errUsage)
 	}
+	if *computeThreshold < 1 || *computeThreshold > 100 || *computeWindow <= 0 {
+		return fmt.Errorf("%w: --compute-threshold=%d --compute-window=%v: want a percentage from 1 to 100 and a positive window", errUsage, *computeThreshold, *computeWindow)
+	}
+	compute := daemon.ComputeConfig{Window: *computeWindow, ThresholdPercent: uint32(*computeThreshold), ReclaimUnknown: *reclaimUnknown}
+	if err := compute.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
 	log, err := newLogger(env.Stderr, *logFormat, *logLevel)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
@@ -114,7 +124,10 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		}
 	}
 	// The real dependencies, built once here.
-	gpus, err := driver.Open(driver.Options{FakeGPUFile: env.getenv("GPUMEM_FAKE_GPU")})
+	// A process's utilization reading stands twice the interval, so that
+	// none falls between two samples (the daemon counts each reading once).
+	gpus, err := driver.Open(driver.Options{FakeGPUFile: env.getenv("GPUMEM_FAKE_GPU"),
+		UtilizationWindow: max(driver.DefaultUtilizationWindow, 2**interval)})
 	if err != nil {
 		return err
 	}
@@ -145,6 +158,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		ServerToken:        token,
 		ServerTokenURLs:    urls,
 		Cull:               cull,
+		Compute:            compute,
 	}, deps, log)
 	if err != nil {
 		return err

@@ -65,10 +65,13 @@ type FakeGPU struct {
 	mu   sync.Mutex
 }
 
-// FakeProc is one process of the simulated GPU.
+// FakeProc is one process of the simulated GPU; SMPercent and
+// MemoryPercent play one that computes (none: it only holds memory).
 type FakeProc struct {
-	PID       int    `json:"pid"`
-	UsedBytes uint64 `json:"used_bytes"`
+	PID           int    `json:"pid"`
+	UsedBytes     uint64 `json:"used_bytes"`
+	SMPercent     uint32 `json:"sm_percent,omitempty"`
+	MemoryPercent uint32 `json:"memory_percent,omitempty"`
 }
 
 // NewFakeGPU writes an empty simulated GPU in a temporary dir.
@@ -82,12 +85,25 @@ func NewFakeGPU(t testing.TB) *FakeGPU {
 // file).
 func (f *FakeGPU) Set(t testing.TB, procs ...FakeProc) {
 	t.Helper()
-	f.SetDevices(t, procs)
+	f.write(t, true, procs)
 }
 
 // SetDevices lists, on each of len(devices) simulated 80 GiB GPUs, its
 // processes (atomically).
 func (f *FakeGPU) SetDevices(t testing.TB, devices ...[]FakeProc) {
+	t.Helper()
+	f.write(t, true, devices...)
+}
+
+// SetUtilizationUnknown is Set on a GPU that cannot say how much its
+// processes compute (as MIG, or a driver without per-process
+// utilization); procs' percentages must be 0.
+func (f *FakeGPU) SetUtilizationUnknown(t testing.TB, procs ...FakeProc) {
+	t.Helper()
+	f.write(t, false, procs)
+}
+
+func (f *FakeGPU) write(t testing.TB, utilization bool, devices ...[]FakeProc) {
 	t.Helper()
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -96,10 +112,14 @@ func (f *FakeGPU) SetDevices(t testing.TB, devices ...[]FakeProc) {
 		if procs == nil {
 			procs = []FakeProc{}
 		}
-		gpus = append(gpus, map[string]any{
+		gpu := map[string]any{
 			"name": "Simulated H200", "uuid": fmt.Sprintf("GPU-00000000-0000-0000-0000-%012d", i),
 			"memory_total_bytes": uint64(80 << 30), "processes": procs,
-		})
+		}
+		if !utilization {
+			gpu["process_utilization"] = false
+		}
+		gpus = append(gpus, gpu)
 	}
 	doc := map[string]any{"gpus": gpus}
 	b, _ := json.Marshal(doc)

@@ -53,11 +53,14 @@ class Daemon:
     async def close(self):
         await self._client.aclose()
 
-    async def request(self, method, path, params=None, timeout=None):
-        """Calls the daemon; returns the decoded JSON of a 200 reply."""
+    async def request(self, method, path, params=None, timeout=None, body=None):
+        """Calls the daemon; returns the decoded JSON of a 200 reply. body,
+        when given, is sent as JSON."""
         if not os.path.exists(self.path):
             raise NoDaemon(self.path)
         kwargs = {"params": params}
+        if body is not None:
+            kwargs["json"] = body
         if timeout is not None:
             kwargs["timeout"] = timeout
         self.requests += 1

@@ -18,6 +18,7 @@ from . import view
 from .daemon import Daemon, DaemonError, NoDaemon, socket_path
 
 KERNEL_ID = r"(?P<kernel_id>[0-9a-fA-F-]{1,64})"
+KNOWN_KERNELS = 4096
 
 
 class _Base(APIHandler):
@@ -28,17 +29,29 @@ class _Base(APIHandler):
     def own_kernel_ids(self):
         return set(self.kernel_manager.list_kernel_ids())
 
+    def known_kernel_ids(self):
+        """This server's kernels now and those it ran since it started (at
+        most the last KNOWN_KERNELS): a kernel shut down may have left a
+        job running that its user wants to hear about and end."""
+        known = self.settings["gpumem_known_kernels"]
+        for k in self.own_kernel_ids():
+            known.pop(k, None)
+            known[k] = True
+        while len(known) > KNOWN_KERNELS:
+            known.pop(next(iter(known)))
+        return set(known)
+
     def reply(self, status, body):
         self.set_status(status)
         self.set_header("Cache-Control", "no-store")
         self.finish(json.dumps(body))
 
-    async def daemon_json(self, method, path, params=None, timeout=None):
+    async def daemon_json(self, method, path, params=None, timeout=None, body=None):
         """(the daemon's JSON, None), or (None, (status, body)) to reply with:
         one status line for the browser, never an HTTP error but a 404 of a
         kernel."""
         try:
-            data = await self.daemon.request(method, path, params=params, timeout=timeout)
+            data = await self.daemon.request(method, path, params=params, timeout=timeout, body=body)
             return data, None
         except NoDaemon:
             return None, (200, view.no_daemon(self.daemon.path))
@@ -53,9 +66,9 @@ class _Base(APIHandler):
                 {"status": "error", "message": f"gpumem serve did not answer: {e}"},
             )
 
-    async def call_daemon(self, method, path, params=None, timeout=None):
+    async def call_daemon(self, method, path, params=None, timeout=None, body=None):
         """The daemon's JSON, or None after replying with the status line."""
-        data, failed = await self.daemon_json(method, path, params=params, timeout=timeout)
+        data, failed = await self.daemon_json(method, path, params=params, timeout=timeout, body=body)
         if failed:
             self.reply(*failed)
         return data
@@ -107,7 +120,7 @@ class StateHandler(_Base):
             k = (s.get("kernel") or {}).get("id")
             if k:
                 paths[k] = s.get("path", "")
-        body = view.server_view(hist, own, paths)
+        body = view.server_view(hist, own, paths, self.known_kernel_ids())
         body["daemon_requests"] = self.daemon.requests
         return 200, body
 
@@ -144,6 +157,31 @@ class ChildrenHandler(KernelHandler):
             self.reply(200, {"status": "ok", "children": rep})
 
 
+class EndOrphansHandler(KernelHandler):
+    """POST kernels/{id}/orphans/end, body {"pids": [...]} (optional): ends
+    processes gpumem serve left running for one of this server's kernels
+    (now or earlier). The daemon checks each as reclaim does, and the
+    caller: this server's user."""
+
+    @tornado.web.authenticated
+    async def post(self, kernel_id):
+        if kernel_id not in self.known_kernel_ids():
+            raise tornado.web.HTTPError(403, f"kernel {kernel_id} is not one of this server's kernels")
+        body = None
+        if self.request.body:
+            try:
+                req = json.loads(self.request.body)
+                pids = req.get("pids", [])
+                if not isinstance(pids, list) or not all(isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in pids):
+                    raise ValueError("pids must be a list of process ids")
+            except (ValueError, AttributeError) as e:
+                raise tornado.web.HTTPError(400, f"orphans/end: {e}") from e
+            body = {"pids": pids} if pids else None
+        rep = await self.call_daemon("POST", f"/api/v1/kernels/{kernel_id}/orphans/end", timeout=60, body=body)
+        if rep is not None:
+            self.reply(200, {"status": "ok", "end": rep})
+
+
 class QueryHandler(KernelHandler):
     """GET kernels/{id}/vars, /summary or /why: read silently through the
     daemon."""
@@ -163,12 +201,14 @@ def setup_handlers(serverapp):
     path = socket_path(serverapp.runtime_dir)
     web_app.settings["gpumem_daemon"] = Daemon(path)
     web_app.settings["gpumem_inflight"] = {}
+    web_app.settings["gpumem_known_kernels"] = {}
     base = url_path_join(web_app.settings["base_url"], "gpumem", "api", "v1")
     web_app.add_handlers(
         ".*$",
         [
             (url_path_join(base, "state"), StateHandler),
             (url_path_join(base, "kernels", KERNEL_ID, "free"), FreeHandler),
+            (url_path_join(base, "kernels", KERNEL_ID, "orphans", "end"), EndOrphansHandler),
             (
                 url_path_join(base, "kernels", KERNEL_ID, r"(?P<what>vars|summary|why)"),
                 QueryHandler,

@@ -6,12 +6,15 @@ def _bytes_on(per_gpu):
     return {int(g.get("index", 0)): int(g.get("bytes", 0)) for g in per_gpu or []}
 
 
-def server_view(history, own_kernels, paths):
+def server_view(history, own_kernels, paths, known_kernels=()):
     """Shapes GET /api/v1/history's reply for the browser.
 
     own_kernels: the kernel ids of this server's kernel manager.
     paths: kernel id -> the notebook's path relative to the server's root
     (from its sessions), for "Open".
+    known_kernels: kernel ids this server ran earlier (shut down since): the
+    processes gpumem serve left running for them are still this server's
+    to hear about and end.
     """
     report = history.get("report") or {}
     notebooks, others = [], {}
@@ -70,8 +73,18 @@ def server_view(history, own_kernels, paths):
         "series": {
             "gpus": history.get("gpus") or [],
             "notebooks": [s for s in history.get("notebooks") or [] if s.get("id") in own_kernels],
+            "notebook_sm": [s for s in history.get("notebook_sm") or [] if s.get("id") in own_kernels],
         },
-        "events": [e for e in history.get("events") or [] if e.get("kernel_id") in own_kernels],
+        "events": [
+            e
+            for e in history.get("events") or []
+            if e.get("kernel_id") in own_kernels or (e.get("kind") == "left_running" and e.get("kernel_id") in known_kernels)
+        ],
+        "left_running": [
+            lr
+            for lr in report.get("left_running") or []
+            if lr.get("kernel_id") in own_kernels or lr.get("kernel_id") in known_kernels
+        ],
         "last_event": history.get("last_event", 0),
     }
 

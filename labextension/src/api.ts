@@ -48,6 +48,11 @@ export function freeCache(kernelId: string): Promise<KernelReply<'free'>> {
   return call(`kernels/${encodeURIComponent(kernelId)}/free`, { method: 'POST' });
 }
 
+/** Ends processes gpumem serve left running for one of this server's kernels. */
+export function endOrphans(kernelId: string, pids: number[]): Promise<KernelReply<'end'>> {
+  return call(`kernels/${encodeURIComponent(kernelId)}/orphans/end`, { method: 'POST', body: JSON.stringify({ pids }) });
+}
+
 /** %gpumem vars's data for a kernel, read silently through the daemon. */
 export function fetchVars(kernelId: string, allDevices = false): Promise<KernelReply<'vars'>> {
   return call(`kernels/${encodeURIComponent(kernelId)}/vars${allDevices ? '?all_devices=1' : ''}`);

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import { baseName, formatBytes, formatPercent, levelFor, reclaimMessage } from './format';
+import { baseName, formatBytes, formatPercent, formatUtil, levelFor, reclaimMessage, sparklinePath } from './format';
 
 describe('formatBytes', () => {
   it.each([
@@ -58,5 +58,18 @@ describe('baseName and reclaimMessage', () => {
       'Ended 1 orphan of kernel abcdef01 holding 1.0 GiB after the shutdown']
   ])('%o', (ev, want) => {
     expect(reclaimMessage(ev)).toBe(want);
+  });
+});
+
+describe('formatUtil and sparklinePath', () => {
+  it('never shows unknown as 0', () => {
+    expect(formatUtil({ sm_percent: 97.4 })).toBe('97% SM');
+    expect(formatUtil({ sm_percent: 0 })).toBe('0% SM');
+    expect(formatUtil(undefined)).toBe('unknown');
+  });
+  it('draws runs of known values, leaving gaps open', () => {
+    expect(sparklinePath([0, 100, null, 50], 30, 10)).toBe('M0.0,10.0L10.0,0.0M30.0,5.0');
+    expect(sparklinePath([], 30, 10)).toBe('');
+    expect(sparklinePath([null], 30, 10)).toBe('');
   });
 });

@@ -71,3 +71,33 @@ export function reclaimMessage(ev: {
   const after = ev.reason === 'shutdown' ? 'the shutdown' : 'the restart';
   return `Ended ${what} of ${of} holding ${formatBytes(ev.bytes)} after ${after}`;
 }
+
+/** A utilization figure: "97% SM", or "unknown" (never 0 for unknown). */
+export function formatUtil(u: { sm_percent: number } | undefined): string {
+  return u ? `${Math.round(u.sm_percent)}% SM` : 'unknown';
+}
+
+/**
+ * An SVG path for a sparkline of values (0 to max, at least 100) in a box
+ * of width × height: one segment per run of known values, gaps left open.
+ */
+export function sparklinePath(values: (number | null)[], width: number, height: number): string {
+  if (values.length === 0) {
+    return '';
+  }
+  const top = Math.max(100, ...values.map(v => v ?? 0));
+  const dx = values.length > 1 ? width / (values.length - 1) : 0;
+  let d = '';
+  let pen = false;
+  values.forEach((v, i) => {
+    if (v === null) {
+      pen = false;
+      return;
+    }
+    const x = (i * dx).toFixed(1);
+    const y = (height - (height * v) / top).toFixed(1);
+    d += `${pen ? 'L' : 'M'}${x},${y}`;
+    pen = true;
+  });
+  return d;
+}

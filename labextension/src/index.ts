@@ -8,7 +8,7 @@ import { INotebookTracker } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
-import { freeCache } from './api';
+import { endOrphans, freeCache } from './api';
 import { reclaimMessage } from './format';
 import { alerts, cullWarnings, newAlerts } from './model';
 import { LogEvent, newOOMs } from './oom';
@@ -99,11 +99,34 @@ const plugin: JupyterFrontEndPlugin<void> = {
         }
       }
     });
-    // Orphans the daemon ended after a restart or shutdown.
+    // Orphans the daemon ended after a restart or shutdown, and jobs it
+    // left running because they compute on a GPU (its sentence, and an
+    // action that ends one).
     source.events.connect((_, events) => {
       for (const ev of events) {
         if (ev.kind === 'reclaim') {
           Notification.info(reclaimMessage(ev), { autoClose: 15000 });
+        } else if (ev.kind === 'left_running' && ev.message && ev.pid) {
+          const pid = ev.pid;
+          Notification.warning(ev.message, {
+            autoClose: false,
+            actions: [
+              {
+                label: 'End it',
+                caption: `End pid ${pid} (SIGTERM, then SIGKILL): its work is lost`,
+                callback: () => {
+                  void endOrphans(ev.kernel_id, [pid])
+                    .then(r => {
+                      const p = (r.end as { processes?: { ended: boolean; reason?: string }[] } | undefined)?.processes?.[0];
+                      if (r.status !== 'ok' || !p?.ended) {
+                        Notification.warning(`pid ${pid} was not ended: ${p?.reason ?? r.message ?? 'failed'}`, { autoClose: 8000 });
+                      }
+                    })
+                    .finally(() => source.refresh());
+                }
+              }
+            ]
+          });
         }
       }
     });

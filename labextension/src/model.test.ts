@@ -10,6 +10,7 @@ import {
   newAlerts,
   Notebook,
   notebookLabel,
+  smSeries,
   stackNotebooks,
   State,
   tooltipLines,
@@ -196,5 +197,15 @@ describe('cullWarnings', () => {
     expect(formatDuration(40)).toBe('40 s');
     expect(formatDuration(720)).toBe('12 min');
     expect(formatDuration(7200)).toBe('2 h');
+  });
+});
+
+describe('smSeries', () => {
+  it('is the SM % a step, with gaps where unknown', () => {
+    const h = new History();
+    h.merge(state({ now: 1000, series: { gpus: [], notebooks: [{ id: 'a', peak_bytes: 0, peak_at: 0, points: [[1000, GiB]] }],
+      notebook_sm: [{ id: 'a', peak_bytes: 0, peak_at: 0, points: [[997, 90], [998, 95], [1000, 0]] }] } }));
+    expect(smSeries(h, 'a', 1, 5)).toEqual([null, 90, 95, null, 0]);
+    expect(smSeries(h, 'b', 1, 2)).toEqual([null, null]);
   });
 });

@@ -9,6 +9,29 @@ export interface GPUBytes {
   index: number;
   bytes: number;
   bytes_unknown?: boolean;
+  /** Absent when the GPU cannot say: unknown, never 0. */
+  utilization?: Utilization;
+}
+
+/** NVML's per-process utilization, as the daemon charges it. */
+export interface Utilization {
+  sm_percent: number;
+  memory_percent: number;
+}
+
+/** The daemon's verdict on a notebook's GPU work, and its hoarding. */
+export interface Compute {
+  state: 'computing' | 'idle' | 'unknown';
+  reason?: string;
+  last_computed_at?: string;
+  hoarded_gib_hours?: number;
+}
+
+/** A process of a dead kernel's tree that reclaim left running. */
+export interface LeftRunning {
+  kernel_id: string;
+  pid: number;
+  message: string;
 }
 
 export interface GPU {
@@ -37,6 +60,9 @@ export interface Notebook {
   activity?: Activity;
   /** (GPU, pid) of its tree holding memory with no framework memory there, as the daemon flags them. */
   stray_contexts?: StrayContext[];
+  /** Summed over its GPUs; absent when unknown. */
+  utilization?: Utilization;
+  compute?: Compute;
 }
 
 export interface StrayContext {
@@ -81,6 +107,9 @@ export interface ReclaimEvent {
   reason: string;
   processes: number;
   bytes: number;
+  /** A process left running ("left_running"): what ending it names, and the daemon's sentence. */
+  pid?: number;
+  message?: string;
 }
 
 export interface State {
@@ -92,9 +121,10 @@ export interface State {
   notebooks: Notebook[];
   others: OtherUser[];
   warnings: string[];
-  series: { gpus: Series[]; notebooks: Series[] };
+  series: { gpus: Series[]; notebooks: Series[]; notebook_sm?: Series[] };
   events: ReclaimEvent[];
   last_event: number;
+  left_running?: LeftRunning[];
 }
 
 export interface Unavailable {
@@ -114,6 +144,8 @@ export const WINDOW_SECONDS = 15 * 60;
 export class History {
   readonly notebooks = new Map<string, Map<number, number>>();
   readonly gpus = new Map<string, Map<number, number>>();
+  /** Per notebook, SM % (summed over its GPUs); no point where unknown. */
+  readonly sm = new Map<string, Map<number, number>>();
   now = 0;
   /** The newest point's time: the daemon's clock runs ahead of its last sample. */
   last = 0;
@@ -136,8 +168,9 @@ export class History {
     };
     add(this.notebooks, state.series.notebooks);
     add(this.gpus, state.series.gpus);
+    add(this.sm, state.series.notebook_sm ?? []);
     const horizon = this.now - WINDOW_SECONDS;
-    for (const all of [this.notebooks, this.gpus]) {
+    for (const all of [this.notebooks, this.gpus, this.sm]) {
       for (const [id, m] of all) {
         for (const t of m.keys()) {
           if (t <= horizon) {
@@ -197,6 +230,21 @@ export function stackNotebooks(
     stacks.push({ kernelId: nb.kernel_id, label: notebookLabel(nb), values });
   }
   return { times, stacks };
+}
+
+/**
+ * A notebook's SM % over the plot's window, one value a step, oldest
+ * first: null where the daemon had no figure (unknown, or not sampled).
+ */
+export function smSeries(hist: History, kernelId: string, step: number, window = WINDOW_SECONDS): (number | null)[] {
+  const st = Math.max(1, step);
+  const end = hist.last || hist.now;
+  const pts = hist.sm.get(kernelId);
+  const out: (number | null)[] = [];
+  for (let t = end - window + st; t <= end; t += st) {
+    out.push(pts?.get(t) ?? null);
+  }
+  return out;
 }
 
 /** The name a notebook goes by: its file name, or its kernel. */

@@ -9,8 +9,8 @@ import { Widget } from '@lumino/widgets';
 import type uPlot from 'uplot';
 
 import { fetchSnapshot, fetchSnapshots, fetchVars, fetchWhy, freeCache, freeChildren, snapshotRawUrl } from './api';
-import { formatBytes, formatPercent, levelFor } from './format';
-import { GPU, Notebook, notebookLabel, stackNotebooks, State, varRows } from './model';
+import { formatBytes, formatPercent, formatUtil, levelFor, sparklinePath } from './format';
+import { GPU, Notebook, notebookLabel, smSeries, stackNotebooks, State, varRows } from './model';
 import { drawSnapshot, OOMEvent, reportNode, SnapshotReduction } from './oom';
 import { StateSource } from './source';
 
@@ -269,13 +269,14 @@ export class GpuPanel extends Widget {
     const table = el('table', 'jp-gpumem-table');
     table.title = 'now: GPU memory of the kernel and its children (driver figure); peak: since the kernel started; orphans: processes of an earlier kernel process that gpumem serve ended';
     const head = el('tr');
-    for (const h of ['notebook', 'now', 'peak', 'procs', 'orphans']) {
+    for (const h of ['notebook', 'now', 'peak', 'procs', 'orphans', 'GPU work']) {
       head.appendChild(el('th', '', h));
     }
     table.appendChild(head);
     const rows = [...state.notebooks].sort((a, b) => b.gpu_memory_bytes - a.gpu_memory_bytes || a.kernel_id.localeCompare(b.kernel_id));
     for (const nb of rows) {
       const [tr, actions] = this._notebookRow(nb, orphans.get(nb.kernel_id) ?? 0);
+      tr.appendChild(this._workCell(nb, state));
       table.append(tr, actions);
     }
     box.appendChild(table);
@@ -302,7 +303,7 @@ export class GpuPanel extends Widget {
     actionRow.dataset.kernelId = nb.kernel_id;
     actionRow.dataset.gpumem = 'notebook-actions';
     const actions = el('td', 'jp-gpumem-actions');
-    actions.colSpan = 5;
+    actions.colSpan = 6;
     actionRow.appendChild(actions);
     const button = (label: string, title: string, run: (b: HTMLButtonElement) => Promise<void>) => {
       const b = el('button', 'jp-mod-styled jp-gpumem-button', label);
@@ -383,6 +384,24 @@ export class GpuPanel extends Widget {
     } catch (e) {
       Notification.error(`Free workers of ${label} failed: ${String(e)}`, { autoClose: 8000 });
     }
+  }
+
+  /** SM % now and a sparkline of the plot's window; "unknown" where the GPU cannot say. */
+  private _workCell(nb: Notebook, state: State): HTMLTableCellElement {
+    const td = el('td', 'jp-gpumem-num jp-gpumem-work', formatUtil(nb.utilization));
+    td.dataset.gpumem = 'gpu-work';
+    td.title = nb.compute ? `${nb.compute.state}: ${nb.compute.reason ?? ''}` : 'SM utilization';
+    const d = sparklinePath(smSeries(this._source.history, nb.kernel_id, state.step_seconds), 60, 14);
+    if (d) {
+      const svg = document.createElementNS('http://www.w3.org/2000/svg', 'svg');
+      svg.setAttribute('viewBox', '0 0 60 14');
+      svg.setAttribute('class', 'jp-gpumem-spark');
+      const path = document.createElementNS('http://www.w3.org/2000/svg', 'path');
+      path.setAttribute('d', d);
+      svg.appendChild(path);
+      td.appendChild(svg);
+    }
+    return td;
   }
 
   private async _free(nb: Notebook): Promise<void> {

@@ -220,9 +220,16 @@ class Stack:
         self.bin = gpumem_binary(str(self.tmp))
         self.set_gpu({})
 
-    def set_gpu(self, used_by_pid, total=80 * GiB, name="Simulated H200"):
-        """Rewrites the simulated GPU file (atomically: the daemon re-reads it every sample)."""
-        procs = [{"pid": pid, "used_bytes": b} for pid, b in used_by_pid.items()]
+    def set_gpu(self, used_by_pid, total=80 * GiB, name="Simulated H200", sm_by_pid=None):
+        """Rewrites the simulated GPU file (atomically: the daemon re-reads it
+        every sample); sm_by_pid plays processes that compute."""
+        sm = sm_by_pid or {}
+        procs = []
+        for pid, b in used_by_pid.items():
+            p = {"pid": pid, "used_bytes": b}
+            if pid in sm:
+                p["sm_percent"] = sm[pid]
+            procs.append(p)
         data = {
             "gpus": [
                 {

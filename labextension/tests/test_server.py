@@ -2,6 +2,7 @@
 gpumem serve (simulated GPU) and real kernels."""
 
 import importlib.util
+import os
 
 import httpx
 from harness import GiB, need, wait_for
@@ -104,3 +105,91 @@ def test_only_this_servers_kernels(stack):
     stack.stop_daemon()
     st = lab.state()
     assert st["status"] == "no_daemon", st
+
+
+def gone(pid):
+    """Whether pid has exited (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def run_cell(stack, kernel_id, code):
+    """Runs code in the kernel (through its connection file) and returns
+    what it printed."""
+    from jupyter_client import BlockingKernelClient
+
+    kc = BlockingKernelClient(connection_file=str(stack.runtime / f"kernel-{kernel_id}.json"))
+    kc.load_connection_file()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        out = []
+        reply = kc.execute_interactive(code, timeout=60, output_hook=lambda m: out.append(m["content"].get("text", "")))
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return "".join(out)
+    finally:
+        kc.stop_channels()
+
+
+def test_end_a_job_left_running(stack):
+    """A job started from a notebook computes on the GPU: after a restart
+    gpumem serve leaves it running and says so (an event with its
+    sentence); "End it" ends it, for this server's kernels only."""
+    require_extension()
+    lab = stack.server()
+    other = stack.server(app="jupyter_server")
+    lab.notebook("train.ipynb")
+    other.notebook("theirs.ipynb")
+    kid = lab.start_session("train.ipynb")
+    theirs = other.start_session("theirs.ipynb")
+    stack.start_daemon("--interval=200ms", "--reclaim-grace=500ms")
+    pid = stack.kernel_pid(kid)
+    job = int(
+        run_cell(
+            stack,
+            kid,
+            "import subprocess, sys\n"
+            "_j = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
+            "print(_j.pid)",
+        ).strip()
+    )
+    try:
+        stack.set_gpu({pid: GiB, job: 4 * GiB}, sm_by_pid={job: 90})
+
+        def counted():
+            st = lab.state()
+            if st["status"] == "ok" and st["notebooks"] and job in st["notebooks"][0]["pids"]:
+                return st
+
+        first = wait_for("the job counted in the notebook", counted, timeout=30)
+        assert first["notebooks"][0]["utilization"]["sm_percent"] == 90, first["notebooks"][0]
+        r = lab.post(f"api/kernels/{kid}/restart")
+        assert r.status_code == 200, r.text
+
+        def left():
+            st = lab.get("gpumem/api/v1/state", params={"events_after": "0"}).json()
+            evs = [e for e in st.get("events", []) if e.get("kind") == "left_running" and e.get("pid") == job]
+            if evs and st.get("left_running"):
+                return st, evs[0]
+
+        st, ev = wait_for("the job left running, and said so", left, timeout=30)
+        assert ev["message"].startswith(f"a job started from train.ipynb (pid {job}, `"), ev
+        assert ev["message"].endswith("is still computing on GPU 0 with 4.0 GiB: left running"), ev
+        assert not gone(job)
+
+        # Another server's kernel, and a body that is not a list of pids: refused.
+        assert lab.post(f"gpumem/api/v1/kernels/{theirs}/orphans/end").status_code == 403
+        assert lab.post(f"gpumem/api/v1/kernels/{kid}/orphans/end", {"pids": ["x"]}).status_code == 400
+        r = lab.post(f"gpumem/api/v1/kernels/{kid}/orphans/end", {"pids": [job]})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["status"] == "ok" and body["end"]["processes"][0]["ended"] is True, body
+        wait_for("the job ended", lambda: gone(job), timeout=15)
+    finally:
+        try:
+            os.kill(job, 9)
+        except ProcessLookupError:
+            pass

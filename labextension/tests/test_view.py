@@ -73,3 +73,27 @@ def test_shared_mode_users_totals():
 def test_empty_history():
     v = server_view({}, set(), {})
     assert v["status"] == "ok" and v["notebooks"] == [] and v["others"] == [] and v["gpus"] == []
+
+
+def test_gpu_work_series_and_processes_left_running():
+    lr = [
+        {"kernel_id": "mine", "pid": 42, "message": "a job started from a.ipynb … left running"},
+        {"kernel_id": "shut-down-here", "pid": 43, "message": "…"},
+        {"kernel_id": "other-server", "pid": 44, "message": "secret job"},
+    ]
+    h = history(
+        notebook_sm=[{"id": "mine", "points": [[100, 97]]}, {"id": "other-server", "points": [[100, 5]]}],
+        events=[
+            {"seq": 1, "kernel_id": "other-server", "kind": "left_running"},
+            {"seq": 2, "kernel_id": "shut-down-here", "kind": "left_running"},
+            {"seq": 3, "kernel_id": "shut-down-here", "kind": "reclaim"},
+        ],
+    )
+    h["report"]["left_running"] = lr
+    v = server_view(h, {"mine"}, {}, known_kernels={"mine", "shut-down-here"})
+    assert [s["id"] for s in v["series"]["notebook_sm"]] == ["mine"]
+    # A kernel this server ran and shut down: its jobs left running are
+    # still this server's to hear about and end; nothing else of it is.
+    assert [e["seq"] for e in v["events"]] == [2]
+    assert [x["pid"] for x in v["left_running"]] == [42, 43]
+    assert "secret job" not in str(v)

@@ -11,6 +11,7 @@ package driver
 
 import (
 	"fmt"
+	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -25,6 +26,11 @@ type Options struct {
 	// Library is the NVML to use; nil means gonvml.New() (dlopens
 	// libnvidia-ml.so.1 at Init). Tests pass go-nvml's mocks.
 	Library gonvml.Interface
+	// UtilizationWindow is how long a reading of a process's utilization
+	// stays its figure when NVML has no newer one; 0 means
+	// DefaultUtilizationWindow. A sampler that reads every interval gives
+	// at least twice its interval, so that no reading falls between two.
+	UtilizationWindow time.Duration
 }
 
 // Open returns a Source reading the simulated-GPU file when
@@ -40,13 +46,13 @@ func Open(opts Options) (*nvml.Source, error) {
 	if lib == nil {
 		lib = gonvml.New()
 	}
-	src, _ := openLibrary(lib)
+	src, _ := openLibrary(lib, opts.UtilizationWindow)
 	return src, nil
 }
 
 // openLibrary initialises lib and returns a Source over it, and its
 // sampler (nil when Init failed).
-func openLibrary(lib gonvml.Interface) (*nvml.Source, *real) {
+func openLibrary(lib gonvml.Interface, utilWindow time.Duration) (*nvml.Source, *real) {
 	if ret := lib.Init(); ret != gonvml.SUCCESS {
 		// Deliberately no other call on lib from here on, not even
 		// ErrorString or Shutdown: after a failed Init any NVML call may kill
@@ -54,7 +60,7 @@ func openLibrary(lib gonvml.Interface) (*nvml.Source, *real) {
 		// linker aborts, no Go panic to recover).
 		return nvml.NoDriver(InitError{Return: ret}), nil
 	}
-	r := newReal(lib)
+	r := newReal(lib, utilWindow)
 	return nvml.NewSource(r), r
 }
 

@@ -21,7 +21,7 @@ const gib = 1 << 30
 
 // h100 returns go-nvml's canned 8-GPU DGX H100 with empty process lists and
 // memory info v2 on every device; tests then override what they need.
-func h100(t *testing.T) (*server.Server, []*server.Device) {
+func h100(t testing.TB) (*server.Server, []*server.Device) {
 	t.Helper()
 	srv := dgxh100.New()
 	devs := make([]*server.Device, len(srv.Devices))
@@ -37,17 +37,22 @@ func h100(t *testing.T) (*server.Server, []*server.Device) {
 	return srv, devs
 }
 
+// setProcesses sets a device's process lists; its per-process utilization
+// says that none ran a kernel (NOT_FOUND, as NVML answers then).
 func setProcesses(dev *server.Device, compute, graphics, mps []gonvml.ProcessInfo) {
 	dev.GetComputeRunningProcessesFunc = func() ([]gonvml.ProcessInfo, gonvml.Return) { return compute, gonvml.SUCCESS }
 	dev.GetGraphicsRunningProcessesFunc = func() ([]gonvml.ProcessInfo, gonvml.Return) { return graphics, gonvml.SUCCESS }
 	dev.GetMPSComputeRunningProcessesFunc = func() ([]gonvml.ProcessInfo, gonvml.Return) { return mps, gonvml.SUCCESS }
+	dev.GetProcessUtilizationFunc = func(uint64) ([]gonvml.ProcessUtilizationSample, gonvml.Return) {
+		return nil, gonvml.ERROR_NOT_FOUND
+	}
 }
 
 func info(pid uint32, used uint64) gonvml.ProcessInfo {
 	return gonvml.ProcessInfo{Pid: pid, UsedGpuMemory: used, GpuInstanceId: nvml.NoInstance, ComputeInstanceId: nvml.NoInstance}
 }
 
-func open(t *testing.T, opts Options) *nvml.Source {
+func open(t testing.TB, opts Options) *nvml.Source {
 	t.Helper()
 	src, err := Open(opts)
 	if err != nil {
@@ -134,10 +139,7 @@ func TestSampleDGXH100(t *testing.T) {
 		Index: 0, UUID: devs[0].UUID, Name: "NVIDIA H100 80GB HBM3",
 		MemoryTotalBytes: 80 * gib, MemoryUsedBytes: 2 * gib, MemoryReservedBytes: gib / 2,
 		DriverVersion: "550.54.15",
-		Processes: []nvml.Process{
-			{PID: 17, UsedBytes: gib, UsedKnown: true, GPUInstanceID: nvml.NoInstance, ComputeInstanceID: nvml.NoInstance},
-			{PID: 4242, UsedBytes: 2 * gib, UsedKnown: true, GPUInstanceID: nvml.NoInstance, ComputeInstanceID: nvml.NoInstance},
-		},
+		Processes:     []nvml.Process{known(17, gib), known(4242, 2*gib)},
 	}
 	if !reflect.DeepEqual(d0, want) {
 		t.Errorf("device 0:\n got %+v\nwant %+v", d0, want)
@@ -286,7 +288,7 @@ func TestProcessListsMergedAndChecked(t *testing.T) {
 		{
 			name:    "unknown memory is kept, flagged, and never a huge number",
 			compute: []gonvml.ProcessInfo{info(5, math.MaxUint64)},
-			want:    []nvml.Process{{PID: 5, GPUInstanceID: nvml.NoInstance, ComputeInstanceID: nvml.NoInstance}},
+			want:    []nvml.Process{{PID: 5, GPUInstanceID: nvml.NoInstance, ComputeInstanceID: nvml.NoInstance, Util: nvml.Utilization{Known: true}}},
 		},
 		{
 			name:     "known beats unknown, in either order",
@@ -341,8 +343,11 @@ func TestProcessListsMergedAndChecked(t *testing.T) {
 	}
 }
 
+// known is a process with known memory on a device that reports
+// utilization: it ran no kernel lately (0, known).
 func known(pid int, used uint64) nvml.Process {
-	return nvml.Process{PID: pid, UsedBytes: used, UsedKnown: true, GPUInstanceID: nvml.NoInstance, ComputeInstanceID: nvml.NoInstance}
+	return nvml.Process{PID: pid, UsedBytes: used, UsedKnown: true, GPUInstanceID: nvml.NoInstance, ComputeInstanceID: nvml.NoInstance,
+		Util: nvml.Utilization{Known: true}}
 }
 
 // Errors from NVML keep the gonvml.Return: errors.Is works across the boundary.
@@ -429,10 +434,12 @@ func TestMIG(t *testing.T) {
 		}
 		return nil, gonvml.ERROR_NOT_FOUND
 	}
-	// The parent's own process lists are not used with MIG on.
+	// The parent's own process lists are not used with MIG on, nor its
+	// per-process utilization (MIG reports none: unknown, never 0).
 	d.GetComputeRunningProcessesFunc = nil
 	d.GetGraphicsRunningProcessesFunc = nil
 	d.GetMPSComputeRunningProcessesFunc = nil
+	d.GetProcessUtilizationFunc = nil
 
 	snap := sample(t, open(t, Options{Library: srv}))
 	if len(snap.Warnings) != 0 {
@@ -461,6 +468,9 @@ func TestMIG(t *testing.T) {
 	}
 	if snap.Devices[1].MIGEnabled || snap.Devices[1].MIG != nil {
 		t.Errorf("device 1 should not be MIG: %+v", snap.Devices[1])
+	}
+	if got.UtilizationMissing != utilMIG || snap.Devices[1].UtilizationMissing != "" {
+		t.Errorf("UtilizationMissing: MIG device %q, other %q", got.UtilizationMissing, snap.Devices[1].UtilizationMissing)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -30,11 +31,13 @@ type real struct {
 	memV2         bool
 	mps           bool
 	mig           bool
+	procUtil      bool // nvmlDeviceGetProcessUtilization resolves
+	util          *utilization
 	driverVersion string
 	driverWarning string
 }
 
-func newReal(lib gonvml.Interface) *real {
+func newReal(lib gonvml.Interface, utilWindow time.Duration) *real {
 	ext := lib.Extensions()
 	hasAny := func(names []string) bool {
 		for _, name := range names {
@@ -52,7 +55,8 @@ func newReal(lib gonvml.Interface) *real {
 		}
 		return true
 	}
-	r := &real{lib: lib, memV2: hasAny(symMemoryInfoV2), mps: hasAny(symMPS), mig: hasAll(symMIG)}
+	r := &real{lib: lib, memV2: hasAny(symMemoryInfoV2), mps: hasAny(symMPS), mig: hasAll(symMIG),
+		procUtil: hasAny(symProcessUtilization), util: newUtilization(utilWindow)}
 	if v, ret := lib.SystemGetDriverVersion(); ret == gonvml.SUCCESS {
 		r.driverVersion = v
 	} else {
@@ -159,8 +163,20 @@ func (r *real) device(index int, h gonvml.Device) (nvml.Device, []string) {
 		for _, err := range errs {
 			warn(err)
 		}
+		dev.UtilizationMissing = utilNoSymbol
+		if r.procUtil {
+			key := dev.UUID
+			if key == "" {
+				key = fmt.Sprintf("index %d", index)
+			}
+			var err error
+			if dev.UtilizationMissing, err = r.util.fill(key, h, dev.Processes); err != nil {
+				warn(err)
+			}
+		}
 		return dev, warnings
 	}
+	dev.UtilizationMissing = utilMIG
 
 	// With MIG the parent handle's process lists are aggregate only for
 	// privileged callers; each MIG device handle answers for its instance.

@@ -3,6 +3,7 @@ package driver
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
@@ -26,13 +27,13 @@ func requireRealNVML(tb testing.TB) {
 func TestRealNVML(t *testing.T) {
 	requireRealNVML(t)
 	start := time.Now()
-	src, r := openLibrary(gonvml.New())
+	src, r := openLibrary(gonvml.New(), 0)
 	defer src.Close()
 	t.Logf("Open (Init + probes): %v", time.Since(start))
 	if err := src.InitErr(); err != nil {
 		t.Fatalf("no driver: %v", err)
 	}
-	t.Logf("probes: memory info v2 %v, MPS %v, MIG %v; driver %s", r.memV2, r.mps, r.mig, r.driverVersion)
+	t.Logf("probes: memory info v2 %v, MPS %v, MIG %v, process utilization %v; driver %s", r.memV2, r.mps, r.mig, r.procUtil, r.driverVersion)
 
 	start = time.Now()
 	snap, err := src.Sample(context.Background())
@@ -49,8 +50,12 @@ func TestRealNVML(t *testing.T) {
 	for _, d := range snap.Devices {
 		t.Logf("gpu %d %s %s: total %d used %d reserved %d MIG %v, %d processes",
 			d.Index, d.UUID, d.Name, d.MemoryTotalBytes, d.MemoryUsedBytes, d.MemoryReservedBytes, d.MIGEnabled, len(d.Processes))
+		if d.UtilizationMissing != "" {
+			t.Logf("  per-process utilization unknown: %s", d.UtilizationMissing)
+		}
 		for _, p := range d.Processes {
-			t.Logf("  pid %d used %d (known %v) gi %#x ci %#x", p.PID, p.UsedBytes, p.UsedKnown, p.GPUInstanceID, p.ComputeInstanceID)
+			t.Logf("  pid %d used %d (known %v) gi %#x ci %#x; SM %d%% memory %d%% (known %v, at %d)", p.PID, p.UsedBytes, p.UsedKnown,
+				p.GPUInstanceID, p.ComputeInstanceID, p.Util.SMPercent, p.Util.MemoryPercent, p.Util.Known, p.Util.SampledAt)
 		}
 		if d.MemoryTotalBytes == 0 || d.UUID == "" || d.Name == "" || d.DriverVersion == "" {
 			t.Errorf("gpu %d: incomplete %+v", d.Index, d)
@@ -115,6 +120,44 @@ func BenchmarkRealSample(b *testing.B) {
 	for b.Loop() {
 		if _, err := src.Sample(ctx); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// What per-process utilization adds to a sample on the real driver: the
+// same Sample with the query and without it (the probe turned off), in
+// one run. The GPU host's script (scripts/gpuhost/util_check.py) runs it
+// while a job computes.
+func BenchmarkRealSampleUtilization(b *testing.B) {
+	requireRealNVML(b)
+	src, r := openLibrary(gonvml.New(), 0)
+	defer src.Close()
+	if err := src.InitErr(); err != nil {
+		b.Fatalf("no driver: %v", err)
+	}
+	if !r.procUtil {
+		b.Skip("the driver lacks nvmlDeviceGetProcessUtilization")
+	}
+	ctx := context.Background()
+	for _, on := range []bool{false, true} {
+		b.Run(fmt.Sprintf("utilization=%v", on), func(b *testing.B) {
+			r.procUtil = on
+			for b.Loop() {
+				if _, err := src.Sample(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	r.procUtil = true
+	snap, err := src.Sample(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, d := range snap.Devices {
+		for _, p := range d.Processes {
+			b.Logf("gpu %d pid %d: SM %d%% memory %d%% (known %v%s)", d.Index, p.PID, p.Util.SMPercent, p.Util.MemoryPercent,
+				p.Util.Known, map[bool]string{true: "", false: ": " + d.UtilizationMissing}[p.Util.Known])
 		}
 	}
 }

@@ -83,6 +83,10 @@ const (
 	// accessOwnKernel: admins, and in shared mode the user owning the
 	// kernel named in the path (or a process of that kernel).
 	accessOwnKernel
+	// accessOwnOrphans: accessOwnKernel, the kernel being one of the
+	// report's or one shut down since whose processes reclaim left
+	// running (orphanKernels).
+	accessOwnOrphans
 )
 
 // role is who a caller is, for authorization.
@@ -143,7 +147,7 @@ func authorize(mode Mode, c caller, a access) error {
 	switch a {
 	case accessAnyone:
 		return nil
-	case accessUser, accessOwnKernel:
+	case accessUser, accessOwnKernel, accessOwnOrphans:
 		if c.role == roleUser {
 			return nil
 		}
@@ -204,6 +208,16 @@ func ownView(rep attribution.Report, user string) attribution.Report {
 	for _, o := range rep.Other {
 		if o.User == user {
 			out.Other = append(out.Other, o)
+		}
+	}
+	for _, lr := range rep.LeftRunning {
+		if lr.User == user {
+			out.LeftRunning = append(out.LeftRunning, lr)
+		}
+	}
+	for _, h := range rep.Hoarding {
+		if h.User == user {
+			out.Hoarding = append(out.Hoarding, h)
 		}
 	}
 	return out

@@ -178,6 +178,21 @@ func (c *Client) Why(ctx context.Context, kernelID string, q WhyQuery) (json.Raw
 	return reply, err
 }
 
+// EndOrphans ends processes reclaim left running for a kernel (req.PIDs,
+// or all of them).
+func (c *Client) EndOrphans(ctx context.Context, kernelID string, req EndOrphansRequest) (EndOrphansReply, error) {
+	var reply EndOrphansReply
+	if err := req.Validate(); err != nil {
+		return reply, err
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return reply, fmt.Errorf("encode end request: %w", err)
+	}
+	err = c.do(ctx, http.MethodPost, "/api/v1/kernels/"+url.PathEscape(kernelID)+"/orphans/end", body, &reply)
+	return reply, err
+}
+
 func (c *Client) do(ctx context.Context, method, path string, body []byte, out any) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc

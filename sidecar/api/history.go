@@ -52,6 +52,10 @@ type HistoryResponse struct {
 	// ConnectionFile, the kernel's identity).
 	GPUs      []HistorySeries `json:"gpus"`
 	Notebooks []HistorySeries `json:"notebooks"`
+	// NotebookSM are the notebooks' SM utilization series: points
+	// [unix seconds, percent summed over the notebook's GPUs]; a gap where
+	// it was unknown.
+	NotebookSM []HistorySeries `json:"notebook_sm"`
 	// Events after the events_after asked for, oldest first; LastEvent is
 	// the sequence number to ask after next time.
 	Events    []history.Event    `json:"events"`
@@ -136,16 +140,21 @@ func userHistory(resp HistoryResponse, user string) HistoryResponse {
 	for _, nb := range resp.Report.Notebooks {
 		own[nb.ConnectionFile] = true
 	}
-	series := []HistorySeries{}
-	for _, sr := range resp.Notebooks {
-		if own[sr.ConnectionFile] {
-			series = append(series, sr)
+	ownSeries := func(all []HistorySeries) []HistorySeries {
+		series := []HistorySeries{}
+		for _, sr := range all {
+			if own[sr.ConnectionFile] {
+				series = append(series, sr)
+			}
 		}
+		return series
 	}
-	resp.Notebooks = series
+	resp.Notebooks, resp.NotebookSM = ownSeries(resp.Notebooks), ownSeries(resp.NotebookSM)
 	events := []history.Event{}
 	for _, e := range resp.Events {
-		if own[e.ConnectionFile] {
+		// A kernel shut down since is in no notebook of the report: its
+		// events (the daemon names their user) are still its user's.
+		if own[e.ConnectionFile] || (e.User != "" && e.User == user) {
 			if e.OOM != nil { // other users' holders as user and bytes only
 				v := e.OOM.For(user)
 				e.OOM = &v

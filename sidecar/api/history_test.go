@@ -121,8 +121,14 @@ func TestUserHistory(t *testing.T) {
 		Report: rep,
 		Notebooks: []HistorySeries{{ID: me.KernelID, ConnectionFile: me.ConnectionFile}, {ID: them.KernelID, ConnectionFile: them.ConnectionFile},
 			{ID: twin.KernelID, ConnectionFile: twin.ConnectionFile}},
+		NotebookSM: []HistorySeries{{ID: them.KernelID, ConnectionFile: them.ConnectionFile}, {ID: twin.KernelID, ConnectionFile: twin.ConnectionFile},
+			{ID: me.KernelID, ConnectionFile: me.ConnectionFile}},
+		// Seq 4: a process left running of a kernel of the caller's that
+		// is gone from the report (shut down): still theirs.
 		Events: []history.Event{{Seq: 1, KernelID: them.KernelID, ConnectionFile: them.ConnectionFile},
-			{Seq: 2, KernelID: me.KernelID, ConnectionFile: me.ConnectionFile}, {Seq: 3, KernelID: twin.KernelID, ConnectionFile: twin.ConnectionFile}},
+			{Seq: 2, KernelID: me.KernelID, ConnectionFile: me.ConnectionFile}, {Seq: 3, KernelID: twin.KernelID, ConnectionFile: twin.ConnectionFile},
+			{Seq: 4, KernelID: "gone", ConnectionFile: "/rt/kernel-gone.json", User: me.User, Kind: "left_running"},
+			{Seq: 5, KernelID: "gone2", ConnectionFile: "/rt/kernel-gone2.json", User: them.User}},
 	}
 	got := userHistory(resp, me.User)
 	for _, nb := range got.Report.Notebooks {
@@ -133,8 +139,11 @@ func TestUserHistory(t *testing.T) {
 	if len(got.Notebooks) != 1 || got.Notebooks[0].ConnectionFile != me.ConnectionFile {
 		t.Errorf("series = %+v, want only %s", got.Notebooks, me.KernelID)
 	}
-	if len(got.Events) != 1 || got.Events[0].Seq != 2 {
-		t.Errorf("events = %+v, want only seq 2", got.Events)
+	if len(got.NotebookSM) != 1 || got.NotebookSM[0].ConnectionFile != me.ConnectionFile {
+		t.Errorf("SM series = %+v, want only %s", got.NotebookSM, me.KernelID)
+	}
+	if len(got.Events) != 2 || got.Events[0].Seq != 2 || got.Events[1].Seq != 4 {
+		t.Errorf("events = %+v, want seq 2 and 4", got.Events)
 	}
 	for _, u := range got.Users {
 		if u.User == me.User {

@@ -1,13 +1,9 @@
 package api
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"mime"
 	"net/http"
 
 	"github.com/gpumem/gpumem/sidecar/oom"
@@ -79,7 +75,7 @@ func (s *Server) serveRecordOOM(w http.ResponseWriter, r *http.Request, c caller
 		return
 	}
 	var req oom.Request
-	if status, err := decodeJSONBody(w, r, oom.MaxRequestBody, &req); err != nil {
+	if status, err := (jsonBody{limit: oom.MaxRequestBody}).decode(w, r, &req); err != nil {
 		s.writeError(w, r, status, "out-of-memory report: "+err.Error())
 		return
 	}
@@ -137,29 +133,4 @@ func (s *Server) writeCallerKernelError(w http.ResponseWriter, r *http.Request, 
 		status = http.StatusNotFound
 	}
 	s.writeError(w, r, status, err.Error())
-}
-
-// decodeJSONBody reads a JSON object of at most limit bytes with a JSON
-// content type (which a browser cannot send without a CORS preflight).
-// It returns the status to answer with an error.
-func decodeJSONBody(w http.ResponseWriter, r *http.Request, limit int64, into any) (int, error) {
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		return http.StatusUnsupportedMediaType, errors.New("the body must have Content-Type application/json")
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return http.StatusRequestEntityTooLarge, fmt.Errorf("the body is over %d bytes", limit)
-		}
-		return http.StatusBadRequest, fmt.Errorf("read the body: %w", err)
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(into); err != nil {
-		return http.StatusBadRequest, fmt.Errorf("decode the body: %w", err)
-	}
-	if dec.More() {
-		return http.StatusBadRequest, errors.New("trailing data after the JSON object")
-	}
-	return 0, nil
 }

@@ -100,7 +100,8 @@ func TestOOMEndpoints(t *testing.T) {
 		{"no content type", "", report, 415, "Content-Type application/json"},
 		{"too big", "application/json", big, 413, "over 65536 bytes"},
 		{"unknown framework", "application/json", `{"framework":"numpy"}`, 400, "unknown framework"},
-		{"not JSON", "application/json", `{"framework":`, 400, "decode the body"},
+		{"not JSON", "application/json", `{"framework":`, 400, "body: unexpected EOF"},
+		{"empty", "application/json", "", 400, "body is empty"},
 		{"trailing data", "application/json", report + report, 400, "trailing data"},
 		{"negative line", "application/json", `{"framework":"jax","cell":{"line":-1}}`, 400, "negative"},
 	} {

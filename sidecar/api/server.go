@@ -1,14 +1,11 @@
 package api
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log"
-	"mime"
 	"net"
 	"net/http"
 	"os"
@@ -165,7 +162,8 @@ func (s *Server) handler(mode Mode) http.Handler {
 		"/api/v1/kernels/{id}":      "GET, HEAD",
 		"/api/v1/kernels/{id}/free": "POST",
 	}
-	s.extraRoutes(route, allows) // history and kernel queries: history.go
+	s.extraRoutes(route, allows)  // history and kernel queries: history.go
+	s.orphanRoutes(route, allows) // ending processes left running: orphans.go
 	// The same paths without a method: any other method gets 405.
 	for path, allow := range allows {
 		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
@@ -205,12 +203,16 @@ func (s *Server) authorized(mode Mode, a access, h func(http.ResponseWriter, *ht
 			s.writeError(w, r, http.StatusForbidden, err.Error())
 			return
 		}
-		if a == accessOwnKernel {
+		if a == accessOwnKernel || a == accessOwnOrphans {
 			rep, ok := s.report(w, r)
 			if !ok {
 				return
 			}
-			ref, status, msg := pickKernel(c, r.PathValue("id"), r.URL.Query().Get("connection_file"), rep.Notebooks)
+			kernels := rep.Notebooks
+			if a == accessOwnOrphans {
+				kernels = orphanKernels(rep)
+			}
+			ref, status, msg := pickKernel(c, r.PathValue("id"), r.URL.Query().Get("connection_file"), kernels)
 			if status != 0 {
 				s.writeError(w, r, status, msg)
 				return
@@ -391,29 +393,8 @@ func (s *Server) fromKernel(r *http.Request, c caller) bool {
 // decodeFree reads the optional FreeRequest body: no body means cache-only.
 func decodeFree(w http.ResponseWriter, r *http.Request) (FreeRequest, int, error) {
 	var req FreeRequest
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxFreeBody))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return req, http.StatusRequestEntityTooLarge, fmt.Errorf("free request body is over %d bytes", maxFreeBody)
-		}
-		return req, http.StatusBadRequest, fmt.Errorf("read free request body: %w", err)
-	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		return req, 0, nil
-	}
-	// A JSON content type is required with a body: browsers cannot send it
-	// without a CORS preflight, which this API never answers.
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		return req, http.StatusUnsupportedMediaType, errors.New("free request body must have Content-Type application/json")
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		return req, http.StatusBadRequest, fmt.Errorf("free request body: %w", err)
-	}
-	if dec.More() {
-		return req, http.StatusBadRequest, errors.New("free request body: trailing data after the JSON object")
+	if status, err := (jsonBody{limit: maxFreeBody, optional: true, strict: true}).decode(w, r, &req); err != nil {
+		return req, status, fmt.Errorf("free request %w", err)
 	}
 	if err := req.Validate(); err != nil {
 		return req, http.StatusBadRequest, err

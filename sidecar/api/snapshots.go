@@ -100,7 +100,7 @@ func (s *Server) serveAddSnapshot(w http.ResponseWriter, r *http.Request, c call
 		return
 	}
 	var req SnapshotRequest
-	if status, err := decodeJSONBody(w, r, maxSnapshotBody, &req); err != nil {
+	if status, err := (jsonBody{limit: maxSnapshotBody}).decode(w, r, &req); err != nil {
 		s.writeError(w, r, status, "snapshot: "+err.Error())
 		return
 	}

@@ -135,6 +135,10 @@ type UserUsage struct {
 	GPUMemoryBytes uint64 `json:"gpu_memory_bytes"`
 	// PerGPU sums notebooks and other processes, by GPU index, ascending.
 	PerGPU []attribution.GPUBytes `json:"per_gpu"`
+	// HoardedGiBHours is the GPU memory the user's notebooks held while
+	// computing nothing, over the daemon's history window; absent when
+	// none of their readings could be judged.
+	HoardedGiBHours *float64 `json:"hoarded_gib_hours,omitempty"`
 }
 
 // SummarizeUsers totals a report per user, biggest user first (ties by
@@ -165,6 +169,11 @@ func SummarizeUsers(r attribution.Report) []UserUsage {
 		for _, g := range p.PerGPU {
 			u.OtherBytes += g.Bytes
 			perGPU[p.User][g.Index] += g.Bytes
+		}
+	}
+	for _, h := range r.Hoarding {
+		if u, ok := byUser[h.User]; ok {
+			u.HoardedGiBHours = &h.GiBHours
 		}
 	}
 	users := make([]UserUsage, 0, len(byUser))

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"mime"
 	"net/http"
 	"strconv"
 )
@@ -88,22 +86,9 @@ func (s *Server) serveWhyJoin(w http.ResponseWriter, r *http.Request, c caller) 
 		s.writeError(w, r, http.StatusNotFound, "this daemon answers no why queries")
 		return
 	}
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		s.writeError(w, r, http.StatusUnsupportedMediaType, "why data must have Content-Type application/json")
-		return
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxWhyBody))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			s.writeError(w, r, http.StatusRequestEntityTooLarge, fmt.Sprintf("why data is over %d bytes", maxWhyBody))
-			return
-		}
-		s.writeError(w, r, http.StatusBadRequest, fmt.Sprintf("read why data: %v", err))
-		return
-	}
-	if !json.Valid(body) {
-		s.writeError(w, r, http.StatusBadRequest, "why data is not JSON")
+	var body json.RawMessage
+	if status, err := (jsonBody{limit: maxWhyBody}).decode(w, r, &body); err != nil {
+		s.writeError(w, r, status, "why data: "+err.Error())
 		return
 	}
 	reply, err := wb.JoinWhy(r.Context(), c.kernel, body)

@@ -95,7 +95,7 @@ func TestWhyEndpoints(t *testing.T) {
 		{"GET", "/api/v1/kernels/kernel-zz/why", nil, "", 404, "kernel kernel-zz is not known to the daemon"},
 		{"POST", "/api/v1/kernels/kernel-a/why", jsonCT, `{"kind":"why","rows":[]}`, 200, `"driver"`},
 		{"POST", "/api/v1/kernels/kernel-a/why", nil, `{"kind":"why"}`, 415, "application/json"},
-		{"POST", "/api/v1/kernels/kernel-a/why", jsonCT, `{"kind":`, 400, "not JSON"},
+		{"POST", "/api/v1/kernels/kernel-a/why", jsonCT, `{"kind":`, 400, "why data: body: unexpected EOF"},
 		{"POST", "/api/v1/kernels/kernel-a/why", jsonCT, `{"kind":"vars"}`, 422, "not why data"},
 		{"POST", "/api/v1/kernels/kernel-a/why", jsonCT, `"` + strings.Repeat("x", maxWhyBody) + `"`, 413, "over"},
 		{"PUT", "/api/v1/kernels/kernel-a/why", nil, "", 405, "not allowed"},

@@ -45,7 +45,9 @@ func ObserveSnapshot(snap nvml.Snapshot, scanner ProcScanner, kernels []Kernel) 
 	if err != nil {
 		return Observation{}, fmt.Errorf("reading processes: %w", err)
 	}
-	return Observation{Snapshot: snap, Table: table, Report: Attribute(snap, table, kernels)}, nil
+	rep := Attribute(snap, table, kernels)
+	AddUtilization(&rep, snap)
+	return Observation{Snapshot: snap, Table: table, Report: rep}, nil
 }
 
 // BytesByPID sums each process's memory over all GPUs. A process listed

@@ -16,6 +16,14 @@ type Report struct {
 	// and processes (a user of a shared daemon): the others are in the
 	// per-user totals. Empty for the whole report.
 	View string `json:"view,omitempty"`
+	// LeftRunning are processes of dead kernels' trees that reclaim left
+	// running because they computed on a GPU (or could not be judged):
+	// gpumem serve's, absent without it.
+	LeftRunning []LeftRunning `json:"left_running,omitempty"`
+	// Hoarding is, per user, the GPU memory their notebooks held while
+	// computing nothing, over the daemon's history window; absent without
+	// gpumem serve.
+	Hoarding []UserHoarding `json:"hoarding,omitempty"`
 }
 
 // GPU is one physical device with its memory totals. With MIG on, the
@@ -31,6 +39,10 @@ type GPU struct {
 	NotebookBytes uint64 `json:"notebook_bytes"`
 	OtherBytes    uint64 `json:"other_bytes"`
 	FreeBytes     uint64 `json:"free_bytes"`
+	// Utilization sums the GPU's processes' (at most 100 each); nil when
+	// the GPU cannot say, and UtilizationMissing says why.
+	Utilization        *Utilization `json:"utilization,omitempty"`
+	UtilizationMissing string       `json:"utilization_missing,omitempty"`
 }
 
 // GPUBytes is a byte count on one GPU.
@@ -40,6 +52,20 @@ type GPUBytes struct {
 	// BytesUnknown: NVML could not say how much at least one of the
 	// processes holds (it reports max uint64); Bytes counts those as 0.
 	BytesUnknown bool `json:"bytes_unknown,omitempty"`
+	// Utilization is the share of this GPU the process (or the notebook's
+	// processes together) used just now; nil when unknown, never 0 for
+	// unknown.
+	Utilization *Utilization `json:"utilization,omitempty"`
+}
+
+// Utilization is a share of GPU time, as NVML's per-process utilization
+// says: the percentage of the last moments in which a kernel ran on the
+// GPU's SMs, and in which device memory was read or written. Summed over
+// processes it is at most 100 a GPU; a notebook's figure sums its GPUs,
+// like top's CPU percentage (200 = two GPUs busy).
+type Utilization struct {
+	SMPercent     uint32 `json:"sm_percent"`
+	MemoryPercent uint32 `json:"memory_percent"`
 }
 
 // Notebook is one kernel and the GPU memory its processes hold.
@@ -70,6 +96,13 @@ type Notebook struct {
 	// OOM counts the out-of-memory errors gpumem serve recorded in this
 	// kernel; nil when none (or without the daemon).
 	OOM *OOMSummary `json:"oom,omitempty"`
+	// Utilization sums the notebook's processes over its GPUs; nil when
+	// unknown (a GPU that cannot say, MIG, no driver).
+	Utilization *Utilization `json:"utilization,omitempty"`
+	// Compute is gpumem serve's verdict on whether the notebook's
+	// processes compute on a GPU, and what they held while not; nil
+	// without the daemon.
+	Compute *Compute `json:"compute,omitempty"`
 }
 
 // OOMSummary is a kernel's out-of-memory errors as the daemon recorded
@@ -81,6 +114,59 @@ type OOMSummary struct {
 	LastGPU            *int   `json:"last_gpu,omitempty"`
 	LastRequestedBytes uint64 `json:"last_requested_bytes"`
 	LastEvent          uint64 `json:"last_event"`
+}
+
+// Compute states.
+const (
+	ComputeComputing = "computing"
+	ComputeIdle      = "idle"
+	ComputeUnknown   = "unknown"
+)
+
+// Compute is whether a notebook's processes computed on a GPU within the
+// daemon's compute window (a threshold over the window, see gpumem serve
+// --compute-window).
+type Compute struct {
+	State string `json:"state"` // ComputeComputing, ComputeIdle or ComputeUnknown
+	// Reason says, for people, what the state rests on.
+	Reason string `json:"reason,omitempty"`
+	// LastComputedAt is the newest reading in which one of its processes
+	// computed, since the daemon started (zero: none seen).
+	LastComputedAt time.Time `json:"last_computed_at,omitzero"`
+	// HoardedGiBHours is the GPU memory the kernel held while computing
+	// nothing (state idle), over the history window, in GiB·hours; nil
+	// when no reading of the window could be judged.
+	HoardedGiBHours *float64 `json:"hoarded_gib_hours,omitempty"`
+}
+
+// UserHoarding is one user's GPU memory held while computing nothing,
+// over the history window, every notebook of theirs counted (those gone
+// since too).
+type UserHoarding struct {
+	User          string  `json:"user"`
+	GiBHours      float64 `json:"gib_hours"`
+	WindowSeconds int64   `json:"window_seconds"`
+}
+
+// LeftRunning is a process of a dead kernel's tree that reclaim did not
+// end because it was computing on a GPU, or because its utilization was
+// unknown. Only its user (or root) may end it, explicitly.
+type LeftRunning struct {
+	KernelID string `json:"kernel_id"`
+	// ConnectionFile is the dead kernel's identity (an id may name
+	// several kernels); User is the process's owner, as recorded.
+	ConnectionFile string    `json:"connection_file"`
+	Notebook       string    `json:"notebook"`
+	User           string    `json:"user"`
+	PID            int       `json:"pid"`
+	StartTime      uint64    `json:"start_time"` // /proc/<pid>/stat field 22: with the pid, the process
+	Command        string    `json:"command"`
+	GPUs           []int     `json:"gpus"`
+	Bytes          uint64    `json:"bytes"`
+	Reason         string    `json:"reason"` // ComputeComputing or ComputeUnknown
+	Since          time.Time `json:"since"`
+	// Message is the sentence every face shows.
+	Message string `json:"message"`
 }
 
 // Activity is what a kernel's Jupyter server says of its activity, and

@@ -89,6 +89,22 @@ type cullInput struct {
 	bytes        uint64
 	user         string
 	state        cullState
+	// computedAt is the newest reading in which one of the kernel's
+	// processes computed on a GPU (zero: none seen, or unknown): such a
+	// kernel is in use whatever its server says.
+	computedAt time.Time
+	// settling: its processes' GPU work is not judged yet for want of
+	// readings (the daemon just started, or a process just appeared).
+	settling bool
+}
+
+// used is when the kernel was last used: its server's last activity, or
+// its processes' last work on a GPU, whichever is later.
+func (in cullInput) used() time.Time {
+	if in.computedAt.After(in.lastActivity) {
+		return in.computedAt
+	}
+	return in.lastActivity
 }
 
 // decide is the culling policy, pure.
@@ -108,11 +124,17 @@ func (c CullConfig) decide(in cullInput) (cullVerdict, string) {
 		return cancel("user " + in.user + " is not culled")
 	case in.execState != "idle":
 		return cancel("the kernel is " + in.execState)
+	case warned && in.computedAt.After(in.state.activityAtWarn):
+		return cullCancel, "its processes computed on a GPU since the warning"
 	case warned && in.lastActivity.After(in.state.activityAtWarn):
 		return cullCancel, "used since the warning"
-	case !in.state.doneAt.IsZero() && !in.lastActivity.After(in.state.doneAt):
+	case !in.state.doneAt.IsZero() && !in.used().After(in.state.doneAt):
 		return cullNothing, "already culled; not used since"
-	case in.now.Sub(in.lastActivity) < c.Idle:
+	case in.now.Sub(in.computedAt) < c.Idle:
+		return cancel("its processes computed on a GPU within --cull-idle")
+	case in.settling && !warned:
+		return cullNothing, "its processes' GPU work is not judged yet"
+	case in.now.Sub(in.used()) < c.Idle:
 		return cancel("idle for less than --cull-idle")
 	case in.bytes < c.MinMemory:
 		return cancel("holds less than --cull-min-memory")
@@ -155,10 +177,12 @@ func (d *Daemon) cull(ctx context.Context, rep *attribution.Report) []notebookAl
 	for _, ks := range d.kernels {
 		hasServer := ks.server.URL != "" && !ks.lastActivity.IsZero()
 		var act *attribution.Activity
+		computedAt := d.compute.kernelComputedAt(ks.connFile)
+		used := cullInput{lastActivity: ks.lastActivity, computedAt: computedAt}.used()
 		if hasServer {
 			act = &attribution.Activity{ExecutionState: ks.execState, LastActivity: ks.lastActivity}
 			if ks.execState == "idle" {
-				act.IdleSeconds = now.Sub(ks.lastActivity).Seconds()
+				act.IdleSeconds = now.Sub(used).Seconds()
 			}
 			activity[ks.connFile] = act
 		}
@@ -173,13 +197,14 @@ func (d *Daemon) cull(ctx context.Context, rep *attribution.Report) []notebookAl
 			state, act.ExecutionState, act.IdleSeconds = "busy", "busy", 0
 		}
 		in := cullInput{now: now, hasServer: hasServer, execState: state, lastActivity: ks.lastActivity,
-			bytes: bytes[ks.connFile], user: users[ks.connFile], state: ks.cull}
+			bytes: bytes[ks.connFile], user: users[ks.connFile], state: ks.cull, computedAt: computedAt,
+			settling: d.compute.kernelSettling(ks.connFile)}
 		verdict, why := d.cfg.Cull.decide(in)
 		// The logger is built only for a verdict that logs: this runs for
 		// every kernel at every sample.
 		logger := func() zerolog.Logger {
 			return d.log.With().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Str("user", users[ks.connFile]).
-				Uint64("bytes", bytes[ks.connFile]).Dur("idle", now.Sub(ks.lastActivity)).Str("action", d.cfg.Cull.Action).Logger()
+				Uint64("bytes", bytes[ks.connFile]).Dur("idle", now.Sub(used)).Str("action", d.cfg.Cull.Action).Logger()
 		}
 		switch verdict {
 		case cullUnknown:
@@ -189,7 +214,7 @@ func (d *Daemon) cull(ctx context.Context, rep *attribution.Report) []notebookAl
 					ks.id, ks.notebook, units.Bytes(bytes[ks.connFile])))
 			}
 		case cullWarnNow:
-			ks.cull.warnedAt, ks.cull.deadline, ks.cull.activityAtWarn = now, now.Add(d.cfg.Cull.Warn), ks.lastActivity
+			ks.cull.warnedAt, ks.cull.deadline, ks.cull.activityAtWarn = now, now.Add(d.cfg.Cull.Warn), used
 			ks.cull.warnings++
 			log := logger()
 			log.Warn().Time("cull_at", ks.cull.deadline).Msg("idle kernel holds GPU memory: warned")
@@ -198,7 +223,7 @@ func (d *Daemon) cull(ctx context.Context, rep *attribution.Report) []notebookAl
 			log := logger()
 			log.Info().Str("reason", why).Msg("cull cancelled")
 		case cullAct:
-			ks.cull.warnedAt, ks.cull.doneAt = time.Time{}, ks.lastActivity
+			ks.cull.warnedAt, ks.cull.doneAt = time.Time{}, used
 			jobs = append(jobs, job{ks, bytes[ks.connFile], ks.server})
 		}
 		if !ks.cull.warnedAt.IsZero() {
@@ -206,7 +231,7 @@ func (d *Daemon) cull(ctx context.Context, rep *attribution.Report) []notebookAl
 			alerts = append(alerts, notebookAlert{
 				ID:      fmt.Sprintf("cull-%s-%d", ks.id, ks.cull.warnings),
 				GPU:     -1,
-				Message: cullMessage(d.cfg.Cull.Action, bytes[ks.connFile], now.Sub(ks.lastActivity), ks.cull.deadline),
+				Message: cullMessage(d.cfg.Cull.Action, bytes[ks.connFile], now.Sub(used), ks.cull.deadline),
 				Kernels: []string{ks.id},
 			})
 		}
@@ -232,6 +257,10 @@ func (d *Daemon) cullKernel(ctx context.Context, ks *kernelState, server discove
 		Str("action", d.cfg.Cull.Action).Logger()
 	if busy {
 		log.Info().Msg("cull cancelled: a cell is running")
+		return
+	}
+	if d.compute.kernelComputedAt(ks.id).After(since) {
+		log.Info().Msg("cull cancelled: its processes computed on a GPU")
 		return
 	}
 	hc := &http.Client{Timeout: 10 * time.Second}

@@ -60,6 +60,9 @@ func (f *fakeServer) deletes() int {
 // run out; one used since is not; a busy one is not warned.
 func TestCullRunner(t *testing.T) {
 	r, k1, _ := twoKernels(t, Config{Cull: CullConfig{Idle: time.Minute, MinMemory: 1 << 30, Action: CullShutdown, Warn: 0}})
+	// Culling waits for the readings that judge the tree's GPU work.
+	r.d.sample(r.ctx)
+	r.d.sample(r.ctx)
 	srv := newFakeServer(t, "k1")
 	idleSince := time.Now().Add(-time.Hour)
 	srv.last = idleSince

@@ -36,6 +36,26 @@ func TestCullDecide(t *testing.T) {
 		{"exempt user", with(func(in *cullInput) { in.user = "carol" }), cullNothing},
 		{"already culled, not used since", with(func(in *cullInput) { in.state = cullState{doneAt: idle2h} }), cullNothing},
 		{"culled, used, idle again", with(func(in *cullInput) { in.state = cullState{doneAt: idle2h.Add(-time.Hour)} }), cullWarnNow},
+		// Work on a GPU is use, whatever the server's last_activity says.
+		{"its processes computed within --cull-idle: never", with(func(in *cullInput) { in.computedAt = now.Add(-10 * time.Minute) }), cullNothing},
+		{"computed since the warning: withdrawn", with(func(in *cullInput) {
+			in.state = warned
+			in.computedAt = now.Add(-time.Minute)
+		}), cullCancel},
+		{"computed past --cull-idle ago: warned", with(func(in *cullInput) { in.computedAt = now.Add(-90 * time.Minute) }), cullWarnNow},
+		{"warned after its last work on a GPU: no withdrawal, no new warning", with(func(in *cullInput) {
+			in.computedAt = now.Add(-90 * time.Minute)
+			in.state = cullState{warnedAt: now.Add(-time.Minute), deadline: now.Add(9 * time.Minute), activityAtWarn: in.computedAt}
+		}), cullNothing},
+		{"its GPU work not judged yet (too few readings): not warned yet", with(func(in *cullInput) { in.settling = true }), cullNothing},
+		{"not judged yet, but already warned: the warning runs its course", with(func(in *cullInput) {
+			in.settling = true
+			in.state = expired
+		}), cullAct},
+		{"culled after its last work, not used since", with(func(in *cullInput) {
+			in.computedAt = now.Add(-90 * time.Minute)
+			in.state = cullState{doneAt: in.computedAt}
+		}), cullNothing},
 	}
 	for _, tc := range tests {
 		if got, why := cfg.decide(tc.in); got != tc.want {

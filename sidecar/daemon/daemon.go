@@ -64,6 +64,9 @@ type Config struct {
 	ServerTokenURLs []discovery.TokenPattern
 
 	Cull CullConfig
+	// Compute says what "computing on a GPU" means to reclaim, culling and
+	// hoarding (compute_policy.go).
+	Compute ComputeConfig
 }
 
 // Deps are the daemon's windows on the system, built by its caller (the
@@ -104,6 +107,7 @@ func (c *Config) defaults() {
 	if c.SocketMode == "" {
 		c.SocketMode = api.ModePrivate
 	}
+	c.Compute.defaults()
 }
 
 // shared says whether users other than the daemon's own use this daemon:
@@ -147,6 +151,9 @@ type Daemon struct {
 	wg sync.WaitGroup // kernel and reclaim goroutines
 
 	hist *historyParts // figures over time and reclaim events: history.go
+	// compute is GPU utilization over time: readings, verdicts, hoarding,
+	// processes left running (compute.go).
+	compute *computeState
 
 	ooms      *oomLog        // out-of-memory errors reported by kernels: oom.go
 	snapshots *snapshotStore // memory snapshots kernels handed over: snapshots.go
@@ -186,6 +193,9 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 		return nil, errors.New("--reclaim-all-users needs root: only root may end other users' processes")
 	}
 	if err := cfg.Cull.Validate(); err != nil {
+		return nil, err
+	}
+	if err := cfg.Compute.Validate(); err != nil {
 		return nil, err
 	}
 	if deps.GPUs == nil || deps.Procs == nil || deps.Finder == nil {
@@ -228,6 +238,7 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 	}
 	d.hist = newHistoryParts(cfg.Interval)
 	d.ooms, d.snapshots, d.runContext = newOOMLog(), newSnapshotStore(), context.Background()
+	d.compute = newComputeState(cfg.Compute, cfg.Interval, d.reclaimWatch(), d.hist.store.Options().CoarseWindow)
 	return d, nil
 }
 

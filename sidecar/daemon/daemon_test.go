@@ -23,7 +23,11 @@ import (
 // GPU, in its own session, reparented to init), and kernel k2 (pid 200)
 // with child 201 (on the GPU); then scans and samples once.
 func twoKernels(t *testing.T, cfg Config) (r *rig, k1, k2 string) {
-	r = newRig(t, cfg)
+	return twoKernelsOn(t, newRig(t, cfg))
+}
+
+// twoKernelsOn is twoKernels on a rig made already.
+func twoKernelsOn(t *testing.T, r *rig) (_ *rig, k1, k2 string) {
 	r.setProcs(
 		procstest.Proc{PID: 100, PPID: 1, PGID: 100, SID: 100, Argv: []string{"python", "-m", "ipykernel_launcher", "-f", "k1.json"}},
 		procstest.Proc{PID: 101, PPID: 100, PGID: 100, SID: 100, Argv: []string{"python", "worker.py"}},

@@ -76,6 +76,10 @@ func (d *Daemon) recordHistory(now time.Time, rep *attribution.Report) int64 {
 		}
 		samples = append(samples, history.Sample{Key: notebookKey(nb.ConnectionFile), Label: nb.KernelID,
 			Bytes: nb.GPUMemoryBytes, Generation: gen})
+		if nb.Utilization != nil {
+			samples = append(samples, history.Sample{Key: history.Key{Kind: history.KindNotebookSM, ID: nb.ConnectionFile}, Label: nb.KernelID,
+				Bytes: uint64(nb.Utilization.SMPercent), Generation: gen})
+		}
 	}
 	d.hist.store.Record(now, samples)
 	for i := range rep.Notebooks {
@@ -128,19 +132,22 @@ func (d *Daemon) History(ctx context.Context, q api.HistoryQuery) (api.HistoryRe
 		since = now.Add(-d.hist.store.Options().FineWindow).Unix()
 	}
 	resp := api.HistoryResponse{Now: now.Unix(), AlertThreshold: d.cfg.AlertThreshold,
-		GPUs: []api.HistorySeries{}, Notebooks: []api.HistorySeries{}, Report: rep}
+		GPUs: []api.HistorySeries{}, Notebooks: []api.HistorySeries{}, NotebookSM: []api.HistorySeries{}, Report: rep}
 	for _, sr := range d.hist.store.Since(now, since) {
 		hs := api.HistorySeries{ID: sr.Key.ID, Peak: sr.Peak, PeakAt: sr.PeakAt, Points: make([][2]uint64, len(sr.Points))}
-		if sr.Key.Kind == history.KindNotebook {
+		if sr.Key.Kind == history.KindNotebook || sr.Key.Kind == history.KindNotebookSM {
 			hs.ID, hs.ConnectionFile = sr.Label, sr.Key.ID
 		}
 		for i, p := range sr.Points {
 			hs.Points[i] = [2]uint64{uint64(p.Time), p.Bytes}
 		}
 		resp.StepSeconds = sr.Step
-		if sr.Key.Kind == history.KindGPU {
+		switch sr.Key.Kind {
+		case history.KindGPU:
 			resp.GPUs = append(resp.GPUs, hs)
-		} else {
+		case history.KindNotebookSM:
+			resp.NotebookSM = append(resp.NotebookSM, hs)
+		default:
 			resp.Notebooks = append(resp.Notebooks, hs)
 		}
 	}

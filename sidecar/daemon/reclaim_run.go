@@ -3,56 +3,76 @@ package daemon
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/gpumem/gpumem/sidecar/attribution"
+	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
 // startReclaim ends, in the background, the processes recorded in a dead
-// kernel process's tree that are still alive and hold GPU memory (see
-// reclaimPolicy). why is "restart" or "shutdown", for the log.
+// kernel process's tree that are still alive, hold GPU memory (see
+// reclaimPolicy) and compute nothing (see ComputeConfig.mayEnd), after
+// watching them for the grace window. why is "restart" or "shutdown", for
+// the log.
 func (d *Daemon) startReclaim(ctx context.Context, ks *kernelState, recorded map[procID]recordedProc, why string) {
 	if len(recorded) == 0 {
 		return
 	}
+	exitedAt := time.Now()
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		d.reclaim(ctx, ks, recorded, why)
+		// The grace window: the samples go on meanwhile, so that a job
+		// that computes now, or starts to, is seen doing it.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(d.reclaimWatch()):
+		}
+		d.reclaim(ctx, ks, recorded, why, exitedAt)
 	}()
 }
 
-func (d *Daemon) reclaim(ctx context.Context, ks *kernelState, recorded map[procID]recordedProc, why string) {
+// policyFor is reclaim's policy for a dead kernel of pod ("" outside any)
+// over table, with the GPU memory held now.
+func (d *Daemon) policyFor(pod string, table *procs.Table, held map[int]uint64) reclaimPolicy {
+	d.mu.Lock()
+	keep := d.liveKernelTreesLocked(table)
+	d.mu.Unlock()
+	policy := reclaimPolicy{
+		selfUID:  d.selfUID,
+		allUsers: d.cfg.ReclaimAllUsers && d.selfUID == 0,
+		keep:     keep,
+		gpuHolder: func(pid int) (uint64, bool) {
+			b, ok := held[pid]
+			return b, ok
+		},
+	}
+	if d.podKernels != nil {
+		policy.pod, policy.podOf = pod, d.podOfProcess
+	}
+	return policy
+}
+
+func (d *Daemon) reclaim(ctx context.Context, ks *kernelState, recorded map[procID]recordedProc, why string, exitedAt time.Time) {
 	// Fresh figures: act only on what holds GPU memory now.
 	obs, err := d.observe(ctx)
 	if err != nil {
 		d.log.Warn().Err(err).Str("kernel_id", ks.id).Msg("reclaim: nothing done")
 		return
 	}
+	now := time.Now()
+	d.compute.record(now, obs.Snapshot, obs.Table)
 	held := attribution.BytesByPID(obs.Snapshot)
 	table := obs.Table
 	d.mu.Lock()
-	keep := d.liveKernelTreesLocked(table)
 	notebook := ks.notebook
 	d.mu.Unlock()
-	var pod string
-	var podOf func(procID) (string, error)
-	if d.podKernels != nil {
-		podOf = d.podOfProcess
-		if ks.pod != nil {
-			pod = ks.pod.UID
-		}
+	pod := ""
+	if ks.pod != nil {
+		pod = ks.pod.UID
 	}
-	policy := reclaimPolicy{
-		selfUID:  d.selfUID,
-		allUsers: d.cfg.ReclaimAllUsers && d.selfUID == 0,
-		keep:     keep,
-		pod:      pod,
-		podOf:    podOf,
-		gpuHolder: func(pid int) (uint64, bool) {
-			b, ok := held[pid]
-			return b, ok
-		},
-	}
+	policy := d.policyFor(pod, table, held)
 	var ended int
 	var endedBytes uint64
 	defer func() { d.recordReclaim(ks, notebook, why, ended, endedBytes) }()
@@ -61,6 +81,11 @@ func (d *Daemon) reclaim(ctx context.Context, ks *kernelState, recorded map[proc
 			Str("argv", dec.Argv).Uint64("bytes", dec.Bytes).Str("after", why).Logger()
 		if !dec.Kill {
 			log.Info().Str("reason", dec.Reason).Msg("orphan holds GPU memory; left alone")
+			continue
+		}
+		j := d.compute.judge(dec.ID, exitedAt.Add(-d.cfg.Compute.Window), now)
+		if ok, reason := d.cfg.Compute.mayEnd(j); !ok {
+			d.leaveRunning(ks, notebook, pod, dec, j, reason, obs)
 			continue
 		}
 		if !d.cfg.Reclaim {

@@ -37,6 +37,10 @@ type rig struct {
 	owners map[string]discovery.Owner // by connection file
 	killed []int
 	procs  map[int]procstest.Proc
+	// sm is the SM percentage setGPU gives a pid (none: 0); noUtil plays
+	// a GPU that cannot say.
+	sm     map[int]uint32
+	noUtil bool
 }
 
 // FindKernels implements discovery.ProcessFinder with the rig's owners.
@@ -57,7 +61,7 @@ func newRig(t *testing.T, cfg Config) *rig {
 	base := t.TempDir()
 	r := &rig{t: t, dir: filepath.Join(base, "runtime"), procRoot: filepath.Join(base, "proc"),
 		gpuFile: filepath.Join(base, "gpus.json"), logs: &syncutil.Buffer{},
-		owners: map[string]discovery.Owner{}, procs: map[int]procstest.Proc{}}
+		owners: map[string]discovery.Owner{}, procs: map[int]procstest.Proc{}, sm: map[int]uint32{}}
 	for _, d := range []string{r.dir, r.procRoot} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			t.Fatal(err)
@@ -71,6 +75,14 @@ func newRig(t *testing.T, cfg Config) *rig {
 	}
 	t.Cleanup(func() { gpus.Close() })
 	cfg.RuntimeDirs = []string{r.dir}
+	// Reclaim watches a dead kernel's survivors for the grace window
+	// before it decides: short here, where samples are the test's.
+	if cfg.ReclaimGrace == 0 {
+		cfg.ReclaimGrace = 100 * time.Millisecond
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = 20 * time.Millisecond
+	}
 	if cfg.SocketPath == "" {
 		cfg.SocketPath = filepath.Join(r.dir, "gpumem.sock")
 	}
@@ -123,11 +135,21 @@ func (r *rig) exit(pids ...int) {
 func (r *rig) setGPU(pidBytes ...uint64) {
 	r.t.Helper()
 	var ps []string
+	r.mu.Lock()
 	for i := 0; i+1 < len(pidBytes); i += 2 {
-		ps = append(ps, fmt.Sprintf(`{"pid":%d,"used_bytes":%d}`, pidBytes[i], pidBytes[i+1]))
+		util := ""
+		if sm := r.sm[int(pidBytes[i])]; sm > 0 {
+			util = fmt.Sprintf(`,"sm_percent":%d`, sm)
+		}
+		ps = append(ps, fmt.Sprintf(`{"pid":%d,"used_bytes":%d%s}`, pidBytes[i], pidBytes[i+1], util))
 	}
-	doc := fmt.Sprintf(`{"gpus":[{"name":"Simulated H200","uuid":"GPU-0","memory_total_bytes":%d,"processes":[%s]}]}`,
-		uint64(80<<30), strings.Join(ps, ","))
+	noUtil := ""
+	if r.noUtil {
+		noUtil = `"process_utilization":false,`
+	}
+	r.mu.Unlock()
+	doc := fmt.Sprintf(`{"gpus":[{"name":"Simulated H200","uuid":"GPU-0",%s"memory_total_bytes":%d,"processes":[%s]}]}`,
+		noUtil, uint64(80<<30), strings.Join(ps, ","))
 	if err := os.WriteFile(r.gpuFile+".tmp", []byte(doc), 0o600); err != nil {
 		r.t.Fatal(err)
 	}

@@ -98,6 +98,7 @@ func (d *Daemon) sample(ctx context.Context) {
 	retired := len(jobs) > 0
 	if retired { // the retired kernels' processes are no longer theirs
 		rep = attribution.Attribute(obs.Snapshot, obs.Table, d.kernelsLocked())
+		attribution.AddUtilization(&rep, obs.Snapshot)
 	}
 	d.mu.Unlock()
 	if retired {
@@ -112,6 +113,7 @@ func (d *Daemon) sample(ctx context.Context) {
 	}
 
 	attribution.AddPods(&rep, obs.Table, d.pods)
+	d.finishCompute(time.Now(), &rep, obs)
 	culls := d.cull(ctx, &rep)
 	sampledAt := d.recordHistory(time.Now(), &rep)
 	d.ooms.annotate(&rep)

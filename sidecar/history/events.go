@@ -7,22 +7,28 @@ import (
 )
 
 // Event is something a user should hear about once: the end of a
-// restarted or shut-down kernel's orphans ("reclaim"), an out-of-memory
+// restarted or shut-down kernel's orphans ("reclaim"), one of them left
+// running because it computes on a GPU ("left_running"), an out-of-memory
 // error in a kernel ("oom"), or a memory snapshot reduced ("snapshot": its
 // Reason is the snapshot's id, Bytes its file's size).
 type Event struct {
 	Seq      uint64 `json:"seq"`  // increasing from 1: a reader asks for what came after
 	Time     int64  `json:"time"` // unix seconds
-	Kind     string `json:"kind"` // "reclaim", "oom" or "snapshot"
+	Kind     string `json:"kind"` // "reclaim", "left_running", "oom" or "snapshot"
 	KernelID string `json:"kernel_id"`
 	// ConnectionFile is the kernel's identity (ids are not unique).
 	ConnectionFile string `json:"connection_file,omitempty"`
 	Notebook       string `json:"notebook"`
 	User           string `json:"user"`
 	Reason         string `json:"reason"` // "restart" or "shutdown"
-	// Processes ended and the GPU memory they held.
+	// Processes ended (or left running) and the GPU memory they held.
 	Processes int    `json:"processes"`
 	Bytes     uint64 `json:"bytes"`
+	// PID and StartTime name the process left running (with its
+	// kernel, what ending it asks for); Message is the sentence shown.
+	PID       int    `json:"pid,omitempty"`
+	StartTime uint64 `json:"start_time,omitempty"`
+	Message   string `json:"message,omitempty"`
 	// OOM is the out-of-memory event (kind "oom"); Bytes is then its
 	// request and Reason its headline.
 	OOM *oom.Event `json:"oom,omitempty"`

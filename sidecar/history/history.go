@@ -42,6 +42,10 @@ const (
 	// KindNotebook: ID is the kernel's connection file (its identity: two
 	// users' kernels may share an id), Label its kernel id.
 	KindNotebook
+	// KindNotebookSM: a notebook's SM utilization (percent, summed over its
+	// GPUs) in place of bytes; ID and Label as KindNotebook's. An unknown figure is
+	// no point (a gap), never 0.
+	KindNotebookSM
 )
 
 // Key names one series.

@@ -34,10 +34,12 @@ func (m *Metrics) NotebooksOnlyWith(token string) {
 	pub.MustRegister(
 		snapshotCollector{src: m.src, perNotebook: false},
 		podCollector{src: m.src, perNotebook: false},
+		computeCollector{src: m.src, perNotebook: false},
 		m.reclaimedBytes,
 		m.reclaimedProcs,
 		m.culled,
 		m.oom.byUser,
+		m.leftRunning,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

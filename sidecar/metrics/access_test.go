@@ -55,7 +55,8 @@ func TestNotebooksOnlyWithToken(t *testing.T) {
 			t.Errorf("a scrape without the token shows %q", l)
 		}
 	}
-	for _, want := range []string{`gpumem_user_gpu_memory_bytes{gpu="0",user="alice"}`, "gpumem_sample_success 1", "gpumem_gpu_memory_used_bytes{"} {
+	for _, want := range []string{`gpumem_user_gpu_memory_bytes{gpu="0",user="alice"}`, "gpumem_sample_success 1", "gpumem_gpu_memory_used_bytes{",
+		`gpumem_gpu_sm_utilization_ratio{gpu="0"}`, `gpumem_reclaim_left_running_total{reason="computing"}`} {
 		if !strings.Contains(open.body, want) {
 			t.Errorf("a scrape without the token lacks %q", want)
 		}

@@ -84,9 +84,9 @@ var (
 		"Unix time of the last successful sample of GPU memory.", nil, nil)
 	idleLabels    = []string{"kernel_id", "notebook", "user"}
 	descIdleBytes = prometheus.NewDesc("gpumem_idle_gpu_memory_bytes",
-		"GPU memory held by an idle kernel (its server reports it idle), in bytes.", idleLabels, nil)
+		"GPU memory held by an idle kernel (its server reports it idle and none of its processes computes on a GPU), in bytes.", idleLabels, nil)
 	descIdleSeconds = prometheus.NewDesc("gpumem_kernel_idle_seconds",
-		"How long a kernel that holds GPU memory has been idle, by its server's last_activity, in seconds.", idleLabels, nil)
+		"How long a kernel that holds GPU memory has been idle, by its server's last_activity and its processes' last work on a GPU, in seconds.", idleLabels, nil)
 	descSimulated = prometheus.NewDesc("gpumem_simulated",
 		"1 when the GPU figures come from a simulated-GPU file, not from the driver.", nil, nil)
 )
@@ -184,6 +184,9 @@ func (c snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		if a == nil || a.ExecutionState != "idle" || nb.GPUMemoryBytes == 0 || seenIdle[nb.KernelID] {
 			continue
 		}
+		if nb.Compute != nil && nb.Compute.State == attribution.ComputeComputing {
+			continue // its server says idle, but its processes compute on a GPU: in use
+		}
 		seenIdle[nb.KernelID] = true
 		gauge(descIdleBytes, float64(nb.GPUMemoryBytes), nb.KernelID, nb.Notebook, nb.User)
 		gauge(descIdleSeconds, a.IdleSeconds, nb.KernelID, nb.Notebook, nb.User)
@@ -232,6 +235,7 @@ type Metrics struct {
 	reclaimedProcs prometheus.Counter
 	culled         *prometheus.CounterVec
 	oom            oomCounters
+	leftRunning    *prometheus.CounterVec
 }
 
 // Option changes what New's registry exports.
@@ -268,14 +272,24 @@ func New(src Source, log zerolog.Logger, opts ...Option) *Metrics {
 			Help: "Idle kernels holding GPU memory that GPU-aware culling acted on, by action (report, free, shutdown).",
 		}, []string{"action"}),
 		oom: newOOMCounters(coll.perNotebook),
+		leftRunning: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gpumem_reclaim_left_running_total",
+			Help: "Processes of restarted or shut-down kernels that reclaim left running, by reason: computing (on a GPU) or unknown (its GPU utilization could not be judged).",
+		}, []string{"reason"}),
 	}
+	// Both reasons from the start: an alert on increase() needs a series
+	// before the first one.
+	m.leftRunning.WithLabelValues(attribution.ComputeComputing)
+	m.leftRunning.WithLabelValues(attribution.ComputeUnknown)
 	m.reg.MustRegister(
 		coll,
 		podCollector{src: src, perNotebook: coll.perNotebook},
+		computeCollector{src: src, perNotebook: coll.perNotebook},
 		m.reclaimedBytes,
 		m.reclaimedProcs,
 		m.culled,
 		m.oom.full(),
+		m.leftRunning,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -289,6 +303,10 @@ func (m *Metrics) AddReclaimed(processes int, bytes uint64) {
 	}
 	m.reclaimedBytes.Add(float64(bytes))
 }
+
+// AddLeftRunning counts a process reclaim left running; reason is
+// attribution.ComputeComputing or attribution.ComputeUnknown.
+func (m *Metrics) AddLeftRunning(reason string) { m.leftRunning.WithLabelValues(reason).Inc() }
 
 // AddCulled counts one culling action.
 func (m *Metrics) AddCulled(action string) { m.culled.WithLabelValues(action).Inc() }

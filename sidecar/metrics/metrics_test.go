@@ -53,19 +53,37 @@ func (s *fakeSource) set(snap Snapshot) {
 
 const gib = 1 << 30
 
+func util(sm, mem uint32) *attribution.Utilization {
+	return &attribution.Utilization{SMPercent: sm, MemoryPercent: mem}
+}
+
+func hours(h float64) *float64 { return &h }
+
 func testSnapshot() Snapshot {
 	return Snapshot{
 		Report: attribution.Report{
 			GPUs: []attribution.GPU{
-				{Index: 0, UUID: "GPU-aaaa", Name: "NVIDIA H200", MemoryTotalBytes: 100 * gib, MemoryUsedBytes: 85 * gib, Simulated: true, NotebookBytes: 80 * gib, OtherBytes: 5 * gib, FreeBytes: 15 * gib},
-				{Index: 1, UUID: "GPU-bbbb", Name: "NVIDIA H200", MemoryTotalBytes: 100 * gib, MemoryUsedBytes: 10 * gib, Simulated: true, NotebookBytes: 10 * gib, FreeBytes: 90 * gib},
+				{Index: 0, UUID: "GPU-aaaa", Name: "NVIDIA H200", MemoryTotalBytes: 100 * gib, MemoryUsedBytes: 85 * gib, Simulated: true, NotebookBytes: 80 * gib, OtherBytes: 5 * gib, FreeBytes: 15 * gib,
+					Utilization: util(87, 6)},
+				{Index: 1, UUID: "GPU-bbbb", Name: "NVIDIA H200", MemoryTotalBytes: 100 * gib, MemoryUsedBytes: 10 * gib, Simulated: true, NotebookBytes: 10 * gib, FreeBytes: 90 * gib,
+					UtilizationMissing: "MIG"},
 			},
 			Notebooks: []attribution.Notebook{
-				{KernelID: "kernel-a", Notebook: "/home/alice/a.ipynb", PIDs: []int{101}, User: "alice", GPUMemoryBytes: 70 * gib, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 70 * gib}}},
-				{KernelID: "kernel-b", Notebook: "/home/bob/b.ipynb", PIDs: []int{201}, User: "bob", GPUMemoryBytes: 20 * gib, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 10 * gib}, {Index: 1, Bytes: 10 * gib}}},
-				{KernelID: "kernel-c", Notebook: "", PIDs: []int{301}, User: "alice"},
+				{KernelID: "kernel-a", Notebook: "/home/alice/a.ipynb", PIDs: []int{101, 102}, User: "alice", GPUMemoryBytes: 70 * gib,
+					PerGPU:      []attribution.GPUBytes{{Index: 0, Bytes: 70 * gib, Utilization: util(87, 6)}},
+					Utilization: util(87, 6),
+					Processes: []attribution.ProcessBytes{
+						{PID: 101, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 60 * gib, Utilization: util(80, 5)}}},
+						{PID: 102, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 10 * gib, Utilization: util(7, 1)}}},
+					},
+					Compute: &attribution.Compute{State: attribution.ComputeComputing, HoardedGiBHours: hours(0)}},
+				{KernelID: "kernel-b", Notebook: "/home/bob/b.ipynb", PIDs: []int{201}, User: "bob", GPUMemoryBytes: 20 * gib,
+					PerGPU:  []attribution.GPUBytes{{Index: 0, Bytes: 10 * gib, Utilization: util(0, 0)}, {Index: 1, Bytes: 10 * gib}},
+					Compute: &attribution.Compute{State: attribution.ComputeIdle, HoardedGiBHours: hours(2.5)}},
+				{KernelID: "kernel-c", Notebook: "", PIDs: []int{301}, User: "alice", Compute: &attribution.Compute{State: attribution.ComputeUnknown}},
 			},
-			Other: []attribution.OtherProcess{{PID: 401, User: "bob", Command: "python train.py", PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 5 * gib}}}},
+			Hoarding: []attribution.UserHoarding{{User: "bob", GiBHours: 2.5, WindowSeconds: 86400}, {User: "alice", GiBHours: 0, WindowSeconds: 86400}},
+			Other:    []attribution.OtherProcess{{PID: 401, User: "bob", Command: "python train.py", PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 5 * gib}}}},
 		},
 		AttachedKernels: 3,
 		SampleDuration:  12500 * time.Microsecond,
@@ -468,5 +486,61 @@ gpumem_user_gpu_memory_bytes{gpu="1",user="bob"} 1.073741824e+10
 `
 	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(expected), "gpumem_user_gpu_memory_bytes"); err != nil {
 		t.Error(err)
+	}
+}
+
+// A kernel whose server says idle but whose processes compute on a GPU is
+// in use: no idle series. An unknown utilization has no series, never 0.
+func TestIdleSeriesAndUnknownUtilization(t *testing.T) {
+	snap := testSnapshot()
+	last := time.Unix(1767225600, 0)
+	for i := range snap.Report.Notebooks {
+		snap.Report.Notebooks[i].Activity = &attribution.Activity{ExecutionState: "idle", LastActivity: last, IdleSeconds: 3600}
+	}
+	m := New(&fakeSource{snap: snap}, zerolog.New(io.Discard))
+	fams, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	labelsOf := func(name string) []string {
+		var out []string
+		for _, f := range fams {
+			if f.GetName() != name {
+				continue
+			}
+			for _, mt := range f.GetMetric() {
+				var ls []string
+				for _, l := range mt.GetLabel() {
+					ls = append(ls, l.GetName()+"="+l.GetValue())
+				}
+				out = append(out, strings.Join(ls, ","))
+			}
+		}
+		sort.Strings(out)
+		return out
+	}
+	if got := labelsOf("gpumem_idle_gpu_memory_bytes"); len(got) != 1 || !strings.Contains(got[0], "kernel-b") {
+		t.Errorf("idle series %v, want kernel-b's only (kernel-a computes, kernel-c holds nothing)", got)
+	}
+	for _, name := range []string{"gpumem_notebook_gpu_sm_utilization_ratio", "gpumem_gpu_sm_utilization_ratio", "gpumem_notebook_gpu_computing"} {
+		for _, l := range labelsOf(name) {
+			if strings.Contains(l, "gpu=1") || strings.Contains(l, "kernel-c") {
+				t.Errorf("%s{%s}: an unknown figure exported", name, l)
+			}
+		}
+	}
+	lean := New(&fakeSource{snap: snap}, zerolog.New(io.Discard), PerNotebook(false))
+	leanFams, err := lean.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range leanFams {
+		for _, mt := range f.GetMetric() {
+			for _, l := range mt.GetLabel() {
+				if l.GetName() == "kernel_id" || l.GetName() == "notebook" || l.GetName() == "pid" {
+					t.Errorf("PerNotebook(false) exports %s{%s=...}", f.GetName(), l.GetName())
+				}
+			}
+		}
 	}
 }

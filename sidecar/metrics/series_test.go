@@ -22,8 +22,10 @@ func TestHostileLabelValues(t *testing.T) {
 	snap := testSnapshot()
 	snap.Report.Notebooks = append(snap.Report.Notebooks,
 		attribution.Notebook{KernelID: "bad\xffid", Notebook: "/home/eve/\x1b[2J\xfe.ipynb", User: "eve\xff", PIDs: []int{501},
-			GPUMemoryBytes: gib, PeakBytes: 2 * gib, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: gib}},
-			Activity: &attribution.Activity{ExecutionState: "idle", IdleSeconds: 30}},
+			GPUMemoryBytes: gib, PeakBytes: 2 * gib, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: gib, Utilization: util(3, 1)}},
+			Processes: []attribution.ProcessBytes{{PID: 501, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: gib, Utilization: util(3, 1)}}}},
+			Activity:  &attribution.Activity{ExecutionState: "idle", IdleSeconds: 30},
+			Compute:   &attribution.Compute{State: attribution.ComputeIdle, HoardedGiBHours: hours(1)}},
 		attribution.Notebook{KernelID: "k-pod", Notebook: "/p\xff.ipynb", Pod: pod, PIDs: []int{502},
 			GPUMemoryBytes: gib, PerGPU: []attribution.GPUBytes{{Index: 1, Bytes: gib}}},
 		// Shown alike once escaped ("\xff" as text): summed, not a duplicate.
@@ -31,6 +33,7 @@ func TestHostileLabelValues(t *testing.T) {
 			GPUMemoryBytes: gib, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: gib}}},
 	)
 	snap.Report.GPUs[0].Name = "H200\xff"
+	snap.Report.Hoarding = append(snap.Report.Hoarding, attribution.UserHoarding{User: "eve\xff", GiBHours: 1})
 	m := New(&fakeSource{snap: snap}, zerolog.New(io.Discard))
 	fams, err := m.Registry().Gather()
 	if err != nil {
@@ -42,7 +45,10 @@ func TestHostileLabelValues(t *testing.T) {
 	}
 	for _, want := range []string{"gpumem_sample_success", "gpumem_notebook_gpu_memory_bytes", "gpumem_user_gpu_memory_bytes",
 		"gpumem_gpu_memory_used_bytes", "gpumem_idle_gpu_memory_bytes", "gpumem_notebook_gpu_memory_peak_bytes",
-		"gpumem_pod_gpu_memory_bytes", "gpumem_last_sample_timestamp_seconds"} {
+		"gpumem_pod_gpu_memory_bytes", "gpumem_last_sample_timestamp_seconds",
+		// GPU work's families: the same label values, made safe the same way.
+		"gpumem_notebook_gpu_sm_utilization_ratio", "gpumem_process_gpu_sm_utilization_ratio", "gpumem_notebook_gpu_computing",
+		"gpumem_notebook_hoarded_gpu_memory_byte_seconds", "gpumem_user_hoarded_gpu_memory_byte_seconds"} {
 		if !got[want] {
 			t.Errorf("/metrics lacks %s", want)
 		}

@@ -101,7 +101,8 @@ type sameIDKernels struct {
 // knew processes by file name gave her file bob's proven process (hence
 // bob as its owner) and then, by id, handed bob whichever of the two
 // clients it met first. It returns once the magics are in both.
-func startSameIDKernels(t *testing.T) sameIDKernels {
+// daemonArgs are added to the daemon's.
+func startSameIDKernels(t *testing.T, daemonArgs ...string) sameIDKernels {
 	t.Helper()
 	testenv.Require(t, "ipykernel", "jupyter_client", "torch")
 	alice, bob := testenv.MakeUser(t, "ka"), testenv.MakeUser(t, "kb")
@@ -134,7 +135,7 @@ func startSameIDKernels(t *testing.T) sameIDKernels {
 
 	gpu := testenv.NewFakeGPU(t)
 	gpu.Set(t, testenv.FakeProc{PID: bk.Cmd.Process.Pid, UsedBytes: 1 << 30})
-	d, sock := sharedDaemon(t, gpu, []testenv.User{alice, bob})
+	d, sock := sharedDaemon(t, gpu, []testenv.User{alice, bob}, daemonArgs...)
 
 	ak := alice.StartKernel(t, aliceFile)
 	testenv.WaitKernelListening(t, aliceFile, 60*time.Second)

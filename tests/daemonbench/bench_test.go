@@ -23,9 +23,10 @@
 //     and gpumem's part.
 //   - BenchmarkRestartOrphansGone: a kernel's child started with
 //     start_new_session=True and listed on the GPU survives a REST restart;
-//     time until it is gone, for a child that exits on SIGTERM (target
-//     < 5 s) and one that ignores it (SIGKILL after --reclaim-grace, 5 s:
-//     target grace + < 1 s).
+//     time until it is gone, for a child that exits on SIGTERM and one that
+//     ignores it (SIGKILL after --reclaim-grace). The daemon first watches
+//     the survivors for GPU work for the grace window (--reclaim-grace, 5 s):
+//     targets grace + < 1 s and twice the grace + < 1 s.
 //
 // Each benchmark reports its figures with b.ReportMetric (ns/op is
 // meaningless here and dropped) and logs the load average, since the

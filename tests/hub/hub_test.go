@@ -274,7 +274,9 @@ print(r.status, r.read().decode()[:200])
 
 	t.Run("restarting alice's kernel reclaims only alice's orphan", func(t *testing.T) {
 		h.json(t, http.MethodPost, "user/"+alice.Name+"/api/kernels/"+nbA.kernelID+"/restart", nil, nil)
-		testenv.Poll(t, 10*time.Second, "alice's orphan ended", func() bool { return !testenv.Alive(orphanA) })
+		// The daemon watches the survivors for GPU work for the grace window
+		// (--reclaim-grace, 5 s) first.
+		testenv.Poll(t, 20*time.Second, "alice's orphan ended", func() bool { return !testenv.Alive(orphanA) })
 		d.WaitLog(t, 5*time.Second, "ending orphan that holds GPU memory (SIGTERM)", map[string]any{"pid": orphanA})
 		for _, pid := range []int{nbB.pid, childB} {
 			if !testenv.Alive(pid) {

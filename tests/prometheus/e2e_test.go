@@ -31,11 +31,21 @@ const gib = 1 << 30
 // memory on; per user: the same. The Go and process collectors add a fixed
 // number more, measured here.
 const (
-	seriesPerHost = 8 // threshold, attached, sample duration/success/timestamp, simulated, reclaimed bytes/processes
-	seriesPerGPU  = 4 // total, used, other, alert
+	// threshold, attached, sample duration/success/timestamp, simulated,
+	// reclaimed bytes/processes, left running (computing, unknown)
+	seriesPerHost = 10
+	seriesPerGPU  = 6 // total, used, other, alert, SM and memory utilization
 	// An idle kernel holding GPU memory: its bytes and idle seconds (with
 	// notebook labels only).
 	seriesPerIdleNotebook = 2
+	// Per notebook and GPU: its bytes, its SM and memory utilization; per
+	// notebook: whether it computes, what it hoarded; per notebook
+	// process and GPU: its SM utilization (notebook labels only). Per
+	// user: what their notebooks hoarded.
+	seriesPerNotebookGPU = 3
+	seriesPerNotebook    = 2
+	seriesPerProcessGPU  = 1
+	seriesPerUser        = 1
 )
 
 type simProc struct {
@@ -199,13 +209,19 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	}
 	writeGPUs(t, gpuFile, gpus)
 
-	full, fullAddr := startServe(t, srv, gpuFile)
+	full, fullAddr := startServe(t, srv, gpuFile, "--reclaim-grace=1s")
 	// Both kernels sit idle holding memory: once their servers say so, the
-	// idle series are there too, and the page stays as it is.
+	// idle series are there too, and once the daemon has judged their GPU
+	// work (three readings), their verdict and hoarding; then the page
+	// stays as it is.
 	fullText := waitMetrics(t, full, fullAddr, sessA.Kernel.ID, sessB.Kernel.ID,
 		fmt.Sprintf(`gpumem_notebook_gpu_memory_bytes{gpu="0",kernel_id=%q,notebook=%q,user=%q} 7.0866960384e+10`, sessA.Kernel.ID, nbA, me.Username),
 		fmt.Sprintf(`gpumem_idle_gpu_memory_bytes{kernel_id=%q`, sessA.Kernel.ID),
-		fmt.Sprintf(`gpumem_idle_gpu_memory_bytes{kernel_id=%q`, sessB.Kernel.ID))
+		fmt.Sprintf(`gpumem_idle_gpu_memory_bytes{kernel_id=%q`, sessB.Kernel.ID),
+		fmt.Sprintf(`gpumem_notebook_gpu_computing{kernel_id=%q,notebook=%q,user=%q} 0`, sessA.Kernel.ID, nbA, me.Username),
+		fmt.Sprintf(`gpumem_notebook_gpu_computing{kernel_id=%q,notebook=%q,user=%q} 0`, sessB.Kernel.ID, nbB, me.Username),
+		fmt.Sprintf(`gpumem_notebook_hoarded_gpu_memory_byte_seconds{kernel_id=%q`, sessA.Kernel.ID),
+		fmt.Sprintf(`gpumem_notebook_hoarded_gpu_memory_byte_seconds{kernel_id=%q`, sessB.Kernel.ID))
 	// The second "host": one daemon per runtime dir, so its own server, with
 	// the same layout (C in place of A and its orphan, D of B).
 	srv2 := testenv.StartServer(t, testenv.NotebookServer())
@@ -218,7 +234,8 @@ func TestPrometheusEndToEnd(t *testing.T) {
 		{Name: "Simulated H200", UUID: "GPU-sim-1", MemoryTotalBytes: 80 * gib, Processes: []simProc{{pidD, 2 * gib}, {unrelated2.Cmd.Process.Pid, 1 * gib}}},
 	})
 	lean, leanAddr := startServe(t, srv2, gpuFile2, "--metrics-notebook-label=false")
-	leanText := waitMetrics(t, lean, leanAddr, fmt.Sprintf(`gpumem_user_gpu_memory_bytes{gpu="0",user=%q} 7.516192768e+10`, me.Username))
+	leanText := waitMetrics(t, lean, leanAddr, fmt.Sprintf(`gpumem_user_gpu_memory_bytes{gpu="0",user=%q} 7.516192768e+10`, me.Username),
+		fmt.Sprintf(`gpumem_user_hoarded_gpu_memory_byte_seconds{user=%q}`, me.Username))
 
 	t.Run("promtool check metrics", func(t *testing.T) {
 		for _, text := range []string{fullText, leanText} {
@@ -234,12 +251,15 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	// Cardinality of the real /metrics against the documented budget:
 	// notebook A holds memory on 1 GPU, B on 2; one user on 2 GPUs.
 	fullCounts, leanCounts := countSeries(t, fullText), countSeries(t, leanText)
-	// Both notebooks have held memory: each has a peak series.
-	notebookGPUs, userGPUs, idleNotebooks, peakNotebooks := 3, 2, 2, 2
+	// Both notebooks have held memory: each has a peak series. Their
+	// processes on GPUs: A's kernel and its orphan on GPU 0, B's kernel on
+	// both.
+	notebookGPUs, userGPUs, idleNotebooks, peakNotebooks, notebooks, processGPUs, users := 3, 2, 2, 2, 2, 4, 1
 	t.Run("label budget", func(t *testing.T) {
-		wantFull := seriesPerHost + seriesPerGPU*len(gpus) + notebookGPUs + userGPUs + seriesPerIdleNotebook*idleNotebooks +
-			peakNotebooks
-		wantLean := seriesPerHost + seriesPerGPU*len(gpus) + userGPUs
+		wantFull := seriesPerHost + seriesPerGPU*len(gpus) + seriesPerNotebookGPU*notebookGPUs + userGPUs +
+			seriesPerIdleNotebook*idleNotebooks + peakNotebooks + seriesPerNotebook*notebooks + seriesPerProcessGPU*processGPUs +
+			seriesPerUser*users
+		wantLean := seriesPerHost + seriesPerGPU*len(gpus) + userGPUs + seriesPerUser*users
 		if got := sumSeries(fullCounts, "gpumem_"); got != wantFull {
 			t.Errorf("/metrics with notebook labels: %d gpumem_ series, budget says %d: %v", got, wantFull, fullCounts)
 		}

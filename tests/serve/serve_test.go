@@ -196,7 +196,9 @@ func TestServeReclaimsOrphans(t *testing.T) {
 			case "shutdown":
 				srv.JSON(t, http.MethodDelete, "api/sessions/"+nb.sess.ID, nil, nil)
 			}
-			testenv.Poll(t, 5*time.Second, "orphan "+strconv.Itoa(orphan)+" ended", func() bool { return !alive(orphan) })
+			// Reclaim first watches the survivors for GPU work for the
+			// grace window (--reclaim-grace, 5 s by default).
+			testenv.Poll(t, 15*time.Second, "orphan "+strconv.Itoa(orphan)+" ended", func() bool { return !alive(orphan) })
 			t.Logf("orphan gone %v after the %s request", time.Since(start), how)
 			if _, ok := d.FindLog("ending orphan that holds GPU memory (SIGTERM)", map[string]any{"pid": orphan, "after": how}); !ok {
 				t.Errorf("no log of ending orphan %d", orphan)

@@ -56,6 +56,9 @@ def driver_usage(timeout=0.5, fresh=False):
                 "per_gpu": [{"index": g.get("index"), "bytes": int(g.get("bytes") or 0)} for g in nb.get("per_gpu") or []],
                 "pids": [int(p) for p in nb.get("pids") or []],
                 "stray_contexts": nb.get("stray_contexts") or [],
+                # Absent (None) when the GPU cannot say: unknown, never 0.
+                "utilization": nb.get("utilization"),
+                "compute": nb.get("compute"),
             }
     return {"bytes": 0, "per_gpu": [], "pids": [pid]}
 

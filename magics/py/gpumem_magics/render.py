@@ -27,6 +27,21 @@ def render(data):
     return fn(data)
 
 
+def _gpu_work(util, compute):
+    """The line on this kernel's work on its GPUs (children included), as
+    gpumem serve judged it: unknown is said, never shown as 0."""
+    if util is None:
+        line = "GPU work: unknown (the GPU does not report per-process utilization: MIG, or an older driver)"
+    else:
+        line = "GPU work (NVML): %d%% SM, %d%% memory busy" % (util.get("sm_percent", 0), util.get("memory_percent", 0))
+    if compute and not (util is None and compute.get("state") == "unknown"):
+        line += "; %s" % compute.get("state", "unknown")
+        hoarded = compute.get("hoarded_gib_hours")
+        if hoarded:
+            line += "; held while computing nothing: %.2f GiB·h in the last 24 h" % hoarded
+    return ("", line)
+
+
 def _fw_rows(frameworks):
     rows = []
     for fw in frameworks:
@@ -97,6 +112,8 @@ def _render_summary(data):
                     % (units.fmt_bytes(drv.get("bytes")), (" (" + per + ")") if per else "", ("; pids " + pids) if pids else ""),
                 )
             )
+            if "utilization" in drv:
+                extra.append(_gpu_work(drv.get("utilization"), drv.get("compute")))
     elif data.get("driver_hint"):
         extra.append(("dim", data["driver_hint"]))
     for sc in (drv or {}).get("stray_contexts") or []:

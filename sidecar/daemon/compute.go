@@ -1,0 +1,253 @@
+package daemon
+
+import (
+	"cmp"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gpumem/gpumem/nvml"
+	"github.com/gpumem/gpumem/sidecar/attribution"
+	"github.com/gpumem/gpumem/sidecar/history"
+	"github.com/gpumem/gpumem/sidecar/procs"
+)
+
+// computeState is what the daemon remembers of GPU utilization: each GPU
+// process's readings of the last moments (reclaim and culling judge them,
+// compute_policy.go), when each kernel's tree last computed, what each
+// notebook held while computing nothing (hoarding), and the processes
+// reclaim left running. Its own lock: never taken before Daemon.mu.
+type computeState struct {
+	cfg      ComputeConfig
+	interval time.Duration
+	keep     time.Duration // how long readings are kept
+
+	mu         sync.Mutex
+	procs      map[procID][]utilSample // oldest first
+	computedAt map[string]time.Time    // connection file → newest active reading of its kernel's tree
+	settling   map[string]bool         // connection file → its kernel's verdict still wants readings
+	lastSample time.Time
+	hoard      *history.Hoard
+	left       map[procID]*leftRunning
+}
+
+// leftRunning is a process reclaim did not end, and what it knows of it.
+type leftRunning struct {
+	attribution.LeftRunning
+	id  procID
+	uid uint32
+	pod string // the dead kernel's pod UID ("" outside any): ending it stays within
+}
+
+func newComputeState(cfg ComputeConfig, interval, reclaimWatch time.Duration, hoardWindow time.Duration) *computeState {
+	return &computeState{cfg: cfg, interval: interval,
+		// Reclaim looks from Window before a kernel's exit to the end of
+		// its watch, and starts late by a sample or two.
+		keep:  cfg.Window + reclaimWatch + 4*interval + 10*time.Second,
+		procs: map[procID][]utilSample{}, computedAt: map[string]time.Time{}, settling: map[string]bool{},
+		hoard: history.NewHoard(hoardWindow), left: map[procID]*leftRunning{}}
+}
+
+// record adds one reading of every GPU process of snap that table knows
+// (a process on several GPUs: its highest figures, unknown if any GPU
+// cannot say) and forgets readings older than keep.
+func (c *computeState) record(now time.Time, snap nvml.Snapshot, table *procs.Table) {
+	per := make(map[procID]utilSample, len(c.procs))
+	for _, d := range snap.Devices {
+		for _, p := range d.Processes {
+			tp, ok := table.Resolve(p.PID)
+			if !ok {
+				continue
+			}
+			id := procID{tp.PID, tp.StartTime}
+			s, seen := per[id]
+			if !seen {
+				s = utilSample{at: now, known: true}
+			}
+			s.known = s.known && p.Util.Known
+			s.sm, s.mem = max(s.sm, p.Util.SMPercent), max(s.mem, p.Util.MemoryPercent)
+			s.reading = max(s.reading, p.Util.SampledAt)
+			per[id] = s
+		}
+	}
+	horizon := now.Add(-c.keep)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, s := range per {
+		c.procs[id] = append(c.procs[id], s)
+	}
+	for id, ss := range c.procs {
+		i := 0
+		for i < len(ss) && ss[i].at.Before(horizon) {
+			i++
+		}
+		if i == len(ss) {
+			delete(c.procs, id)
+		} else if i > 0 {
+			// Resliced, not copied: append moves the readings to a new
+			// array once this one's end is reached, freeing the old one.
+			c.procs[id] = ss[i:]
+		}
+	}
+}
+
+// judgeLocked judges process id over [from, to].
+func (c *computeState) judgeLocked(id procID, from, to time.Time) judgement {
+	return c.cfg.judge(c.procs[id], from, to)
+}
+
+// judge judges process id over [from, to].
+func (c *computeState) judge(id procID, from, to time.Time) judgement {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.judgeLocked(id, from, to)
+}
+
+// kernelComputedAt is the newest reading in which the tree of the kernel
+// of connFile computed (zero: none seen).
+func (c *computeState) kernelComputedAt(connFile string) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.computedAt[connFile]
+}
+
+// kernelSettling reports whether the tree of the kernel of connFile is not
+// judged yet for want of readings: culling waits for them.
+func (c *computeState) kernelSettling(connFile string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.settling[connFile]
+}
+
+// finish judges each notebook of rep over the window (its Compute), keeps
+// each kernel's last computation, adds this sample's hoarding (notebooks
+// and processes left running that hold GPU memory and compute nothing)
+// and lists the processes left running. table and snap are those rep was
+// attributed from.
+func (c *computeState) finish(now time.Time, rep *attribution.Report, snap nvml.Snapshot, table *procs.Table) {
+	held := attribution.BytesByPID(snap)
+	gpusOf := map[int][]int{}
+	for _, d := range snap.Devices {
+		for _, p := range d.Processes {
+			gpusOf[p.PID] = append(gpusOf[p.PID], d.Index)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	dt := 0.0
+	if !c.lastSample.IsZero() && now.After(c.lastSample) {
+		// A daemon stopped for a while (a suspended host) does not count
+		// the gap as held.
+		dt = min(now.Sub(c.lastSample), 2*max(c.interval, time.Second)).Seconds()
+	}
+	c.lastSample = now
+	from := now.Add(-c.cfg.Window)
+	gib := func(bs float64) *float64 { v := bs / (1 << 30) / 3600; return &v }
+	for i := range rep.Notebooks {
+		nb := &rep.Notebooks[i]
+		var js []judgement
+		for _, p := range nb.Processes {
+			if tp, ok := table.Resolve(p.PID); ok {
+				js = append(js, c.judgeLocked(procID{tp.PID, tp.StartTime}, from, now))
+			} else {
+				js = append(js, judgement{verdict: verdictUnknown, note: "a process not in /proc"})
+			}
+		}
+		// By connection file: another user's kernel may share the id.
+		file := nb.ConnectionFile
+		j := combine(js, nb.Utilization != nil)
+		c.settling[file] = j.settling
+		if j.lastActive.After(c.computedAt[file]) {
+			c.computedAt[file] = j.lastActive
+		}
+		c.addHoard(now, file, nb.User, j, nb.GPUMemoryBytes, dt)
+		nb.Compute = &attribution.Compute{State: j.verdict.String(), Reason: j.why(), LastComputedAt: c.computedAt[file]}
+		if bs, ok := c.hoard.Notebook(now, file); ok {
+			nb.Compute.HoardedGiBHours = gib(bs)
+		}
+	}
+	if len(c.computedAt)+len(c.settling) > 3*len(rep.Notebooks)+16 { // kernels gone: forget theirs
+		seen := map[string]bool{}
+		for _, nb := range rep.Notebooks {
+			seen[nb.ConnectionFile] = true
+		}
+		for k := range c.computedAt {
+			if !seen[k] {
+				delete(c.computedAt, k)
+			}
+		}
+		for k := range c.settling {
+			if !seen[k] {
+				delete(c.settling, k)
+			}
+		}
+	}
+	rep.LeftRunning = nil
+	for id, lr := range c.left {
+		bytes, holds := held[id.PID]
+		if _, alive := table.Lookup(id.PID, id.Start); !alive || !holds {
+			delete(c.left, id) // exited, or holds no GPU memory any more
+			continue
+		}
+		lr.Bytes, lr.GPUs = bytes, slices.Clone(gpusOf[id.PID])
+		c.addHoard(now, lr.ConnectionFile, lr.User, c.judgeLocked(id, from, now), bytes, dt)
+		rep.LeftRunning = append(rep.LeftRunning, lr.LeftRunning)
+	}
+	slices.SortFunc(rep.LeftRunning, func(a, b attribution.LeftRunning) int {
+		return cmp.Or(cmp.Compare(a.KernelID, b.KernelID), cmp.Compare(a.ConnectionFile, b.ConnectionFile), cmp.Compare(a.PID, b.PID))
+	})
+	rep.Hoarding = nil
+	window := int64(c.hoard.Window() / time.Second)
+	for _, u := range c.hoard.Users(now) {
+		rep.Hoarding = append(rep.Hoarding, attribution.UserHoarding{User: u.User, GiBHours: *gib(u.ByteSeconds), WindowSeconds: window})
+	}
+}
+
+// finishCompute is the sample's compute step: the readings recorded, then
+// the report's verdicts, hoarding and processes left running.
+func (d *Daemon) finishCompute(now time.Time, rep *attribution.Report, obs attribution.Observation) {
+	d.compute.record(now, obs.Snapshot, obs.Table)
+	d.compute.finish(now, rep, obs.Snapshot, obs.Table)
+}
+
+// addHoard counts bytes held for dt seconds while judged idle; a reading
+// judged computing counts as known, hoarding nothing; an unknown one
+// counts nothing.
+func (c *computeState) addHoard(now time.Time, connFile, user string, j judgement, bytes uint64, dt float64) {
+	switch j.verdict {
+	case verdictIdle:
+		c.hoard.Add(now, connFile, user, float64(bytes)*dt)
+	case verdictComputing:
+		c.hoard.Add(now, connFile, user, 0)
+	}
+}
+
+// addLeftRunning records a process reclaim left running.
+func (c *computeState) addLeftRunning(lr *leftRunning) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.left[lr.id] = lr
+}
+
+// leftRunningOf lists the processes left running of the kernel of
+// connFile.
+func (c *computeState) leftRunningOf(connFile string) []leftRunning {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []leftRunning
+	for _, lr := range c.left {
+		if lr.ConnectionFile == connFile {
+			out = append(out, *lr)
+		}
+	}
+	slices.SortFunc(out, func(a, b leftRunning) int { return cmp.Compare(a.PID, b.PID) })
+	return out
+}
+
+// forgetLeftRunning drops id from the processes left running (it was
+// ended).
+func (c *computeState) forgetLeftRunning(id procID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.left, id)
+}
