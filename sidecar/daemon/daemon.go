@@ -65,8 +65,8 @@ type Config struct {
 type Deps struct {
 	// GPUs reads GPU memory per process: NVML, or the simulated GPU.
 	GPUs attribution.GPUSampler
-	// Procs reads the process table.
-	Procs attribution.ProcScanner
+	// Procs reads the process table and confirms exits.
+	Procs ProcReader
 	// Finder proves which process serves a connection file.
 	Finder discovery.ProcessFinder
 	// UserDirs finds every user's runtime dirs (AllUsers); nil: none.
@@ -83,6 +83,15 @@ type Deps struct {
 	// read from Cgroups.
 	PodKernels PodKernelFinder
 	Cgroups    cgroups.Reader
+}
+
+// ProcReader reads /proc: the whole table (procs.FS.ScanTree) and one
+// process (procs.FS.Exited). A scan that lacks a process is no proof that
+// it exited; Exited is: true only when /proc says the process is gone or
+// its pid was reused, an error when /proc cannot be read.
+type ProcReader interface {
+	attribution.ProcScanner
+	Exited(pid int, start uint64) (bool, error)
 }
 
 func (c *Config) defaults() {
@@ -106,7 +115,7 @@ type Daemon struct {
 	log       zerolog.Logger
 	selfUID   uint32
 	gpus      attribution.GPUSampler
-	fs        attribution.ProcScanner
+	fs        ProcReader
 	finder    discovery.ProcessFinder
 	terminate func(ctx context.Context, pid int, start uint64, grace time.Duration) (bool, error)
 	pods      attribution.Pods
