@@ -18,6 +18,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -303,7 +304,8 @@ const missingGrace = 300 * time.Millisecond
 // retires it when the process exits).
 func (d *Daemon) scan(ctx context.Context) {
 	d.addUserDirs()
-	res := discovery.Discover(ctx, discovery.Options{RuntimeDirs: d.watchedDirs(), Procs: knownFinder{d},
+	dirs := d.watchedDirs()
+	res := discovery.Discover(ctx, discovery.Options{RuntimeDirs: dirs, Procs: knownFinder{d},
 		ServerToken: d.cfg.ServerToken})
 	if d.podKernels != nil {
 		pods := d.podKernels.Find(ctx)
@@ -337,7 +339,12 @@ func (d *Daemon) scan(ctx context.Context) {
 			ks.missingSince = time.Time{}
 			continue
 		}
-		if _, err := os.Stat(file); ks.pod == nil && !errors.Is(err, fs.ErrNotExist) {
+		// A kernel found outside the runtime dirs is one only while a
+		// process names its file: with its process gone and none naming
+		// the file (a killed KernelManager leaves /tmp/tmpXXXX.json
+		// behind), it is over although the file stays.
+		unnamed := ks.launched && ks.cur.isZero()
+		if _, err := os.Stat(file); ks.pod == nil && !unnamed && !errors.Is(err, fs.ErrNotExist) {
 			ks.missingSince = time.Time{}
 			continue
 		}
@@ -350,6 +357,12 @@ func (d *Daemon) scan(ctx context.Context) {
 			continue
 		}
 		ks.cancel() // detach: nothing to attach to without the file
+		if unnamed {
+			delete(d.kernels, file)
+			d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Str("connection_file", file).
+				Msg("no process names the connection file any more: the kernel is over, not followed")
+			continue
+		}
 		if ks.cur.isZero() {
 			delete(d.kernels, file)
 			d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).
@@ -365,6 +378,7 @@ func (d *Daemon) scan(ctx context.Context) {
 		switch {
 		case !ok:
 			ks = newKernelState(k)
+			ks.launched = k.Pod == nil && !slices.Contains(dirs, filepath.Dir(file))
 			d.kernels[file] = ks
 			d.followLocked(ctx, ks)
 		case ks.fileGone:
@@ -400,8 +414,21 @@ func (d *Daemon) followLocked(ctx context.Context, ks *kernelState) {
 }
 
 // knownFinder resolves only the kernels whose process the daemon does not
-// know yet: a rescan need not read every process's fds again.
+// know yet: a rescan need not read every process's fds again. It passes on
+// the finder's ConnectionFileLister, so that the daemon follows the kernels
+// launched with connection files outside the runtime dirs (KernelManager,
+// nbclient, papermill, jupyter console, VS Code: /tmp/tmpXXXX.json), every
+// kernel `gpumem kernels` lists.
 type knownFinder struct{ d *Daemon }
+
+// LaunchedConnectionFiles implements discovery.ConnectionFileLister.
+func (f knownFinder) LaunchedConnectionFiles(runtimeDirs []string) ([]string, error) {
+	lister, ok := f.d.finder.(discovery.ConnectionFileLister)
+	if !ok {
+		return nil, nil
+	}
+	return lister.LaunchedConnectionFiles(runtimeDirs)
+}
 
 func (f knownFinder) FindKernels(files []discovery.KernelFile) (map[string]discovery.Owner, error) {
 	known := map[string]bool{}

@@ -71,3 +71,16 @@ func TestExitConfirmedBeforeReclaim(t *testing.T) {
 	r.waitLog("kernel process exited", `"pid":100`)
 	r.waitLog("orphan ended", `"pid":101`)
 }
+
+// A kernel process that exited but that its parent has not reaped (a
+// zombie: a script's KernelManager that does not poll its kernel) is over:
+// its orphans holding GPU memory go.
+func TestZombieKernelIsAnExit(t *testing.T) {
+	r, _, _ := twoKernels(t, Config{Reclaim: true})
+	zombie := r.procs[100]
+	zombie.State, zombie.Argv = "Z", nil
+	r.setProcs(zombie)
+	r.d.sample(r.ctx)
+	r.waitLog("kernel process exited", `"pid":100`)
+	r.waitLog("orphan ended", `"pid":101`)
+}

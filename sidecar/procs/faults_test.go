@@ -218,14 +218,17 @@ func TestExited(t *testing.T) {
 	}{
 		{"alive", 11, 60, nil, false, true},
 		{"pid reused", 11, 59, nil, true, true},
-		{"no such pid", 12, 60, nil, true, true},
+		{"no such pid", 13, 60, nil, true, true},
 		{"stat gone", 11, 60, syscall.ESRCH, true, true},
+		{"zombie", 12, 70, nil, true, true},
 		{"out of descriptors", 11, 60, syscall.EMFILE, false, false},
 		{"not allowed to look", 11, 60, syscall.EACCES, false, false},
 		{"out of memory", 11, 60, syscall.ENOMEM, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fs := &FS{Root: faultTree(t)}
+			root := faultTree(t)
+			procstest.WriteTree(t, root, []procstest.Proc{{PID: 12, PPID: 10, PGID: 10, SID: 10, Start: 70, Comm: "worker", State: "Z"}})
+			fs := &FS{Root: root}
 			fs.fault = func(pid int, file string) error {
 				if file == "stat" {
 					return tc.fault

@@ -117,7 +117,7 @@ func TestScanKernelsFixture(t *testing.T) {
 	if !ok {
 		t.Fatal("kernel 1000 missing")
 	}
-	want := Proc{PID: 1000, PPID: 500, PGID: 1000, SID: 1000, UID: 1000, User: "alice", StartTime: 2000, Comm: "python3", Detailed: true,
+	want := Proc{PID: 1000, PPID: 500, PGID: 1000, SID: 1000, UID: 1000, User: "alice", StartTime: 2000, Comm: "python3", State: 'S', Detailed: true,
 		Argv:        []string{"/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "/run/user/1000/jupyter/kernel-aaaa.json"},
 		SessionName: "/home/alice/train (1).ipynb", NSpid: []int{1000}}
 	if !reflect.DeepEqual(got, want) {

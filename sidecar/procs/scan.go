@@ -295,7 +295,7 @@ func (fs *FS) readStat(rootfd, pid int, buf []byte) (p Proc, ok bool, _ []byte, 
 	if err != nil {
 		return Proc{}, false, buf, err
 	}
-	return Proc{PID: pid, PPID: st.PPID, PGID: st.PGID, SID: st.SID, StartTime: st.StartTime, Comm: st.Comm}, true, buf, nil
+	return Proc{PID: pid, PPID: st.PPID, PGID: st.PGID, SID: st.SID, StartTime: st.StartTime, Comm: st.Comm, State: st.State}, true, buf, nil
 }
 
 // parseStatOf parses pid's stat, which must be pid's.
@@ -368,7 +368,7 @@ func (fs *FS) readProc(pid int, buf []byte) (p Proc, ok bool, _ []byte, err erro
 	if err != nil {
 		return Proc{}, false, buf, err
 	}
-	p = Proc{PID: pid, PPID: st.PPID, PGID: st.PGID, SID: st.SID, StartTime: st.StartTime, Comm: st.Comm, Detailed: true}
+	p = Proc{PID: pid, PPID: st.PPID, PGID: st.PGID, SID: st.SID, StartTime: st.StartTime, Comm: st.Comm, State: st.State, Detailed: true}
 
 	// Once stat was read, ENOENT or ESRCH from the process's other files
 	// means it exited meanwhile: skip it rather than keep half a process.
@@ -446,11 +446,12 @@ func (fs *FS) readFile(dirfd int, rel string, pid int, file string, buf []byte) 
 }
 
 // Exited reports whether the process (pid, start) is over, as /proc says
-// it: its directory or stat is gone (ENOENT, ESRCH), or the pid now names a
-// process that started at another time (reused). A scan that misses a
-// process says nothing by itself: this is the targeted look that confirms
-// an exit. Any failure to look (EMFILE, EACCES, ...) is an error, never an
-// exit. A zombie has not exited: it is in every scan until reaped.
+// it: its directory or stat is gone (ENOENT, ESRCH), the pid now names a
+// process that started at another time (reused), or it is a zombie (it
+// exited; its parent has not reaped it yet, as a script's KernelManager
+// that does not poll its kernel). A scan that misses a process says
+// nothing by itself: this is the targeted look that confirms an exit. Any
+// failure to look (EMFILE, EACCES, ...) is an error, never an exit.
 func (fs *FS) Exited(pid int, start uint64) (bool, error) {
 	dirfd, err := fs.openDir(pid)
 	if vanished(err) {
@@ -471,7 +472,7 @@ func (fs *FS) Exited(pid int, start uint64) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return st.StartTime != start, nil
+	return st.StartTime != start || (Proc{State: st.State}).Exited(), nil
 }
 
 // vanished: /proc says the process is gone.
