@@ -169,10 +169,11 @@ func Env(dir string, extra ...string) []string {
 
 // Proc is a started process group.
 type Proc struct {
-	Cmd  *exec.Cmd
-	Log  *bytes.Buffer
-	mu   *sync.Mutex
-	done chan struct{}
+	Cmd   *exec.Cmd
+	Log   *bytes.Buffer
+	mu    *sync.Mutex
+	done  chan struct{}
+	start uint64 // the leader's start time, which Kill checks before signalling its group
 }
 
 // Output returns what the process printed so far.
@@ -195,7 +196,7 @@ func (p *Proc) Exited() bool {
 // Kill kills the whole process group and waits for the leader.
 func (p *Proc) Kill() {
 	if p.Cmd.Process != nil {
-		_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
+		killGroup(p.Cmd.Process.Pid, p.start)
 	}
 	select {
 	case <-p.done:
@@ -228,6 +229,7 @@ func Start(t testing.TB, env []string, dir string, argv ...string) *Proc {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %v: %v", argv, err)
 	}
+	p.start, _ = procStart(cmd.Process.Pid) // not reaped before Wait, below
 	go func() { _ = cmd.Wait(); close(p.done) }()
 	t.Cleanup(p.Kill)
 	return p
