@@ -88,8 +88,8 @@ type Deps struct {
 
 // ProcReader reads /proc: the whole table (procs.FS.ScanTree) and one
 // process (procs.FS.Exited). A scan that lacks a process is no proof that
-// it exited; Exited is: true only when /proc says the process is gone or
-// its pid was reused, an error when /proc cannot be read.
+// it exited; Exited is: true only when /proc says the process is gone, its
+// pid reused or it a zombie, an error when /proc cannot be read.
 type ProcReader interface {
 	attribution.ProcScanner
 	Exited(pid int, start uint64) (bool, error)
@@ -378,7 +378,7 @@ func (d *Daemon) scan(ctx context.Context) {
 		switch {
 		case !ok:
 			ks = newKernelState(k)
-			ks.launched = k.Pod == nil && !slices.Contains(dirs, filepath.Dir(file))
+			ks.launched = k.Pod == nil && !slices.ContainsFunc(dirs, func(d string) bool { return filepath.Clean(d) == filepath.Dir(file) })
 			d.kernels[file] = ks
 			d.followLocked(ctx, ks)
 		case ks.fileGone:

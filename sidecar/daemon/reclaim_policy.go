@@ -112,7 +112,7 @@ var errStale = errors.New("pid now names another process")
 // holds a pidfd from before checking the start time until the last signal,
 // so a pid reused in between can never be signalled. It returns when the
 // process has exited or ctx ends.
-func terminate(ctx context.Context, procs ProcReader, id procID, grace time.Duration) (killed bool, err error) {
+func terminate(ctx context.Context, proc ProcReader, id procID, grace time.Duration) (killed bool, err error) {
 	fd, err := unix.PidfdOpen(id.PID, 0)
 	if err != nil {
 		if errors.Is(err, unix.ESRCH) {
@@ -123,7 +123,7 @@ func terminate(ctx context.Context, procs ProcReader, id procID, grace time.Dura
 	defer unix.Close(fd)
 	// The pidfd now pins the process the pid named when it was opened; check
 	// that this is still the one we recorded.
-	gone, err := procs.Exited(id.PID, id.Start)
+	gone, err := proc.Exited(id.PID, id.Start)
 	if err != nil {
 		return false, err
 	}

@@ -105,8 +105,9 @@ func (d *Daemon) sample(ctx context.Context) {
 }
 
 // confirmExitLocked looks at the kernel process that the sample's table
-// lacks, on its own: only /proc saying that it is gone (or its pid reused)
-// retires the kernel and sends its tree to reclaim. A process that cannot
+// lacks (or shows a zombie), on its own: only /proc saying that it is gone,
+// its pid reused or it a zombie retires the kernel and sends its tree to
+// reclaim. A process that cannot
 // be looked at now (out of descriptors, memory) is kept, and said so.
 // Called with d.mu held: one stat read.
 func (d *Daemon) confirmExitLocked(ks *kernelState) bool {
