@@ -79,3 +79,24 @@ func TestKillersSpareAReusedPid(t *testing.T) {
 	}
 	_ = other.Wait()
 }
+
+// MakeUser's cleanup ends the processes of its user, through KillIf, and
+// removes the account.
+func TestMakeUserCleanupEndsItsProcesses(t *testing.T) {
+	var pid int
+	var name string
+	t.Run("user", func(t *testing.T) {
+		u := MakeUser(t, "reap")
+		name = u.Name
+		cmd := u.Command(nil, "sleep", "600")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		pid = cmd.Process.Pid
+		go func() { _ = cmd.Wait() }()
+	})
+	Poll(t, 10*time.Second, "the user's process to be gone", func() bool { return !Alive(pid) })
+	if err := exec.Command("id", name).Run(); err == nil {
+		t.Errorf("user %s still exists", name)
+	}
+}
