@@ -18,6 +18,8 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -71,8 +73,8 @@ type Config struct {
 type Deps struct {
 	// GPUs reads GPU memory per process: NVML, or the simulated GPU.
 	GPUs attribution.GPUSampler
-	// Procs reads the process table.
-	Procs attribution.ProcScanner
+	// Procs reads the process table and confirms exits.
+	Procs ProcReader
 	// Finder proves which process serves a connection file.
 	Finder discovery.ProcessFinder
 	// UserDirs finds every user's runtime dirs (AllUsers); nil: none.
@@ -89,6 +91,15 @@ type Deps struct {
 	// read from Cgroups.
 	PodKernels PodKernelFinder
 	Cgroups    cgroups.Reader
+}
+
+// ProcReader reads /proc: the whole table (procs.FS.ScanTree) and one
+// process (procs.FS.Exited). A scan that lacks a process is no proof that
+// it exited; Exited is: true only when /proc says the process is gone, its
+// pid reused or it a zombie, an error when /proc cannot be read.
+type ProcReader interface {
+	attribution.ProcScanner
+	Exited(pid int, start uint64) (bool, error)
 }
 
 func (c *Config) defaults() {
@@ -117,7 +128,7 @@ type Daemon struct {
 	log       zerolog.Logger
 	selfUID   uint32
 	gpus      attribution.GPUSampler
-	fs        attribution.ProcScanner
+	fs        ProcReader
 	finder    discovery.ProcessFinder
 	terminate func(ctx context.Context, pid int, start uint64, grace time.Duration) (bool, error)
 	pods      attribution.Pods
@@ -321,7 +332,8 @@ func (d *Daemon) scan(ctx context.Context) {
 	dctx, cancel := context.WithTimeout(ctx, scanDeadline)
 	defer cancel()
 	d.addUserDirs()
-	res := discovery.Discover(dctx, discovery.Options{RuntimeDirs: d.watchedDirs(), Procs: knownFinder{d},
+	dirs := d.watchedDirs()
+	res := discovery.Discover(dctx, discovery.Options{RuntimeDirs: dirs, Procs: knownFinder{d},
 		ServerToken: d.cfg.ServerToken, ServerTokenURLs: d.cfg.ServerTokenURLs,
 		ServerTimeout: serverDeadline, Backoff: &d.serverBackoff})
 	if d.podKernels != nil {
@@ -356,7 +368,12 @@ func (d *Daemon) scan(ctx context.Context) {
 			ks.missingSince = time.Time{}
 			continue
 		}
-		if _, err := os.Stat(file); ks.pod == nil && !errors.Is(err, fs.ErrNotExist) {
+		// A kernel found outside the runtime dirs is one only while a
+		// process names its file: with its process gone and none naming
+		// the file (a killed KernelManager leaves /tmp/tmpXXXX.json
+		// behind), it is over although the file stays.
+		unnamed := ks.launched && ks.cur.isZero()
+		if _, err := os.Stat(file); ks.pod == nil && !unnamed && !errors.Is(err, fs.ErrNotExist) {
 			ks.missingSince = time.Time{}
 			continue
 		}
@@ -369,6 +386,12 @@ func (d *Daemon) scan(ctx context.Context) {
 			continue
 		}
 		ks.cancel() // detach: nothing to attach to without the file
+		if unnamed {
+			delete(d.kernels, file)
+			d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Str("connection_file", file).
+				Msg("no process names the connection file any more: the kernel is over, not followed")
+			continue
+		}
 		if ks.cur.isZero() {
 			delete(d.kernels, file)
 			d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).
@@ -389,6 +412,7 @@ func (d *Daemon) scan(ctx context.Context) {
 			}
 			followed[k.FileUID]++
 			ks = newKernelState(k)
+			ks.launched = k.Pod == nil && !slices.ContainsFunc(dirs, func(d string) bool { return filepath.Clean(d) == filepath.Dir(file) })
 			d.kernels[file] = ks
 			d.followLocked(ctx, ks)
 		case ks.fileGone:
@@ -427,8 +451,20 @@ func (d *Daemon) followLocked(ctx context.Context, ks *kernelState) {
 // knownFinder resolves only the kernels whose process the daemon does not
 // know yet: a rescan need not read every process's fds again. Kernels are
 // known by their connection file's path: another user's file of the same
-// name is another kernel.
+// name is another kernel. It passes on the finder's ConnectionFileLister,
+// so that the daemon follows the kernels launched with connection files
+// outside the runtime dirs (KernelManager, nbclient, papermill, jupyter
+// console, VS Code: /tmp/tmpXXXX.json), every kernel `gpumem kernels` lists.
 type knownFinder struct{ d *Daemon }
+
+// LaunchedConnectionFiles implements discovery.ConnectionFileLister.
+func (f knownFinder) LaunchedConnectionFiles(runtimeDirs []string) ([]string, error) {
+	lister, ok := f.d.finder.(discovery.ConnectionFileLister)
+	if !ok {
+		return nil, nil
+	}
+	return lister.LaunchedConnectionFiles(runtimeDirs)
+}
 
 func (f knownFinder) FindKernels(files []discovery.KernelFile) (map[string]discovery.Owner, error) {
 	known := map[string]bool{}

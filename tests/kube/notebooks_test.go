@@ -365,7 +365,18 @@ func testCgroup(t *testing.T, rel string) string {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatalf("creating a cgroup: %v", err)
 	}
+	for d := base; d != dir; {
+		d = filepath.Join(d, strings.Split(strings.TrimPrefix(dir, d+"/"), "/")[0])
+		testenv.RemoveAfterRun(d) // if the test binary is killed first
+	}
 	t.Cleanup(func() {
+		// Through pidfds, each process checked to be in the cgroup still:
+		// a pid read here may be another process's by the time it is
+		// signalled.
+		inCgroup := func(pid int) bool {
+			data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+			return err == nil && strings.Contains(string(data), ":"+rel+"\n")
+		}
 		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
 			data, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 			if err != nil || len(strings.Fields(string(data))) == 0 {
@@ -373,7 +384,7 @@ func testCgroup(t *testing.T, rel string) string {
 			}
 			for _, f := range strings.Fields(string(data)) {
 				if pid, err := strconv.Atoi(f); err == nil {
-					_ = syscall.Kill(pid, syscall.SIGKILL)
+					testenv.KillIf(pid, inCgroup)
 				}
 			}
 		}
