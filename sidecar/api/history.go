@@ -48,7 +48,9 @@ type HistoryResponse struct {
 	// interval for the last 15 minutes, 60 for older ranges.
 	StepSeconds    int64   `json:"step_seconds"`
 	AlertThreshold float64 `json:"alert_threshold"`
-	// GPUs' series are keyed by GPU index, notebooks' by kernel id.
+	// GPUs' series are keyed by GPU index, notebooks' by kernel id: per
+	// notebook one series of its total (no gpu) and one of its bytes on
+	// each GPU it used (gpu: that GPU's index).
 	GPUs      []HistorySeries `json:"gpus"`
 	Notebooks []HistorySeries `json:"notebooks"`
 	// Events after the events_after asked for, oldest first; LastEvent is
@@ -63,7 +65,10 @@ type HistoryResponse struct {
 
 // HistorySeries is one series' points, [unix seconds, bytes] each.
 type HistorySeries struct {
-	ID     string      `json:"id"`
+	ID string `json:"id"`
+	// GPU is the GPU's index of a notebook's series on one GPU; nil for a
+	// notebook's total and for a GPU's own series.
+	GPU    *int        `json:"gpu,omitempty"`
 	Peak   uint64      `json:"peak_bytes"`
 	PeakAt int64       `json:"peak_at"`
 	Points [][2]uint64 `json:"points"`
