@@ -11,7 +11,6 @@ import (
 	"io"
 	"os"
 	"sort"
-	"strings"
 
 	"github.com/gpumem/gpumem/sidecar/procs"
 )
@@ -111,47 +110,4 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-9s %s\n", n, commands[n].summary)
 	}
 	fmt.Fprintln(w, "\nRun 'gpumem COMMAND -h' for a command's flags.")
-}
-
-// newFlagSet returns a flag set that reports errors instead of exiting.
-func newFlagSet(env Env, name, synopsis string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(env.Stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(env.Stderr, "Usage: gpumem %s %s\n", name, synopsis)
-		fs.PrintDefaults()
-	}
-	return fs
-}
-
-// parseFlags parses args, wrapping errors as usage errors. It allows flags
-// after positional arguments (gpumem free KERNEL --all).
-func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
-	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
-			}
-			return nil, fmt.Errorf("%w: %v", errUsage, err)
-		}
-		args = fs.Args()
-		if len(args) == 0 {
-			return positional, nil
-		}
-		if args[0] == "--" {
-			return append(positional, args[1:]...), nil
-		}
-		positional = append(positional, args[0])
-		args = args[1:]
-	}
-}
-
-// stringList is a repeatable string flag.
-type stringList []string
-
-func (s *stringList) String() string { return strings.Join(*s, ",") }
-func (s *stringList) Set(v string) error {
-	*s = append(*s, v)
-	return nil
 }
