@@ -142,6 +142,7 @@ func Discover(ctx context.Context, opts Options) Result {
 		hc = &http.Client{Timeout: 5 * time.Second}
 	}
 	seenFile := map[string]bool{}
+	checker, _ := opts.Procs.(ProcessChecker)
 	for _, dir := range opts.RuntimeDirs {
 		entries, err := os.ReadDir(dir)
 		if err != nil {
@@ -172,14 +173,9 @@ func Discover(ctx context.Context, opts Options) Result {
 			res.Problems = append(res.Problems, fmt.Errorf("runtime dir %s: %w", dir, err))
 		}
 		for _, f := range files {
-			data, _, err := safefile.Read(f, maxServerFileBytes)
+			s, err := readServerFile(ctx, f, readCapped, serverFileReread)
 			if err != nil {
-				res.Problems = append(res.Problems, fmt.Errorf("server file: %w", err))
-				continue
-			}
-			s, err := ParseServerFile(f, data)
-			if err != nil {
-				res.Problems = append(res.Problems, err)
+				res.Problems = append(res.Problems, fileAdvice(err, serverFilePID(f), checker))
 				continue
 			}
 			res.Servers = append(res.Servers, s)
@@ -194,7 +190,7 @@ func Discover(ctx context.Context, opts Options) Result {
 			res.Servers[i].Token, res.Servers[i].TokenGiven = opts.ServerToken, true
 		}
 	}
-	res.Problems = append(res.Problems, attachSessions(ctx, hc, res.Servers, res.Kernels)...)
+	res.Problems = append(res.Problems, attachSessions(ctx, hc, res.Servers, res.Kernels, checker)...)
 	if opts.Procs != nil {
 		res.Problems = append(res.Problems, resolvePIDs(opts.Procs, res.Kernels)...)
 		res.Kernels = dropUnprovenOutside(res.Kernels)
@@ -212,6 +208,15 @@ func Discover(ctx context.Context, opts Options) Result {
 
 // maxServerFileBytes bounds a server file: real ones are about 500 bytes.
 const maxServerFileBytes = 1 << 20
+
+// serverFileReread is how long a server file that does not parse is left
+// before it is read again: its server writes about 500 bytes at once.
+const serverFileReread = 100 * time.Millisecond
+
+func readCapped(path string) ([]byte, error) {
+	data, _, err := safefile.Read(path, maxServerFileBytes)
+	return data, err
+}
 
 // ReadKernelFile reads a kernel's connection file, with the identity and
 // owner that proving its process needs. The kernel id is the name's
@@ -259,7 +264,7 @@ func dedupeServers(servers []Server) []Server {
 
 // attachSessions asks every server (concurrently) for its sessions and fills
 // Notebook and ServerURL of the kernels they name.
-func attachSessions(ctx context.Context, hc *http.Client, servers []Server, kernels []Kernel) []error {
+func attachSessions(ctx context.Context, hc *http.Client, servers []Server, kernels []Kernel, pc ProcessChecker) []error {
 	type answer struct {
 		server   Server
 		sessions []Session
@@ -283,7 +288,11 @@ func attachSessions(ctx context.Context, hc *http.Client, servers []Server, kern
 	var problems []error
 	for _, a := range answers {
 		if a.err != nil {
-			problems = append(problems, a.err)
+			pid := a.server.PID
+			if pid <= 0 {
+				pid = serverFilePID(a.server.File)
+			}
+			problems = append(problems, fileAdvice(a.err, pid, pc))
 			continue
 		}
 		for _, sess := range a.sessions {
