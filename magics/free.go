@@ -186,8 +186,8 @@ func (r FreeReport) outcome() (returned bool, summary string) {
 		if d.After == 0 {
 			return false, "returned nothing: the kernel holds no GPU memory"
 		}
-		return false, fmt.Sprintf("returned nothing to the GPU: the driver still counts %s for the kernel, "+
-			"in use by its variables or its CUDA context (only a restart frees the context)", units.Bytes(d.After))
+		return false, fmt.Sprintf("returned nothing to the GPU: the driver still counts %s for the kernel (in use, or its CUDA context)",
+			units.Bytes(d.After))
 	}
 	var back uint64
 	known := false
