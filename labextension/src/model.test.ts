@@ -128,6 +128,15 @@ describe('stackNotebooks', () => {
     expect(on0.top).toBe(20 * GiB);
   });
 
+  it('draws nothing, never 0, before the oldest point', () => {
+    const h = new History(3600);
+    h.merge(state({ now: 1000, step_seconds: 60, series: { gpus: [pts('0', [[960, 9]])], notebooks: [pts('a', [[960, 4]], 0)] } }));
+    const st = stackNotebooks(h, [nb('a', 4)], 0, 3600);
+    expect(st.times).toEqual([900, 960]);
+    expect(st.stacks[0].values).toEqual([null, 4]);
+    expect(st.used).toEqual([null, 9]);
+  });
+
   it('fits the window to a short history, never under a minute', () => {
     expect(plotRange(1000, 1030, 900)).toEqual([970, 1030]); // 30 s of data: a minute
     expect(plotRange(1000, 1300, 900)).toEqual([1000, 1300]); // 5 min of data: 5 min

@@ -211,7 +211,8 @@ export interface Stacked {
  * (every step of the range), each band that notebook's bytes on this GPU
  * only, the biggest now at the bottom, and the GPU's used memory as a
  * line above them (other users and processes are the gap). A missing
- * point counts 0 so that bands stay contiguous. Every figure is the
+ * point counts 0 so that bands stay contiguous; before the oldest point
+ * there is nothing (null). Every figure is the
  * daemon's: nothing is attributed here.
  */
 export function stackNotebooks(hist: History, notebooks: Notebook[], gpuIndex: number, windowSeconds = FINE_WINDOW): Stacked {
@@ -225,12 +226,19 @@ export function stackNotebooks(hist: History, notebooks: Notebook[], gpuIndex: n
   const bytesOn = (nb: Notebook) => nb.per_gpu.find(g => g.index === gpuIndex)?.bytes ?? 0;
   const onGPU = notebooks.filter(nb => bytesOn(nb) > 0 || hist.notebookGpus.has(gpuKey(nb.kernel_id, gpuIndex)));
   onGPU.sort((a, b) => bytesOn(b) - bytesOn(a) || a.kernel_id.localeCompare(b.kernel_id));
+  // Before the oldest point the daemon sent there is no figure at all:
+  // drawn as nothing, never as 0.
+  const first = hist.first();
+  const known = times.map(t => first > 0 && t >= first);
   const base = times.map(() => 0);
   let top = 0;
   const stacks: Stacked['stacks'] = [];
   for (const nb of onGPU) {
     const pts = hist.notebookGpus.get(gpuKey(nb.kernel_id, gpuIndex));
     const values = times.map((t, i) => {
+      if (!known[i]) {
+        return null;
+      }
       base[i] += pts?.get(t) ?? 0;
       top = Math.max(top, base[i]);
       return base[i];
@@ -238,9 +246,9 @@ export function stackNotebooks(hist: History, notebooks: Notebook[], gpuIndex: n
     stacks.push({ kernelId: nb.kernel_id, label: notebookLabel(nb), values });
   }
   const gpuPts = hist.gpus.get(String(gpuIndex));
-  const used = times.map(t => {
+  const used = times.map((t, i) => {
     const v = gpuPts?.get(t);
-    if (v === undefined) {
+    if (v === undefined || !known[i]) {
       return null;
     }
     top = Math.max(top, v);

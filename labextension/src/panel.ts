@@ -194,16 +194,25 @@ export class GpuPanel extends Widget {
       p.empty.hidden = st.stacks.length > 0;
       p.empty.textContent = this._trans.__('No notebook of this server holds memory on GPU %1.', g.index);
       const width = Math.max(120, p.box.clientWidth);
-      const key = `${st.stacks.map(s => s.kernelId).join(',')}|${width}|${themeKey(theme)}|${this._windowSeconds}`;
+      const key = `${st.stacks.map(s => s.kernelId).join(',')}|${width}|${themeKey(theme)}|${this._windowSeconds}|${hist.step}`;
       const span = st.times.length ? st.times[st.times.length - 1] - st.times[0] : 0;
       if (!p.plot || p.key !== key) {
         p.plot?.destroy();
         const colors = st.stacks.map(s => this._color(s.kernelId));
-        const opts = plotOptions(st, width, span, colors, theme, this._trans, (text, left) => {
-          p.hover.hidden = !text;
-          p.hover.textContent = text ?? '';
-          p.hover.style.left = `${Math.min(Math.max(0, left), width - 120)}px`;
-        });
+        const opts = plotOptions(
+          st,
+          width,
+          span,
+          colors,
+          theme,
+          this._trans,
+          (text, left) => {
+            p.hover.hidden = !text;
+            p.hover.textContent = text ?? '';
+            p.hover.style.left = `${Math.min(Math.max(0, left), width - 120)}px`;
+          },
+          hist.step > 1 ? UPlot.paths.stepped?.({ align: 1 }) : undefined
+        );
         p.plot = new UPlot(opts, plotData(st), p.plotBox);
         p.key = key;
       } else {

@@ -48,7 +48,11 @@ export function identityAt(st: Stacked, idx: number, bytes: number, trans: Trans
   return null;
 }
 
-/** uPlot's options for a GPU's plot of st, width pixels wide. */
+/**
+ * uPlot's options for a GPU's plot of st, width pixels wide. stepped
+ * draws each point's figure until the next (minute points: each holds a
+ * minute's highest figure); without it, points are joined.
+ */
 export function plotOptions(
   st: Stacked,
   width: number,
@@ -56,7 +60,8 @@ export function plotOptions(
   colors: string[],
   theme: PlotTheme,
   trans: Trans,
-  onHover: (text: string | null, left: number) => void
+  onHover: (text: string | null, left: number) => void,
+  stepped?: uPlot.Series.PathBuilder
 ): uPlot.Options {
   const axis = { stroke: theme.text, grid: { stroke: theme.grid, width: 1 }, ticks: { stroke: theme.grid, width: 1 } };
   const bands = [...st.stacks].reverse(); // the top of the stack first: lower bands cover it
@@ -64,6 +69,7 @@ export function plotOptions(
     width,
     height: PLOT_HEIGHT,
     legend: { show: false },
+    padding: [8, 14, 0, 0], // room for the last time label
     cursor: { x: true, y: false, points: { show: false }, drag: { x: false, y: false } },
     scales: {
       x: { time: true },
@@ -81,9 +87,10 @@ export function plotOptions(
         stroke: colors[bands.length - 1 - i],
         fill: colors[bands.length - 1 - i] + '99',
         width: 1,
+        paths: stepped,
         points: { show: false }
       })),
-      { label: trans.__('GPU used (everyone)'), stroke: theme.used, width: 1, dash: [4, 3], points: { show: false } }
+      { label: trans.__('GPU used (everyone)'), stroke: theme.used, width: 1, dash: [4, 3], paths: stepped, points: { show: false } }
     ],
     hooks: {
       setCursor: [

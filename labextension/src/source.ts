@@ -87,9 +87,14 @@ export class StateSource {
     this._refreshMs = Math.max(POLL_MS, Math.round(seconds * 1000));
   }
 
-  /** The history a plot of the given window draws from. */
+  /**
+   * The history a plot of the given window draws from: the minute points
+   * once they reach further back than the 15 minutes of the sampling
+   * interval's, else those (all there is, in more detail).
+   */
   historyFor(windowSeconds: number): History {
-    return windowSeconds > FINE_WINDOW && this._coarse ? this._coarse : this.history;
+    const c = this._coarse;
+    return windowSeconds > FINE_WINDOW && c && c.last - c.first() > FINE_WINDOW ? c : this.history;
   }
 
   dispose(): void {

@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 from harness import REPO, GiB, need, wait_for
 from test_server import require_extension
 
@@ -477,6 +478,29 @@ def test_dark_two_gpus_many_notebooks(stack):
             set_panel_width(page, 600)
             assert_no_overflow(page, "dark, a 600 px sidebar")
             shot(page, out, "12-dark-600.png")
+            # The settings: in the Settings Editor, and they take effect.
+            page.keyboard.press("Control+,")
+            page.locator(".jp-PluginList-entry", has_text="GPU memory").first.wait_for(timeout=20_000)
+            r = lab.get("lab/api/settings/jupyterlab-gpumem:plugin")
+            assert set(r.json()["schema"]["properties"]) == {"refreshSeconds", "windowMinutes", "showStatusItem"}, r.text
+            raw = json.dumps({"showStatusItem": False, "windowMinutes": 60})
+            headers = dict(lab.headers(), **{"Content-Type": "application/json"})
+            put = httpx.put(lab.url + "lab/api/settings/jupyterlab-gpumem:plugin", json={"raw": raw}, headers=headers, timeout=30)
+            assert put.status_code == 204, put.text
+            page.reload()
+            tab = page.locator(".jp-SideBar.jp-mod-right li[data-id='jp-gpumem-panel']")
+            tab.wait_for(timeout=120_000)
+            if not panel_shown(page):
+                tab.click()
+            window = page.locator("[data-gpumem='window']")
+            wait_for("the window setting", lambda: window.input_value() == "3600", timeout=20)
+            page.locator(".jp-gpumem-gpu[data-gpu='1'] canvas").wait_for(timeout=20_000)
+            # Less than 15 minutes of history: the 1 h plot draws it at the sampling interval.
+            wait_for("GPU 0's stack in the 1 h window", lambda: g0.get_attribute("data-stack-top") == str(want0), timeout=20)
+            assert_no_overflow(page, "dark, a 1 h window")
+            shot(page, out, "13-dark-1h.png")
+            status = page.locator("[data-gpumem='status']")
+            assert status.count() == 1 and not status.is_visible(), "the status item shows though the setting hides it"
             ours = [(t, m) for t, m, _ in console if t in ("error", "pageerror") and "gpumem" in m.lower()]
             assert not ours, f"console errors from the extension: {ours}"
         finally:
