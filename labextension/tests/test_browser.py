@@ -309,10 +309,10 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     # Nothing sticks out: at the default width, at 250 px and at 600 px.
     default = assert_no_overflow(page, "the default sidebar")
     print(f"default sidebar: {default:.0f} px")
-    shot(page, out, "02-panel-default.png", "jupyterlab-gpumem.png")
+    shot(page, out, "02-panel-default.png", "panel-250-light.png")
     set_panel_width(page, 250)
     assert_no_overflow(page, "a 250 px sidebar")
-    shot(page, out, "02-panel-250.png", "panel-250-light.png")
+    shot(page, out, "02-panel-250.png")
     set_panel_width(page, 600)
     assert_no_overflow(page, "a 600 px sidebar")
     shot(page, out, "02-panel-600.png")
@@ -360,7 +360,7 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     for _ in range(2):  # two more polls: the alert stays one
         page.wait_for_event("request", lambda r: "gpumem/api/v1/state" in r.url, timeout=10_000)
     assert alert.count() == 1, "the alert was shown %d times" % alert.count()
-    shot(page, out, "04-alert.png")
+    shot(page, out, "04-alert.png", "jupyterlab-gpumem.png")
     # The GPU drops back: the alert says so, then goes away.
     stack.set_gpu({pm: 5 * GiB, po: 1 * GiB})
     back = page.locator(".Toastify__toast", has_text="GPU 0 is back under the alert threshold: 6.0 GiB of 80.0 GiB used")
@@ -474,10 +474,10 @@ def test_dark_two_gpus_many_notebooks(stack):
             )
             assert cut, "at 250 px the long name should be cut"
             assert_no_overflow(page, "dark, a 250 px sidebar")
-            shot(page, out, "11-dark-250.png", "panel-250-dark.png")
+            shot(page, out, "11-dark-250.png")
             set_panel_width(page, 600)
             assert_no_overflow(page, "dark, a 600 px sidebar")
-            shot(page, out, "12-dark-600.png")
+            shot(page, out, "12-dark-600.png", "panel-600-dark.png")
             # The settings: in the Settings Editor, and they take effect.
             page.keyboard.press("Control+,")
             page.locator(".jp-PluginList-entry", has_text="GPU memory").first.wait_for(timeout=20_000)
