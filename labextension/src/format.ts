@@ -3,17 +3,23 @@
 
 const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
 
-/** Bytes in binary units with one decimal ("3.2 GiB"), as gpumem prints them. */
-export function formatBytes(bytes: number): string {
-  if (!Number.isFinite(bytes) || bytes < 0) {
-    return '?';
-  }
+/** bytes in the largest binary unit that keeps the number at or above 1: [number, unit index]. */
+function inUnit(bytes: number): [number, number] {
   let v = bytes;
   let u = 0;
   while (v >= 1024 && u < UNITS.length - 1) {
     v /= 1024;
     u++;
   }
+  return [v, u];
+}
+
+/** Bytes in binary units with one decimal ("3.2 GiB"), as gpumem prints them. */
+export function formatBytes(bytes: number): string {
+  if (!Number.isFinite(bytes) || bytes < 0) {
+    return '?';
+  }
+  const [v, u] = inUnit(bytes);
   if (u === 0) {
     return `${v} B`;
   }
@@ -121,12 +127,7 @@ export function formatTick(bytes: number): string {
   if (!(bytes > 0)) {
     return '0';
   }
-  let v = bytes;
-  let u = 0;
-  while (v >= 1024 && u < UNITS.length - 1) {
-    v /= 1024;
-    u++;
-  }
+  const [v, u] = inUnit(bytes);
   const text = Number.isInteger(v) ? String(v) : v.toFixed(1).replace(/\.0$/, '');
   return `${text} ${UNITS[u]}`;
 }
