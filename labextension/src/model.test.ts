@@ -4,7 +4,6 @@ import {
   alerts,
   cullWarnings,
   formatDuration,
-  frameworkLines,
   History,
   mainGPU,
   newAlerts,
@@ -13,55 +12,9 @@ import {
   plotRange,
   sparkPath,
   stackNotebooks,
-  State,
-  statusView,
   varRows
 } from './model';
-
-const GiB = 1024 ** 3;
-
-function nb(id: string, bytes: number, gpu = 0, path = `${id}.ipynb`): Notebook {
-  return {
-    kernel_id: id,
-    notebook: `/root/${path}`,
-    path,
-    pids: [100],
-    user: 'ann',
-    gpu_memory_bytes: bytes,
-    peak_bytes: bytes,
-    per_gpu: [{ index: gpu, bytes }],
-    processes: [{ pid: 100, per_gpu: [{ index: gpu, bytes }] }]
-  };
-}
-
-function state(over: Partial<State> = {}): State {
-  return {
-    status: 'ok',
-    now: 1000,
-    step_seconds: 1,
-    alert_threshold: 0.8,
-    gpus: [
-      {
-        index: 0,
-        uuid: 'GPU-0',
-        name: 'Simulated H200',
-        memory_total_bytes: 80 * GiB,
-        memory_used_bytes: 10 * GiB,
-        simulated: true,
-        notebook_bytes: 10 * GiB,
-        other_bytes: 0,
-        free_bytes: 70 * GiB
-      }
-    ],
-    notebooks: [],
-    others: [],
-    warnings: [],
-    series: { gpus: [], notebooks: [] },
-    events: [],
-    last_event: 0,
-    ...over
-  };
-}
+import { GiB, nb, state } from './test-fixtures';
 
 describe('History', () => {
   it('merges incremental replies and keeps 15 minutes', () => {
@@ -155,34 +108,6 @@ describe('stackNotebooks', () => {
   });
 });
 
-describe('statusView', () => {
-  const withNb = state({ notebooks: [nb('k', 2 * GiB)] });
-  it('shows the notebook and both parts of its GPU plainly', () => {
-    const v = statusView(withNb, null, 'k');
-    expect(v.text).toBe('GPU 2.0 GiB (simulated)');
-    expect(v.bar).toEqual({ mine: 2 / 80, rest: 8 / 80, level: 'ok', gpu: 0 });
-    expect(v.lines[0]).toBe("k.ipynb: 2.0 GiB on the GPU (the driver's figure, children included)");
-    expect(v.lines[1]).toBe('The bar is GPU 0: this notebook 2.0 GiB (dark), everyone 10.0 GiB of 80.0 GiB (13%)');
-  });
-  it('says GPU n/a and why when there is no figure', () => {
-    const cases: [ReturnType<typeof statusView>, RegExp][] = [
-      [statusView(null, 'gpumem serve is not running: start it', 'k'), /not running/],
-      [statusView(state({ gpus: [], warnings: ['no NVIDIA driver found (libnvidia-ml.so.1): GPU figures unavailable'] }), null, 'k'), /no NVIDIA driver/],
-      [statusView(withNb, null, undefined), /no running kernel/],
-      [statusView(withNb, null, 'other'), /does not follow this kernel/]
-    ];
-    for (const [v, why] of cases) {
-      expect(v.text).toBe('GPU n/a');
-      expect(v.bar).toBeUndefined();
-      expect(v.lines.join(' ')).toMatch(why);
-    }
-  });
-  it('never says 0 B without a driver', () => {
-    const v = statusView(state({ gpus: [], notebooks: [nb('k', 0)], warnings: ['no NVIDIA driver found'] }), null, 'k');
-    expect(v.text).not.toMatch(/0 B/);
-  });
-});
-
 describe('alerts', () => {
   const over = state({
     gpus: [{ ...state().gpus[0], memory_used_bytes: 70 * GiB }],
@@ -221,20 +146,6 @@ describe('labels, frameworks, vars', () => {
     const n = { ...nb('k', 3), per_gpu: [{ index: 0, bytes: 1 }, { index: 1, bytes: 2 }] };
     expect(mainGPU(s, n)?.index).toBe(1);
     expect(mainGPU(s, undefined)?.index).toBe(0);
-  });
-
-  it('reads framework figures from %gpumem data', () => {
-    const summary = {
-      frameworks: [
-        { name: 'torch', label: 'PyTorch', state: 'active', devices: [{ device: 'cuda:0', used: GiB, held: 2 * GiB }] },
-        { name: 'jax', label: 'JAX', state: 'absent', devices: [] },
-        { name: 'cupy', label: 'CuPy', state: 'idle', message: 'memory pool empty', devices: [] },
-        { name: 'tensorflow', label: 'TensorFlow', state: 'idle', devices: [] }
-      ]
-    };
-    // The kernel's sentence, never a bare state word ("PyTorch: idle").
-    expect(frameworkLines(summary)).toEqual(['PyTorch on cuda:0: uses 1.0 GiB, holds 2.0 GiB', 'CuPy: memory pool empty']);
-    expect(frameworkLines(null)).toEqual([]);
   });
 
   it('sorts variable rows largest first', () => {

@@ -13,7 +13,7 @@ import type uPlot from 'uplot';
 
 import { fetchVars, freeCache } from './api';
 import { binaryTicks, formatBytes, formatPercent, levelFor, plainTrans, Trans } from './format';
-import { GPU, Notebook, notebookLabel, plotRange, sparkPath, stackNotebooks, State, varRows, WINDOWS } from './model';
+import { GPU, Notebook, notebookLabel, plotRange, sparkPath, Stacked, stackNotebooks, State, varRows, WINDOWS } from './model';
 import { currentTheme, plotData, plotOptions, PlotTheme, PLOT_HEIGHT } from './plot';
 import { StateSource } from './source';
 
@@ -58,7 +58,8 @@ interface GPUPlot {
   hover: HTMLDivElement;
   empty: HTMLDivElement;
   plot: uPlot | null;
-  key: string; // what the plot was made for: bands, width, theme
+  key: string; // what the plot was made for: bands, width, theme, window, step
+  data: Stacked; // what it draws now
 }
 
 export class GpuPanel extends Widget {
@@ -185,31 +186,31 @@ export class GpuPanel extends Widget {
       const p = this._plotBox(g.index);
       this._renderGPUHead(p.head, g, state);
       const st = stackNotebooks(hist, state.notebooks, g.index, this._windowSeconds);
+      p.data = st;
       // The newest top of this server's stack: what the plot shows last, for tests.
       const last = st.stacks.length ? st.stacks[st.stacks.length - 1].values : [];
       p.box.dataset.stackTop = String(last.length ? (last[last.length - 1] ?? 0) : 0);
       p.box.dataset.bands = st.stacks.map(s => s.kernelId).join(',');
       p.box.dataset.yTicks = binaryTicks(st.top, 3).join(','); // what the axis shows
-
       p.empty.hidden = st.stacks.length > 0;
       p.empty.textContent = this._trans.__('No notebook of this server holds memory on GPU %1.', g.index);
       const width = Math.max(120, p.box.clientWidth);
       const key = `${st.stacks.map(s => s.kernelId).join(',')}|${width}|${themeKey(theme)}|${this._windowSeconds}|${hist.step}`;
-      const span = st.times.length ? st.times[st.times.length - 1] - st.times[0] : 0;
       if (!p.plot || p.key !== key) {
         p.plot?.destroy();
         const colors = st.stacks.map(s => this._color(s.kernelId));
+        const box = p;
         const opts = plotOptions(
           st,
+          () => box.data,
           width,
-          span,
           colors,
           theme,
           this._trans,
           (text, left) => {
-            p.hover.hidden = !text;
-            p.hover.textContent = text ?? '';
-            p.hover.style.left = `${Math.min(Math.max(0, left), width - 120)}px`;
+            box.hover.hidden = !text;
+            box.hover.textContent = text ?? '';
+            box.hover.style.left = `${Math.min(Math.max(0, left), width - 120)}px`;
           },
           hist.step > 1 ? UPlot.paths.stepped?.({ align: 1 }) : undefined
         );
@@ -248,7 +249,7 @@ export class GpuPanel extends Widget {
         }
       }
       this._gpus.appendChild(box);
-      p = { box, head, plotBox, hover, empty, plot: null, key: '' };
+      p = { box, head, plotBox, hover, empty, plot: null, key: '', data: { times: [], stacks: [], used: [], top: 0 } };
       this._plots.set(index, p);
     }
     return p;

@@ -49,14 +49,16 @@ export function identityAt(st: Stacked, idx: number, bytes: number, trans: Trans
 }
 
 /**
- * uPlot's options for a GPU's plot of st, width pixels wide. stepped
+ * uPlot's options for a GPU's plot of st, width pixels wide; current is
+ * the data drawn now (setData replaces it), for naming the band under the
+ * pointer. stepped
  * draws each point's figure until the next (minute points: each holds a
  * minute's highest figure); without it, points are joined.
  */
 export function plotOptions(
   st: Stacked,
+  current: () => Stacked,
   width: number,
-  span: number,
   colors: string[],
   theme: PlotTheme,
   trans: Trans,
@@ -69,7 +71,7 @@ export function plotOptions(
     width,
     height: PLOT_HEIGHT,
     legend: { show: false },
-    padding: [8, 14, 0, 0], // room for the last time label
+    padding: [8, 26, 0, 0], // room for the last time label ("14:05:30" is centred on its tick)
     cursor: { x: true, y: false, points: { show: false }, drag: { x: false, y: false } },
     scales: {
       x: { time: true },
@@ -77,7 +79,13 @@ export function plotOptions(
       y: { range: (_u, _min, max) => [0, topTick(max)] }
     },
     axes: [
-      { ...axis, space: 64, size: 28, values: (_u, vals) => vals.map(v => timeTick(v, span)) },
+      {
+        ...axis,
+        space: 64,
+        size: 28,
+        // The span drawn now (it grows with the history): seconds only on a few minutes.
+        values: (u, vals) => vals.map(v => timeTick(v, (u.scales.x.max ?? 0) - (u.scales.x.min ?? 0)))
+      },
       { ...axis, size: 56, splits: (_u, _i, _min, max) => binaryTicks(max, 3), values: (_u, vals) => vals.map(v => formatTick(v)) }
     ],
     series: [
@@ -100,7 +108,7 @@ export function plotOptions(
             onHover(null, 0);
             return;
           }
-          onHover(identityAt(st, idx, u.posToVal(top, 'y'), trans), left ?? 0);
+          onHover(identityAt(current(), idx, u.posToVal(top, 'y'), trans), left ?? 0);
         }
       ]
     }

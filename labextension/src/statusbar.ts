@@ -11,7 +11,8 @@ import { Widget } from '@lumino/widgets';
 
 import { fetchSummary } from './api';
 import { plainTrans, Trans } from './format';
-import { frameworkLines, notebookOf, statusView } from './model';
+import { notebookOf } from './model';
+import { frameworkLines, statusView } from './status';
 import { StateSource } from './source';
 
 const SUMMARY_EVERY_MS = 15000;
