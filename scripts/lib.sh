@@ -27,3 +27,23 @@ make_venv() {
   "$dir/bin/pip" install -q --disable-pip-version-check --require-hashes --no-deps -r "$lock"
   echo "$stamp" >"$dir/.lock-sha256"
 }
+
+# with_progress LOG LABEL CMD...: runs CMD with its output in LOG, and says
+# every 10 s that LABEL is still running (a first build takes a minute or
+# two, silence looks like a hang). Returns CMD's status.
+with_progress() {
+  local log=$1 label=$2 start=$SECONDS pid rc=0
+  shift 2
+  echo "$label (log: $log)"
+  "$@" >"$log" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    if (( (SECONDS - start) % 10 == 0 )) && kill -0 "$pid" 2>/dev/null; then
+      echo "  ... still $label: $((SECONDS - start)) s"
+    fi
+  done
+  wait "$pid" || rc=$?
+  echo "  done in $((SECONDS - start)) s"
+  return "$rc"
+}

@@ -36,8 +36,8 @@ mkdir -p "$state"
 # The extension: rebuilt from the lock files when its sources change.
 ext_stamp=$( (git ls-files -s labextension 2>/dev/null; git diff HEAD -- labextension 2>/dev/null) | sha256sum | cut -d' ' -f1)
 if [ "$(cat .venv/current/.gpumem-ext-stamp 2>/dev/null)" != "$ext_stamp" ] || ! "$lab_py" -c 'import jupyterlab_gpumem' 2>/dev/null; then
-  echo "building the JupyterLab extension (labextension/)"
-  bash labextension/scripts/build.sh "$lab_py" >"$state/ext-build.log" 2>&1 \
+  with_progress "$state/ext-build.log" "building the JupyterLab extension (labextension/, about a minute)" \
+    bash labextension/scripts/build.sh "$lab_py" \
     || { echo "building the extension failed: see $state/ext-build.log"; exit 1; }
   echo "$ext_stamp" > .venv/current/.gpumem-ext-stamp
 fi
@@ -47,8 +47,23 @@ chmod 700 "$state/runtime"
 # go-nvml's cgo bindings wrap every NVML function, the deprecated ones too,
 # and gcc warns about each: keep the build quiet.
 export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations"
-go build -o bin/gpumem ./cmd/gpumem
+with_progress "$state/go-build.log" "building bin/gpumem (a minute or two the first time: cgo)" go build -o bin/gpumem ./cmd/gpumem \
+  || { echo "building gpumem failed: see $state/go-build.log"; exit 1; }
 stop >/dev/null 2>&1 || true
+
+# No NVIDIA driver: a simulated GPU, so that the page shows real shapes.
+# Each kernel of the example notebook takes its place on it when it starts
+# (scripts/demo/simulated_gpu_startup.py, an IPython startup file of the
+# demo's own IPython dir): after a restart the new kernel's pid holds the
+# memory, never the dead one's.
+simulated=""
+if ! ldconfig -p 2>/dev/null | grep -q 'libnvidia-ml\.so\.1'; then
+  simulated=$state/gpus.json
+  echo '{"gpus":[{"name":"Simulated H200","uuid":"GPU-simulated-0","memory_total_bytes":150754820096,"processes":[]}]}' > "$simulated"
+  mkdir -p "$state/ipython/profile_default/startup"
+  cp scripts/demo/simulated_gpu_startup.py "$state/ipython/profile_default/startup/00-gpumem-demo-gpu.py"
+  export IPYTHONDIR=$state/ipython GPUMEM_DEMO_GPU=$simulated GPUMEM_DEMO_BYTES=$((3 << 30)) GPUMEM_DEMO_NOTEBOOK=leaks.ipynb
+fi
 
 export JUPYTER_RUNTIME_DIR=$state/runtime
 # The demo's own JupyterLab settings: no "Jupyter news?" question.
@@ -88,13 +103,6 @@ s = call("POST", "api/sessions", {"path": "leaks.ipynb", "type": "notebook", "na
 print(f"kernel {s['kernel']['id']} started for examples/leaks.ipynb")
 PY
 
-# No NVIDIA driver: a simulated GPU, so that the page shows real shapes.
-simulated=""
-if ! ldconfig -p 2>/dev/null | grep -q 'libnvidia-ml\.so\.1'; then
-  simulated=$state/gpus.json
-  echo '{"gpus":[{"name":"Simulated H200","uuid":"GPU-simulated-0","memory_total_bytes":150754820096,"processes":[]}]}' > "$simulated"
-fi
-
 # The sidecar: attaches to every kernel of this runtime dir, injects %gpumem,
 # reclaims orphans after restarts, serves the local API and metrics.
 GPUMEM_FAKE_GPU=$simulated setsid bin/gpumem serve --listen="$metrics" --log-format=console \
@@ -106,23 +114,8 @@ until [ -S "$JUPYTER_RUNTIME_DIR/gpumem.sock" ] && bin/gpumem kernels --json 2>/
   sleep 0.2
 done
 if [ -n "$simulated" ]; then
-  # The example's real kernel holds 3 GiB of the simulated GPU.
-  kpid=0
+  # The example's kernel took its 3 GiB of the simulated GPU when it started.
   deadline=$((SECONDS + 30))
-  while [ "$kpid" = 0 ] && ((SECONDS < deadline)); do
-    kpid=$(bin/gpumem kernels --json 2>/dev/null | $py -c 'import json,sys; print(max([k["pid"] for k in json.load(sys.stdin) if k["alive"]] or [0]))')
-    [ "$kpid" = 0 ] && sleep 0.2
-  done
-  [ "$kpid" != 0 ] || { echo "gpumem serve did not find the example kernel's process: see $state/gpumem.log"; exit 1; }
-  $py - "$simulated" "$kpid" <<'PY'
-import json, os, sys
-path, pid = sys.argv[1], int(sys.argv[2])
-data = json.load(open(path))
-data["gpus"][0]["processes"] = [{"pid": pid, "used_bytes": 3 << 30}]
-open(path + ".tmp", "w").write(json.dumps(data))
-os.replace(path + ".tmp", path)
-PY
-  deadline=$((SECONDS + 10))
   until bin/gpumem ls --json 2>/dev/null | grep -q '"gpu_memory_bytes": [1-9]'; do
     if ((SECONDS > deadline)); then break; fi
     sleep 0.2
@@ -137,7 +130,8 @@ echo
 echo "JupyterLab:        http://127.0.0.1:$port/lab/tree/leaks.ipynb?token=$token"
 echo "                   (status bar: the notebook's GPU memory; right sidebar: the \"GPU memory\" panel)"
 if [ -n "$simulated" ]; then
-  echo "Simulated GPU:     no NVIDIA driver here; edit $simulated to change the figures (pids and bytes)"
+  echo "Simulated GPU:     no NVIDIA driver here; the example's kernel holds 3 GiB of it (after a restart too);"
+  echo "                   edit $simulated to change the figures (pids and bytes)"
 fi
 echo "gpumem serve log:  $state/gpumem.log     metrics: http://$metrics/metrics"
 echo "In this shell:     export JUPYTER_RUNTIME_DIR=$JUPYTER_RUNTIME_DIR; bin/gpumem ls --watch"

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"text/tabwriter"
 	"time"
 
 	"github.com/gpumem/gpumem/internal/textsafe"
@@ -54,15 +53,20 @@ func (w *watchFlag) Set(v string) error {
 }
 
 func runLs(ctx context.Context, env Env, args []string) error {
-	fs := newFlagSet(env, "ls", "[--json] [--idle] [--watch[=INTERVAL]] [--runtime-dir DIR ...]")
+	fs := newFlagSet(env, "ls", "[--json] [--idle] [--wide] [--watch[=INTERVAL]] [--runtime-dir DIR ...]")
 	asJSON := fs.Bool("json", false, "print JSON")
+	wide := fs.Bool("wide", false, "print paths, commands and kernel ids whole (by default the table fits 100 columns)")
 	idle := fs.Bool("idle", false, "idle GPU holders: each kernel's idle time (its server's last_activity) beside its GPU memory, largest first")
 	var watch watchFlag
 	fs.Var(&watch, "watch", "redraw every INTERVAL (default 2s) until Ctrl-C")
-	var dirs stringList
-	fs.Var(&dirs, "runtime-dir", "also scan this Jupyter runtime dir (repeatable)")
+	var dirs dirList
+	fs.Var(&dirs, "runtime-dir", "also scan this Jupyter runtime `dir` (repeatable; it must exist)")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	width := tableWidth
+	if *wide {
+		width = 0
 	}
 	tm := newLsTiming(env)
 	defer tm.print(env.Stderr)
@@ -98,9 +102,9 @@ func runLs(ctx context.Context, env Env, args []string) error {
 		case *asJSON:
 			return writeJSON(env.Stdout, rep)
 		case *idle:
-			return writeIdle(env.Stdout, rep, time.Now())
+			return writeIdle(env.Stdout, rep, time.Now(), width)
 		}
-		return writeLs(env.Stdout, rep)
+		return writeLs(env.Stdout, rep, width)
 	}
 	defer sampler.Close()
 	ticker := time.NewTicker(watch.interval)
@@ -120,9 +124,9 @@ func runLs(ctx context.Context, env Env, args []string) error {
 			b.WriteString("\x1b[H\x1b[2J")
 			fmt.Fprintf(&b, "Every %v: gpumem ls    %s\n\n", watch.interval, time.Now().Format("2006-01-02 15:04:05"))
 			if err == nil && *idle {
-				_ = writeIdle(&b, rep, time.Now())
+				_ = writeIdle(&b, rep, time.Now(), width)
 			} else if err == nil {
-				_ = writeLs(&b, rep)
+				_ = writeLs(&b, rep, width)
 			}
 		}
 		if err != nil {
@@ -314,8 +318,10 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 }
 
 // writeLs renders a Report like nvidia-smi, but by notebook: per GPU a
-// header, then its notebooks and other processes, biggest first.
-func writeLs(w io.Writer, rep attribution.Report) error {
+// header, then its notebooks and other processes, biggest first, within
+// width columns (paths and commands cut in their middle; 0: whole, and
+// whole kernel ids).
+func writeLs(w io.Writer, rep attribution.Report, width int) error {
 	if len(rep.GPUs) == 0 {
 		fmt.Fprintln(w, "No GPUs.")
 	}
@@ -331,7 +337,7 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 		fmt.Fprintf(w, "GPU %d  %s%s  %s / %s used (%.0f%%)\n", g.Index, textsafe.Line(g.Name), sim,
 			units.Bytes(g.MemoryUsedBytes), units.Bytes(g.MemoryTotalBytes), pct)
 		type row struct {
-			cols  string
+			cells []string
 			bytes uint64
 		}
 		var rows, others []row
@@ -341,14 +347,14 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 				if name == "" {
 					name = "(no notebook)"
 				}
-				rows = append(rows, row{fmt.Sprintf("  %s\t%s\t%s\t%s\t%s", name, shortID(nb.KernelID),
-					joinPIDs(nb.PIDs), orDash(nb.User), units.Bytes(b)), b})
+				rows = append(rows, row{[]string{name, kernelColumn(nb.KernelID, width),
+					joinPIDs(nb.PIDs), orDash(nb.User), units.Bytes(b)}, b})
 			}
 		}
 		for _, o := range rep.Other {
 			if b, ok := onGPU(o.PerGPU, g.Index); ok {
-				others = append(others, row{fmt.Sprintf("  other: %s\t-\t%d\t%s\t%s", orDash(truncate(o.Command, 60)), o.PID,
-					orDash(o.User), units.Bytes(b)), b})
+				others = append(others, row{[]string{"other: " + orDash(o.Command), "-", strconv.Itoa(o.PID),
+					orDash(o.User), units.Bytes(b)}, b})
 			}
 		}
 		bySize := func(r []row) {
@@ -357,12 +363,11 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 		bySize(rows)
 		bySize(others)
 		if len(rows)+len(others) > 0 {
-			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "  NOTEBOOK\tKERNEL\tPIDS\tUSER\tMEMORY")
+			tb := newTable("  ", "NOTEBOOK", "KERNEL", "PIDS", "USER", "MEMORY").cutMiddle(0)
 			for _, r := range append(rows, others...) {
-				fmt.Fprintln(tw, r.cols)
+				tb.add(r.cells...)
 			}
-			if err := tw.Flush(); err != nil {
+			if err := tb.write(w, width); err != nil {
 				return err
 			}
 		}
@@ -385,12 +390,11 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 }
 
 // writeIdle renders each kernel's activity beside its GPU memory, largest
-// holder first: who sits on GPU memory without using it.
-func writeIdle(w io.Writer, rep attribution.Report, now time.Time) error {
+// holder first: who sits on GPU memory without using it. width as writeLs.
+func writeIdle(w io.Writer, rep attribution.Report, now time.Time, width int) error {
 	nbs := append([]attribution.Notebook(nil), rep.Notebooks...)
 	sort.SliceStable(nbs, func(i, j int) bool { return nbs[i].GPUMemoryBytes > nbs[j].GPUMemoryBytes })
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NOTEBOOK\tKERNEL\tUSER\tSTATE\tIDLE\tMEMORY\tCULL")
+	tb := newTable("", "NOTEBOOK", "KERNEL", "USER", "STATE", "IDLE", "MEMORY", "CULL").cutMiddle(0)
 	for _, nb := range nbs {
 		name := textsafe.Line(nb.Notebook)
 		if name == "" {
@@ -406,10 +410,20 @@ func writeIdle(w io.Writer, rep attribution.Report, now time.Time) error {
 				cull = fmt.Sprintf("%s in %s", orDash(a.CullAction), a.CullAt.Sub(now).Round(time.Second))
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, shortID(nb.KernelID), orDash(nb.User), state, idleFor,
-			units.Bytes(nb.GPUMemoryBytes), cull)
+		tb.add(name, kernelColumn(nb.KernelID, width), orDash(nb.User), state, idleFor, units.Bytes(nb.GPUMemoryBytes), cull)
 	}
-	return tw.Flush()
+	return tb.write(w, width)
+}
+
+// kernelColumn is a kernel id as a table shows it: its first 8 characters
+// (enough for any command that takes a prefix), whole when the table is
+// not fitted (--wide).
+func kernelColumn(id string, width int) string {
+	id = textsafe.Line(id)
+	if width <= 0 {
+		return id
+	}
+	return shortID(id)
 }
 
 func onGPU(per []attribution.GPUBytes, index int) (uint64, bool) {
@@ -439,12 +453,4 @@ func joinPIDs(pids []int) string {
 		return "-"
 	}
 	return strings.Join(s, ",")
-}
-
-func truncate(s string, n int) string {
-	r := []rune(s)
-	if len(r) <= n {
-		return s
-	}
-	return string(r[:n-1]) + "…"
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpumem/gpumem/internal/textsafe"
 	"github.com/gpumem/gpumem/internal/units"
+	"github.com/gpumem/gpumem/nvml"
 	"github.com/gpumem/gpumem/nvml/driver"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/daemon"
@@ -23,8 +24,8 @@ import (
 
 func runServe(ctx context.Context, env Env, args []string) error {
 	fs := newFlagSet(env, "serve", "[flags]")
-	var dirs stringList
-	fs.Var(&dirs, "runtime-dir", "also watch this Jupyter runtime dir (repeatable)")
+	var dirs dirList
+	fs.Var(&dirs, "runtime-dir", "also watch this Jupyter runtime `dir` (repeatable; it must exist)")
 	interval := fs.Duration("interval", time.Second, "how often to sample GPU memory")
 	rescan := fs.Duration("rescan", 5*time.Second, "how often to rescan the runtime dirs besides inotify events (a deleted dir, a missed event)")
 	reclaim := fs.Bool("reclaim", true, "end orphans of a restarted or shut-down kernel that still hold GPU memory (false: only report them)")
@@ -33,7 +34,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	everyUser := fs.Bool("all-users", false, "as root, find and watch every user's kernels (their runtime dirs, kernel processes, Jupyter servers); rescans every 2s unless --rescan says otherwise")
 	podKernels := fs.Bool("pod-kernels", false, "as root on a Kubernetes node with the host's pids (hostPID): also find, attach to, inject into and reclaim for the kernels inside this node's pods; reads every pod's connection keys: see deploy/helm/gpumem/README.md; rescans every 2s unless --rescan says otherwise")
 	var onlyUsers stringList
-	fs.Var(&onlyUsers, "users", "with --all-users, only this user's kernels (repeatable)")
+	fs.Var(&onlyUsers, "users", "with --all-users, only the kernels of this `user` (repeatable)")
 	socket := fs.String("socket", "", "the local API's unix socket (default gpumem.sock in the runtime dir)")
 	socketMode := fs.String("socket-mode", "private", "private (0600, this user only) or shared (0666, callers identified by SO_PEERCRED)")
 	listen := fs.String("listen", "", "serve Prometheus /metrics on this address (e.g. 127.0.0.1:9464)")
@@ -54,8 +55,31 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	logFormat := fs.String("log-format", "auto", "auto (readable on a terminal, JSON otherwise), json or console")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	kf := addKubeFlags(fs, env)
+	setFlagGroups(env, fs, "[flags]", serveFlagGroups)
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"interval", *interval}, {"rescan", *rescan}} {
+		if err := positive(d.name, d.v); err != nil {
+			return err
+		}
+	}
+	if *grace < 0 {
+		return fmt.Errorf("%w: --reclaim-grace=%v: want a duration of 0 or more", errUsage, *grace)
+	}
+	if *cullIdle < 0 {
+		return fmt.Errorf("%w: --cull-idle=%v: want a duration above 0, or 0 to leave culling off", errUsage, *cullIdle)
+	}
+	if *cullIdle == 0 {
+		// Culling is off: a culling flag alone is a mistake, not a setting.
+		for _, n := range []string{"cull-min-memory", "cull-action", "cull-warn", "cull-users", "cull-exempt-users"} {
+			if flagGiven(fs, n) {
+				return fmt.Errorf("%w: --%s applies to culling, which is off: give --cull-idle=DURATION too (e.g. --cull-idle=3h)", errUsage, n)
+			}
+		}
 	}
 	if len(onlyUsers) > 0 && !*everyUser {
 		return fmt.Errorf("%w: --users limits --all-users: give --all-users too", errUsage)
@@ -105,7 +129,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	defer stopPods()
-	runtimeDirs := discovery.RuntimeDirs(env.getenv, dirs)
+	runtimeDirs := discovery.RuntimeDirs(env.getenv, []string(dirs))
 	sock := *socket
 	if sock == "" {
 		sock = filepath.Join(runtimeDirs[0], api.DefaultSocketName)
@@ -119,6 +143,10 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	defer gpus.Close()
+	if err := gpus.InitErr(); err != nil {
+		// Once, at start: every later sample has no GPU to report.
+		log.Warn().Err(err).Msg(nvml.NoDriverWarning)
+	}
 	proc := env.procFS()
 	userDirs := allUserDirs(*everyUser, onlyUsers, proc)
 	deps := daemon.Deps{GPUs: gpus, Procs: proc, Finder: discovery.NewProcFinder(proc), UserDirs: userDirs, Pods: pods}
@@ -150,6 +178,18 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	return d.Run(ctx)
+}
+
+// serveFlagGroups are the headings of gpumem serve -h.
+var serveFlagGroups = []flagGroup{
+	{"Sampling", []string{"interval", "runtime-dir", "rescan", "no-inject"}},
+	{"Reclaim (orphans of restarted or shut-down kernels)", []string{"reclaim", "reclaim-grace", "reclaim-all-users"}},
+	{"Culling (idle kernels that hold GPU memory; off unless --cull-idle)", []string{"cull-idle", "cull-min-memory", "cull-action", "cull-warn", "cull-users", "cull-exempt-users"}},
+	{"Alerts", []string{"alert-threshold", "no-notebook-alerts"}},
+	{"Local API and metrics", []string{"socket", "listen", "listen-allow-remote", "metrics-notebook-label", "metrics-token-file"}},
+	{"Shared host (root, many users)", []string{"all-users", "users", "socket-mode", "server-token-url"}},
+	{"Kubernetes", []string{"kubernetes", "pod-kernels", "node-name", "user-labels", "server-labels", "kubernetes-sync-timeout"}},
+	{"Logging", []string{"log-format", "log-level"}},
 }
 
 func newLogger(w io.Writer, format, level string) (zerolog.Logger, error) {

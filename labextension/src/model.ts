@@ -55,6 +55,8 @@ export interface OtherUser {
 
 export interface Series {
   id: string;
+  /** A notebook's series on one GPU: that GPU's index; absent for its total. */
+  gpu?: number;
   peak_bytes: number;
   peak_at: number;
   points: [number, number][];
@@ -93,40 +95,60 @@ export interface Unavailable {
 
 export type Reply = State | Unavailable;
 
-/** The plot's window, in seconds. */
-export const WINDOW_SECONDS = 15 * 60;
+/** What the daemon keeps at its sampling interval: 15 minutes. */
+export const FINE_WINDOW = 15 * 60;
+/** The plot windows a user may choose, in seconds: 5 min, 15 min, 1 h, 24 h. */
+export const WINDOWS = [5 * 60, 15 * 60, 60 * 60, 24 * 60 * 60];
+/** The shortest span a plot shows, however little history there is. */
+export const MIN_SPAN = 60;
+
+type Points = Map<number, number>;
 
 /**
- * History keeps the last WINDOW_SECONDS of points per series, merged from
- * the incremental replies (each asks for points since the last reply).
+ * History keeps the last windowSeconds of points per series, merged from
+ * the incremental replies (each asks for points since the last reply):
+ * the GPUs' used memory, each notebook's total, and each notebook's bytes
+ * on each GPU (keyed "kernel/gpu"), all as the daemon sent them.
  */
 export class History {
-  readonly notebooks = new Map<string, Map<number, number>>();
-  readonly gpus = new Map<string, Map<number, number>>();
+  readonly notebooks = new Map<string, Points>();
+  readonly notebookGpus = new Map<string, Points>();
+  readonly gpus = new Map<string, Points>();
   now = 0;
   /** The newest point's time: the daemon's clock runs ahead of its last sample. */
   last = 0;
+  /** The points' spacing, in seconds (the daemon's step_seconds). */
+  step = 1;
+
+  constructor(readonly windowSeconds = FINE_WINDOW) {}
 
   /** Merges a reply's series and drops points older than the window. */
   merge(state: State): void {
     this.now = Math.max(this.now, state.now);
-    const add = (into: Map<string, Map<number, number>>, series: Series[]) => {
-      for (const s of series) {
-        let m = into.get(s.id);
-        if (!m) {
-          m = new Map();
-          into.set(s.id, m);
-        }
-        for (const [t, b] of s.points) {
-          m.set(t, b);
-          this.last = Math.max(this.last, t);
-        }
+    this.step = Math.max(1, state.step_seconds || 1);
+    const add = (into: Map<string, Points>, key: string, points: [number, number][]) => {
+      let m = into.get(key);
+      if (!m) {
+        m = new Map();
+        into.set(key, m);
+      }
+      for (const [t, b] of points) {
+        m.set(t, b);
+        this.last = Math.max(this.last, t);
       }
     };
-    add(this.notebooks, state.series.notebooks);
-    add(this.gpus, state.series.gpus);
-    const horizon = this.now - WINDOW_SECONDS;
-    for (const all of [this.notebooks, this.gpus]) {
+    for (const s of state.series.notebooks) {
+      if (s.gpu === undefined) {
+        add(this.notebooks, s.id, s.points);
+      } else {
+        add(this.notebookGpus, gpuKey(s.id, s.gpu), s.points);
+      }
+    }
+    for (const s of state.series.gpus) {
+      add(this.gpus, s.id, s.points);
+    }
+    const horizon = this.now - this.windowSeconds;
+    for (const all of [this.notebooks, this.notebookGpus, this.gpus]) {
       for (const [id, m] of all) {
         for (const t of m.keys()) {
           if (t <= horizon) {
@@ -139,53 +161,118 @@ export class History {
       }
     }
   }
+
+  /** The oldest point's time, or 0 without any. */
+  first(): number {
+    let first = 0;
+    for (const all of [this.notebooks, this.notebookGpus, this.gpus]) {
+      for (const m of all.values()) {
+        for (const t of m.keys()) {
+          first = first === 0 ? t : Math.min(first, t);
+        }
+      }
+    }
+    return first;
+  }
 }
 
-/** Data for one GPU's stacked plot, in uPlot's column layout. */
+/** The key of a notebook's series on one GPU. */
+export function gpuKey(kernelId: string, gpu: number): string {
+  return `${kernelId}/${gpu}`;
+}
+
+/**
+ * The plot's time range: the chosen window, or less while the history is
+ * shorter, so that a fresh session fills the plot instead of being a
+ * sliver at its right edge; never under MIN_SPAN.
+ */
+export function plotRange(first: number, last: number, windowSeconds: number): [number, number] {
+  if (!(last > 0)) {
+    return [0, 0];
+  }
+  const from = first > 0 ? Math.max(last - windowSeconds, Math.min(first, last - MIN_SPAN)) : last - MIN_SPAN;
+  return [from, last];
+}
+
+/** Data for one GPU's plot, in uPlot's column layout. */
 export interface Stacked {
   /** Times (unix seconds), one a step, oldest first. */
   times: number[];
   /** Per notebook, the cumulative sum up to and including it: the upper edge of its band. */
   stacks: { kernelId: string; label: string; values: (number | null)[] }[];
+  /** The GPU's used memory (every process's, as the driver counts it), or null where unknown. */
+  used: (number | null)[];
+  /** The highest figure drawn: the axis's top. */
+  top: number;
 }
 
 /**
- * Stacks the notebooks' series on a common time axis (every step of the
- * window up to now): each notebook's band sits on the ones before it, the
- * biggest now at the bottom. A missing point counts 0 so that bands stay
- * contiguous. Only notebooks that hold memory on gpuIndex now (or whose
- * history shows memory) are stacked; GPUs are not split per notebook by the
- * daemon's history, so a notebook's whole figure is drawn on each GPU it
- * uses.
+ * One GPU's plot: this server's notebooks stacked on a common time axis
+ * (every step of the range), each band that notebook's bytes on this GPU
+ * only, the biggest now at the bottom, and the GPU's used memory as a
+ * line above them (other users and processes are the gap). A missing
+ * point counts 0 so that bands stay contiguous; before the oldest point
+ * there is nothing (null). Every figure is the
+ * daemon's: nothing is attributed here.
  */
-export function stackNotebooks(
-  hist: History,
-  notebooks: Notebook[],
-  gpuIndex: number,
-  step: number,
-  window = WINDOW_SECONDS
-): Stacked {
-  const st = Math.max(1, step);
-  const end = hist.last || hist.now;
+export function stackNotebooks(hist: History, notebooks: Notebook[], gpuIndex: number, windowSeconds = FINE_WINDOW): Stacked {
+  const st = Math.max(1, hist.step);
+  const [from, to] = plotRange(hist.first(), hist.last || hist.now, windowSeconds);
   const times: number[] = [];
-  for (let t = end - window + st; t <= end; t += st) {
+  for (let t = to; t >= from && to > 0; t -= st) {
     times.push(t);
   }
-  const onGPU = notebooks.filter(
-    nb => nb.per_gpu.some(g => g.index === gpuIndex) || (nb.per_gpu.length === 0 && gpuIndex === 0)
-  );
-  onGPU.sort((a, b) => b.gpu_memory_bytes - a.gpu_memory_bytes || a.kernel_id.localeCompare(b.kernel_id));
+  times.reverse();
+  const bytesOn = (nb: Notebook) => nb.per_gpu.find(g => g.index === gpuIndex)?.bytes ?? 0;
+  const onGPU = notebooks.filter(nb => bytesOn(nb) > 0 || hist.notebookGpus.has(gpuKey(nb.kernel_id, gpuIndex)));
+  onGPU.sort((a, b) => bytesOn(b) - bytesOn(a) || a.kernel_id.localeCompare(b.kernel_id));
+  // Before the oldest point the daemon sent there is no figure at all:
+  // drawn as nothing, never as 0.
+  const first = hist.first();
+  const known = times.map(t => first > 0 && t >= first);
   const base = times.map(() => 0);
+  let top = 0;
   const stacks: Stacked['stacks'] = [];
   for (const nb of onGPU) {
-    const pts = hist.notebooks.get(nb.kernel_id);
+    const pts = hist.notebookGpus.get(gpuKey(nb.kernel_id, gpuIndex));
     const values = times.map((t, i) => {
+      if (!known[i]) {
+        return null;
+      }
       base[i] += pts?.get(t) ?? 0;
+      top = Math.max(top, base[i]);
       return base[i];
     });
     stacks.push({ kernelId: nb.kernel_id, label: notebookLabel(nb), values });
   }
-  return { times, stacks };
+  const gpuPts = hist.gpus.get(String(gpuIndex));
+  const used = times.map((t, i) => {
+    const v = gpuPts?.get(t);
+    if (v === undefined || !known[i]) {
+      return null;
+    }
+    top = Math.max(top, v);
+    return v;
+  });
+  return { times, stacks, used, top };
+}
+
+/**
+ * A sparkline's SVG path: points (unix seconds, bytes) within [from, to]
+ * scaled into width x height, 0 at the bottom and max at the top.
+ */
+export function sparkPath(points: Points | undefined, from: number, to: number, width: number, height: number, max: number): string {
+  if (!points || !(to > from) || !(max > 0)) {
+    return '';
+  }
+  const xs = [...points.keys()].filter(t => t >= from && t <= to).sort((a, b) => a - b);
+  return xs
+    .map((t, i) => {
+      const x = ((t - from) / (to - from)) * width;
+      const y = height - (Math.min(points.get(t) ?? 0, max) / max) * height;
+      return `${i === 0 ? 'M' : 'L'}${x.toFixed(1)},${y.toFixed(1)}`;
+    })
+    .join(' ');
 }
 
 /** The name a notebook goes by: its file name, or its kernel. */
@@ -284,59 +371,6 @@ export function newAlerts(current: Alert[], shown: Set<string>): Alert[] {
     shown.add(a.key);
   }
   return fresh;
-}
-
-/** The tooltip's lines for a notebook: per GPU, then per process. */
-export function tooltipLines(state: State, nb: Notebook | undefined): string[] {
-  const lines: string[] = [];
-  if (!nb) {
-    lines.push('This notebook has no kernel that gpumem serve follows yet.');
-  } else {
-    lines.push(`${notebookLabel(nb)}: ${formatBytes(nb.gpu_memory_bytes)} on the GPU (driver's figure, children included)`);
-    if (nb.peak_bytes) {
-      lines.push(`peak since kernel start: ${formatBytes(nb.peak_bytes)}`);
-    }
-    for (const pg of nb.per_gpu) {
-      const g = state.gpus.find(x => x.index === pg.index);
-      lines.push(
-        `GPU ${pg.index}${g ? ` (${g.name})` : ''}: ${formatBytes(pg.bytes)}${pg.bytes_unknown ? ' + unknown' : ''}`
-      );
-    }
-    if (nb.processes.length > 1) {
-      lines.push(`${nb.processes.length} processes: ` + nb.processes.map(p => `pid ${p.pid}`).join(', '));
-    }
-  }
-  for (const g of state.gpus) {
-    lines.push(
-      `GPU ${g.index} total: ${formatBytes(g.memory_used_bytes)} / ${formatBytes(g.memory_total_bytes)}` +
-        (g.simulated ? ' (simulated)' : '')
-    );
-  }
-  return lines;
-}
-
-/** Framework lines from the kernel's %gpumem summary data. */
-export function frameworkLines(summary: unknown): string[] {
-  const fws = (summary as { frameworks?: unknown })?.frameworks;
-  if (!Array.isArray(fws)) {
-    return [];
-  }
-  const lines: string[] = [];
-  for (const fw of fws as { label?: string; name?: string; state?: string; devices?: unknown[] }[]) {
-    const label = fw.label || fw.name || '?';
-    const devs = Array.isArray(fw.devices) ? fw.devices : [];
-    if (!devs.length) {
-      if (fw.state && fw.state !== 'absent') {
-        lines.push(`${label}: ${fw.state}`);
-      }
-      continue;
-    }
-    for (const d of devs as { device?: string; used?: number; held?: number | null }[]) {
-      const held = typeof d.held === 'number' ? `, holds ${formatBytes(d.held)}` : '';
-      lines.push(`${label} ${d.device ?? ''}: uses ${formatBytes(d.used ?? 0)}${held}`.replace('  ', ' '));
-    }
-  }
-  return lines;
 }
 
 /** One row of the Variables table. */

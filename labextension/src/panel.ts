@@ -1,25 +1,31 @@
-// The "GPU memory" side panel: per GPU its use and a live stacked plot of
-// the last 15 minutes per notebook (uPlot), this server's notebooks with
-// their figure, peak, processes and ended orphans, and buttons; other
-// users as totals. It draws what the state source holds: no request of its
-// own except the buttons'.
+// The "GPU memory" side panel, laid out for a sidebar of 250 to 600 px: a
+// heading with the plot window's selector; per GPU its use and a plot of
+// this server's notebooks on it (plot.ts); one compact row per notebook
+// (its name cut with an ellipsis, the full path on hover, its figure, a
+// sparkline, and an actions menu); other users as totals; the variables
+// of a notebook when asked. It draws what the state source holds: no
+// request of its own but its actions'.
 
 import { Notification } from '@jupyterlab/apputils';
-import { Widget } from '@lumino/widgets';
+import { JupyterFrontEnd } from '@jupyterlab/application';
+import { Menu, Widget } from '@lumino/widgets';
 import type uPlot from 'uplot';
 
 import { fetchVars, freeCache } from './api';
-import { formatBytes, formatPercent, levelFor } from './format';
-import { GPU, Notebook, notebookLabel, stackNotebooks, State, varRows } from './model';
+import { binaryTicks, formatBytes, formatPercent, levelFor, plainTrans, Trans } from './format';
+import { GPU, Notebook, notebookLabel, plotRange, sparkPath, Stacked, stackNotebooks, State, varRows, WINDOWS } from './model';
+import { currentTheme, plotData, plotOptions, PlotTheme, PLOT_HEIGHT } from './plot';
 import { StateSource } from './source';
 
-/** What the panel needs from the application for its buttons. */
+/** What the panel needs from the application. */
 export interface PanelActions {
-  open(path: string): void;
-  /** JupyterLab's restart (with its confirmation); false when the notebook is not open here. */
-  restart(kernelId: string): Promise<boolean>;
-  canRestart(kernelId: string): boolean;
+  commands: JupyterFrontEnd['commands'];
+  /** The plot window chosen in the panel, in seconds (saved as a setting). */
+  setWindow(seconds: number): void;
 }
+
+/** The commands of a notebook's actions menu (registered by the plugin). */
+export const NOTEBOOK_COMMANDS = ['gpumem:free-cache', 'gpumem:show-variables', 'gpumem:restart-kernel', 'gpumem:open-notebook'];
 
 // uPlot is loaded when the panel first draws, not with JupyterLab's page.
 let uPlotClass: typeof uPlot | null = null;
@@ -32,6 +38,7 @@ function loadUPlot(): Promise<void> {
 }
 
 const PALETTE = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#7f7f7f', '#bcbd22', '#17becf'];
+const SVG = 'http://www.w3.org/2000/svg';
 
 function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls = '', text = ''): HTMLElementTagNameMap[K] {
   const e = document.createElement(tag);
@@ -44,26 +51,63 @@ function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls = '', text = ''):
   return e;
 }
 
+interface GPUPlot {
+  box: HTMLElement;
+  head: HTMLDivElement;
+  plotBox: HTMLDivElement;
+  hover: HTMLDivElement;
+  empty: HTMLDivElement;
+  plot: uPlot | null;
+  key: string; // what the plot was made for: bands, width, theme, window, step
+  data: Stacked; // what it draws now
+}
+
 export class GpuPanel extends Widget {
+  private _heading = el('h2', 'jp-gpumem-heading');
+  private _window = el('select', 'jp-gpumem-window');
   private _status = el('div', 'jp-gpumem-panel-status');
   private _gpus = el('div', 'jp-gpumem-gpus');
-  private _notebooks = el('div', 'jp-gpumem-notebooks');
-  private _others = el('div', 'jp-gpumem-others');
-  private _vars = el('div', 'jp-gpumem-vars');
-  private _plots = new Map<number, { box: HTMLDivElement; head: HTMLDivElement; plot: uPlot | null; ids: string }>();
+  private _notebooks = el('section', 'jp-gpumem-notebooks');
+  private _others = el('section', 'jp-gpumem-others');
+  private _vars = el('section', 'jp-gpumem-vars');
+  private _plots = new Map<number, GPUPlot>();
   private _colors = new Map<string, string>();
+  private _windowSeconds = 15 * 60;
 
   constructor(
     private _source: StateSource,
-    private _actions: PanelActions
+    private _actions: PanelActions,
+    private _trans: Trans = plainTrans
   ) {
     super();
+    const trans = _trans;
     this.id = 'jp-gpumem-panel';
     this.addClass('jp-gpumem-panel');
-    this.title.caption = 'GPU memory';
+    this.title.caption = trans.__('GPU memory');
+    this.node.setAttribute('role', 'region');
+    this.node.setAttribute('aria-label', trans.__('GPU memory'));
+    this._heading.textContent = trans.__('GPU memory');
+    const head = el('div', 'jp-gpumem-header');
+    const label = el('label', 'jp-gpumem-window-label');
+    label.append(el('span', 'jp-gpumem-sr', trans.__('Plot window')), this._window);
+    this._window.dataset.gpumem = 'window';
+    this._window.title = trans.__('How far back the plots go');
+    const names = [trans.__('5 min'), trans.__('15 min'), trans.__('1 h'), trans.__('24 h')];
+    WINDOWS.forEach((w, i) => {
+      const o = el('option', '', names[i]);
+      o.value = String(w);
+      this._window.appendChild(o);
+    });
+    this._window.value = String(this._windowSeconds);
+    this._window.onchange = () => {
+      this.windowSeconds = Number(this._window.value);
+      this._actions.setWindow(this._windowSeconds);
+    };
+    head.append(this._heading, label);
     this._status.dataset.gpumem = 'panel-status';
+    this._status.setAttribute('role', 'status');
     this._vars.dataset.gpumem = 'vars';
-    this.node.append(this._status, this._gpus, this._notebooks, this._others, this._vars);
+    this.node.append(head, this._status, this._gpus, this._notebooks, this._others, this._vars);
     _source.changed.connect(() => {
       if (this.isVisible) {
         this.update();
@@ -71,18 +115,27 @@ export class GpuPanel extends Widget {
     });
   }
 
+  /** The plots' window, in seconds (one of WINDOWS). */
+  get windowSeconds(): number {
+    return this._windowSeconds;
+  }
+  set windowSeconds(seconds: number) {
+    const w = WINDOWS.includes(seconds) ? seconds : 15 * 60;
+    if (w === this._windowSeconds) {
+      return;
+    }
+    this._windowSeconds = w;
+    this._window.value = String(w);
+    this._source.window = w;
+    this.update();
+  }
+
   protected onAfterShow(): void {
     this.update();
   }
 
   protected onResize(): void {
-    for (const p of this._plots.values()) {
-      p.plot?.setSize({ width: this._plotWidth(), height: 140 });
-    }
-  }
-
-  private _plotWidth(): number {
-    return Math.max(200, this.node.clientWidth - 24);
+    this.update();
   }
 
   private _color(kernelId: string): string {
@@ -96,8 +149,9 @@ export class GpuPanel extends Widget {
 
   protected onUpdateRequest(): void {
     const state = this._source.state;
+    const trans = this._trans;
     if (!state) {
-      this._status.textContent = this._source.unavailable ?? 'Waiting for gpumem serve…';
+      this._status.textContent = this._source.unavailable ?? trans.__('Waiting for the first figures from gpumem serve…');
       this._status.hidden = false;
       this._gpus.hidden = this._notebooks.hidden = this._others.hidden = this._vars.hidden = true;
       return;
@@ -111,60 +165,59 @@ export class GpuPanel extends Widget {
   }
 
   private _renderGPUs(state: State): void {
+    if (!state.gpus.length) {
+      for (const p of this._plots.values()) {
+        p.plot?.destroy();
+      }
+      this._plots.clear();
+      this._gpus.replaceChildren(el('div', 'jp-gpumem-empty', this._trans.__('No GPU figures (the line above says why).')));
+      return;
+    }
     const UPlot = uPlotClass;
     if (!UPlot) {
       void loadUPlot().then(() => this.update());
       return;
     }
+    const hist = this._source.historyFor(this._windowSeconds);
+    const theme = currentTheme(this.node);
     const seen = new Set<number>();
     for (const g of state.gpus) {
       seen.add(g.index);
-      let p = this._plots.get(g.index);
-      if (!p) {
-        const box = el('div', 'jp-gpumem-gpu');
-        box.dataset.gpu = String(g.index);
-        const head = el('div', 'jp-gpumem-gpu-head');
-        box.appendChild(head);
-        this._gpus.appendChild(box);
-        p = { box, head, plot: null, ids: '' };
-        this._plots.set(g.index, p);
-      }
+      const p = this._plotBox(g.index);
       this._renderGPUHead(p.head, g, state);
-      const st = stackNotebooks(this._source.history, state.notebooks, g.index, state.step_seconds);
-      const ids = st.stacks.map(s => s.kernelId).join(',');
-      // Draw the top of the stack first so that lower bands cover it.
-      const order = [...st.stacks].reverse();
-      const data = [st.times, ...order.map(s => s.values)] as uPlot.AlignedData;
-      // The newest top of the stack: what the plot shows last, for tests.
-      const top = order.length ? order[0].values[order[0].values.length - 1] : 0;
-      p.box.dataset.stackTop = String(top ?? 0);
-      if (!p.plot || p.ids !== ids) {
+      const st = stackNotebooks(hist, state.notebooks, g.index, this._windowSeconds);
+      p.data = st;
+      // The newest top of this server's stack: what the plot shows last, for tests.
+      const last = st.stacks.length ? st.stacks[st.stacks.length - 1].values : [];
+      p.box.dataset.stackTop = String(last.length ? (last[last.length - 1] ?? 0) : 0);
+      p.box.dataset.bands = st.stacks.map(s => s.kernelId).join(',');
+      p.box.dataset.yTicks = binaryTicks(st.top, 3).join(','); // what the axis shows
+      p.empty.hidden = st.stacks.length > 0;
+      p.empty.textContent = this._trans.__('No notebook of this server holds memory on GPU %1.', g.index);
+      const width = Math.max(120, p.box.clientWidth);
+      const key = `${st.stacks.map(s => s.kernelId).join(',')}|${width}|${themeKey(theme)}|${this._windowSeconds}|${hist.step}`;
+      if (!p.plot || p.key !== key) {
         p.plot?.destroy();
-        const opts: uPlot.Options = {
-          width: this._plotWidth(),
-          height: 140,
-          legend: { show: true, live: false },
-          cursor: { show: false },
-          scales: { y: { range: (_u, _min, max) => [0, Math.max(max, 1)] } },
-          axes: [
-            {},
-            { values: (_u, vals) => vals.map(v => formatBytes(v)), size: 70 }
-          ],
-          series: [
-            {},
-            ...order.map(s => ({
-              label: s.label,
-              stroke: this._color(s.kernelId),
-              fill: this._color(s.kernelId) + '99',
-              width: 1,
-              points: { show: false }
-            }))
-          ]
-        };
-        p.plot = new UPlot(opts, data, p.box);
-        p.ids = ids;
+        const colors = st.stacks.map(s => this._color(s.kernelId));
+        const box = p;
+        const opts = plotOptions(
+          st,
+          () => box.data,
+          width,
+          colors,
+          theme,
+          this._trans,
+          (text, left) => {
+            box.hover.hidden = !text;
+            box.hover.textContent = text ?? '';
+            box.hover.style.left = `${Math.min(Math.max(0, left), width - 120)}px`;
+          },
+          hist.step > 1 ? UPlot.paths.stepped?.({ align: 1 }) : undefined
+        );
+        p.plot = new UPlot(opts, plotData(st), p.plotBox);
+        p.key = key;
       } else {
-        p.plot.setData(data);
+        p.plot.setData(plotData(st));
       }
     }
     for (const [idx, p] of this._plots) {
@@ -176,195 +229,263 @@ export class GpuPanel extends Widget {
     }
   }
 
+  private _plotBox(index: number): GPUPlot {
+    let p = this._plots.get(index);
+    if (!p) {
+      const box = el('section', 'jp-gpumem-gpu');
+      box.dataset.gpu = String(index);
+      const head = el('div', 'jp-gpumem-gpu-head');
+      const plotBox = el('div', 'jp-gpumem-plot');
+      plotBox.style.minHeight = `${PLOT_HEIGHT}px`;
+      const hover = el('div', 'jp-gpumem-plot-hover');
+      hover.hidden = true;
+      hover.setAttribute('role', 'tooltip');
+      const empty = el('div', 'jp-gpumem-empty');
+      plotBox.appendChild(hover);
+      box.append(head, plotBox, empty);
+      for (const c of Array.from(this._gpus.children)) {
+        if (!c.classList.contains('jp-gpumem-gpu')) {
+          c.remove(); // the "no GPU" line
+        }
+      }
+      this._gpus.appendChild(box);
+      p = { box, head, plotBox, hover, empty, plot: null, key: '', data: { times: [], stacks: [], used: [], top: 0 } };
+      this._plots.set(index, p);
+    }
+    return p;
+  }
+
   private _renderGPUHead(head: HTMLDivElement, g: GPU, state: State): void {
-    head.replaceChildren();
-    const title = el('div', 'jp-gpumem-gpu-title', `GPU ${g.index} · ${g.name}${g.simulated ? ' (simulated)' : ''}`);
-    const fig = el(
-      'div',
-      'jp-gpumem-gpu-figure',
-      `${formatBytes(g.memory_used_bytes)} / ${formatBytes(g.memory_total_bytes)} used (${formatPercent(g.memory_used_bytes, g.memory_total_bytes)})`
+    const trans = this._trans;
+    const name = `GPU ${g.index} · ${g.name}${g.simulated ? trans.__(' (simulated)') : ''}`;
+    const title = el('div', 'jp-gpumem-gpu-title', name);
+    title.title = name;
+    const used = trans.__(
+      '%1 / %2 used · %3',
+      formatBytes(g.memory_used_bytes),
+      formatBytes(g.memory_total_bytes),
+      formatPercent(g.memory_used_bytes, g.memory_total_bytes)
     );
+    const fig = el('div', 'jp-gpumem-gpu-figure', used);
     fig.dataset.gpumem = 'gpu-figure';
     const bar = el('span', 'jp-gpumem-bar jp-gpumem-bar-wide');
+    bar.setAttribute('role', 'meter');
+    bar.setAttribute('aria-label', trans.__('GPU %1 memory used', g.index));
+    bar.setAttribute('aria-valuemin', '0');
+    bar.setAttribute('aria-valuemax', String(g.memory_total_bytes));
+    bar.setAttribute('aria-valuenow', String(g.memory_used_bytes));
+    bar.setAttribute('aria-valuetext', used);
     const fill = el('span', 'jp-gpumem-bar-fill');
     fill.style.width = `${Math.min(100, (100 * g.memory_used_bytes) / Math.max(g.memory_total_bytes, 1)).toFixed(1)}%`;
     bar.dataset.level = levelFor(g.memory_used_bytes, g.memory_total_bytes, state.alert_threshold);
     bar.appendChild(fill);
-    head.append(title, fig, bar);
+    head.replaceChildren(title, fig, bar);
   }
 
   private _renderNotebooks(state: State): void {
+    const trans = this._trans;
     const box = this._notebooks;
-    box.replaceChildren(el('h3', '', 'Notebooks of this server'));
+    box.replaceChildren(el('h3', '', trans.__('Notebooks of this server')));
     if (!state.notebooks.length) {
-      box.appendChild(el('div', 'jp-gpumem-empty', 'No kernel of this server is followed by gpumem serve.'));
+      box.appendChild(
+        el('div', 'jp-gpumem-empty', trans.__('No kernel of this server is followed by gpumem serve yet: open a notebook and start its kernel.'))
+      );
       return;
     }
-    const orphans = this._source.reclaimed;
-    const table = el('table', 'jp-gpumem-table');
-    table.title = 'now: GPU memory of the kernel and its children (driver figure); peak: since the kernel started; orphans: processes of an earlier kernel process that gpumem serve ended';
-    const head = el('tr');
-    for (const h of ['notebook', 'now', 'peak', 'procs', 'orphans']) {
-      head.appendChild(el('th', '', h));
-    }
-    table.appendChild(head);
+    const list = el('ul', 'jp-gpumem-rows');
     const rows = [...state.notebooks].sort((a, b) => b.gpu_memory_bytes - a.gpu_memory_bytes || a.kernel_id.localeCompare(b.kernel_id));
+    const hist = this._source.historyFor(this._windowSeconds);
+    const [from, to] = plotRange(hist.first(), hist.last || hist.now, this._windowSeconds);
+    const max = Math.max(1, ...rows.map(nb => Math.max(nb.peak_bytes ?? 0, nb.gpu_memory_bytes)));
     for (const nb of rows) {
-      const [tr, actions] = this._notebookRow(nb, orphans.get(nb.kernel_id) ?? 0);
-      table.append(tr, actions);
+      const row = this._notebookRow(nb, this._source.reclaimed.get(nb.kernel_id) ?? 0, hist.notebooks.get(nb.kernel_id), from, to, max);
+      if (!state.gpus.length) {
+        // No GPU figures at all (no driver): no notebook holds "0 B".
+        const fig = row.querySelector<HTMLElement>('[data-field=now]')!;
+        fig.textContent = trans.__('n/a');
+        fig.title = trans.__('No GPU figures: %1', state.warnings.join('; ') || trans.__('gpumem serve sees no GPU.'));
+        row.querySelector('.jp-gpumem-details')?.remove();
+        row.querySelector('.jp-gpumem-spark')?.remove();
+      }
+      list.appendChild(row);
     }
-    box.appendChild(table);
+    box.appendChild(list);
   }
 
-  private _notebookRow(nb: Notebook, orphans: number): [HTMLTableRowElement, HTMLTableRowElement] {
-    const tr = el('tr');
-    tr.dataset.kernelId = nb.kernel_id;
-    tr.dataset.gpumem = 'notebook-row';
-    const name = el('td', 'jp-gpumem-name', notebookLabel(nb));
-    name.title = nb.path || nb.notebook;
+  private _notebookRow(nb: Notebook, orphans: number, points: Map<number, number> | undefined, from: number, to: number, max: number): HTMLLIElement {
+    const trans = this._trans;
+    const label = notebookLabel(nb);
+    const row = el('li', 'jp-gpumem-row');
+    row.dataset.kernelId = nb.kernel_id;
+    row.dataset.gpumem = 'notebook-row';
     const swatch = el('span', 'jp-gpumem-swatch');
     swatch.style.background = this._color(nb.kernel_id);
-    name.prepend(swatch);
-    tr.append(
-      name,
-      el('td', 'jp-gpumem-num', formatBytes(nb.gpu_memory_bytes)),
-      el('td', 'jp-gpumem-num', nb.peak_bytes !== undefined ? formatBytes(nb.peak_bytes) : '—'),
-      el('td', 'jp-gpumem-num', String(Math.max(nb.processes.length, nb.pids.length ? 1 : 0))),
-      el('td', 'jp-gpumem-num', String(orphans))
-    );
-    // The buttons go on a row of their own: the panel is narrow.
-    const actionRow = el('tr', 'jp-gpumem-actions-row');
-    actionRow.dataset.kernelId = nb.kernel_id;
-    actionRow.dataset.gpumem = 'notebook-actions';
-    const actions = el('td', 'jp-gpumem-actions');
-    actions.colSpan = 5;
-    actionRow.appendChild(actions);
-    const button = (label: string, title: string, run: (b: HTMLButtonElement) => Promise<void>) => {
-      const b = el('button', 'jp-mod-styled jp-gpumem-button', label);
-      b.title = title;
-      b.dataset.action = label;
-      b.onclick = async () => {
-        b.disabled = true;
-        try {
-          await run(b);
-        } finally {
-          b.disabled = false;
-        }
-      };
-      actions.appendChild(b);
-      return b;
+    swatch.setAttribute('aria-hidden', 'true');
+    const name = el('span', 'jp-gpumem-name', label);
+    name.title = nb.path || nb.notebook || label;
+    const now = el('span', 'jp-gpumem-figure', formatBytes(nb.gpu_memory_bytes));
+    now.dataset.field = 'now';
+    now.title = trans.__("GPU memory of the kernel and its children now (the driver's figure)");
+    const more = el('button', 'jp-gpumem-more jp-Button jp-mod-minimal');
+    more.dataset.gpumem = 'notebook-actions';
+    more.setAttribute('aria-label', trans.__('Actions for %1', label));
+    more.setAttribute('aria-haspopup', 'menu');
+    more.title = trans.__('Free cache, variables, restart, open');
+    more.textContent = '⋯';
+    more.onclick = () => {
+      const r = more.getBoundingClientRect();
+      this._menu(nb.kernel_id).open(r.left, r.bottom);
     };
-    button('Free cache', 'gc and empty the frameworks\' caches in this kernel, after its current cell; no variable is deleted', () =>
-      this._free(nb)
+    const spark = document.createElementNS(SVG, 'svg');
+    spark.classList.add('jp-gpumem-spark');
+    spark.setAttribute('viewBox', '0 0 100 14');
+    spark.setAttribute('preserveAspectRatio', 'none');
+    spark.setAttribute('aria-hidden', 'true');
+    const sparkTitle = document.createElementNS(SVG, 'title');
+    sparkTitle.textContent = trans.__("%1's GPU memory over the plot's window", label);
+    spark.appendChild(sparkTitle);
+    const path = document.createElementNS(SVG, 'path');
+    path.setAttribute('d', sparkPath(points, from, to, 100, 14, max));
+    path.setAttribute('stroke', this._color(nb.kernel_id));
+    spark.appendChild(path);
+    const details = el('span', 'jp-gpumem-details');
+    const field = (key: string, text: string, title: string) => {
+      const s = el('span', '', text);
+      s.dataset.field = key;
+      s.title = title;
+      return s;
+    };
+    const procs = Math.max(nb.processes.length, nb.pids.length ? 1 : 0);
+    details.append(
+      field(
+        'peak',
+        // The daemon leaves a peak of 0 out.
+        trans.__('peak %1', formatBytes(nb.peak_bytes ?? 0)),
+        trans.__('The highest figure since the kernel started')
+      ),
+      field('procs', trans._n('%1 process', '%1 processes', procs), trans.__('Processes of the kernel holding GPU memory, the kernel included')),
+      field(
+        'orphans',
+        trans._n('%1 orphan ended', '%1 orphans ended', orphans),
+        trans.__('Processes of an earlier kernel process that gpumem serve ended')
+      )
     );
-    button('Variables', 'The variables holding GPU memory (%gpumem vars), read without running anything in the notebook', () =>
-      this._showVars(nb)
-    );
-    const rb = button('Restart kernel', 'Restart the kernel (JupyterLab asks first)', async () => {
-      await this._actions.restart(nb.kernel_id);
-    });
-    if (!this._actions.canRestart(nb.kernel_id)) {
-      rb.disabled = true;
-      rb.title = 'Open the notebook in this window to restart its kernel';
-      rb.onclick = null;
-    }
-    const ob = button('Open', 'Open the notebook', async () => this._actions.open(nb.path));
-    if (!nb.path) {
-      ob.disabled = true;
-      ob.onclick = null;
-    }
-    return [tr, actionRow];
+    details.querySelector('[data-field=procs]')!.setAttribute('data-count', String(procs));
+    const ended = details.querySelector<HTMLElement>('[data-field=orphans]')!;
+    ended.dataset.count = String(orphans);
+    ended.hidden = orphans === 0;
+    row.append(swatch, name, now, more, spark, details);
+    return row;
   }
 
-  private async _free(nb: Notebook): Promise<void> {
-    const label = notebookLabel(nb);
+  /** A notebook's actions menu: JupyterLab's commands, with their labels and captions. */
+  private _menu(kernelId: string): Menu {
+    const menu = new Menu({ commands: this._actions.commands });
+    menu.addClass('jp-gpumem-menu');
+    for (const command of NOTEBOOK_COMMANDS) {
+      menu.addItem({ command, args: { kernelId } });
+    }
+    menu.aboutToClose.connect(() => setTimeout(() => menu.dispose(), 0));
+    return menu;
+  }
+
+  /** Frees cache (only) in a kernel and says what it returned. */
+  async freeCache(kernelId: string): Promise<void> {
+    const trans = this._trans;
+    const nb = this._source.state?.notebooks.find(n => n.kernel_id === kernelId);
+    const label = nb ? notebookLabel(nb) : trans.__('kernel %1', kernelId.slice(0, 8));
     try {
-      const r = await freeCache(nb.kernel_id);
+      const r = await freeCache(kernelId);
       if (r.status !== 'ok') {
-        Notification.warning(`Free cache in ${label}: ${r.message ?? 'failed'}`, { autoClose: 8000 });
+        Notification.warning(trans.__('Free cache in %1: %2', label, r.message ?? trans.__('failed')), { autoClose: 8000 });
         return;
       }
-      const drv = (r.free as { driver?: { before: number; after: number } } | undefined)?.driver;
-      const msg = drv
-        ? `Freed cache in ${label}: ${formatBytes(drv.before)} → ${formatBytes(drv.after)} on the GPU`
-        : `Freed cache in ${label}`;
-      Notification.success(msg, { autoClose: 6000 });
+      // The daemon judged what went back to the GPU: shown as it says it.
+      const free = r.free as { returned?: boolean; summary?: string } | undefined;
+      const msg = trans.__('Free cache in %1: %2', label, free?.summary || trans.__('done'));
+      if (free?.returned) {
+        Notification.success(msg, { autoClose: 6000 });
+      } else {
+        Notification.info(msg, { autoClose: 10000 });
+      }
       void this._source.refresh();
     } catch (e) {
-      Notification.error(`Free cache in ${label} failed: ${String(e)}`, { autoClose: 8000 });
+      Notification.error(trans.__('Free cache in %1 failed: %2', label, String(e)), { autoClose: 8000 });
     }
   }
 
-  private async _showVars(nb: Notebook): Promise<void> {
+  /** Shows the variables holding GPU memory in a kernel (%gpumem vars), or what other devices hold. */
+  async showVariables(kernelId: string): Promise<void> {
+    const trans = this._trans;
+    const nb = this._source.state?.notebooks.find(n => n.kernel_id === kernelId);
+    const label = nb ? notebookLabel(nb) : trans.__('kernel %1', kernelId.slice(0, 8));
     const box = this._vars;
-    box.replaceChildren(el('h3', '', `Variables of ${notebookLabel(nb)}`), el('div', 'jp-gpumem-empty', 'Reading…'));
+    const note = el('div', 'jp-gpumem-empty', trans.__('Reading…'));
+    box.replaceChildren(el('h3', '', trans.__('Variables of %1', label)), note);
     let rows;
     try {
-      let r = await fetchVars(nb.kernel_id);
+      let r = await fetchVars(kernelId);
+      let onGPU = true;
       if (r.status === 'ok' && !varRows(r.vars).length) {
-        // Nothing on a GPU: say so, and show what other devices hold.
-        box.lastElementChild!.textContent = 'No variable holds GPU memory. On other devices:';
-        r = await fetchVars(nb.kernel_id, true);
-      } else {
-        box.lastElementChild!.remove();
+        // Nothing on a GPU: show what other devices hold, and say so.
+        r = await fetchVars(kernelId, true);
+        onGPU = false;
       }
       if (r.status !== 'ok') {
-        box.appendChild(el('div', 'jp-gpumem-empty', r.message ?? 'failed'));
+        note.textContent = r.message ?? trans.__('Reading the variables failed.');
         return;
       }
       rows = varRows(r.vars);
-      const notes = (r.vars as { notes?: string[] }).notes ?? [];
       if (!rows.length) {
-        box.appendChild(el('div', 'jp-gpumem-empty', notes.join(' ') || 'No variable holds memory on any device.'));
+        note.textContent = trans.__('No variable holds memory, on a GPU or on any other device.');
         return;
       }
+      note.textContent = onGPU ? '' : trans.__('No variable holds GPU memory. These hold memory on other devices:');
+      note.hidden = onGPU;
     } catch (e) {
-      box.lastElementChild!.textContent = `Reading the variables failed: ${String(e)}`;
+      note.textContent = trans.__('Reading the variables failed: %1', String(e));
       return;
     }
     const table = el('table', 'jp-gpumem-table');
     table.dataset.gpumem = 'vars-table';
     const head = el('tr');
-    for (const h of ['name', 'type', 'device', 'bytes']) {
+    for (const h of [trans.__('name'), trans.__('type'), trans.__('device'), trans.__('bytes')]) {
       head.appendChild(el('th', '', h));
     }
     table.appendChild(head);
     for (const r of rows) {
       const tr = el('tr');
-      tr.append(
-        el('td', r.hidden ? 'jp-gpumem-hidden' : '', r.name),
-        el('td', '', r.type),
-        el('td', '', r.device),
-        el('td', 'jp-gpumem-num', formatBytes(r.bytes))
-      );
+      const name = el('td', r.hidden ? 'jp-gpumem-hidden jp-gpumem-cut' : 'jp-gpumem-cut', r.name);
+      name.title = r.name;
+      tr.append(name, el('td', 'jp-gpumem-cut', r.type), el('td', 'jp-gpumem-cut', r.device), el('td', 'jp-gpumem-num', formatBytes(r.bytes)));
       table.appendChild(tr);
     }
     box.appendChild(table);
+    box.scrollIntoView({ block: 'nearest' });
   }
 
   private _renderOthers(state: State): void {
+    const trans = this._trans;
     const box = this._others;
     box.replaceChildren();
     if (!state.others.length) {
       return;
     }
-    box.appendChild(el('h3', '', 'Everyone else (per user)'));
-    const table = el('table', 'jp-gpumem-table');
-    const head = el('tr');
-    for (const h of ['user', 'notebooks', 'other processes', 'memory']) {
-      head.appendChild(el('th', '', h));
-    }
-    table.appendChild(head);
+    box.appendChild(el('h3', '', trans.__('Everyone else')));
+    const list = el('ul', 'jp-gpumem-rows');
     for (const u of state.others) {
-      const tr = el('tr');
-      tr.append(
-        el('td', '', u.user),
-        el('td', 'jp-gpumem-num', String(u.notebooks)),
-        el('td', 'jp-gpumem-num', String(u.processes)),
-        el('td', 'jp-gpumem-num', formatBytes(u.bytes))
-      );
-      table.appendChild(tr);
+      const row = el('li', 'jp-gpumem-row jp-gpumem-user');
+      const name = el('span', 'jp-gpumem-name', u.user);
+      const what = [trans._n('%1 notebook', '%1 notebooks', u.notebooks), trans._n('%1 other process', '%1 other processes', u.processes)].join(', ');
+      name.title = trans.__('user %1: %2', u.user, what);
+      const details = el('span', 'jp-gpumem-details', what);
+      row.append(el('span', 'jp-gpumem-swatch jp-gpumem-swatch-other'), name, el('span', 'jp-gpumem-figure', formatBytes(u.bytes)), details);
+      list.appendChild(row);
     }
-    box.appendChild(table);
+    box.appendChild(list);
   }
+}
+
+function themeKey(t: PlotTheme): string {
+  return `${t.text}/${t.grid}/${t.used}`;
 }

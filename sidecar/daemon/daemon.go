@@ -497,6 +497,17 @@ func (f knownFinder) TCPListener(ip net.IP, port int) (procs.Listener, bool, err
 	return lf.TCPListener(ip, port)
 }
 
+// Alive implements discovery.ProcessChecker through the daemon's finder,
+// so that a server file is called deletable only when its process is
+// gone. A finder that cannot tell counts every process as alive: never
+// advise deleting a live server's file.
+func (f knownFinder) Alive(pid int) bool {
+	if pc, ok := f.d.finder.(discovery.ProcessChecker); ok {
+		return pc.Alive(pid)
+	}
+	return true
+}
+
 // setKernelProcessLocked records that ks is now served by process id. A new
 // identity while the old process still lives is ignored until /proc says the
 // old one is gone (sample handles the transition).

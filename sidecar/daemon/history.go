@@ -76,6 +76,12 @@ func (d *Daemon) recordHistory(now time.Time, rep *attribution.Report) int64 {
 		}
 		samples = append(samples, history.Sample{Key: notebookKey(nb.ConnectionFile), Label: nb.KernelID,
 			Bytes: nb.GPUMemoryBytes, Generation: gen})
+		// Its bytes on each GPU too: a GPU's plot draws only what the
+		// notebook holds there, never its total over every GPU.
+		for _, pg := range nb.PerGPU {
+			samples = append(samples, history.Sample{Key: history.NotebookGPUKey(nb.ConnectionFile, pg.Index), Label: nb.KernelID,
+				Bytes: pg.Bytes, Generation: gen})
+		}
 	}
 	d.hist.store.Record(now, samples)
 	for i := range rep.Notebooks {
@@ -127,28 +133,43 @@ func (d *Daemon) History(ctx context.Context, q api.HistoryQuery) (api.HistoryRe
 	if since <= 0 {
 		since = now.Add(-d.hist.store.Options().FineWindow).Unix()
 	}
-	resp := api.HistoryResponse{Now: now.Unix(), AlertThreshold: d.cfg.AlertThreshold,
-		GPUs: []api.HistorySeries{}, Notebooks: []api.HistorySeries{}, Report: rep}
-	for _, sr := range d.hist.store.Since(now, since) {
-		hs := api.HistorySeries{ID: sr.Key.ID, Peak: sr.Peak, PeakAt: sr.PeakAt, Points: make([][2]uint64, len(sr.Points))}
-		if sr.Key.Kind == history.KindNotebook {
-			hs.ID, hs.ConnectionFile = sr.Label, sr.Key.ID
-		}
-		for i, p := range sr.Points {
-			hs.Points[i] = [2]uint64{uint64(p.Time), p.Bytes}
-		}
-		resp.StepSeconds = sr.Step
-		if sr.Key.Kind == history.KindGPU {
-			resp.GPUs = append(resp.GPUs, hs)
-		} else {
-			resp.Notebooks = append(resp.Notebooks, hs)
-		}
-	}
+	resp := api.HistoryResponse{Now: now.Unix(), AlertThreshold: d.cfg.AlertThreshold, Report: rep}
+	resp.GPUs, resp.Notebooks, resp.StepSeconds = historySeries(d.hist.store.Since(now, since))
 	if resp.StepSeconds == 0 {
 		resp.StepSeconds = max(int64(d.cfg.Interval/time.Second), 1)
 	}
 	resp.Events, resp.LastEvent = d.hist.events.After(eventsAfter)
 	return resp, nil
+}
+
+// historySeries shapes the store's series for the API: the GPUs' apart,
+// and per notebook (its kernel id, and its connection file, the kernel's
+// identity) its total and its bytes on each GPU (marked with the GPU's
+// index); step is the points' spacing (0 without any series).
+func historySeries(srs []history.Series) (gpus, notebooks []api.HistorySeries, step int64) {
+	gpus, notebooks = []api.HistorySeries{}, []api.HistorySeries{}
+	for _, sr := range srs {
+		hs := api.HistorySeries{ID: sr.Key.ID, Peak: sr.Peak, PeakAt: sr.PeakAt, Points: make([][2]uint64, len(sr.Points))}
+		for i, p := range sr.Points {
+			hs.Points[i] = [2]uint64{uint64(p.Time), p.Bytes}
+		}
+		step = sr.Step
+		switch sr.Key.Kind {
+		case history.KindGPU:
+			gpus = append(gpus, hs)
+		case history.KindNotebook:
+			hs.ID, hs.ConnectionFile = sr.Label, sr.Key.ID
+			notebooks = append(notebooks, hs)
+		case history.KindNotebookGPU:
+			connFile, gpu, ok := sr.Key.NotebookGPU()
+			if !ok {
+				continue
+			}
+			hs.ID, hs.ConnectionFile, hs.GPU = sr.Label, connFile, &gpu
+			notebooks = append(notebooks, hs)
+		}
+	}
+	return gpus, notebooks, step
 }
 
 // KernelVars implements api.KernelQueryBackend: %gpumem vars's data.

@@ -5,6 +5,19 @@ import os
 
 from . import state
 
+# sidecar_get's status when nobody serves the socket.
+NOT_RUNNING = -1
+
+
+def not_running(sock):
+    """The one sentence for "gpumem serve is not running", as the JupyterLab
+    panel says it (labextension's view.no_daemon)."""
+    return f"gpumem serve is not running: start it with `gpumem serve` in a terminal beside JupyterLab (it listens on {sock})."
+
+
+class _NotRunning(Exception):
+    pass
+
 
 def driver_usage(timeout=0.5, fresh=False):
     """Asks gpumem serve (its unix socket API) for this kernel's processes'
@@ -25,6 +38,8 @@ def driver_usage(timeout=0.5, fresh=False):
 
     def get(path):
         status, body = sidecar_get(path, timeout)
+        if status == NOT_RUNNING:
+            raise _NotRunning()
         if status == 0:
             raise OSError(body.decode("utf-8", "replace"))
         return status, body
@@ -44,6 +59,8 @@ def driver_usage(timeout=0.5, fresh=False):
             if status != 200:
                 return {"error": "gpumem serve answered %d: %s" % (status, api_error(body))}
             nbs = json.loads(body.decode("utf-8")).get("notebooks") or []
+    except _NotRunning:
+        return {"error": not_running(sock)}
     except Exception as e:
         return {"error": "gpumem serve did not answer on %s (%s)" % (sock, state.short_exc(e))}
     for nb in nbs:
@@ -168,6 +185,9 @@ def sidecar_get(path, timeout):
         conn.request("GET", path, headers={"Accept": "application/json"})
         resp = conn.getresponse()
         return resp.status, resp.read()
+    except (FileNotFoundError, ConnectionRefusedError) as e:
+        # No socket, or one that nobody listens on: the daemon is not running.
+        return NOT_RUNNING, str(e).encode()
     except Exception as e:
         return 0, str(e).encode()
     finally:
