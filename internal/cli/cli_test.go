@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -141,11 +142,30 @@ func TestRunExitCodes(t *testing.T) {
 		{[]string{"attach", "a", "b"}, 2, "want exactly one KERNEL"},
 		{[]string{"help"}, 0, ""},
 		{[]string{"version"}, 0, ""},
+		{[]string{"--version"}, 0, ""},
+		{[]string{"version", "extra"}, 2, "takes no arguments"},
 	} {
 		var out, errb bytes.Buffer
 		env := Env{Stdout: &out, Stderr: &errb, Getenv: func(string) string { return "" }}
 		if code := Run(context.Background(), tc.args, env); code != tc.code || !strings.Contains(errb.String(), tc.inStderr) {
 			t.Errorf("gpumem %v: exit %d, stderr %q; want exit %d with %q", tc.args, code, errb.String(), tc.code, tc.inStderr)
+		}
+	}
+}
+
+func TestVersion(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"version"}, `^gpumem \d+\.\d+\.\d+\S* \(commit ([0-9a-f]+(-dirty)?|unknown)\)\n$`},
+		{[]string{"--version"}, `^gpumem \d+\.\d+\.\d+\S* \(commit `},
+		{[]string{"version", "--json"}, `^\{"version":"\d+\.\d+\.\d+\S*","commit":"\S+"\}\n$`},
+	} {
+		var out bytes.Buffer
+		env := Env{Stdout: &out, Stderr: &out, Getenv: func(string) string { return "" }}
+		if code := Run(context.Background(), tc.args, env); code != 0 || !regexp.MustCompile(tc.want).MatchString(out.String()) {
+			t.Errorf("gpumem %v: exit %d, output %q; want exit 0 and %s", tc.args, code, out.String(), tc.want)
 		}
 	}
 }
