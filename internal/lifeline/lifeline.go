@@ -161,41 +161,40 @@ func (w *Watch) followChildren() {
 }
 
 // WaitChildren waits, after Gone, until every child of the parent that
-// the watch saw has exited, or ctx ends; it returns the pids still running
-// then, sorted.
+// the watch saw is gone (exited and reaped: a zombie still shows in /proc,
+// where the caller looks next), or ctx ends; it returns the pids still
+// there then, sorted.
 func (w *Watch) WaitChildren(ctx context.Context) []int {
 	w.mu.Lock()
-	waiting := map[int32]int{} // pidfd → pid
+	waiting := map[int]int{} // pid → pidfd
 	for pid, fd := range w.children {
-		waiting[int32(fd)] = pid
+		waiting[pid] = fd
 	}
 	w.mu.Unlock()
-	for len(waiting) > 0 && ctx.Err() == nil {
-		fds := make([]unix.PollFd, 0, len(waiting))
-		for fd := range waiting {
-			fds = append(fds, unix.PollFd{Fd: fd, Events: unix.POLLIN})
-		}
-		// A pidfd is readable once its process has exited; the timeout
-		// lets ctx be checked.
-		n, err := unix.Poll(fds, 100)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			break
-		}
-		for i := 0; n > 0 && i < len(fds); i++ {
-			if fds[i].Revents != 0 {
-				delete(waiting, fds[i].Fd)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		for pid, fd := range waiting {
+			// Signal 0 through the pidfd: ESRCH once the process is
+			// reaped, whatever process has its pid by then.
+			if err := unix.PidfdSendSignal(fd, 0, nil, 0); err == unix.ESRCH {
+				delete(waiting, pid)
 			}
 		}
+		if len(waiting) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			left := make([]int, 0, len(waiting))
+			for pid := range waiting {
+				left = append(left, pid)
+			}
+			slices.Sort(left)
+			return left
+		case <-tick.C:
+		}
 	}
-	alive := make([]int, 0, len(waiting))
-	for _, pid := range waiting {
-		alive = append(alive, pid)
-	}
-	slices.Sort(alive)
-	return alive
 }
 
 // Close waits for the watch's goroutine (its ctx must have ended or the

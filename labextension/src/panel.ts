@@ -46,6 +46,7 @@ function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls = '', text = ''):
 
 export class GpuPanel extends Widget {
   private _status = el('div', 'jp-gpumem-panel-status');
+  private _daemon = el('div', 'jp-gpumem-daemon');
   private _gpus = el('div', 'jp-gpumem-gpus');
   private _notebooks = el('div', 'jp-gpumem-notebooks');
   private _others = el('div', 'jp-gpumem-others');
@@ -62,8 +63,9 @@ export class GpuPanel extends Widget {
     this.addClass('jp-gpumem-panel');
     this.title.caption = 'GPU memory';
     this._status.dataset.gpumem = 'panel-status';
+    this._daemon.dataset.gpumem = 'daemon-status';
     this._vars.dataset.gpumem = 'vars';
-    this.node.append(this._status, this._gpus, this._notebooks, this._others, this._vars);
+    this.node.append(this._daemon, this._status, this._gpus, this._notebooks, this._others, this._vars);
     _source.changed.connect(() => {
       if (this.isVisible) {
         this.update();
@@ -95,6 +97,10 @@ export class GpuPanel extends Widget {
   }
 
   protected onUpdateRequest(): void {
+    const daemon = this._source.daemon;
+    this._daemon.textContent = daemon?.text ?? '';
+    this._daemon.dataset.case = daemon?.case ?? '';
+    this._daemon.hidden = !daemon;
     const state = this._source.state;
     if (!state) {
       this._status.textContent = this._source.unavailable ?? 'Waiting for gpumem serve…';

@@ -9,7 +9,7 @@ import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { fetchState } from './api';
-import { History, ReclaimEvent, Reply, State } from './model';
+import { DaemonStatus, History, ReclaimEvent, Reply, State } from './model';
 
 export const POLL_MS = 1000;
 // After a reply, the next request goes out at once: the daemon holds it
@@ -22,6 +22,7 @@ export class StateSource {
   readonly history = new History();
   private _state: State | null = null;
   private _unavailable: string | null = null;
+  private _daemon: DaemonStatus | null = null;
   private _lastEvent = -1;
   private _changed = new Signal<this, void>(this);
   private _events = new Signal<this, ReclaimEvent[]>(this);
@@ -45,6 +46,10 @@ export class StateSource {
   /** Why there is no state: one line for the user, or null. */
   get unavailable(): string | null {
     return this._unavailable;
+  }
+  /** Which daemon serves this server (the server extension says it). */
+  get daemon(): DaemonStatus | null {
+    return this._daemon;
   }
   get changed(): ISignal<this, void> {
     return this._changed;
@@ -70,6 +75,7 @@ export class StateSource {
     } catch (e) {
       reply = { status: 'error', message: `JupyterLab's server did not answer for gpumem (${String(e)})` };
     }
+    this._daemon = reply.daemon ?? null;
     if (reply.status !== 'ok') {
       this._failures++;
       this._unavailable = reply.message;

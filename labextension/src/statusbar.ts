@@ -53,6 +53,7 @@ export class GpuStatusItem extends Widget {
       this._fill.style.width = '0';
       this._bar.dataset.level = 'ok';
       this.node.title = this._source.unavailable ?? 'gpumem: waiting for the first figures';
+      this.node.dataset.daemon = this._source.daemon?.case ?? '';
       return;
     }
     const kid = this._kernelId();
@@ -66,6 +67,10 @@ export class GpuStatusItem extends Widget {
       this._bar.dataset.level = levelFor(gpu.memory_used_bytes, gpu.memory_total_bytes, state.alert_threshold);
     }
     const lines = tooltipLines(state, nb);
+    if (this._source.daemon) {
+      lines.push(this._source.daemon.text);
+    }
+    this.node.dataset.daemon = this._source.daemon?.case ?? '';
     const fw = kid ? this._frameworks.get(kid) : undefined;
     if (fw && fw.lines.length) {
       lines.push('Frameworks (as the kernel reports them):', ...fw.lines.map(l => '  ' + l));
