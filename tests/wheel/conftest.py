@@ -6,6 +6,7 @@ simulated GPU file, servers, logs kept on failure) are labextension/tests'
 harness; the browser is Debian's chromium through .venv/current's
 Playwright, which runs these tests."""
 
+import json
 import os
 import shutil
 import stat
@@ -166,3 +167,58 @@ def server_log(lab):
 
 def monotonic():
     return time.monotonic()
+
+
+def built_binary(arch):
+    """The binary scripts/build-wheels.sh built for arch (the wheel's)."""
+    b = REPO / "build" / "wheel" / arch / "gpumem"
+    need(b.exists(), f"{b} is missing: run bash scripts/build-wheels.sh")
+    return b
+
+
+def zig():
+    """The zig of build-wheels.sh's tools virtualenv (GPUMEM_BUILD_TOOLS)."""
+    tools = os.environ.get("GPUMEM_BUILD_TOOLS", "")
+    found = sorted(Path(tools).glob("lib/python3*/site-packages/ziglang/zig")) if tools else []
+    need(found, "GPUMEM_BUILD_TOOLS must name build-wheels.sh's tools virtualenv (with ziglang)")
+    return str(found[0])
+
+
+@pytest.fixture(scope="session")
+def test_nvml(tmp_path_factory):
+    """testdata/libnvidia-ml.c built for each arch: arch → its directory."""
+    out = {}
+    for arch in ("x86_64", "aarch64"):
+        d = tmp_path_factory.mktemp("nvml-" + arch)
+        subprocess.run(
+            [
+                zig(),
+                "cc",
+                "-target",
+                f"{arch}-linux-gnu.2.17",
+                "-shared",
+                "-fPIC",
+                "-o",
+                str(d / "libnvidia-ml.so.1"),
+                str(Path(__file__).parent / "testdata" / "libnvidia-ml.c"),
+            ],
+            check=True,
+        )
+        out[arch] = d
+    return out
+
+
+def simulated_gpu(pid, used_bytes, name="Simulated H200"):
+    """The simulated-GPU file's text, with one process."""
+    return json.dumps(
+        {
+            "gpus": [
+                {
+                    "name": name,
+                    "uuid": "GPU-0",
+                    "memory_total_bytes": 80 << 30,
+                    "processes": [{"pid": pid, "used_bytes": used_bytes}],
+                }
+            ]
+        }
+    )
