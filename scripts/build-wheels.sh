@@ -21,6 +21,9 @@
 #
 #   bash scripts/build-wheels.sh                 both wheels
 #   GPUMEM_WHEEL_ARCHES=x86_64 bash scripts/...   one
+#   bash scripts/build-wheels.sh --reproduce      builds the x86_64 binary again
+#       from a copy of this tree in another dir, with empty Go and zig caches,
+#       and fails unless it is the same bytes as build/wheel/x86_64/gpumem
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -41,27 +44,53 @@ commit=$(git rev-parse --short=12 HEAD)
 export SOURCE_DATE_EPOCH
 SOURCE_DATE_EPOCH=$(git log -1 --format=%ct)
 
-echo "== the prebuilt JupyterLab extension"
-bash labextension/scripts/build.sh --js "$tools/bin"
-
-build=build/wheel
-mkdir -p dist "$build"
-rm -f dist/jupyterlab_gpumem-*.whl
-for arch in ${GPUMEM_WHEEL_ARCHES:-x86_64 aarch64}; do
+# build_binary ARCH OUT: gpumem for ARCH (x86_64, aarch64) into OUT, from
+# the tree in the current directory.
+build_binary() {
+  local arch=$1 out=$2 goarch
   case $arch in
     x86_64) goarch=amd64 ;;
     aarch64) goarch=arm64 ;;
-    *) echo "unknown architecture $arch: x86_64 or aarch64" >&2; exit 1 ;;
+    *) echo "unknown architecture $arch: x86_64 or aarch64" >&2; return 1 ;;
   esac
-  echo "== gpumem $version ($commit) for $arch"
-  bin=$build/$arch/gpumem
-  mkdir -p "$(dirname "$bin")"
-  start=$(date +%s)
   # No -g: the wheel carries no C debug info (Go's is stripped by -s -w).
   CGO_ENABLED=1 GOOS=linux GOARCH=$goarch CC="$repo/scripts/zigcc $arch-linux-gnu.2.17" \
     CGO_CFLAGS="-O2 -Wno-deprecated-declarations" \
     go build -trimpath -buildvcs=false -ldflags="-s -w -X github.com/gpumem/gpumem.commit=$commit" \
-    -o "$bin" ./cmd/gpumem
+    -o "$out" ./cmd/gpumem
+}
+
+build=build/wheel
+if [ "${1:-}" = --reproduce ]; then
+  first=$build/x86_64/gpumem
+  [ -f "$first" ] || { echo "no $first: run bash scripts/build-wheels.sh first" >&2; exit 1; }
+  tmp=$(mktemp -d /tmp/gpumem-reproduce.XXXXXX)
+  trap 'rm -rf "$tmp"' EXIT
+  mkdir -p "$tmp/src"
+  git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -xf - -C "$tmp/src"
+  start=$(date +%s)
+  (cd "$tmp/src" && GOCACHE=$tmp/gocache ZIG_GLOBAL_CACHE_DIR=$tmp/zigcache build_binary x86_64 "$tmp/gpumem")
+  a=$(sha256sum <"$first" | cut -d' ' -f1)
+  b=$(sha256sum <"$tmp/gpumem" | cut -d' ' -f1)
+  if [ "$a" != "$b" ]; then
+    echo "NOT reproducible: $first is $a, the same commit built again in $tmp/src is $b" >&2
+    exit 1
+  fi
+  echo "reproducible: sha256 $a, built again in another dir with empty Go and zig caches in $(($(date +%s) - start)) s"
+  exit 0
+fi
+
+echo "== the prebuilt JupyterLab extension"
+bash labextension/scripts/build.sh --js "$tools/bin"
+
+mkdir -p dist "$build"
+for arch in ${GPUMEM_WHEEL_ARCHES:-x86_64 aarch64}; do
+  echo "== gpumem $version ($commit) for $arch"
+  rm -f dist/jupyterlab_gpumem-*_"$arch".whl
+  bin=$build/$arch/gpumem
+  mkdir -p "$(dirname "$bin")"
+  start=$(date +%s)
+  build_binary "$arch" "$bin"
   echo "built $bin in $(($(date +%s) - start)) s: $(du -h "$bin" | cut -f1)"
   # Tagged for glibc 2.17, the glibc zig linked it against; auditwheel
   # then checks that the binary meets that policy (every symbol version
