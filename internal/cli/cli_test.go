@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -167,5 +168,33 @@ func TestVersion(t *testing.T) {
 		if code := Run(context.Background(), tc.args, env); code != 0 || !regexp.MustCompile(tc.want).MatchString(out.String()) {
 			t.Errorf("gpumem %v: exit %d, output %q; want exit 0 and %s", tc.args, code, out.String(), tc.want)
 		}
+	}
+}
+
+// serve --exit-with-parent that fails to start (here: a simulated-GPU file
+// that is not there) says why and exits, rather than waiting for its parent.
+func TestServeWithParentFailsAtOnce(t *testing.T) {
+	var out, errb bytes.Buffer
+	dir := t.TempDir()
+	env := Env{Stdout: &out, Stderr: &errb, Getenv: func(k string) string {
+		switch k {
+		case "GPUMEM_FAKE_GPU":
+			return filepath.Join(dir, "missing.json")
+		case "JUPYTER_RUNTIME_DIR":
+			return filepath.Join(dir, "runtime")
+		}
+		return ""
+	}}
+	done := make(chan int, 1)
+	go func() {
+		done <- Run(context.Background(), []string{"serve", "--exit-with-parent=" + strconv.Itoa(os.Getppid())}, env)
+	}()
+	select {
+	case code := <-done:
+		if code != 1 || !strings.Contains(errb.String(), "missing.json") {
+			t.Errorf("exit %d, stderr %q; want 1 naming the simulated-GPU file", code, errb.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve --exit-with-parent did not return after failing to start")
 	}
 }

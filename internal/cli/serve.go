@@ -92,7 +92,8 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		if parent, err = lifeline.Start(ctx, lifeline.Options{Parent: *exitWith, Children: env.procFS().ChildrenOf}); err != nil {
 			return fmt.Errorf("--exit-with-parent=%d: %w", *exitWith, err)
 		}
-		defer parent.Close()
+		// The watch ends with ctx: end it first, whatever returns early.
+		defer func() { stopRun(); parent.Close() }()
 	}
 	pods, stopPods, err := kf.start(ctx, env.procFS(), log)
 	if err != nil {
