@@ -85,8 +85,15 @@ def reason_no_binary(where):
     return f"no gpumem binary at {where}: `pip install jupyterlab-gpumem` puts one beside this Python, or set c.Gpumem.binary"
 
 
-def reason_starting(pid):
-    return f"starting it (pid {pid})"
+# A daemon that has not served its socket this long after its start is
+# named as such (it is left running: it may be slow, not stuck).
+STARTING_SECONDS = 30.0
+
+
+def reason_starting(pid, seconds=0.0, log_path=""):
+    if seconds < STARTING_SECONDS:
+        return f"starting it (pid {pid})"
+    return f"gpumem serve (pid {pid}) has not served its socket {seconds:.0f} s after it started: see its log, {log_path}"
 
 
 def reason_exited(code, last_line, retry_seconds):

@@ -208,7 +208,8 @@ class Supervisor:
             self.served_by = None
             self.next_start = 0.0  # not ours: no backoff
         if self.child is not None:
-            self.status = sv.describe(sv.NOT_RUNNING, reason=sv.reason_starting(self.child.pid))
+            reason = sv.reason_starting(self.child.pid, now - self.child_started, self.log_path)
+            self.status = sv.describe(sv.NOT_RUNNING, reason=reason)
             return
         if not self.config.autostart:
             self.status = sv.describe(sv.NOT_RUNNING, reason=sv.reason_autostart_off(self.socket))

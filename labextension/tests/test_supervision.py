@@ -84,3 +84,9 @@ def test_reasons_name_the_thing_and_what_to_do():
     assert r == "it exited with status 2 (gpumem serve: bad flag); starting it again in 8 s"
     r = sv.reason_taken("/r", "/r/gpumem.sock", 30)
     assert "/r" in r and "/r/gpumem.sock" in r and "GPUMEM_SOCKET" in r and "30 s" in r
+
+
+def test_a_daemon_slow_to_serve_is_named_with_its_log():
+    assert sv.reason_starting(5, 3.0, "/r/gpumem-serve.log") == "starting it (pid 5)"
+    r = sv.reason_starting(5, 31.0, "/r/gpumem-serve.log")
+    assert r == "gpumem serve (pid 5) has not served its socket 31 s after it started: see its log, /r/gpumem-serve.log"
