@@ -47,3 +47,21 @@ with_progress() {
   echo "  done in $((SECONDS - start)) s"
   return "$rc"
 }
+
+# tools_venv CACHE LOCK: prints the path of a virtualenv of the pinned,
+# hashed LOCK (no system site packages), made once under CACHE and keyed by
+# the lock's hash, so that repeated builds reuse it.
+tools_venv() {
+  local cache=$1 lock=$2 dir stamp
+  stamp=$(sha256sum "$lock" | cut -c1-16)
+  dir=$cache/$(basename "$lock" .txt)-$stamp
+  if [ ! -f "$dir/.complete" ]; then
+    echo "building the tools virtualenv $dir from $lock" >&2
+    rm -rf "$dir"
+    mkdir -p "$cache"
+    /usr/bin/python3 -m venv "$dir"
+    "$dir/bin/pip" install -q --disable-pip-version-check --require-hashes --no-deps -r "$lock" >&2
+    touch "$dir/.complete"
+  fi
+  echo "$dir"
+}

@@ -57,6 +57,7 @@ func init() {
 		"kernels": {"list running Jupyter kernels with their notebooks and processes", runKernels},
 		"ls":      {"show GPU memory by notebook (like nvidia-smi, by notebook)", runLs},
 		"serve":   {"run the sidecar daemon: attach to every kernel, reclaim orphans, serve the API and metrics", runServe},
+		"version": {"print gpumem's version and the commit it was built from", runVersion},
 	}
 }
 
@@ -73,9 +74,8 @@ func Run(ctx context.Context, args []string, env Env) int {
 		}
 		return 0
 	}
-	if args[0] == "version" || args[0] == "--version" {
-		fmt.Fprintln(env.Stdout, "gpumem", Version)
-		return 0
+	if args[0] == "--version" {
+		args[0] = "version"
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {
@@ -118,9 +118,6 @@ func errorText(err error) string {
 	}
 	return textsafe.Line(strings.TrimSuffix(msg, le.Error())) + strings.Join(lines, "\n")
 }
-
-// Version is set at build time with -ldflags "-X ...cli.Version=...".
-var Version = "dev"
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "gpumem: GPU memory by Jupyter notebook")

@@ -6,6 +6,8 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -240,6 +242,8 @@ func TestRunExitCodes(t *testing.T) {
 		// A kernel to change is named by at least 4 characters of its id.
 		{[]string{"free", "0"}, 2, `"0" is too short to name the kernel to change: give at least 4 characters`},
 		{[]string{"free", "abc", "--all"}, 2, "too short"},
+		{[]string{"--version"}, 0, ""},
+		{[]string{"version", "extra"}, 2, "takes no arguments"},
 	} {
 		var out, errb bytes.Buffer
 		env := Env{Stdout: &out, Stderr: &errb, Getenv: func(string) string { return "" }}
@@ -298,5 +302,50 @@ func TestServeHelpGroups(t *testing.T) {
 	}
 	if !strings.Contains(help, "(default 1s)") {
 		t.Errorf("serve -h lacks the defaults:\n%s", help)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"version"}, `^gpumem \d+\.\d+\.\d+\S* \(commit ([0-9a-f]+(-dirty)?|unknown)\)\n$`},
+		{[]string{"--version"}, `^gpumem \d+\.\d+\.\d+\S* \(commit `},
+		{[]string{"version", "--json"}, `^\{"version":"\d+\.\d+\.\d+\S*","commit":"\S+"\}\n$`},
+	} {
+		var out bytes.Buffer
+		env := Env{Stdout: &out, Stderr: &out, Getenv: func(string) string { return "" }}
+		if code := Run(context.Background(), tc.args, env); code != 0 || !regexp.MustCompile(tc.want).MatchString(out.String()) {
+			t.Errorf("gpumem %v: exit %d, output %q; want exit 0 and %s", tc.args, code, out.String(), tc.want)
+		}
+	}
+}
+
+// serve --exit-with-parent that fails to start (here: a simulated-GPU file
+// that is not there) says why and exits, rather than waiting for its parent.
+func TestServeWithParentFailsAtOnce(t *testing.T) {
+	var out, errb bytes.Buffer
+	dir := t.TempDir()
+	env := Env{Stdout: &out, Stderr: &errb, Getenv: func(k string) string {
+		switch k {
+		case "GPUMEM_FAKE_GPU":
+			return filepath.Join(dir, "missing.json")
+		case "JUPYTER_RUNTIME_DIR":
+			return filepath.Join(dir, "runtime")
+		}
+		return ""
+	}}
+	done := make(chan int, 1)
+	go func() {
+		done <- Run(context.Background(), []string{"serve", "--exit-with-parent=" + strconv.Itoa(os.Getppid())}, env)
+	}()
+	select {
+	case code := <-done:
+		if code != 1 || !strings.Contains(errb.String(), "missing.json") {
+			t.Errorf("exit %d, stderr %q; want 1 naming the simulated-GPU file", code, errb.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve --exit-with-parent did not return after failing to start")
 	}
 }

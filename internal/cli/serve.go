@@ -7,11 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
+	"github.com/gpumem/gpumem/internal/lifeline"
 	"github.com/gpumem/gpumem/internal/textsafe"
 	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/nvml"
@@ -54,6 +56,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	fs.Var(&tokenURLs, "server-token-url", "send GPUMEM_SERVER_TOKEN to the servers under this URL (a port may be *: http://127.0.0.1:*/user/; repeatable; also GPUMEM_SERVER_TOKEN_URLS), and to no other")
 	logFormat := fs.String("log-format", "auto", "auto (readable on a terminal, JSON otherwise), json or console")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	exitWith := fs.Int("exit-with-parent", 0, "the pid of this daemon's parent (the Jupyter server whose extension started it): when it exits, wait for its kernels to end, reclaim what they left, then stop")
 	kf := addKubeFlags(fs, env)
 	setFlagGroups(env, fs, "[flags]", serveFlagGroups)
 	if _, err := parseFlags(fs, args); err != nil {
@@ -124,6 +127,17 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
+	ctx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	var parent *lifeline.Watch
+	if *exitWith != 0 {
+		// Before anything else: a parent already gone starts nothing.
+		if parent, err = lifeline.Start(ctx, lifeline.Options{Parent: *exitWith, Children: env.procFS().ChildrenOf}); err != nil {
+			return fmt.Errorf("--exit-with-parent=%d: %w", *exitWith, err)
+		}
+		// The watch ends with ctx: end it first, whatever returns early.
+		defer func() { stopRun(); parent.Close() }()
+	}
 	pods, stopPods, err := kf.start(ctx, env.procFS(), log)
 	if err != nil {
 		return err
@@ -177,7 +191,48 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	return d.Run(ctx)
+	if parent == nil {
+		return d.Run(ctx)
+	}
+	var leaving sync.WaitGroup
+	leaving.Add(1)
+	go func() {
+		defer leaving.Done()
+		leaveWithParent(ctx, parent, *exitWith, d, *grace, log)
+		stopRun()
+	}()
+	err = d.Run(ctx)
+	stopRun()
+	leaving.Wait()
+	return err
+}
+
+// childrenWait bounds the wait for the kernels of a server that is gone:
+// ipykernel notices its parent's death within a second or two.
+const childrenWait = 10 * time.Second
+
+// leaveWithParent returns when ctx ends or, once the parent is gone, after
+// its kernels have ended and the orphans they left are reclaimed: no gpumem
+// process outlives its Jupyter server by more than that.
+func leaveWithParent(ctx context.Context, parent *lifeline.Watch, pid int, d *daemon.Daemon, grace time.Duration, log zerolog.Logger) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-parent.Gone():
+	}
+	log.Info().Int("pid", pid).Ints("waiting_for", parent.Following()).
+		Msg("the process that started this daemon exited: waiting for its kernels to end and reclaiming what they left, then stopping")
+	wctx, cancel := context.WithTimeout(ctx, childrenWait)
+	left := parent.WaitChildren(wctx)
+	cancel()
+	if len(left) > 0 {
+		log.Warn().Ints("pids", left).Dur("waited", childrenWait).Msg("children of the exited parent still run: not waiting longer")
+	}
+	sctx, cancel := context.WithTimeout(ctx, grace+childrenWait)
+	defer cancel()
+	if err := d.Settle(sctx); err != nil {
+		log.Warn().Err(err).Msg("stopping before every reclaim finished")
+	}
 }
 
 // serveFlagGroups are the headings of gpumem serve -h.
@@ -189,6 +244,7 @@ var serveFlagGroups = []flagGroup{
 	{"Local API and metrics", []string{"socket", "listen", "listen-allow-remote", "metrics-notebook-label", "metrics-token-file"}},
 	{"Shared host (root, many users)", []string{"all-users", "users", "socket-mode", "server-token-url"}},
 	{"Kubernetes", []string{"kubernetes", "pod-kernels", "node-name", "user-labels", "server-labels", "kubernetes-sync-timeout"}},
+	{"Lifetime (a daemon a Jupyter server started)", []string{"exit-with-parent"}},
 	{"Logging", []string{"log-format", "log-level"}},
 }
 

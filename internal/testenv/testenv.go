@@ -446,7 +446,10 @@ func StartServerWith(t testing.TB, kind ServerKind, o ServerOptions) *Server {
 		app = "--NotebookApp."
 	}
 	args := []string{Python(), "-m", kind.module(), "--no-browser", "--allow-root",
-		app + "open_browser=False", app + "base_url=" + base}
+		app + "open_browser=False", app + "base_url=" + base,
+		// Where jupyterlab-gpumem is installed, its server extension would
+		// start a daemon of its own: these tests start theirs.
+		"--Gpumem.autostart=False"}
 	s := &Server{Kind: kind, Dir: dir, RootDir: root, Token: token, BaseURL: base, As: o.As}
 	tr := &http.Transport{DisableKeepAlives: true}
 	if o.Sock {

@@ -74,8 +74,23 @@ export interface ReclaimEvent {
   bytes: number;
 }
 
+/**
+ * Which daemon serves this server, as the server extension's supervisor
+ * says it: started by this server, shared (started outside it), or not
+ * running and why. text is the sentence to show; the rest is for tests and
+ * styling.
+ */
+export interface DaemonStatus {
+  case: 'started' | 'shared' | 'not_running';
+  pid: number;
+  user: string;
+  version: string;
+  text: string;
+}
+
 export interface State {
   status: 'ok';
+  daemon?: DaemonStatus;
   now: number;
   step_seconds: number;
   alert_threshold: number;
@@ -91,6 +106,7 @@ export interface State {
 export interface Unavailable {
   status: 'no_daemon' | 'error';
   message: string;
+  daemon?: DaemonStatus;
 }
 
 export type Reply = State | Unavailable;

@@ -66,6 +66,7 @@ export class GpuPanel extends Widget {
   private _heading = el('h2', 'jp-gpumem-heading');
   private _window = el('select', 'jp-gpumem-window');
   private _status = el('div', 'jp-gpumem-panel-status');
+  private _daemon = el('div', 'jp-gpumem-daemon');
   private _gpus = el('div', 'jp-gpumem-gpus');
   private _notebooks = el('section', 'jp-gpumem-notebooks');
   private _others = el('section', 'jp-gpumem-others');
@@ -106,8 +107,9 @@ export class GpuPanel extends Widget {
     head.append(this._heading, label);
     this._status.dataset.gpumem = 'panel-status';
     this._status.setAttribute('role', 'status');
+    this._daemon.dataset.gpumem = 'daemon-status';
     this._vars.dataset.gpumem = 'vars';
-    this.node.append(head, this._status, this._gpus, this._notebooks, this._others, this._vars);
+    this.node.append(head, this._daemon, this._status, this._gpus, this._notebooks, this._others, this._vars);
     _source.changed.connect(() => {
       if (this.isVisible) {
         this.update();
@@ -148,6 +150,10 @@ export class GpuPanel extends Widget {
   }
 
   protected onUpdateRequest(): void {
+    const daemon = this._source.daemon;
+    this._daemon.textContent = daemon?.text ?? '';
+    this._daemon.dataset.case = daemon?.case ?? '';
+    this._daemon.hidden = !daemon;
     const state = this._source.state;
     const trans = this._trans;
     if (!state) {

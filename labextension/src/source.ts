@@ -11,7 +11,7 @@ import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { fetchState } from './api';
-import { FINE_WINDOW, History, ReclaimEvent, Reply, State } from './model';
+import { DaemonStatus, FINE_WINDOW, History, ReclaimEvent, Reply, State } from './model';
 
 export const POLL_MS = 1000;
 // After a reply, the next request goes out at once: the daemon holds it
@@ -30,6 +30,7 @@ export class StateSource {
   private _refreshMs = POLL_MS;
   private _state: State | null = null;
   private _unavailable: string | null = null;
+  private _daemon: DaemonStatus | null = null;
   private _lastEvent = -1;
   private _changed = new Signal<this, void>(this);
   private _events = new Signal<this, ReclaimEvent[]>(this);
@@ -53,6 +54,10 @@ export class StateSource {
   /** Why there is no state: one line for the user, or null. */
   get unavailable(): string | null {
     return this._unavailable;
+  }
+  /** Which daemon serves this server (the server extension says it). */
+  get daemon(): DaemonStatus | null {
+    return this._daemon;
   }
   get changed(): ISignal<this, void> {
     return this._changed;
@@ -109,6 +114,7 @@ export class StateSource {
     } catch (e) {
       reply = { status: 'error', message: `JupyterLab's server did not answer for gpumem (${String(e)})` };
     }
+    this._daemon = reply.daemon ?? null;
     if (reply.status !== 'ok') {
       this._failures++;
       this._unavailable = reply.message;

@@ -72,6 +72,12 @@ export class GpuStatusItem extends Widget {
     this._rest.style.width = `${(100 * (view.bar?.rest ?? 0)).toFixed(1)}%`;
     this._bar.dataset.level = view.bar?.level ?? 'ok';
     const lines = [...view.lines];
+    // Which daemon serves this server (started by it, shared, or none, and
+    // why): the server extension's sentence.
+    if (this._source.daemon) {
+      lines.push(this._source.daemon.text);
+    }
+    this.node.dataset.daemon = this._source.daemon?.case ?? '';
     const fw = kid ? this._frameworks.get(kid) : undefined;
     if (view.bar && fw?.lines.length) {
       lines.push(trans.__('Frameworks (as the kernel reports them):'), ...fw.lines.map(l => '  ' + l));

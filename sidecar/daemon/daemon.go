@@ -152,7 +152,8 @@ type Daemon struct {
 	reportJSON    []byte
 	reportJSONSeq uint64
 
-	wg sync.WaitGroup // kernel and reclaim goroutines
+	wg       sync.WaitGroup // kernel and reclaim goroutines
+	reclaims inflight       // reclaims under way, for Settle
 
 	hist *historyParts // figures over time and reclaim events: history.go
 

@@ -39,6 +39,13 @@ func (h *historyParts) recorded(t int64) {
 	h.sampled = make(chan struct{})
 }
 
+// sampledChan is closed after the next sample.
+func (h *historyParts) sampledChan() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.sampled
+}
+
 // waitSample returns once a sample of second since or later is recorded,
 // or after limit, or when ctx ends.
 func (h *historyParts) waitSample(ctx context.Context, since int64, limit time.Duration) {

@@ -15,8 +15,10 @@ func (d *Daemon) startReclaim(ctx context.Context, ks *kernelState, recorded map
 		return
 	}
 	d.wg.Add(1)
+	d.reclaims.add()
 	go func() {
 		defer d.wg.Done()
+		defer d.reclaims.done()
 		d.reclaim(ctx, ks, recorded, why)
 	}()
 }

@@ -100,7 +100,8 @@ chmod 0700 "$POD_DIR/runtime"
 export HOME="$POD_DIR" JUPYTER_RUNTIME_DIR="$POD_DIR/runtime" IPYTHONDIR="$POD_DIR/ipython" JUPYTER_CONFIG_DIR="$POD_DIR/config" JUPYTER_DATA_DIR="$POD_DIR/data"
 exec setpriv --reuid="$POD_USER" --regid="$POD_USER" --clear-groups -- "$PYTHON" -m jupyter_server --no-browser \
   --ServerApp.ip=127.0.0.1 --ServerApp.port="$SERVER_PORT" --ServerApp.port_retries=0 \
-  --ServerApp.token="$TOKEN" --ServerApp.root_dir="$POD_DIR/notebooks" --ServerApp.open_browser=False`
+  --ServerApp.token="$TOKEN" --ServerApp.root_dir="$POD_DIR/notebooks" --ServerApp.open_browser=False \
+  --Gpumem.autostart=False`
 	pod := exec.Command("unshare", "--net", "--mount", "--propagation", "private", "--fork", "--", "sh", "-c", script)
 	// The pod's loopback comes up as CNI's loopback plugin brings it up
 	// (SIOCGIFFLAGS, then SIOCSIFFLAGS with IFF_UP), without iproute2.
