@@ -70,8 +70,8 @@ func TestSummaryWithSidecar(t *testing.T) {
 	// The sidecar going away: the panel's sentence, no failure, no OSError.
 	_ = srv.Close()
 	_, text = s.magic("%gpumem")
-	if !strings.Contains(text, "driver: gpumem serve is not running: start it with `gpumem serve`") ||
-		!strings.Contains(text, "(it listens on "+sock+")") || strings.Contains(text, "Errno") {
+	if !strings.Contains(text, "driver: gpumem serve is not running: nothing listens on "+sock+": ") ||
+		!strings.Contains(text, "run `gpumem serve` beside JupyterLab") || strings.Contains(text, "Errno") {
 		t.Errorf("%%gpumem with the sidecar gone:\n%s", text)
 	}
 }

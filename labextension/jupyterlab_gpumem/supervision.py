@@ -67,6 +67,16 @@ def describe(case, pid=0, user="", version="", commit="", reason=""):
     return {"case": case, "pid": pid, "user": user, "version": version, "commit": commit, "text": text}
 
 
+def reason_nothing_listens(socket):
+    """Why, as a kernel sees it: it cannot tell whether a server would
+    start the daemon. The injected magics say the same sentence
+    (gpumem_magics.daemon.not_running; a test pins the two together)."""
+    return (
+        f"nothing listens on {socket}: JupyterLab with jupyterlab-gpumem installed starts it; "
+        "elsewhere run `gpumem serve` beside JupyterLab, as the same user"
+    )
+
+
 def reason_autostart_off(socket):
     return (
         f"autostart is off (c.Gpumem.autostart = False) and nothing listens on {socket}: "

@@ -11,8 +11,12 @@ NOT_RUNNING = -1
 
 def not_running(sock):
     """The one sentence for "gpumem serve is not running", as the JupyterLab
-    panel says it (labextension's view.no_daemon)."""
-    return f"gpumem serve is not running: start it with `gpumem serve` in a terminal beside JupyterLab (it listens on {sock})."
+    panel says it when it cannot say more (labextension's
+    supervision.reason_nothing_listens)."""
+    return (
+        f"gpumem serve is not running: nothing listens on {sock}: JupyterLab with jupyterlab-gpumem "
+        "installed starts it; elsewhere run `gpumem serve` beside JupyterLab, as the same user"
+    )
 
 
 class _NotRunning(Exception):

@@ -11,11 +11,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 
 def panel_sentence(sock):
     spec = importlib.util.spec_from_file_location(
-        "gpumem_view", os.path.join(REPO, "labextension", "jupyterlab_gpumem", "view.py")
+        "gpumem_supervision", os.path.join(REPO, "labextension", "jupyterlab_gpumem", "supervision.py")
     )
-    view = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(view)
-    return view.no_daemon(sock)["message"]
+    supervision = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(supervision)
+    status = supervision.describe(supervision.NOT_RUNNING, reason=supervision.reason_nothing_listens(sock))
+    return status["text"]
 
 
 def with_socket(monkeypatch, sock):
