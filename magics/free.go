@@ -50,6 +50,12 @@ type FreeReport struct {
 	Driver    *DriverDelta `json:"driver,omitempty"`
 	Notes     []string     `json:"notes"`
 	ElapsedMS int64        `json:"elapsed_ms"`
+	// Returned is true when the free gave memory back to the GPU, and
+	// Summary says what it returned in one line (a notification's):
+	// computed here once (FreeReport.outcome), so that no face judges it
+	// again.
+	Returned bool   `json:"returned"`
+	Summary  string `json:"summary"`
 	// Text and HTML are the kernel's renderings of this report (Text made
 	// safe for a terminal, its lines kept; HTML as the kernel wrote it).
 	// Neither holds the driver's figures: Render adds them.
@@ -140,15 +146,16 @@ func FreeCache(ctx context.Context, ex Executor, opts FreeOptions) (FreeReport, 
 	}
 	fr.safe()
 	if fr.Error != "" {
+		fr.Summary = "refused: " + fr.Error
 		return fr, fmt.Errorf("%w: the kernel says: %s", ErrFreeRefused, fr.Error)
 	}
 	if before == nil || fr.DryRun {
-		return fr, nil
+		return fr.withOutcome(), nil
 	}
 	if after := opts.DriverBytes(ctx); after != nil {
 		fr.Driver = &DriverDelta{Before: *before, After: *after}
 	}
-	return fr, nil
+	return fr.withOutcome(), nil
 }
 
 // safe drops what the kernel may not say (the driver's figures) and makes
@@ -179,6 +186,53 @@ func (r FreeReport) Render() string {
 		b.WriteString("driver (NVML): not read (no gpumem serve follows this kernel)")
 	}
 	return b.String()
+}
+
+// withOutcome sets Returned and Summary.
+func (r FreeReport) withOutcome() FreeReport {
+	r.Returned, r.Summary = r.outcome()
+	return r
+}
+
+// outcome judges what a free gave back to the GPU: by the driver's figure
+// for the kernel when gpumem serve read it before and after (what
+// nvidia-smi counts), else by what the frameworks' caches held before and
+// after. Memory still in use, and the CUDA context, stay: a free that
+// moved nothing says so rather than "freed".
+func (r FreeReport) outcome() (returned bool, summary string) {
+	if r.DryRun {
+		return false, "dry run: nothing was freed"
+	}
+	if d := r.Driver; d != nil {
+		if d.After < d.Before {
+			return true, fmt.Sprintf("returned %s to the GPU (the driver's figure for the kernel: %s → %s)",
+				units.Bytes(d.Before-d.After), units.Bytes(d.Before), units.Bytes(d.After))
+		}
+		if d.After == 0 {
+			return false, "returned nothing: the kernel holds no GPU memory"
+		}
+		return false, fmt.Sprintf("returned nothing to the GPU: the driver still counts %s for the kernel (in use, or its CUDA context)",
+			units.Bytes(d.After))
+	}
+	var back uint64
+	known := false
+	for _, f := range r.Frameworks {
+		if n, ok := f.Returned(); ok {
+			known = true
+			if n > 0 {
+				back += uint64(n)
+			}
+		}
+	}
+	switch {
+	case back > 0:
+		return true, fmt.Sprintf("returned %s of cached memory to the GPU", units.Bytes(back))
+	case known:
+		return false, "returned nothing to the GPU: no framework held cached memory"
+	case len(r.Frameworks) > 0:
+		return false, "the frameworks cannot say what they returned (TensorFlow keeps its memory until the kernel exits)"
+	}
+	return false, "returned nothing: no framework holds GPU memory in this kernel"
 }
 
 // runAction runs one of the bootstrap's actions on a request and returns

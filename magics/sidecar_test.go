@@ -67,10 +67,11 @@ func TestSummaryWithSidecar(t *testing.T) {
 	}
 	mu.Unlock()
 
-	// The sidecar going away: one line saying so, no failure.
+	// The sidecar going away: the panel's sentence, no failure, no OSError.
 	_ = srv.Close()
 	_, text = s.magic("%gpumem")
-	if !strings.Contains(text, "driver: gpumem serve did not answer on "+sock) {
+	if !strings.Contains(text, "driver: gpumem serve is not running: nothing listens on "+sock+": ") ||
+		!strings.Contains(text, "run `gpumem serve` beside JupyterLab") || strings.Contains(text, "Errno") {
 		t.Errorf("%%gpumem with the sidecar gone:\n%s", text)
 	}
 }

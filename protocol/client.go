@@ -723,6 +723,7 @@ const maxTopicBytes = 256
 // fails (any of its sockets, or Close), which closes iopub.
 func (c *Client) readIOPub(g *generation) {
 	narrowed := false
+	var work shellWork // this generation's: what the last one saw is gone
 	for {
 		zm, err := g.iopub.RecvMsg()
 		if err != nil {
@@ -748,8 +749,11 @@ func (c *Client) readIOPub(g *generation) {
 			c.decodeErrors.Add(1)
 			continue
 		}
-		if state, ok := executionState(msg.Content); ok && c.shellStatus(msg.Parent) {
-			c.execState.Store(&state)
+		if state, ok := executionState(msg.Content); ok {
+			work.status(msg.Parent, state)
+			if now := work.state(); now != "" {
+				c.execState.Store(&now)
+			}
 		}
 		if !narrowed {
 			narrowed = true
@@ -774,19 +778,6 @@ func subscribe(conn *zmq4.Conn, on bool, topic string) error {
 		flag = 1
 	}
 	return conn.SendMsg(zmq4.NewMsg(append([]byte{flag}, topic...)))
-}
-
-// shellStatus reports whether a status message with this parent tells
-// whether the kernel runs a cell. ipykernel publishes busy/idle around
-// control requests too, answered while a cell runs: those are ignored.
-func (c *Client) shellStatus(parent Header) bool {
-	switch parent.MsgType {
-	case "usage_request", "interrupt_request", "shutdown_request", "debug_request":
-		return false
-	case "kernel_info_request":
-		return parent.Session != c.opts.Session // ours go on control
-	}
-	return true
 }
 
 func isStatusTopic(t []byte) bool {
@@ -941,11 +932,14 @@ func (c *Client) Info() ConnectionInfo {
 	return c.info
 }
 
-// ExecutionState returns the kernel's last published execution_state for
-// its shell ("busy" while a cell runs, "idle", "starting"), or "" when none
+// ExecutionState says whether the kernel's main shell runs code: "busy"
+// from an execute_request's busy status until the idle status of that same
+// request, "idle" once such a request was seen and none runs, "" when none
 // was seen since the latest attach (a status published before our
-// subscription took effect is lost). Statuses around control requests, which
-// are answered while a cell runs, are ignored.
+// subscription took effect is lost: a cell already running when the client
+// attached is not seen). Statuses of other requests (control requests,
+// kernel_info, a subshell's requests, comms), whoever sent them, never
+// change it (see shellWork).
 func (c *Client) ExecutionState() string {
 	if s := c.execState.Load(); s != nil {
 		return *s

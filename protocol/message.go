@@ -39,6 +39,9 @@ type Header struct {
 	Username string `json:"username"`
 	Date     string `json:"date"`
 	Version  string `json:"version"`
+	// SubshellID names the subshell a request is for (JEP 91, ipykernel
+	// >= 7); "" for the main shell.
+	SubshellID string `json:"subshell_id,omitempty"`
 }
 
 // IsZero reports whether h is the empty header ({} on the wire).

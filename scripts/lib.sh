@@ -27,3 +27,41 @@ make_venv() {
   "$dir/bin/pip" install -q --disable-pip-version-check --require-hashes --no-deps -r "$lock"
   echo "$stamp" >"$dir/.lock-sha256"
 }
+
+# with_progress LOG LABEL CMD...: runs CMD with its output in LOG, and says
+# every 10 s that LABEL is still running (a first build takes a minute or
+# two, silence looks like a hang). Returns CMD's status.
+with_progress() {
+  local log=$1 label=$2 start=$SECONDS pid rc=0
+  shift 2
+  echo "$label (log: $log)"
+  "$@" >"$log" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    if (( (SECONDS - start) % 10 == 0 )) && kill -0 "$pid" 2>/dev/null; then
+      echo "  ... still $label: $((SECONDS - start)) s"
+    fi
+  done
+  wait "$pid" || rc=$?
+  echo "  done in $((SECONDS - start)) s"
+  return "$rc"
+}
+
+# tools_venv CACHE LOCK: prints the path of a virtualenv of the pinned,
+# hashed LOCK (no system site packages), made once under CACHE and keyed by
+# the lock's hash, so that repeated builds reuse it.
+tools_venv() {
+  local cache=$1 lock=$2 dir stamp
+  stamp=$(sha256sum "$lock" | cut -c1-16)
+  dir=$cache/$(basename "$lock" .txt)-$stamp
+  if [ ! -f "$dir/.complete" ]; then
+    echo "building the tools virtualenv $dir from $lock" >&2
+    rm -rf "$dir"
+    mkdir -p "$cache"
+    /usr/bin/python3 -m venv "$dir"
+    "$dir/bin/pip" install -q --disable-pip-version-check --require-hashes --no-deps -r "$lock" >&2
+    touch "$dir/.complete"
+  fi
+  echo "$dir"
+}

@@ -14,6 +14,7 @@
 # missing fails instead of skipping.
 #
 # GPUMEM_TEST_STACKS="debian12 current" runs a subset of the stacks.
+# The wheels (tests/wheel/test.sh) are built and tested last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -77,6 +78,12 @@ done
 # browser tests (Debian's chromium).
 echo "== JupyterLab extension"
 bash labextension/scripts/test.sh || failed+=(labextension)
+# The wheels users install (scripts/build-wheels.sh: x86_64 and aarch64),
+# tested as a user gets them: a fresh virtualenv with JupyterLab and the
+# wheel, no Go or npm on its PATH; an old glibc (a bullseye chroot) and
+# arm64 (qemu).
+echo "== the jupyterlab-gpumem wheels"
+bash tests/wheel/test.sh || failed+=(wheel)
 if ((${#failed[@]})); then
   echo "FAILED: ${failed[*]}"
   exit 1

@@ -129,10 +129,27 @@ func testKernels(t *testing.T, kind testenv.ServerKind) {
 		}
 	})
 
-	t.Run("text", func(t *testing.T) {
+	t.Run("text fits 100 columns", func(t *testing.T) {
 		res := runGpumem(t, env, "kernels")
 		if res.Code != 0 {
 			t.Fatalf("gpumem kernels: want exit 0\n%s", res)
+		}
+		for _, l := range strings.Split(strings.TrimRight(res.Stdout, "\n"), "\n") {
+			if n := len([]rune(l)); n > 100 {
+				t.Errorf("a line of %d columns:\n%s", n, res.Stdout)
+			}
+		}
+		for id := range want {
+			if !strings.Contains(res.Stdout, "\n"+id[:8]+" ") {
+				t.Errorf("no row starts with kernel %s's first 8 characters:\n%s", id, res.Stdout)
+			}
+		}
+	})
+
+	t.Run("text", func(t *testing.T) {
+		res := runGpumem(t, env, "kernels", "--wide")
+		if res.Code != 0 {
+			t.Fatalf("gpumem kernels --wide: want exit 0\n%s", res)
 		}
 		lines := strings.Split(strings.TrimRight(res.Stdout, "\n"), "\n")
 		if len(lines) != 1+len(want) {

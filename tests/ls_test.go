@@ -195,9 +195,9 @@ print(os.getpid(), *[c.pid for c in _gpumem_children])`)
 
 	t.Run("text", func(t *testing.T) {
 		t.Parallel()
-		res := runGpumem(t, env, "ls")
+		res := runGpumem(t, env, "ls", "--wide")
 		if res.Code != 0 {
-			t.Fatalf("gpumem ls: want exit 0\n%s", res)
+			t.Fatalf("gpumem ls --wide: want exit 0\n%s", res)
 		}
 		for _, want := range []string{"GPU 0", "GPU 1", "(simulated)", notebookOf["train"], notebookOf["eval"], notebookOf["idle"], "/bin/sleep 600"} {
 			if !strings.Contains(res.Stdout, want) {
@@ -206,6 +206,13 @@ print(os.getpid(), *[c.pid for c in _gpumem_children])`)
 		}
 		if strings.Count(res.Stdout, "(simulated)") < 2 {
 			t.Errorf("want each GPU marked (simulated):\n%s", res.Stdout)
+		}
+		// Without --wide the same table fits 100 columns.
+		res = runGpumem(t, env, "ls")
+		for _, l := range strings.Split(res.Stdout, "\n") {
+			if n := len([]rune(l)); n > 100 {
+				t.Errorf("gpumem ls: a line of %d columns:\n%s", n, res.Stdout)
+			}
 		}
 	})
 

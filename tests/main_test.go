@@ -18,8 +18,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -128,59 +126,19 @@ func kernelPID(t testing.TB, connFile string) int {
 
 // reaper kills, in t.Cleanup, what testenv does not: the kernels a server
 // started (they are session leaders outside the server's process group) and
-// the processes those kernels started. It runs before testenv's own cleanup
-// of the server and kills the server's group first, so that its restarter
-// cannot replace the kernels it kills.
-type reaper struct {
-	mu   sync.Mutex
-	srv  *testenv.Server
-	pids []int
-}
+// the processes those kernels started. It is testenv.Reaper, which holds a
+// pidfd of each process from add on: a pid whose process exited before the
+// reap (a papermill job's kernel, shut down by papermill) may be another
+// process's by then, even another package's test binary, and is never
+// signalled.
+type reaper struct{ r *testenv.Reaper }
 
 func newReaper(t testing.TB, srv *testenv.Server) *reaper {
-	r := &reaper{srv: srv}
-	t.Cleanup(func() { r.reap(t) })
-	return r
+	return &reaper{testenv.NewReaper(t, srv)}
 }
 
-// add registers pids to kill: each pid's process group (when it leads one)
-// and the pid itself.
-func (r *reaper) add(pids ...int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.pids = append(r.pids, pids...)
-}
-
-func (r *reaper) reap(t testing.TB) {
-	r.mu.Lock()
-	pids := append([]int(nil), r.pids...)
-	r.mu.Unlock()
-	if r.srv != nil && r.srv.Cmd.Process != nil {
-		_ = syscall.Kill(-r.srv.Cmd.Process.Pid, syscall.SIGKILL)
-	}
-	for _, pid := range pids {
-		// A pid number is not reused while a process group of that id
-		// exists, so -pid reaches only the group pid started, if any.
-		_ = syscall.Kill(-pid, syscall.SIGKILL)
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
-	for _, pid := range pids {
-		testenv.Poll(t, 10*time.Second, fmt.Sprintf("pid %d to die", pid), func() bool { return gone(pid) })
-	}
-}
-
-// gone reports whether pid has exited (no process, or a zombie awaiting its
-// new parent's wait).
-func gone(pid int) bool {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	// Field 3, after "(comm)", is the state; comm may contain spaces and ')'.
-	s := string(stat)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || strings.HasPrefix(strings.TrimSpace(s[i+1:]), "Z")
-}
+// add registers live pids to kill, with the process group each leads.
+func (r *reaper) add(pids ...int) { r.r.Add(pids...) }
 
 // startUnrelated starts a real process that belongs to no kernel, killed in
 // t.Cleanup.

@@ -18,11 +18,14 @@ import (
 
 func runAttach(ctx context.Context, env Env, args []string) error {
 	fs := newFlagSet(env, "attach", "KERNEL [--runtime-dir DIR ...]\n\nKERNEL is a kernel id (or a unique prefix), a notebook path, or a connection file.")
-	var dirs stringList
-	fs.Var(&dirs, "runtime-dir", "also look in this Jupyter runtime dir (repeatable)")
+	var dirs dirList
+	fs.Var(&dirs, "runtime-dir", "also look in this Jupyter runtime `dir` (repeatable; it must exist)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "how long to wait, e.g. for a busy kernel's current cell to finish")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := positive("timeout", *timeout); err != nil {
 		return err
 	}
 	if len(pos) != 1 {
@@ -56,11 +59,12 @@ func runAttach(ctx context.Context, env Env, args []string) error {
 
 func runFree(ctx context.Context, env Env, args []string) error {
 	fs := newFlagSet(env, "free", "KERNEL [--vars a,b] [--all] [--children] [--orphans [--pid N,...]] [--runtime-dir DIR ...]\n\n"+
+		"KERNEL is at least "+fmt.Sprint(minKernelPrefix)+" characters of a kernel id, a notebook path (or its file name), or a connection file.\n"+
 		"By default only caches are freed (gc, then the frameworks' caches): no user variable is touched.\n"+
 		"--children ends the kernel's worker processes that hold GPU memory instead (never the kernel).\n"+
 		"--orphans ends instead the processes of KERNEL's dead tree that gpumem serve left running (they were computing on a GPU).")
-	var dirs stringList
-	fs.Var(&dirs, "runtime-dir", "also look in this Jupyter runtime dir (repeatable)")
+	var dirs dirList
+	fs.Var(&dirs, "runtime-dir", "also look in this Jupyter runtime `dir` (repeatable; it must exist)")
 	vars := fs.String("vars", "", "also delete these variables (comma-separated) and IPython's hidden references to them")
 	all := fs.Bool("all", false, "delete every variable holding GPU memory")
 	children := fs.Bool("children", false, "end the kernel's GPU-holding worker processes, never the kernel (needs gpumem serve)")
@@ -74,6 +78,12 @@ func runFree(ctx context.Context, env Env, args []string) error {
 	}
 	if len(pos) != 1 {
 		return fmt.Errorf("%w: want exactly one KERNEL, got %d", errUsage, len(pos))
+	}
+	if err := positive("timeout", *timeout); err != nil {
+		return err
+	}
+	if err := longEnoughToAct(pos[0]); err != nil {
+		return err
 	}
 	if *orphans || *orphanPIDs != "" {
 		if !*orphans || *vars != "" || *all || *children {

@@ -57,6 +57,7 @@ func init() {
 		"kernels": {"list running Jupyter kernels with their notebooks and processes", runKernels},
 		"ls":      {"show GPU memory by notebook (like nvidia-smi, by notebook)", runLs},
 		"serve":   {"run the sidecar daemon: attach to every kernel, reclaim orphans, serve the API and metrics", runServe},
+		"version": {"print gpumem's version and the commit it was built from", runVersion},
 	}
 }
 
@@ -73,9 +74,8 @@ func Run(ctx context.Context, args []string, env Env) int {
 		}
 		return 0
 	}
-	if args[0] == "version" || args[0] == "--version" {
-		fmt.Fprintln(env.Stdout, "gpumem", Version)
-		return 0
+	if args[0] == "--version" {
+		args[0] = "version"
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {
@@ -119,9 +119,6 @@ func errorText(err error) string {
 	return textsafe.Line(strings.TrimSuffix(msg, le.Error())) + strings.Join(lines, "\n")
 }
 
-// Version is set at build time with -ldflags "-X ...cli.Version=...".
-var Version = "dev"
-
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "gpumem: GPU memory by Jupyter notebook")
 	fmt.Fprintln(w, "\nUsage: gpumem COMMAND [flags]\n\nCommands:")
@@ -134,47 +131,4 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-9s %s\n", n, commands[n].summary)
 	}
 	fmt.Fprintln(w, "\nRun 'gpumem COMMAND -h' for a command's flags.")
-}
-
-// newFlagSet returns a flag set that reports errors instead of exiting.
-func newFlagSet(env Env, name, synopsis string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(env.Stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(env.Stderr, "Usage: gpumem %s %s\n", name, synopsis)
-		fs.PrintDefaults()
-	}
-	return fs
-}
-
-// parseFlags parses args, wrapping errors as usage errors. It allows flags
-// after positional arguments (gpumem free KERNEL --all).
-func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
-	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
-			}
-			return nil, fmt.Errorf("%w: %v", errUsage, err)
-		}
-		args = fs.Args()
-		if len(args) == 0 {
-			return positional, nil
-		}
-		if args[0] == "--" {
-			return append(positional, args[1:]...), nil
-		}
-		positional = append(positional, args[0])
-		args = args[1:]
-	}
-}
-
-// stringList is a repeatable string flag.
-type stringList []string
-
-func (s *stringList) String() string { return strings.Join(*s, ",") }
-func (s *stringList) Set(v string) error {
-	*s = append(*s, v)
-	return nil
 }

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"text/tabwriter"
 	"time"
 
 	"github.com/gpumem/gpumem/internal/safefile"
@@ -24,19 +23,27 @@ import (
 type kernelRow = api.KernelStatus
 
 func runKernels(ctx context.Context, env Env, args []string) error {
-	fs := newFlagSet(env, "kernels", "[--json] [--runtime-dir DIR ...]")
+	fs := newFlagSet(env, "kernels", "[--json] [--wide] [--runtime-dir DIR ...]")
 	asJSON := fs.Bool("json", false, "print a JSON array")
-	var dirs stringList
-	fs.Var(&dirs, "runtime-dir", "also scan this Jupyter runtime dir (repeatable)")
+	wide := fs.Bool("wide", false, "print kernel ids, paths and URLs whole (by default the table fits 100 columns)")
+	var dirs dirList
+	fs.Var(&dirs, "runtime-dir", "also scan this Jupyter runtime `dir` (repeatable; it must exist)")
 	timeout := fs.Duration("timeout", time.Second, "how long to wait for each kernel's heartbeat")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if err := positive("timeout", *timeout); err != nil {
+		return err
+	}
+	width := tableWidth
+	if *wide {
+		width = 0
 	}
 	if rows, ok := kernelsFromDaemon(ctx, env, dirs); ok {
 		if *asJSON {
 			return writeJSON(env.Stdout, rows)
 		}
-		return writeKernelTable(env.Stdout, rows)
+		return writeKernelTable(env.Stdout, rows, width)
 	}
 	res := discoverKernels(ctx, env, env.procFS(), dirs)
 	for _, p := range res.Problems {
@@ -78,7 +85,7 @@ func runKernels(ctx context.Context, env Env, args []string) error {
 	if *asJSON {
 		return writeJSON(env.Stdout, rows)
 	}
-	return writeKernelTable(env.Stdout, rows)
+	return writeKernelTable(env.Stdout, rows, width)
 }
 
 // kernelsFromDaemon asks a running gpumem serve, which already follows every
@@ -142,9 +149,11 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func writeKernelTable(w io.Writer, rows []kernelRow) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KERNEL\tNOTEBOOK\tPID\tLANGUAGE\tALIVE\tCONNECTION FILE\tSERVER")
+// writeKernelTable renders one row per kernel within width columns
+// (the connection file, then the server, then the notebook cut in their
+// middle, kernel ids shortened; 0: all whole).
+func writeKernelTable(w io.Writer, rows []kernelRow, width int) error {
+	tb := newTable("", "KERNEL", "NOTEBOOK", "PID", "LANGUAGE", "ALIVE", "CONNECTION FILE", "SERVER").cutMiddle(5, 6, 1)
 	for _, r := range rows {
 		pid := "-"
 		if r.PID > 0 {
@@ -154,10 +163,10 @@ func writeKernelTable(w io.Writer, rows []kernelRow) error {
 		if r.Alive {
 			alive = "yes"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", orDash(r.KernelID), orDash(r.Notebook), pid,
-			orDash(r.Language), alive, orDash(r.ConnectionFile), orDash(r.ServerURL))
+		tb.add(kernelColumn(orDash(r.KernelID), width), orDash(r.Notebook), pid, orDash(r.Language), alive,
+			orDash(r.ConnectionFile), orDash(r.ServerURL))
 	}
-	return tw.Flush()
+	return tb.write(w, width)
 }
 
 // orDash shows s, which users or kernels may control (a notebook path, a

@@ -8,8 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gpumem/gpumem/internal/textsafe"
 	"github.com/gpumem/gpumem/internal/units"
@@ -54,15 +54,20 @@ func (w *watchFlag) Set(v string) error {
 }
 
 func runLs(ctx context.Context, env Env, args []string) error {
-	fs := newFlagSet(env, "ls", "[--json] [--idle] [--watch[=INTERVAL]] [--runtime-dir DIR ...]")
+	fs := newFlagSet(env, "ls", "[--json] [--idle] [--wide] [--watch[=INTERVAL]] [--runtime-dir DIR ...]")
 	asJSON := fs.Bool("json", false, "print JSON")
+	wide := fs.Bool("wide", false, "print paths, commands and kernel ids whole (by default the table fits 100 columns)")
 	idle := fs.Bool("idle", false, "idle GPU holders: each kernel's idle time (its server's last_activity, and its processes' last work on a GPU) beside its GPU memory, whether it computes, and what it held while computing nothing (GiB·h), largest first")
 	var watch watchFlag
 	fs.Var(&watch, "watch", "redraw every INTERVAL (default 2s) until Ctrl-C")
-	var dirs stringList
-	fs.Var(&dirs, "runtime-dir", "also scan this Jupyter runtime dir (repeatable)")
+	var dirs dirList
+	fs.Var(&dirs, "runtime-dir", "also scan this Jupyter runtime `dir` (repeatable; it must exist)")
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	width := tableWidth
+	if *wide {
+		width = 0
 	}
 	tm := newLsTiming(env)
 	defer tm.print(env.Stderr)
@@ -98,9 +103,9 @@ func runLs(ctx context.Context, env Env, args []string) error {
 		case *asJSON:
 			return writeJSON(env.Stdout, rep)
 		case *idle:
-			return writeIdle(env.Stdout, rep, time.Now())
+			return writeIdle(env.Stdout, rep, time.Now(), width)
 		}
-		return writeLs(env.Stdout, rep)
+		return writeLs(env.Stdout, rep, width)
 	}
 	defer sampler.Close()
 	ticker := time.NewTicker(watch.interval)
@@ -120,9 +125,9 @@ func runLs(ctx context.Context, env Env, args []string) error {
 			b.WriteString("\x1b[H\x1b[2J")
 			fmt.Fprintf(&b, "Every %v: gpumem ls    %s\n\n", watch.interval, time.Now().Format("2006-01-02 15:04:05"))
 			if err == nil && *idle {
-				_ = writeIdle(&b, rep, time.Now())
+				_ = writeIdle(&b, rep, time.Now(), width)
 			} else if err == nil {
-				_ = writeLs(&b, rep)
+				_ = writeLs(&b, rep, width)
 			}
 		}
 		if err != nil {
@@ -314,8 +319,10 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 }
 
 // writeLs renders a Report like nvidia-smi, but by notebook: per GPU a
-// header, then its notebooks and other processes, biggest first.
-func writeLs(w io.Writer, rep attribution.Report) error {
+// header, then its notebooks and other processes, biggest first, within
+// width columns (paths and commands cut in their middle; 0: whole, and
+// whole kernel ids).
+func writeLs(w io.Writer, rep attribution.Report, width int) error {
 	if len(rep.GPUs) == 0 {
 		fmt.Fprintln(w, "No GPUs.")
 	}
@@ -328,10 +335,10 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 		if g.MemoryTotalBytes > 0 {
 			pct = 100 * float64(g.MemoryUsedBytes) / float64(g.MemoryTotalBytes)
 		}
-		fmt.Fprintf(w, "GPU %d  %s%s  %s / %s used (%.0f%%)  SM %s\n", g.Index, textsafe.Line(g.Name), sim,
-			units.Bytes(g.MemoryUsedBytes), units.Bytes(g.MemoryTotalBytes), pct, gpuSM(g))
+		writeProse(w, "", 2, fmt.Sprintf("GPU %d  %s%s  %s / %s used (%.0f%%)  SM %s", g.Index, textsafe.Line(g.Name), sim,
+			units.Bytes(g.MemoryUsedBytes), units.Bytes(g.MemoryTotalBytes), pct, gpuSM(g)), width)
 		type row struct {
-			cols  string
+			cells []string
 			bytes uint64
 		}
 		var rows, others []row
@@ -341,14 +348,14 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 				if name == "" {
 					name = "(no notebook)"
 				}
-				rows = append(rows, row{fmt.Sprintf("  %s\t%s\t%s\t%s\t%s\t%s", name, shortID(nb.KernelID),
-					joinPIDs(nb.PIDs), orDash(nb.User), units.Bytes(b), smOn(nb.PerGPU, g.Index)), b})
+				rows = append(rows, row{[]string{name, kernelColumn(nb.KernelID, width),
+					joinPIDs(nb.PIDs), orDash(nb.User), units.Bytes(b), smOn(nb.PerGPU, g.Index)}, b})
 			}
 		}
 		for _, o := range rep.Other {
 			if b, ok := onGPU(o.PerGPU, g.Index); ok {
-				others = append(others, row{fmt.Sprintf("  other: %s\t-\t%d\t%s\t%s\t%s", orDash(truncate(o.Command, 60)), o.PID,
-					orDash(o.User), units.Bytes(b), smOn(o.PerGPU, g.Index)), b})
+				others = append(others, row{[]string{"other: " + orDash(o.Command), "-", strconv.Itoa(o.PID),
+					orDash(o.User), units.Bytes(b), smOn(o.PerGPU, g.Index)}, b})
 			}
 		}
 		bySize := func(r []row) {
@@ -357,19 +364,18 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 		bySize(rows)
 		bySize(others)
 		if len(rows)+len(others) > 0 {
-			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "  NOTEBOOK\tKERNEL\tPIDS\tUSER\tMEMORY\tSM")
+			tb := newTable("  ", "NOTEBOOK", "KERNEL", "PIDS", "USER", "MEMORY", "SM").cutMiddle(0)
 			for _, r := range append(rows, others...) {
-				fmt.Fprintln(tw, r.cols)
+				tb.add(r.cells...)
 			}
-			if err := tw.Flush(); err != nil {
+			if err := tb.write(w, width); err != nil {
 				return err
 			}
 		}
 		for _, nb := range rep.Notebooks {
 			for _, sc := range nb.StrayContexts {
 				if sc.GPU == g.Index {
-					fmt.Fprintf(w, "  ! pid %d (%s): %s. %s %s\n", sc.PID, orDash(nb.Notebook), sc.Label, sc.Why, sc.Avoid)
+					writeStray(w, nb, sc, width)
 				}
 			}
 		}
@@ -386,21 +392,34 @@ func writeLs(w io.Writer, rep attribution.Report) error {
 		}
 	}
 	if len(idle) > 0 {
-		fmt.Fprintf(w, "Kernels without GPU memory: %s\n", strings.Join(idle, ", "))
+		writeProse(w, "", 2, "Kernels without GPU memory: "+strings.Join(idle, ", "), width)
 	}
-	writeLeftRunning(w, rep)
+	writeLeftRunning(w, rep, width)
 	return nil
+}
+
+// writeStray flags a stray context of notebook nb under its GPU: a line
+// with the process and the flag (the notebook's name cut in its middle to
+// fit width), then attribution's sentences of why and how to avoid it.
+func writeStray(w io.Writer, nb attribution.Notebook, sc attribution.StrayContext, width int) {
+	name, label := orDash(nb.Notebook), textsafe.Line(sc.Label)
+	line := func(name string) string { return fmt.Sprintf("  ! pid %d (%s): %s.", sc.PID, name, label) }
+	if over := utf8.RuneCountInString(line(name)) - width; width > 0 && over > 0 {
+		name = cutMiddleText(name, max(minCutWidth, utf8.RuneCountInString(name)-over))
+	}
+	fmt.Fprintln(w, line(name))
+	writeProse(w, "    ", 0, textsafe.Line(sc.Why+" "+sc.Avoid), width)
 }
 
 // writeLeftRunning lists the processes reclaim left running, each by the
 // daemon's sentence, and how to end them.
-func writeLeftRunning(w io.Writer, rep attribution.Report) {
+func writeLeftRunning(w io.Writer, rep attribution.Report, width int) {
 	if len(rep.LeftRunning) == 0 {
 		return
 	}
 	fmt.Fprintln(w, "Left running by reclaim (end one with gpumem free KERNEL --orphans):")
 	for _, lr := range rep.LeftRunning {
-		fmt.Fprintf(w, "  kernel %s: %s\n", shortID(lr.KernelID), textsafe.Line(lr.Message))
+		writeProse(w, "  ", 2, "kernel "+kernelColumn(lr.KernelID, width)+": "+textsafe.Line(lr.Message), width)
 	}
 }
 
@@ -426,26 +445,44 @@ func smOn(per []attribution.GPUBytes, index int) string {
 	return "unknown"
 }
 
-// gibHours renders GPU memory held over time.
-func gibHours(v float64) string { return fmt.Sprintf("%.2f GiB·h", v) }
+// gibHours renders GPU memory held over time: to the hundredth below 100,
+// whole above (a column's width stays that of "99.99 GiB·h").
+func gibHours(v float64) string {
+	if v >= 99.995 {
+		return fmt.Sprintf("%.0f GiB·h", v)
+	}
+	return fmt.Sprintf("%.2f GiB·h", v)
+}
+
+// idleTime renders how long a kernel has been idle: to the minute from an
+// hour on ("27h13m"), to the second below.
+func idleTime(d time.Duration) string {
+	if d >= time.Hour {
+		d = d.Round(time.Minute)
+		return fmt.Sprintf("%dh%dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
+	}
+	return d.Round(time.Second).String()
+}
 
 // writeIdle renders each kernel's activity beside its GPU memory, largest
-// holder first: who sits on GPU memory without using it.
-func writeIdle(w io.Writer, rep attribution.Report, now time.Time) error {
+// holder first: who sits on GPU memory without using it. width as writeLs.
+func writeIdle(w io.Writer, rep attribution.Report, now time.Time, width int) error {
 	nbs := append([]attribution.Notebook(nil), rep.Notebooks...)
 	sort.SliceStable(nbs, func(i, j int) bool { return nbs[i].GPUMemoryBytes > nbs[j].GPUMemoryBytes })
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NOTEBOOK\tKERNEL\tUSER\tSTATE\tIDLE\tMEMORY\tGPU WORK\tHOARDED\tCULL")
+	// The state and its idle time share a column: with the GPU work, the
+	// memory held idle and the cull beside them, the table fits 100
+	// columns with room left for the notebook's path.
+	tb := newTable("", "NOTEBOOK", "KERNEL", "USER", "STATE", "MEMORY", "GPU WORK", "HOARDED", "CULL").cutMiddle(0)
 	for _, nb := range nbs {
 		name := textsafe.Line(nb.Notebook)
 		if name == "" {
 			name = "(no notebook)"
 		}
-		state, idleFor, cull := "unknown (no server)", "-", "-"
+		state, cull := "no server", "-"
 		if a := nb.Activity; a != nil {
 			state = orDash(a.ExecutionState)
 			if a.ExecutionState == "idle" {
-				idleFor = (time.Duration(a.IdleSeconds) * time.Second).String()
+				state += " " + idleTime(time.Duration(a.IdleSeconds*float64(time.Second)))
 			}
 			if !a.CullAt.IsZero() {
 				cull = fmt.Sprintf("%s in %s", orDash(a.CullAction), a.CullAt.Sub(now).Round(time.Second))
@@ -453,15 +490,14 @@ func writeIdle(w io.Writer, rep attribution.Report, now time.Time) error {
 		}
 		work, hoarded := "-", "-"
 		if c := nb.Compute; c != nil {
-			work = c.State
+			work = orDash(c.State)
 			if c.HoardedGiBHours != nil {
 				hoarded = gibHours(*c.HoardedGiBHours)
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, shortID(nb.KernelID), orDash(nb.User), state, idleFor,
-			units.Bytes(nb.GPUMemoryBytes), work, hoarded, cull)
+		tb.add(name, kernelColumn(nb.KernelID, width), orDash(nb.User), state, units.Bytes(nb.GPUMemoryBytes), work, hoarded, cull)
 	}
-	if err := tw.Flush(); err != nil {
+	if err := tb.write(w, width); err != nil {
 		return err
 	}
 	if len(rep.Hoarding) > 0 {
@@ -470,10 +506,21 @@ func writeIdle(w io.Writer, rep attribution.Report, now time.Time) error {
 			parts[i] = orDash(h.User) + " " + gibHours(h.GiBHours)
 		}
 		window := time.Duration(rep.Hoarding[0].WindowSeconds) * time.Second
-		fmt.Fprintf(w, "GPU memory held while computing nothing, per user, last %s: %s\n", window, strings.Join(parts, ", "))
+		writeProse(w, "", 2, fmt.Sprintf("GPU memory held while computing nothing, per user, last %s: %s", window, strings.Join(parts, ", ")), width)
 	}
-	writeLeftRunning(w, rep)
+	writeLeftRunning(w, rep, width)
 	return nil
+}
+
+// kernelColumn is a kernel id as a table shows it: its first 8 characters
+// (enough for any command that takes a prefix), whole when the table is
+// not fitted (--wide).
+func kernelColumn(id string, width int) string {
+	id = textsafe.Line(id)
+	if width <= 0 {
+		return id
+	}
+	return shortID(id)
 }
 
 func onGPU(per []attribution.GPUBytes, index int) (uint64, bool) {
@@ -503,12 +550,4 @@ func joinPIDs(pids []int) string {
 		return "-"
 	}
 	return strings.Join(s, ",")
-}
-
-func truncate(s string, n int) string {
-	r := []rune(s)
-	if len(r) <= n {
-		return s
-	}
-	return string(r[:n-1]) + "…"
 }

@@ -70,6 +70,22 @@ func resolveKernel(ctx context.Context, env Env, arg string, dirs []string) (dis
 	}
 }
 
+// minKernelPrefix is the shortest kernel id prefix a command that changes
+// a kernel accepts: one character ("0") matches a sixteenth of all
+// kernels, and a typo would free another notebook's variables.
+const minKernelPrefix = 4
+
+// longEnoughToAct refuses a name too short to pick a kernel safely for a
+// command that changes it. A notebook's file name ("a.ipynb") and a
+// connection file are always long enough.
+func longEnoughToAct(arg string) error {
+	if n := len([]rune(arg)); n > 0 && n < minKernelPrefix {
+		return fmt.Errorf("%w: %q is too short to name the kernel to change: give at least %d characters of its id, "+
+			"or its notebook's name (gpumem kernels lists both)", errUsage, arg, minKernelPrefix)
+	}
+	return nil
+}
+
 // candidates lists kernels one a line, for an error that asks to choose.
 func candidates(ks []discovery.Kernel) []string {
 	if len(ks) == 0 {

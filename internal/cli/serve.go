@@ -7,13 +7,16 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 
+	"github.com/gpumem/gpumem/internal/lifeline"
 	"github.com/gpumem/gpumem/internal/textsafe"
 	"github.com/gpumem/gpumem/internal/units"
+	"github.com/gpumem/gpumem/nvml"
 	"github.com/gpumem/gpumem/nvml/driver"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/daemon"
@@ -23,8 +26,8 @@ import (
 
 func runServe(ctx context.Context, env Env, args []string) error {
 	fs := newFlagSet(env, "serve", "[flags]")
-	var dirs stringList
-	fs.Var(&dirs, "runtime-dir", "also watch this Jupyter runtime dir (repeatable)")
+	var dirs dirList
+	fs.Var(&dirs, "runtime-dir", "also watch this Jupyter runtime `dir` (repeatable; it must exist)")
 	interval := fs.Duration("interval", time.Second, "how often to sample GPU memory")
 	rescan := fs.Duration("rescan", 5*time.Second, "how often to rescan the runtime dirs besides inotify events (a deleted dir, a missed event)")
 	reclaim := fs.Bool("reclaim", true, "end orphans of a restarted or shut-down kernel that still hold GPU memory (false: only report them)")
@@ -36,7 +39,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	everyUser := fs.Bool("all-users", false, "as root, find and watch every user's kernels (their runtime dirs, kernel processes, Jupyter servers); rescans every 2s unless --rescan says otherwise")
 	podKernels := fs.Bool("pod-kernels", false, "as root on a Kubernetes node with the host's pids (hostPID): also find, attach to, inject into and reclaim for the kernels inside this node's pods; reads every pod's connection keys: see deploy/helm/gpumem/README.md; rescans every 2s unless --rescan says otherwise")
 	var onlyUsers stringList
-	fs.Var(&onlyUsers, "users", "with --all-users, only this user's kernels (repeatable)")
+	fs.Var(&onlyUsers, "users", "with --all-users, only the kernels of this `user` (repeatable)")
 	socket := fs.String("socket", "", "the local API's unix socket (default gpumem.sock in the runtime dir)")
 	socketMode := fs.String("socket-mode", "private", "private (0600, this user only) or shared (0666, callers identified by SO_PEERCRED)")
 	listen := fs.String("listen", "", "serve Prometheus /metrics on this address (e.g. 127.0.0.1:9464)")
@@ -56,9 +59,33 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	fs.Var(&tokenURLs, "server-token-url", "send GPUMEM_SERVER_TOKEN to the servers under this URL (a port may be *: http://127.0.0.1:*/user/; repeatable; also GPUMEM_SERVER_TOKEN_URLS), and to no other")
 	logFormat := fs.String("log-format", "auto", "auto (readable on a terminal, JSON otherwise), json or console")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	exitWith := fs.Int("exit-with-parent", 0, "the pid of this daemon's parent (the Jupyter server whose extension started it): when it exits, wait for its kernels to end, reclaim what they left, then stop")
 	kf := addKubeFlags(fs, env)
+	setFlagGroups(env, fs, "[flags]", serveFlagGroups)
 	if _, err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"interval", *interval}, {"rescan", *rescan}} {
+		if err := positive(d.name, d.v); err != nil {
+			return err
+		}
+	}
+	if *grace < 0 {
+		return fmt.Errorf("%w: --reclaim-grace=%v: want a duration of 0 or more", errUsage, *grace)
+	}
+	if *cullIdle < 0 {
+		return fmt.Errorf("%w: --cull-idle=%v: want a duration above 0, or 0 to leave culling off", errUsage, *cullIdle)
+	}
+	if *cullIdle == 0 {
+		// Culling is off: a culling flag alone is a mistake, not a setting.
+		for _, n := range []string{"cull-min-memory", "cull-action", "cull-warn", "cull-users", "cull-exempt-users"} {
+			if flagGiven(fs, n) {
+				return fmt.Errorf("%w: --%s applies to culling, which is off: give --cull-idle=DURATION too (e.g. --cull-idle=3h)", errUsage, n)
+			}
+		}
 	}
 	if len(onlyUsers) > 0 && !*everyUser {
 		return fmt.Errorf("%w: --users limits --all-users: give --all-users too", errUsage)
@@ -110,12 +137,23 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
+	ctx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	var parent *lifeline.Watch
+	if *exitWith != 0 {
+		// Before anything else: a parent already gone starts nothing.
+		if parent, err = lifeline.Start(ctx, lifeline.Options{Parent: *exitWith, Children: env.procFS().ChildrenOf}); err != nil {
+			return fmt.Errorf("--exit-with-parent=%d: %w", *exitWith, err)
+		}
+		// The watch ends with ctx: end it first, whatever returns early.
+		defer func() { stopRun(); parent.Close() }()
+	}
 	pods, stopPods, err := kf.start(ctx, env.procFS(), log)
 	if err != nil {
 		return err
 	}
 	defer stopPods()
-	runtimeDirs := discovery.RuntimeDirs(env.getenv, dirs)
+	runtimeDirs := discovery.RuntimeDirs(env.getenv, []string(dirs))
 	sock := *socket
 	if sock == "" {
 		sock = filepath.Join(runtimeDirs[0], api.DefaultSocketName)
@@ -132,6 +170,10 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	defer gpus.Close()
+	if err := gpus.InitErr(); err != nil {
+		// Once, at start: every later sample has no GPU to report.
+		log.Warn().Err(err).Msg(nvml.NoDriverWarning)
+	}
 	proc := env.procFS()
 	userDirs := allUserDirs(*everyUser, onlyUsers, proc)
 	deps := daemon.Deps{GPUs: gpus, Procs: proc, Finder: discovery.NewProcFinder(proc), UserDirs: userDirs, Pods: pods}
@@ -163,7 +205,63 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	return d.Run(ctx)
+	if parent == nil {
+		return d.Run(ctx)
+	}
+	var leaving sync.WaitGroup
+	leaving.Add(1)
+	go func() {
+		defer leaving.Done()
+		leaveWithParent(ctx, parent, *exitWith, d, log)
+		stopRun()
+	}()
+	err = d.Run(ctx)
+	stopRun()
+	leaving.Wait()
+	return err
+}
+
+// childrenWait bounds the wait for the kernels of a server that is gone:
+// ipykernel notices its parent's death within a second or two.
+const childrenWait = 10 * time.Second
+
+// leaveWithParent returns when ctx ends or, once the parent is gone, after
+// its kernels have ended and the orphans they left are reclaimed: no gpumem
+// process outlives its Jupyter server by more than that.
+func leaveWithParent(ctx context.Context, parent *lifeline.Watch, pid int, d *daemon.Daemon, log zerolog.Logger) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-parent.Gone():
+	}
+	log.Info().Int("pid", pid).Ints("waiting_for", parent.Following()).
+		Msg("the process that started this daemon exited: waiting for its kernels to end and reclaiming what they left, then stopping")
+	wctx, cancel := context.WithTimeout(ctx, childrenWait)
+	left := parent.WaitChildren(wctx)
+	cancel()
+	if len(left) > 0 {
+		log.Warn().Ints("pids", left).Dur("waited", childrenWait).Msg("children of the exited parent still run: not waiting longer")
+	}
+	// The orphans' reclaim watches them for the grace window first.
+	sctx, cancel := context.WithTimeout(ctx, d.ReclaimTakes()+childrenWait)
+	defer cancel()
+	if err := d.Settle(sctx); err != nil {
+		log.Warn().Err(err).Msg("stopping before every reclaim finished")
+	}
+}
+
+// serveFlagGroups are the headings of gpumem serve -h.
+var serveFlagGroups = []flagGroup{
+	{"Sampling", []string{"interval", "runtime-dir", "rescan", "no-inject"}},
+	{"Reclaim (orphans of restarted or shut-down kernels)", []string{"reclaim", "reclaim-grace", "reclaim-unknown", "reclaim-all-users"}},
+	{"GPU work (what counts as computing, for reclaim and culling)", []string{"compute-window", "compute-threshold"}},
+	{"Culling (idle kernels that hold GPU memory; off unless --cull-idle)", []string{"cull-idle", "cull-min-memory", "cull-action", "cull-warn", "cull-users", "cull-exempt-users"}},
+	{"Alerts", []string{"alert-threshold", "no-notebook-alerts"}},
+	{"Local API and metrics", []string{"socket", "listen", "listen-allow-remote", "metrics-notebook-label", "metrics-token-file"}},
+	{"Shared host (root, many users)", []string{"all-users", "users", "socket-mode", "server-token-url"}},
+	{"Kubernetes", []string{"kubernetes", "pod-kernels", "node-name", "user-labels", "server-labels", "kubernetes-sync-timeout"}},
+	{"Lifetime (a daemon a Jupyter server started)", []string{"exit-with-parent"}},
+	{"Logging", []string{"log-format", "log-level"}},
 }
 
 func newLogger(w io.Writer, format, level string) (zerolog.Logger, error) {

@@ -54,11 +54,12 @@ func TestHostileStringsNeverReachTheTerminal(t *testing.T) {
 		name  string
 		write func(*bytes.Buffer) error
 	}{
-		{"ls", func(b *bytes.Buffer) error { return writeLs(b, rep) }},
-		{"ls --idle", func(b *bytes.Buffer) error { return writeIdle(b, rep, now) }},
+		{"ls", func(b *bytes.Buffer) error { return writeLs(b, rep, tableWidth) }},
+		{"ls --wide", func(b *bytes.Buffer) error { return writeLs(b, rep, 0) }},
+		{"ls --idle", func(b *bytes.Buffer) error { return writeIdle(b, rep, now, tableWidth) }},
 		{"kernels", func(b *bytes.Buffer) error {
 			return writeKernelTable(b, []kernelRow{{KernelID: hostile, Notebook: hostile, Language: hostile,
-				ConnectionFile: "/run/" + hostile + ".json", ServerURL: hostile}})
+				ConnectionFile: "/run/" + hostile + ".json", ServerURL: hostile}}, tableWidth)
 		}},
 		{"no kernel matches", func(b *bytes.Buffer) error {
 			b.WriteString(errorText(&linesError{append([]string{"no kernel matches:"},

@@ -36,6 +36,7 @@ type Frontend struct {
 
 	mu     sync.Mutex // one request at a time
 	broken error
+	start  uint64 // the process's start time, which stop checks before signalling its group
 }
 
 // FrontendOutput is one iopub output of a request: type is stream,
@@ -91,6 +92,7 @@ func StartFrontend(t testing.TB, k *Kernel) *Frontend {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start frontend: %v", err)
 	}
+	f.start, _ = procStart(cmd.Process.Pid) // not reaped before the reader's Wait
 	// The one reader of stdout; it ends at EOF, when the process exits.
 	go func() {
 		defer close(f.done)
@@ -127,7 +129,7 @@ func (f *Frontend) Stderr() string {
 func (f *Frontend) stop() {
 	_ = f.stdin.Close()
 	if f.cmd.Process != nil {
-		_ = syscall.Kill(-f.cmd.Process.Pid, syscall.SIGKILL)
+		killGroup(f.cmd.Process.Pid, f.start)
 	}
 	// Drain so the reader goroutine can finish.
 	for {

@@ -1,7 +1,11 @@
 package testenv
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -97,4 +101,56 @@ func waitPidfd(fd int, d time.Duration) bool {
 		}
 		return err == nil && n > 0
 	}
+}
+
+// KillIf sends SIGKILL to pid when still(pid) holds for the process that
+// has that number now, and reports whether it did. A pidfd pins that
+// process before still looks (still reads /proc/<pid>/… by number: what it
+// read was the pidfd's process's if that process is still alive after),
+// and the signal goes through the pidfd: a process that took the number of
+// one that exited is never signalled.
+func KillIf(pid int, still func(pid int) bool) bool {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return false // gone
+	}
+	defer unix.Close(fd)
+	if !still(pid) || waitPidfd(fd, 0) {
+		return false
+	}
+	return unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil
+}
+
+// killGroup sends SIGKILL to the process group that the process (pid,
+// start) leads, or led: a group's id is its leader's pid, and once the
+// leader is reaped that number can be reused, by a process that leads a
+// group of its own. So the group is signalled unless another process (one
+// with another start time) has the number now. (Left: a process that took
+// the number, led a group and exited before this look, its group living
+// on; that takes two reuses of one number within a test.) start 0 means
+// unknown: the group is signalled.
+func killGroup(pid int, start uint64) {
+	if now, ok := procStart(pid); ok && start != 0 && now != start {
+		return
+	}
+	_ = unix.Kill(-pid, unix.SIGKILL)
+}
+
+// procStart is field 22 of /proc/<pid>/stat (clock ticks since boot): with
+// the pid it names one process.
+func procStart(pid int) (uint64, bool) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return 0, false
+	}
+	fields := strings.Fields(string(data[i+1:]))
+	if len(fields) < 20 { // fields 3 (state) to 22 (starttime)
+		return 0, false
+	}
+	start, err := strconv.ParseUint(fields[19], 10, 64)
+	return start, err == nil
 }

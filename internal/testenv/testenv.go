@@ -177,10 +177,11 @@ func Env(dir string, extra ...string) []string {
 
 // Proc is a started process group.
 type Proc struct {
-	Cmd  *exec.Cmd
-	Log  *bytes.Buffer
-	mu   *sync.Mutex
-	done chan struct{}
+	Cmd   *exec.Cmd
+	Log   *bytes.Buffer
+	mu    *sync.Mutex
+	done  chan struct{}
+	start uint64 // the leader's start time, which Kill checks before signalling its group
 }
 
 // Output returns what the process printed so far.
@@ -203,7 +204,7 @@ func (p *Proc) Exited() bool {
 // Kill kills the whole process group and waits for the leader.
 func (p *Proc) Kill() {
 	if p.Cmd.Process != nil {
-		_ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL)
+		killGroup(p.Cmd.Process.Pid, p.start)
 	}
 	select {
 	case <-p.done:
@@ -255,6 +256,7 @@ func StartCmd(t testing.TB, cmd *exec.Cmd) *Proc {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %v: %v", cmd.Args, err)
 	}
+	p.start, _ = procStart(cmd.Process.Pid) // not reaped before Wait, below
 	go func() { _ = cmd.Wait(); close(p.done) }()
 	t.Cleanup(p.Kill)
 	return p
@@ -448,7 +450,10 @@ func StartServerWith(t testing.TB, kind ServerKind, o ServerOptions) *Server {
 		app = "--NotebookApp."
 	}
 	args := []string{Python(), "-m", kind.module(), "--no-browser", "--allow-root",
-		app + "open_browser=False", app + "base_url=" + base}
+		app + "open_browser=False", app + "base_url=" + base,
+		// Where jupyterlab-gpumem is installed, its server extension would
+		// start a daemon of its own: these tests start theirs.
+		"--Gpumem.autostart=False"}
 	s := &Server{Kind: kind, Dir: dir, RootDir: root, Token: token, BaseURL: base, As: o.As}
 	tr := &http.Transport{DisableKeepAlives: true}
 	if o.Sock {

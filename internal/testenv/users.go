@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"os/user"
@@ -53,7 +54,7 @@ func MakeUser(t testing.TB, prefix string) User {
 				break
 			}
 			for _, pid := range pids {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
+				KillIf(pid, func(pid int) bool { return realUID(pid) == uid })
 			}
 			if time.Now().After(deadline) {
 				t.Errorf("processes of %s still alive: %v", name, pids)
@@ -96,19 +97,27 @@ func ProcessesOf(uid int) []int {
 	var pids []int
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, d := range dirs {
-		b, err := os.ReadFile(filepath.Join(d, "status"))
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) >= 2 && f[0] == "Uid:" && f[1] == strconv.Itoa(uid) {
-				if pid, err := strconv.Atoi(filepath.Base(d)); err == nil && Alive(pid) {
-					pids = append(pids, pid)
-				}
-			}
+		if pid, err := strconv.Atoi(filepath.Base(d)); err == nil && realUID(pid) == uid && Alive(pid) {
+			pids = append(pids, pid)
 		}
 	}
 	return pids
+}
+
+// realUID is the real uid of process pid, -1 when it cannot be read.
+func realUID(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "Uid:" {
+			if uid, err := strconv.Atoi(f[1]); err == nil {
+				return uid
+			}
+		}
+	}
+	return -1
 }
 
 // Command is exec.Command(argv...) run as u: its uid and gid, HOME, USER,

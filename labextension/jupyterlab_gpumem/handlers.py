@@ -15,7 +15,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
 from . import view
-from .daemon import Daemon, DaemonError, NoDaemon, socket_path
+from .daemon import Daemon, DaemonError, NoDaemon
 
 KERNEL_ID = r"(?P<kernel_id>[0-9a-fA-F-]{1,64})"
 KNOWN_KERNELS = 4096
@@ -25,6 +25,11 @@ class _Base(APIHandler):
     @property
     def daemon(self):
         return self.settings["gpumem_daemon"]
+
+    @property
+    def daemon_status(self):
+        """Which daemon serves this server, as the supervisor last saw it."""
+        return self.settings["gpumem_supervisor"].status
 
     def own_kernel_ids(self):
         return set(self.kernel_manager.list_kernel_ids())
@@ -54,16 +59,16 @@ class _Base(APIHandler):
             data = await self.daemon.request(method, path, params=params, timeout=timeout, body=body)
             return data, None
         except NoDaemon:
-            return None, (200, view.no_daemon(self.daemon.path))
+            return None, (200, view.no_daemon(self.daemon_status))
         except DaemonError as e:
             if e.status == 404 and "/kernels/" in path:
                 return None, (404, {"status": "error", "message": e.message})
-            return None, (200, view.daemon_error(e.status, e.message, self.daemon.path))
+            return None, (200, dict(view.daemon_error(e.status, e.message, self.daemon.path), daemon=self.daemon_status))
         except Exception as e:  # noqa: BLE001  (a timeout, a broken reply: one status line, never a 500)
             self.log.warning("gpumem: %s %s: %s", method, path, e)
             return None, (
                 200,
-                {"status": "error", "message": f"gpumem serve did not answer: {e}"},
+                {"status": "error", "message": f"gpumem serve did not answer: {e}", "daemon": self.daemon_status},
             )
 
     async def call_daemon(self, method, path, params=None, timeout=None, body=None):
@@ -122,6 +127,7 @@ class StateHandler(_Base):
                 paths[k] = s.get("path", "")
         body = view.server_view(hist, own, paths, self.known_kernel_ids())
         body["daemon_requests"] = self.daemon.requests
+        body["daemon"] = self.daemon_status
         return 200, body
 
 
@@ -195,11 +201,12 @@ class QueryHandler(KernelHandler):
             self.reply(200, {"status": "ok", what: rep})
 
 
-def setup_handlers(serverapp):
+def setup_handlers(serverapp, supervisor):
     from . import snapshots  # its handlers build on this module's
+
     web_app = serverapp.web_app
-    path = socket_path(serverapp.runtime_dir)
-    web_app.settings["gpumem_daemon"] = Daemon(path)
+    web_app.settings["gpumem_daemon"] = Daemon(supervisor.socket)
+    web_app.settings["gpumem_supervisor"] = supervisor
     web_app.settings["gpumem_inflight"] = {}
     web_app.settings["gpumem_known_kernels"] = {}
     base = url_path_join(web_app.settings["base_url"], "gpumem", "api", "v1")

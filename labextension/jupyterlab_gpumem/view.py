@@ -89,12 +89,14 @@ def server_view(history, own_kernels, paths, known_kernels=()):
     }
 
 
-def no_daemon(socket):
-    return {
-        "status": "no_daemon",
-        "message": "gpumem serve is not running: start it with `gpumem serve` in a terminal "
-        f"beside JupyterLab (it listens on {socket}).",
-    }
+def no_daemon(daemon_status):
+    """The reply when nothing serves the socket: the supervisor's status
+    (supervision.describe) says why, in one line."""
+    text = daemon_status.get("text", "")
+    if daemon_status.get("case") != "not_running":
+        # It served a moment ago (the supervisor checks once a second).
+        text = "gpumem serve stopped answering; " + text
+    return {"status": "no_daemon", "message": text, "daemon": daemon_status}
 
 
 def daemon_error(status, message, socket):

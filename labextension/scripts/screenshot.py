@@ -15,16 +15,9 @@ def main(url, out):
         page = b.new_page(viewport={"width": 1400, "height": 800})
         page.goto(url)
         page.locator(".jp-gpumem-status-label", has_text="GiB").wait_for(timeout=120_000)
-        page.locator(".jp-SideBar.jp-mod-right li[data-id='jp-gpumem-panel']").click()
-        page.locator("tr[data-gpumem='notebook-row']").first.wait_for(timeout=30_000)
+        page.locator("[data-gpumem='status']").click()  # opens the panel, at the sidebar's default width
+        page.locator("[data-gpumem='notebook-row']").first.wait_for(timeout=30_000)
         page.locator(".jp-gpumem-gpu canvas").first.wait_for(timeout=30_000)
-        # Wider than the default sidebar (drag its handle), so that the table shows whole.
-        handle = page.locator("#jp-main-split-panel > .lm-SplitPanel-handle:not(.lm-mod-hidden)").last
-        box = handle.bounding_box()
-        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 200)
-        page.mouse.down()
-        page.mouse.move(box["x"] - 230, box["y"] + 200, steps=5)
-        page.mouse.up()
         page.wait_for_function(
             "Number(document.querySelector('.jp-gpumem-gpu').dataset.stackTop) > 0",
             timeout=30_000,

@@ -24,13 +24,19 @@ async function call<T>(path: string, init: RequestInit = {}): Promise<T> {
   return body as T;
 }
 
-/** The state since a time (unix seconds; 0 = the whole plot window). */
-export function fetchState(since: number, eventsAfter: number): Promise<Reply> {
+/**
+ * The state since a time (unix seconds; 0 = the last 15 minutes). With
+ * wait, a since newer than the daemon's last sample is answered after its
+ * next one (the long poll); older than 15 minutes, the points are a minute
+ * apart.
+ */
+export function fetchState(since: number, eventsAfter: number, wait = true): Promise<Reply> {
   const q = new URLSearchParams();
   if (since > 0) {
-    // Answered after the daemon's next sample when it has none that new.
     q.set('since', String(since));
-    q.set('wait', '1');
+    if (wait) {
+      q.set('wait', '1');
+    }
   }
   q.set('events_after', String(eventsAfter));
   return call<Reply>(`state?${q.toString()}`);

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import { baseName, formatBytes, formatPercent, formatUtil, levelFor, reclaimMessage, sparklinePath } from './format';
+import { baseName, binaryTicks, formatBytes, formatPercent, formatTick, formatUtil, levelFor, plainTrans, reclaimMessage, timeTick } from './format';
 
 describe('formatBytes', () => {
   it.each([
@@ -61,15 +61,48 @@ describe('baseName and reclaimMessage', () => {
   });
 });
 
-describe('formatUtil and sparklinePath', () => {
+describe('binaryTicks', () => {
+  const GiB = 1024 ** 3;
+  const MiB = 1024 ** 2;
+  it.each([
+    [80 * GiB, [0, 32, 64, 96].map(x => x * GiB)],
+    [20 * GiB, [0, 8, 16, 24].map(x => x * GiB)],
+    [3 * GiB, [0, 1, 2, 3].map(x => x * GiB)],
+    [4.5 * GiB, [0, 2, 4, 6].map(x => x * GiB)],
+    [300 * MiB, [0, 128, 256, 384].map(x => x * MiB)],
+    [0, [0, GiB]]
+  ])('%s reaches %s', (max, want) => {
+    expect(binaryTicks(max, 4)).toEqual(want);
+  });
+  it('labels ticks in whole binary units', () => {
+    expect([0, 16 * GiB, 1.5 * GiB, 512 * MiB].map(formatTick)).toEqual(['0', '16 GiB', '1.5 GiB', '512 MiB']);
+  });
+});
+
+describe('timeTick', () => {
+  it('gives a time of day, never a date, on a short axis', () => {
+    const t = new Date(2026, 11, 1, 14, 5, 30).getTime() / 1000;
+    expect(timeTick(t, 15 * 60, 'en-GB')).toBe('14:05');
+    expect(timeTick(t, 120, 'en-GB')).toBe('14:05:30');
+    const midnight = new Date(2026, 11, 2, 0, 0, 0).getTime() / 1000;
+    expect(timeTick(midnight, 3600, 'en-GB')).toBe('00:00');
+    expect(timeTick(midnight, 24 * 3600, 'en-GB')).toMatch(/2/);
+  });
+});
+
+describe('plainTrans', () => {
+  it('fills placeholders and plurals', () => {
+    expect(plainTrans.__('%1 of %2', 'a', 3)).toBe('a of 3');
+    expect(plainTrans._n('%1 process', '%1 processes', 1)).toBe('1 process');
+    expect(plainTrans._n('%1 process', '%1 processes', 2)).toBe('2 processes');
+  });
+});
+
+describe('formatUtil', () => {
   it('never shows unknown as 0', () => {
     expect(formatUtil({ sm_percent: 97.4 })).toBe('97% SM');
     expect(formatUtil({ sm_percent: 0 })).toBe('0% SM');
-    expect(formatUtil(undefined)).toBe('unknown');
-  });
-  it('draws runs of known values, leaving gaps open', () => {
-    expect(sparklinePath([0, 100, null, 50], 30, 10)).toBe('M0.0,10.0L10.0,0.0M30.0,5.0');
-    expect(sparklinePath([], 30, 10)).toBe('');
-    expect(sparklinePath([null], 30, 10)).toBe('');
+    expect(formatUtil({ sm_percent: 180 })).toBe('180% SM');
+    expect(formatUtil(undefined)).toBe('SM unknown');
   });
 });

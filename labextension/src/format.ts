@@ -3,17 +3,23 @@
 
 const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
 
-/** Bytes in binary units with one decimal ("3.2 GiB"), as gpumem prints them. */
-export function formatBytes(bytes: number): string {
-  if (!Number.isFinite(bytes) || bytes < 0) {
-    return '?';
-  }
+/** bytes in the largest binary unit that keeps the number at or above 1: [number, unit index]. */
+function inUnit(bytes: number): [number, number] {
   let v = bytes;
   let u = 0;
   while (v >= 1024 && u < UNITS.length - 1) {
     v /= 1024;
     u++;
   }
+  return [v, u];
+}
+
+/** Bytes in binary units with one decimal ("3.2 GiB"), as gpumem prints them. */
+export function formatBytes(bytes: number): string {
+  if (!Number.isFinite(bytes) || bytes < 0) {
+    return '?';
+  }
+  const [v, u] = inUnit(bytes);
   if (u === 0) {
     return `${v} B`;
   }
@@ -72,32 +78,82 @@ export function reclaimMessage(ev: {
   return `Ended ${what} of ${of} holding ${formatBytes(ev.bytes)} after ${after}`;
 }
 
-/** A utilization figure: "97% SM", or "unknown" (never 0 for unknown). */
-export function formatUtil(u: { sm_percent: number } | undefined): string {
-  return u ? `${Math.round(u.sm_percent)}% SM` : 'unknown';
+/**
+ * What formats text for people: JupyterLab's TranslationBundle has this
+ * shape (ITranslator's load()); plainTrans is the untranslated one, for
+ * the pure functions' defaults and their tests. Placeholders are %1, %2…
+ */
+export interface Trans {
+  __(msgid: string, ...args: (string | number)[]): string;
+  _n(singular: string, plural: string, n: number, ...args: (string | number)[]): string;
+}
+
+function fill(msg: string, args: (string | number)[]): string {
+  return msg.replace(/%(\d+)/g, (m, i) => (Number(i) >= 1 && Number(i) <= args.length ? String(args[Number(i) - 1]) : m));
+}
+
+export const plainTrans: Trans = {
+  __: (msgid, ...args) => fill(msgid, args),
+  _n: (singular, plural, n, ...args) => fill(n === 1 ? singular : plural, [n, ...args])
+};
+
+const BINARY_STEPS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
+
+/**
+ * Axis ticks for bytes at round binary steps (0, 16, 32, 48 GiB…): the
+ * smallest step of 2^k of a binary unit that reaches max in at most
+ * maxTicks steps. The last tick is at or above max: the axis's top.
+ */
+export function binaryTicks(max: number, maxTicks = 4): number[] {
+  const top = Number.isFinite(max) && max > 0 ? max : 0;
+  let step = 1024 ** 3; // an empty plot still reads in GiB
+  if (top > 0) {
+    search: for (let u = 0; u < UNITS.length; u++) {
+      for (const m of BINARY_STEPS) {
+        const s = m * 1024 ** u;
+        if (Math.ceil(top / s) <= Math.max(1, maxTicks)) {
+          step = s;
+          break search;
+        }
+      }
+    }
+  }
+  const n = Math.max(1, Math.ceil(top / step));
+  return Array.from({ length: n + 1 }, (_, i) => i * step);
+}
+
+/** A tick's label: whole binary units where it can ("16 GiB", "1.5 GiB", "0"). */
+export function formatTick(bytes: number): string {
+  if (!(bytes > 0)) {
+    return '0';
+  }
+  const [v, u] = inUnit(bytes);
+  const text = Number.isInteger(v) ? String(v) : v.toFixed(1).replace(/\.0$/, '');
+  return `${text} ${UNITS[u]}`;
 }
 
 /**
- * An SVG path for a sparkline of values (0 to max, at least 100) in a box
- * of width × height: one segment per run of known values, gaps left open.
+ * A time axis label: the time of day only, never a date on a short axis
+ * ("14:05", "14:05:30" within a few minutes); on an axis of many hours, a
+ * tick at midnight names the day instead ("Dec 2").
  */
-export function sparklinePath(values: (number | null)[], width: number, height: number): string {
-  if (values.length === 0) {
-    return '';
+export function timeTick(unixSeconds: number, spanSeconds: number, locale?: string): string {
+  const d = new Date(unixSeconds * 1000);
+  if (spanSeconds > 12 * 3600 && d.getHours() === 0 && d.getMinutes() === 0) {
+    return d.toLocaleDateString(locale, { month: 'short', day: 'numeric' });
   }
-  const top = Math.max(100, ...values.map(v => v ?? 0));
-  const dx = values.length > 1 ? width / (values.length - 1) : 0;
-  let d = '';
-  let pen = false;
-  values.forEach((v, i) => {
-    if (v === null) {
-      pen = false;
-      return;
-    }
-    const x = (i * dx).toFixed(1);
-    const y = (height - (height * v) / top).toFixed(1);
-    d += `${pen ? 'L' : 'M'}${x},${y}`;
-    pen = true;
-  });
-  return d;
+  const opts: Intl.DateTimeFormatOptions = { hour: '2-digit', minute: '2-digit', hour12: false };
+  if (spanSeconds <= 180) {
+    opts.second = '2-digit';
+  }
+  return d.toLocaleTimeString(locale, opts);
+}
+
+/**
+ * A notebook's SM utilization as the daemon charges it ("97% SM", over
+ * 100 for several GPUs), or "SM unknown" where the GPU cannot say: never
+ * 0 for unknown.
+ */
+export function formatUtil(u: { sm_percent: number } | undefined, trans: Trans = plainTrans): string {
+  return u ? trans.__('%1% SM', Math.round(u.sm_percent)) : trans.__('SM unknown');
 }

@@ -1,16 +1,22 @@
 // jupyterlab-gpumem: GPU memory by notebook, from gpumem serve, in a status
 // bar item, a "GPU memory" side panel and notifications. One poll a tab
-// feeds them all (source.ts).
+// feeds them all (source.ts). The panel opens from the command palette
+// and the View menu ("GPU memory: Open panel"), from the status bar item,
+// and from its sidebar icon. Settings (refresh, plot window, the status
+// item) are edited in the Settings Editor (schema/plugin.json).
 
 import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
-import { ISessionContextDialogs, Notification, SessionContextDialogs } from '@jupyterlab/apputils';
+import { ICommandPalette, ISessionContextDialogs, Notification, SessionContextDialogs } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
+import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
+import { ITranslator, nullTranslator } from '@jupyterlab/translation';
 import { LabIcon } from '@jupyterlab/ui-components';
+import { Signal } from '@lumino/signaling';
 
 import { endOrphans, freeCache } from './api';
-import { reclaimMessage } from './format';
-import { alerts, cullWarnings, newAlerts } from './model';
+import { baseName, formatBytes, formatPercent, reclaimMessage, Trans } from './format';
+import { alerts, cullWarnings, newAlerts, WINDOWS } from './model';
 import { LogEvent, newOOMs } from './oom';
 import { GpuPanel } from './panel';
 import { StateSource } from './source';
@@ -18,84 +24,208 @@ import { GpuStatusItem } from './statusbar';
 
 import 'uplot/dist/uPlot.min.css';
 
-const gpuIcon = new LabIcon({
+const PLUGIN_ID = 'jupyterlab-gpumem:plugin';
+
+/** A graphics card with rising memory bars: not JupyterLab's kernel chip. */
+export const gpuIcon = new LabIcon({
   name: 'gpumem:gpu',
   svgstr:
     '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24"><g class="jp-icon3" fill="#616161">' +
-    '<path d="M4 7h16v10H4zM6 9v6h12V9zM7 4h2v3H7zm4 0h2v3h-2zm4 0h2v3h-2zM7 17h2v3H7zm4 0h2v3h-2zm4 0h2v3h-2z"/></g></svg>'
+    '<path fill-rule="evenodd" d="M2 5h20v12H2zm2 2v8h16V7z"/>' +
+    '<path d="M6 12.5h2.2V14H6zm3.4-2.5h2.2v4H9.4zm3.4-1.5H15V14h-2.2zm3.4-1.2h2.2V14h-2.2z"/>' +
+    '<path d="M5 17h9v2.5H5z"/></g></svg>'
 });
 
+export const CommandIDs = {
+  open: 'gpumem:open-panel',
+  free: 'gpumem:free-cache',
+  vars: 'gpumem:show-variables',
+  why: 'gpumem:why',
+  freeWorkers: 'gpumem:free-workers',
+  restart: 'gpumem:restart-kernel',
+  openNotebook: 'gpumem:open-notebook'
+};
+
 const plugin: JupyterFrontEndPlugin<void> = {
-  id: 'jupyterlab-gpumem:plugin',
+  id: PLUGIN_ID,
   description: 'GPU memory by notebook, from gpumem serve.',
   autoStart: true,
   requires: [INotebookTracker],
-  optional: [IStatusBar, ILabShell, ISessionContextDialogs],
+  optional: [IStatusBar, ILabShell, ISessionContextDialogs, ICommandPalette, ISettingRegistry, ITranslator],
   activate: (
     app: JupyterFrontEnd,
     tracker: INotebookTracker,
     statusBar: IStatusBar | null,
     labShell: ILabShell | null,
-    dialogs: ISessionContextDialogs | null
+    dialogs: ISessionContextDialogs | null,
+    palette: ICommandPalette | null,
+    settingRegistry: ISettingRegistry | null,
+    translator: ITranslator | null
   ) => {
+    const trans: Trans = (translator ?? nullTranslator).load('jupyterlab_gpumem');
     const source = new StateSource();
-    const sessionDialogs = dialogs ?? new SessionContextDialogs();
+    const sessionDialogs = dialogs ?? new SessionContextDialogs({ translator: translator ?? nullTranslator });
     const panelOf = (kernelId: string) => tracker.find(w => w.sessionContext.session?.kernel?.id === kernelId);
+    const notebookOfKernel = (kernelId: string) => source.state?.notebooks.find(nb => nb.kernel_id === kernelId);
+    let settings: ISettingRegistry.ISettings | null = null;
 
-    if (statusBar) {
-      statusBar.registerStatusItem('jupyterlab-gpumem:status', {
-        item: new GpuStatusItem(source, tracker),
-        align: 'left',
-        rank: 5,
-        isActive: () => true
-      });
-    }
+    const panel = new GpuPanel(
+      source,
+      {
+        commands: app.commands,
+        setWindow: seconds => void settings?.set('windowMinutes', Math.round(seconds / 60))
+      },
+      trans
+    );
+    panel.title.icon = gpuIcon;
+    panel.title.label = trans.__('GPU');
+    app.shell.add(panel, 'right', { rank: 900 });
+    void labShell; // the panel lives in the right area of the lab shell when there is one
 
-    const panel = new GpuPanel(source, {
-      open: path => void app.commands.execute('docmanager:open', { path }),
-      canRestart: kernelId => panelOf(kernelId) !== undefined,
-      restart: async kernelId => {
-        const w = panelOf(kernelId);
+    app.commands.addCommand(CommandIDs.open, {
+      label: trans.__('GPU memory: Open panel'),
+      caption: trans.__('Show GPU memory by notebook (gpumem)'),
+      icon: gpuIcon,
+      execute: () => app.shell.activateById(panel.id)
+    });
+    palette?.addItem({ command: CommandIDs.open, category: trans.__('GPU memory') });
+    const kernelArg = (args: { kernelId?: unknown }) => String(args.kernelId ?? '');
+    app.commands.addCommand(CommandIDs.free, {
+      label: trans.__('Free cache'),
+      caption: trans.__("gc and empty the frameworks' caches in this kernel, after its current cell; no variable is deleted"),
+      execute: args => panel.freeCache(kernelArg(args))
+    });
+    app.commands.addCommand(CommandIDs.vars, {
+      label: trans.__('Show variables'),
+      caption: trans.__('The variables holding GPU memory (%gpumem vars), read without running anything in the notebook'),
+      execute: args => panel.showVariables(kernelArg(args))
+    });
+    app.commands.addCommand(CommandIDs.why, {
+      label: trans.__('Why?'),
+      caption: trans.__("Every byte of this kernel's GPU memory in one row, with who holds it and the fix (%gpumem why)"),
+      execute: args => panel.showWhy(kernelArg(args))
+    });
+    app.commands.addCommand(CommandIDs.freeWorkers, {
+      label: trans.__('Free workers'),
+      caption: trans.__("End this kernel's worker processes that hold GPU memory (never the kernel itself)"),
+      execute: args => panel.freeWorkers(kernelArg(args))
+    });
+    app.commands.addCommand(CommandIDs.restart, {
+      label: trans.__('Restart kernel…'),
+      caption: trans.__('Restart the kernel (JupyterLab asks first); open the notebook in this window to restart it'),
+      isEnabled: args => panelOf(kernelArg(args)) !== undefined,
+      execute: async args => {
+        const w = panelOf(kernelArg(args));
         return w ? sessionDialogs.restart(w.sessionContext) : false;
       }
     });
-    panel.title.icon = gpuIcon;
-    app.shell.add(panel, 'right', { rank: 900 });
+    app.commands.addCommand(CommandIDs.openNotebook, {
+      label: trans.__('Open notebook'),
+      isEnabled: args => Boolean(notebookOfKernel(kernelArg(args))?.path),
+      execute: args => {
+        const path = notebookOfKernel(kernelArg(args))?.path;
+        return path ? app.commands.execute('docmanager:open', { path }) : undefined;
+      }
+    });
 
-    // GPU alerts: each shown once per crossing of the threshold.
+    let showStatus = true;
+    const statusChanged = new Signal<GpuPanel, void>(panel);
+    if (statusBar) {
+      statusBar.registerStatusItem('jupyterlab-gpumem:status', {
+        item: new GpuStatusItem(source, tracker, () => void app.commands.execute(CommandIDs.open), trans),
+        align: 'left',
+        rank: 5,
+        isActive: () => showStatus,
+        activeStateChanged: statusChanged
+      });
+    }
+
+    if (settingRegistry) {
+      const apply = (s: ISettingRegistry.ISettings) => {
+        source.refreshSeconds = Number(s.get('refreshSeconds').composite) || 1;
+        const minutes = Number(s.get('windowMinutes').composite) || 15;
+        panel.windowSeconds = WINDOWS.includes(minutes * 60) ? minutes * 60 : 15 * 60;
+        const show = s.get('showStatusItem').composite !== false;
+        if (show !== showStatus) {
+          showStatus = show;
+          statusChanged.emit();
+        }
+      };
+      settingRegistry
+        .load(PLUGIN_ID)
+        .then(s => {
+          settings = s;
+          apply(s);
+          s.changed.connect(apply);
+        })
+        .catch(() => {
+          // Defaults stand; the Settings Editor says what is wrong with the file.
+        });
+    }
+
+    // GPU alerts: each shown once per crossing of the threshold, and
+    // updated when its GPU drops back under it (then closed).
     const shown = new Set<string>();
+    const alertToasts = new Map<string, { id: string; gpu: number }>();
     source.changed.connect(() => {
       const state = source.state;
       if (!state) {
         return;
       }
-      for (const a of newAlerts(alerts(state), shown)) {
+      const current = alerts(state);
+      for (const a of newAlerts(current, shown)) {
         const actions = a.ownKernels.length
           ? [
               {
-                label: 'Free cache in my notebooks',
-                caption: 'gc and empty the frameworks\' caches in this server\'s notebooks on that GPU',
+                label: trans.__('Free cache in my notebooks'),
+                caption: trans.__("gc and empty the frameworks' caches in this server's notebooks on that GPU"),
                 callback: () => {
                   void Promise.allSettled(a.ownKernels.map(k => freeCache(k))).then(() => source.refresh());
                 }
               }
             ]
           : [];
-        Notification.warning(a.message, { autoClose: false, actions });
+        alertToasts.set(a.key, { id: Notification.warning(a.message, { autoClose: false, actions }), gpu: a.gpu.index });
+      }
+      for (const [key, toast] of alertToasts) {
+        if (current.some(a => a.key === key)) {
+          continue;
+        }
+        alertToasts.delete(key);
+        const g = state.gpus.find(x => x.index === toast.gpu);
+        const message = g
+          ? trans.__(
+              'GPU %1 is back under the alert threshold: %2 of %3 used (%4).',
+              g.index,
+              formatBytes(g.memory_used_bytes),
+              formatBytes(g.memory_total_bytes),
+              formatPercent(g.memory_used_bytes, g.memory_total_bytes)
+            )
+          : trans.__('GPU %1 is no longer listed.', toast.gpu);
+        if (!Notification.update({ id: toast.id, message, type: 'success', autoClose: 5000, actions: [] })) {
+          Notification.dismiss(toast.id);
+        }
       }
     });
     // GPU-aware culling's warnings for this server's idle notebooks: each
-    // shown once; running a cell cancels it (the daemon drops it).
-    const warned = new Set<string>();
+    // shown once, and closed when it no longer stands (a cell ran: the
+    // daemon dropped it).
+    const warned = new Map<string, string>();
     source.changed.connect(() => {
       const state = source.state;
       if (!state) {
         return;
       }
-      for (const w of cullWarnings(state)) {
+      const current = cullWarnings(state);
+      for (const w of current) {
         if (!warned.has(w.key)) {
-          warned.add(w.key);
-          Notification.warning(w.message, { autoClose: false });
+          warned.set(w.key, Notification.warning(w.message, { autoClose: false }));
+        }
+      }
+      for (const [key, id] of warned) {
+        if (!current.some(w => w.key === key)) {
+          warned.delete(key);
+          Notification.dismiss(id);
         }
       }
     });
@@ -112,14 +242,16 @@ const plugin: JupyterFrontEndPlugin<void> = {
             autoClose: false,
             actions: [
               {
-                label: 'End it',
-                caption: `End pid ${pid} (SIGTERM, then SIGKILL): its work is lost`,
+                label: trans.__('End it'),
+                caption: trans.__('End pid %1 (SIGTERM, then SIGKILL): its work is lost', pid),
                 callback: () => {
                   void endOrphans(ev.kernel_id, [pid])
                     .then(r => {
                       const p = (r.end as { processes?: { ended: boolean; reason?: string }[] } | undefined)?.processes?.[0];
                       if (r.status !== 'ok' || !p?.ended) {
-                        Notification.warning(`pid ${pid} was not ended: ${p?.reason ?? r.message ?? 'failed'}`, { autoClose: 8000 });
+                        Notification.warning(trans.__('pid %1 was not ended: %2', pid, p?.reason ?? r.message ?? trans.__('failed')), {
+                          autoClose: 8000
+                        });
                       }
                     })
                     .finally(() => source.refresh());
@@ -138,20 +270,36 @@ const plugin: JupyterFrontEndPlugin<void> = {
       for (const ev of newOOMs(events as LogEvent[], ooms)) {
         Notification.error(ev.headline, {
           autoClose: false,
-          actions: [{ label: 'Open report', caption: 'Show the report in the GPU memory panel', callback: () => { openPanel(); panel.showOOM(ev); } }]
+          actions: [
+            {
+              label: trans.__('Open report'),
+              caption: trans.__('Show the report in the GPU memory panel'),
+              callback: () => {
+                openPanel();
+                panel.showOOM(ev);
+              }
+            }
+          ]
         });
       }
       for (const ev of events as LogEvent[]) {
         if (ev.kind === 'snapshot') {
-          const name = ev.notebook ? ev.notebook.slice(ev.notebook.lastIndexOf('/') + 1) : `kernel ${ev.kernel_id.slice(0, 8)}`;
-          Notification.info(`Memory snapshot of ${name} is ready`, {
+          const name = ev.notebook ? baseName(ev.notebook) : trans.__('kernel %1', ev.kernel_id.slice(0, 8));
+          Notification.info(trans.__('Memory snapshot of %1 is ready', name), {
             autoClose: 15000,
-            actions: [{ label: 'Open', callback: () => { openPanel(); void panel.showSnapshot(ev.kernel_id, ev.reason, ev.notebook); } }]
+            actions: [
+              {
+                label: trans.__('Open'),
+                callback: () => {
+                  openPanel();
+                  void panel.showSnapshot(ev.kernel_id, ev.reason, ev.notebook);
+                }
+              }
+            ]
           });
         }
       }
     });
-    void labShell; // the panel lives in the right area of the lab shell when there is one
   }
 };
 

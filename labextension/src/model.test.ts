@@ -4,63 +4,17 @@ import {
   alerts,
   cullWarnings,
   formatDuration,
-  frameworkLines,
   History,
   mainGPU,
   newAlerts,
   Notebook,
   notebookLabel,
-  smSeries,
+  plotRange,
+  sparkPath,
   stackNotebooks,
-  State,
-  tooltipLines,
   varRows
 } from './model';
-
-const GiB = 1024 ** 3;
-
-function nb(id: string, bytes: number, gpu = 0, path = `${id}.ipynb`): Notebook {
-  return {
-    kernel_id: id,
-    notebook: `/root/${path}`,
-    path,
-    pids: [100],
-    user: 'ann',
-    gpu_memory_bytes: bytes,
-    peak_bytes: bytes,
-    per_gpu: [{ index: gpu, bytes }],
-    processes: [{ pid: 100, per_gpu: [{ index: gpu, bytes }] }]
-  };
-}
-
-function state(over: Partial<State> = {}): State {
-  return {
-    status: 'ok',
-    now: 1000,
-    step_seconds: 1,
-    alert_threshold: 0.8,
-    gpus: [
-      {
-        index: 0,
-        uuid: 'GPU-0',
-        name: 'Simulated H200',
-        memory_total_bytes: 80 * GiB,
-        memory_used_bytes: 10 * GiB,
-        simulated: true,
-        notebook_bytes: 10 * GiB,
-        other_bytes: 0,
-        free_bytes: 70 * GiB
-      }
-    ],
-    notebooks: [],
-    others: [],
-    warnings: [],
-    series: { gpus: [], notebooks: [] },
-    events: [],
-    last_event: 0,
-    ...over
-  };
-}
+import { GiB, nb, state } from './test-fixtures';
 
 describe('History', () => {
   it('merges incremental replies and keeps 15 minutes', () => {
@@ -73,27 +27,110 @@ describe('History', () => {
   });
 });
 
+const pts = (id: string, points: [number, number][], gpu?: number) => ({ id, gpu, peak_bytes: 0, peak_at: 0, points });
+
+describe('History per GPU', () => {
+  it('keeps a notebook\'s total apart from its bytes on each GPU', () => {
+    const h = new History();
+    h.merge(state({ now: 1000, series: { gpus: [], notebooks: [pts('two', [[1000, 61]]), pts('two', [[1000, 20]], 0), pts('two', [[1000, 41]], 1)] } }));
+    expect(h.notebooks.get('two')?.get(1000)).toBe(61);
+    expect(h.notebookGpus.get('two/0')?.get(1000)).toBe(20);
+    expect(h.notebookGpus.get('two/1')?.get(1000)).toBe(41);
+    expect(h.first()).toBe(1000);
+  });
+});
+
 describe('stackNotebooks', () => {
-  it('stacks the biggest at the bottom on a common time axis, gaps as 0', () => {
+  it('stacks each notebook\'s bytes on this GPU, the biggest at the bottom, gaps as 0', () => {
     const h = new History();
     h.merge(
       state({
         now: 1003,
         series: {
-          gpus: [],
-          notebooks: [
-            { id: 'small', peak_bytes: 0, peak_at: 0, points: [[1002, 1], [1003, 1]] },
-            { id: 'big', peak_bytes: 0, peak_at: 0, points: [[1001, 5], [1003, 6]] }
-          ]
+          gpus: [pts('0', [[1001, 9], [1002, 9], [1003, 12]])],
+          notebooks: [pts('small', [[1002, 1], [1003, 1]], 0), pts('big', [[1001, 5], [1003, 6]], 0), pts('elsewhere', [[1003, 9]], 1)]
         }
       })
     );
-    const st = stackNotebooks(h, [nb('small', 1), nb('big', 6), nb('elsewhere', 9, 1)], 0, 1, 3);
-    expect(st.times).toEqual([1001, 1002, 1003]);
+    const st = stackNotebooks(h, [nb('small', 1), nb('big', 6), nb('elsewhere', 9, 1)], 0, 3);
+    expect(st.times.slice(-3)).toEqual([1001, 1002, 1003]);
     expect(st.stacks.map(s => s.kernelId)).toEqual(['big', 'small']);
-    expect(st.stacks[0].values).toEqual([5, 0, 6]);
-    expect(st.stacks[1].values).toEqual([5, 1, 7]);
+    expect(st.stacks[0].values.slice(-3)).toEqual([5, 0, 6]);
+    expect(st.stacks[1].values.slice(-3)).toEqual([5, 1, 7]);
     expect(st.stacks[1].label).toBe('small.ipynb');
+    expect(st.used.slice(-3)).toEqual([9, 9, 12]);
+    expect(st.top).toBe(12);
+  });
+
+  it('draws a two-GPU notebook\'s bytes on each GPU, never its total', () => {
+    const h = new History();
+    const two: Notebook = { ...nb('two', 61 * GiB), per_gpu: [{ index: 0, bytes: 20 * GiB }, { index: 1, bytes: 41 * GiB }] };
+    h.merge(
+      state({
+        now: 1000,
+        series: {
+          gpus: [pts('0', [[1000, 20 * GiB]]), pts('1', [[1000, 41 * GiB]])],
+          notebooks: [pts('two', [[1000, 61 * GiB]]), pts('two', [[1000, 20 * GiB]], 0), pts('two', [[1000, 41 * GiB]], 1)]
+        }
+      })
+    );
+    const on0 = stackNotebooks(h, [two], 0);
+    const on1 = stackNotebooks(h, [two], 1);
+    expect(on0.stacks[0].values.at(-1)).toBe(20 * GiB);
+    expect(on1.stacks[0].values.at(-1)).toBe(41 * GiB);
+    expect(on0.top).toBe(20 * GiB);
+  });
+
+  it('draws nothing, never 0, before the oldest point', () => {
+    const h = new History(3600);
+    h.merge(state({ now: 1000, step_seconds: 60, series: { gpus: [pts('0', [[960, 9]])], notebooks: [pts('a', [[960, 4]], 0)] } }));
+    const st = stackNotebooks(h, [nb('a', 4)], 0, 3600);
+    expect(st.times).toEqual([900, 960]);
+    expect(st.stacks[0].values).toEqual([null, 4]);
+    expect(st.used).toEqual([null, 9]);
+  });
+
+  it('fits the window to a short history, never under a minute', () => {
+    expect(plotRange(1000, 1030, 900)).toEqual([970, 1030]); // 30 s of data: a minute
+    expect(plotRange(1000, 1300, 900)).toEqual([1000, 1300]); // 5 min of data: 5 min
+    expect(plotRange(1000, 5000, 900)).toEqual([4100, 5000]); // more than the window: the window
+    expect(plotRange(0, 0, 900)).toEqual([0, 0]);
+  });
+
+  it('draws a sparkline within its box', () => {
+    const m = new Map([
+      [100, 0],
+      [150, 5],
+      [200, 10]
+    ]);
+    expect(sparkPath(m, 100, 200, 100, 16, 10)).toBe('M0.0,16.0 L50.0,8.0 L100.0,0.0');
+    expect(sparkPath(undefined, 100, 200, 100, 16, 10)).toBe('');
+  });
+
+  it('leaves a gap where a figure is missing, when told the step', () => {
+    // SM % at 100, 101, then unknown until 103: no line across 101..103.
+    const m = new Map([
+      [100, 0],
+      [101, 100],
+      [103, 50]
+    ]);
+    expect(sparkPath(m, 100, 104, 40, 10, 100, 1)).toBe('M0.0,10.0 L10.0,0.0 M30.0,5.0');
+    expect(sparkPath(m, 100, 104, 40, 10, 100)).toBe('M0.0,10.0 L10.0,0.0 L30.0,5.0');
+  });
+});
+
+describe('History of SM utilization', () => {
+  it('keeps each notebook\'s SM % apart from its bytes, for the same window', () => {
+    const h = new History();
+    const s = (id: string, points: [number, number][]) => ({ id, peak_bytes: 0, peak_at: 0, points });
+    h.merge(state({ now: 1000, series: { gpus: [], notebooks: [s('a', [[1000, GiB]])], notebook_sm: [s('a', [[998, 95], [1000, 0]])] } }));
+    expect([...h.sm.get('a')!.entries()]).toEqual([[998, 95], [1000, 0]]);
+    expect(h.notebooks.get('a')!.get(1000)).toBe(GiB);
+    // A reply without SM series (an older daemon) keeps what there is.
+    h.merge(state({ now: 1001, series: { gpus: [], notebooks: [] } }));
+    expect(h.sm.get('a')!.size).toBe(2);
+    h.merge(state({ now: 1000 + 15 * 60, series: { gpus: [], notebooks: [] } }));
+    expect(h.sm.has('a')).toBe(false);
   });
 });
 
@@ -125,7 +162,7 @@ describe('alerts', () => {
   });
 });
 
-describe('labels, tooltip, frameworks, vars', () => {
+describe('labels, frameworks, vars', () => {
   it('labels a kernel without a notebook by its id', () => {
     expect(notebookLabel({ notebook: '', kernel_id: '0123456789abcdef' })).toBe('kernel 01234567');
   });
@@ -135,29 +172,6 @@ describe('labels, tooltip, frameworks, vars', () => {
     const n = { ...nb('k', 3), per_gpu: [{ index: 0, bytes: 1 }, { index: 1, bytes: 2 }] };
     expect(mainGPU(s, n)?.index).toBe(1);
     expect(mainGPU(s, undefined)?.index).toBe(0);
-  });
-
-  it('writes per-GPU lines and marks the simulated GPU', () => {
-    const s = state({ notebooks: [nb('k', 2 * GiB)] });
-    expect(tooltipLines(s, s.notebooks[0])).toEqual([
-      "k.ipynb: 2.0 GiB on the GPU (driver's figure, children included)",
-      'peak since kernel start: 2.0 GiB',
-      'GPU 0 (Simulated H200): 2.0 GiB',
-      'GPU 0 total: 10.0 GiB / 80.0 GiB (simulated)'
-    ]);
-    expect(tooltipLines(s, undefined)[0]).toMatch(/no kernel/);
-  });
-
-  it('reads framework figures from %gpumem data', () => {
-    const summary = {
-      frameworks: [
-        { name: 'torch', label: 'PyTorch', state: 'active', devices: [{ device: 'cuda:0', used: GiB, held: 2 * GiB }] },
-        { name: 'jax', label: 'JAX', state: 'absent', devices: [] },
-        { name: 'tensorflow', label: 'TensorFlow', state: 'imported', devices: [] }
-      ]
-    };
-    expect(frameworkLines(summary)).toEqual(['PyTorch cuda:0: uses 1.0 GiB, holds 2.0 GiB', 'TensorFlow: imported']);
-    expect(frameworkLines(null)).toEqual([]);
   });
 
   it('sorts variable rows largest first', () => {
@@ -197,15 +211,5 @@ describe('cullWarnings', () => {
     expect(formatDuration(40)).toBe('40 s');
     expect(formatDuration(720)).toBe('12 min');
     expect(formatDuration(7200)).toBe('2 h');
-  });
-});
-
-describe('smSeries', () => {
-  it('is the SM % a step, with gaps where unknown', () => {
-    const h = new History();
-    h.merge(state({ now: 1000, series: { gpus: [], notebooks: [{ id: 'a', peak_bytes: 0, peak_at: 0, points: [[1000, GiB]] }],
-      notebook_sm: [{ id: 'a', peak_bytes: 0, peak_at: 0, points: [[997, 90], [998, 95], [1000, 0]] }] } }));
-    expect(smSeries(h, 'a', 1, 5)).toEqual([null, 90, 95, null, 0]);
-    expect(smSeries(h, 'b', 1, 2)).toEqual([null, null]);
   });
 });

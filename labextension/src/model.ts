@@ -34,6 +34,16 @@ export interface LeftRunning {
   message: string;
 }
 
+/** A (GPU, pid) of a notebook's tree holding memory with no framework memory there, as the daemon flags it. */
+export interface StrayContext {
+  gpu: number;
+  pid: number;
+  bytes: number;
+  label: string;
+  why: string;
+  avoid: string;
+}
+
 export interface GPU {
   index: number;
   uuid: string;
@@ -58,20 +68,10 @@ export interface Notebook {
   processes: { pid: number; per_gpu: GPUBytes[] }[];
   /** The kernel's server's view of its activity, and any planned cull. */
   activity?: Activity;
-  /** (GPU, pid) of its tree holding memory with no framework memory there, as the daemon flags them. */
   stray_contexts?: StrayContext[];
   /** Summed over its GPUs; absent when unknown. */
   utilization?: Utilization;
   compute?: Compute;
-}
-
-export interface StrayContext {
-  gpu: number;
-  pid: number;
-  bytes: number;
-  label: string;
-  why: string;
-  avoid: string;
 }
 
 export interface Activity {
@@ -92,6 +92,8 @@ export interface OtherUser {
 
 export interface Series {
   id: string;
+  /** A notebook's series on one GPU: that GPU's index; absent for its total. */
+  gpu?: number;
   peak_bytes: number;
   peak_at: number;
   points: [number, number][];
@@ -112,8 +114,23 @@ export interface ReclaimEvent {
   message?: string;
 }
 
+/**
+ * Which daemon serves this server, as the server extension's supervisor
+ * says it: started by this server, shared (started outside it), or not
+ * running and why. text is the sentence to show; the rest is for tests and
+ * styling.
+ */
+export interface DaemonStatus {
+  case: 'started' | 'shared' | 'not_running';
+  pid: number;
+  user: string;
+  version: string;
+  text: string;
+}
+
 export interface State {
   status: 'ok';
+  daemon?: DaemonStatus;
   now: number;
   step_seconds: number;
   alert_threshold: number;
@@ -121,6 +138,7 @@ export interface State {
   notebooks: Notebook[];
   others: OtherUser[];
   warnings: string[];
+  /** notebook_sm: each notebook's SM % (summed over its GPUs), no point where unknown. */
   series: { gpus: Series[]; notebooks: Series[]; notebook_sm?: Series[] };
   events: ReclaimEvent[];
   last_event: number;
@@ -130,47 +148,71 @@ export interface State {
 export interface Unavailable {
   status: 'no_daemon' | 'error';
   message: string;
+  daemon?: DaemonStatus;
 }
 
 export type Reply = State | Unavailable;
 
-/** The plot's window, in seconds. */
-export const WINDOW_SECONDS = 15 * 60;
+/** What the daemon keeps at its sampling interval: 15 minutes. */
+export const FINE_WINDOW = 15 * 60;
+/** The plot windows a user may choose, in seconds: 5 min, 15 min, 1 h, 24 h. */
+export const WINDOWS = [5 * 60, 15 * 60, 60 * 60, 24 * 60 * 60];
+/** The shortest span a plot shows, however little history there is. */
+export const MIN_SPAN = 60;
+
+type Points = Map<number, number>;
 
 /**
- * History keeps the last WINDOW_SECONDS of points per series, merged from
- * the incremental replies (each asks for points since the last reply).
+ * History keeps the last windowSeconds of points per series, merged from
+ * the incremental replies (each asks for points since the last reply):
+ * the GPUs' used memory, each notebook's total, each notebook's bytes on
+ * each GPU (keyed "kernel/gpu") and each notebook's SM %, all as the
+ * daemon sent them.
  */
 export class History {
-  readonly notebooks = new Map<string, Map<number, number>>();
-  readonly gpus = new Map<string, Map<number, number>>();
-  /** Per notebook, SM % (summed over its GPUs); no point where unknown. */
-  readonly sm = new Map<string, Map<number, number>>();
+  readonly notebooks = new Map<string, Points>();
+  readonly notebookGpus = new Map<string, Points>();
+  readonly gpus = new Map<string, Points>();
+  /** Per notebook, its SM % summed over its GPUs; no point where unknown. */
+  readonly sm = new Map<string, Points>();
   now = 0;
   /** The newest point's time: the daemon's clock runs ahead of its last sample. */
   last = 0;
+  /** The points' spacing, in seconds (the daemon's step_seconds). */
+  step = 1;
+
+  constructor(readonly windowSeconds = FINE_WINDOW) {}
 
   /** Merges a reply's series and drops points older than the window. */
   merge(state: State): void {
     this.now = Math.max(this.now, state.now);
-    const add = (into: Map<string, Map<number, number>>, series: Series[]) => {
-      for (const s of series) {
-        let m = into.get(s.id);
-        if (!m) {
-          m = new Map();
-          into.set(s.id, m);
-        }
-        for (const [t, b] of s.points) {
-          m.set(t, b);
-          this.last = Math.max(this.last, t);
-        }
+    this.step = Math.max(1, state.step_seconds || 1);
+    const add = (into: Map<string, Points>, key: string, points: [number, number][]) => {
+      let m = into.get(key);
+      if (!m) {
+        m = new Map();
+        into.set(key, m);
+      }
+      for (const [t, b] of points) {
+        m.set(t, b);
+        this.last = Math.max(this.last, t);
       }
     };
-    add(this.notebooks, state.series.notebooks);
-    add(this.gpus, state.series.gpus);
-    add(this.sm, state.series.notebook_sm ?? []);
-    const horizon = this.now - WINDOW_SECONDS;
-    for (const all of [this.notebooks, this.gpus, this.sm]) {
+    for (const s of state.series.notebooks) {
+      if (s.gpu === undefined) {
+        add(this.notebooks, s.id, s.points);
+      } else {
+        add(this.notebookGpus, gpuKey(s.id, s.gpu), s.points);
+      }
+    }
+    for (const s of state.series.gpus) {
+      add(this.gpus, s.id, s.points);
+    }
+    for (const s of state.series.notebook_sm ?? []) {
+      add(this.sm, s.id, s.points);
+    }
+    const horizon = this.now - this.windowSeconds;
+    for (const all of [this.notebooks, this.notebookGpus, this.gpus, this.sm]) {
       for (const [id, m] of all) {
         for (const t of m.keys()) {
           if (t <= horizon) {
@@ -183,68 +225,129 @@ export class History {
       }
     }
   }
+
+  /** The oldest point's time, or 0 without any. */
+  first(): number {
+    let first = 0;
+    for (const all of [this.notebooks, this.notebookGpus, this.gpus]) {
+      for (const m of all.values()) {
+        for (const t of m.keys()) {
+          first = first === 0 ? t : Math.min(first, t);
+        }
+      }
+    }
+    return first;
+  }
 }
 
-/** Data for one GPU's stacked plot, in uPlot's column layout. */
+/** The key of a notebook's series on one GPU. */
+export function gpuKey(kernelId: string, gpu: number): string {
+  return `${kernelId}/${gpu}`;
+}
+
+/**
+ * The plot's time range: the chosen window, or less while the history is
+ * shorter, so that a fresh session fills the plot instead of being a
+ * sliver at its right edge; never under MIN_SPAN.
+ */
+export function plotRange(first: number, last: number, windowSeconds: number): [number, number] {
+  if (!(last > 0)) {
+    return [0, 0];
+  }
+  const from = first > 0 ? Math.max(last - windowSeconds, Math.min(first, last - MIN_SPAN)) : last - MIN_SPAN;
+  return [from, last];
+}
+
+/** Data for one GPU's plot, in uPlot's column layout. */
 export interface Stacked {
   /** Times (unix seconds), one a step, oldest first. */
   times: number[];
   /** Per notebook, the cumulative sum up to and including it: the upper edge of its band. */
   stacks: { kernelId: string; label: string; values: (number | null)[] }[];
+  /** The GPU's used memory (every process's, as the driver counts it), or null where unknown. */
+  used: (number | null)[];
+  /** The highest figure drawn: the axis's top. */
+  top: number;
 }
 
 /**
- * Stacks the notebooks' series on a common time axis (every step of the
- * window up to now): each notebook's band sits on the ones before it, the
- * biggest now at the bottom. A missing point counts 0 so that bands stay
- * contiguous. Only notebooks that hold memory on gpuIndex now (or whose
- * history shows memory) are stacked; GPUs are not split per notebook by the
- * daemon's history, so a notebook's whole figure is drawn on each GPU it
- * uses.
+ * One GPU's plot: this server's notebooks stacked on a common time axis
+ * (every step of the range), each band that notebook's bytes on this GPU
+ * only, the biggest now at the bottom, and the GPU's used memory as a
+ * line above them (other users and processes are the gap). A missing
+ * point counts 0 so that bands stay contiguous; before the oldest point
+ * there is nothing (null). Every figure is the
+ * daemon's: nothing is attributed here.
  */
-export function stackNotebooks(
-  hist: History,
-  notebooks: Notebook[],
-  gpuIndex: number,
-  step: number,
-  window = WINDOW_SECONDS
-): Stacked {
-  const st = Math.max(1, step);
-  const end = hist.last || hist.now;
+export function stackNotebooks(hist: History, notebooks: Notebook[], gpuIndex: number, windowSeconds = FINE_WINDOW): Stacked {
+  const st = Math.max(1, hist.step);
+  const [from, to] = plotRange(hist.first(), hist.last || hist.now, windowSeconds);
   const times: number[] = [];
-  for (let t = end - window + st; t <= end; t += st) {
+  for (let t = to; t >= from && to > 0; t -= st) {
     times.push(t);
   }
-  const onGPU = notebooks.filter(
-    nb => nb.per_gpu.some(g => g.index === gpuIndex) || (nb.per_gpu.length === 0 && gpuIndex === 0)
-  );
-  onGPU.sort((a, b) => b.gpu_memory_bytes - a.gpu_memory_bytes || a.kernel_id.localeCompare(b.kernel_id));
+  times.reverse();
+  const bytesOn = (nb: Notebook) => nb.per_gpu.find(g => g.index === gpuIndex)?.bytes ?? 0;
+  const onGPU = notebooks.filter(nb => bytesOn(nb) > 0 || hist.notebookGpus.has(gpuKey(nb.kernel_id, gpuIndex)));
+  onGPU.sort((a, b) => bytesOn(b) - bytesOn(a) || a.kernel_id.localeCompare(b.kernel_id));
+  // Before the oldest point the daemon sent there is no figure at all:
+  // drawn as nothing, never as 0.
+  const first = hist.first();
+  const known = times.map(t => first > 0 && t >= first);
   const base = times.map(() => 0);
+  let top = 0;
   const stacks: Stacked['stacks'] = [];
   for (const nb of onGPU) {
-    const pts = hist.notebooks.get(nb.kernel_id);
+    const pts = hist.notebookGpus.get(gpuKey(nb.kernel_id, gpuIndex));
     const values = times.map((t, i) => {
+      if (!known[i]) {
+        return null;
+      }
       base[i] += pts?.get(t) ?? 0;
+      top = Math.max(top, base[i]);
       return base[i];
     });
     stacks.push({ kernelId: nb.kernel_id, label: notebookLabel(nb), values });
   }
-  return { times, stacks };
+  const gpuPts = hist.gpus.get(String(gpuIndex));
+  const used = times.map((t, i) => {
+    const v = gpuPts?.get(t);
+    if (v === undefined || !known[i]) {
+      return null;
+    }
+    top = Math.max(top, v);
+    return v;
+  });
+  return { times, stacks, used, top };
 }
 
 /**
- * A notebook's SM % over the plot's window, one value a step, oldest
- * first: null where the daemon had no figure (unknown, or not sampled).
+ * A sparkline's SVG path: points (unix seconds, figure) within [from, to]
+ * scaled into width x height, 0 at the bottom and max at the top. With gap
+ * (seconds), points further apart than it are not joined: a time without
+ * a figure (utilization unknown) stays a gap, never a line through it.
  */
-export function smSeries(hist: History, kernelId: string, step: number, window = WINDOW_SECONDS): (number | null)[] {
-  const st = Math.max(1, step);
-  const end = hist.last || hist.now;
-  const pts = hist.sm.get(kernelId);
-  const out: (number | null)[] = [];
-  for (let t = end - window + st; t <= end; t += st) {
-    out.push(pts?.get(t) ?? null);
+export function sparkPath(
+  points: Points | undefined,
+  from: number,
+  to: number,
+  width: number,
+  height: number,
+  max: number,
+  gap = Infinity
+): string {
+  if (!points || !(to > from) || !(max > 0)) {
+    return '';
   }
-  return out;
+  const xs = [...points.keys()].filter(t => t >= from && t <= to).sort((a, b) => a - b);
+  return xs
+    .map((t, i) => {
+      const x = ((t - from) / (to - from)) * width;
+      const y = height - (Math.min(points.get(t) ?? 0, max) / max) * height;
+      const pen = i > 0 && t - xs[i - 1] <= gap ? 'L' : 'M';
+      return `${pen}${x.toFixed(1)},${y.toFixed(1)}`;
+    })
+    .join(' ');
 }
 
 /** The name a notebook goes by: its file name, or its kernel. */
@@ -343,59 +446,6 @@ export function newAlerts(current: Alert[], shown: Set<string>): Alert[] {
     shown.add(a.key);
   }
   return fresh;
-}
-
-/** The tooltip's lines for a notebook: per GPU, then per process. */
-export function tooltipLines(state: State, nb: Notebook | undefined): string[] {
-  const lines: string[] = [];
-  if (!nb) {
-    lines.push('This notebook has no kernel that gpumem serve follows yet.');
-  } else {
-    lines.push(`${notebookLabel(nb)}: ${formatBytes(nb.gpu_memory_bytes)} on the GPU (driver's figure, children included)`);
-    if (nb.peak_bytes) {
-      lines.push(`peak since kernel start: ${formatBytes(nb.peak_bytes)}`);
-    }
-    for (const pg of nb.per_gpu) {
-      const g = state.gpus.find(x => x.index === pg.index);
-      lines.push(
-        `GPU ${pg.index}${g ? ` (${g.name})` : ''}: ${formatBytes(pg.bytes)}${pg.bytes_unknown ? ' + unknown' : ''}`
-      );
-    }
-    if (nb.processes.length > 1) {
-      lines.push(`${nb.processes.length} processes: ` + nb.processes.map(p => `pid ${p.pid}`).join(', '));
-    }
-  }
-  for (const g of state.gpus) {
-    lines.push(
-      `GPU ${g.index} total: ${formatBytes(g.memory_used_bytes)} / ${formatBytes(g.memory_total_bytes)}` +
-        (g.simulated ? ' (simulated)' : '')
-    );
-  }
-  return lines;
-}
-
-/** Framework lines from the kernel's %gpumem summary data. */
-export function frameworkLines(summary: unknown): string[] {
-  const fws = (summary as { frameworks?: unknown })?.frameworks;
-  if (!Array.isArray(fws)) {
-    return [];
-  }
-  const lines: string[] = [];
-  for (const fw of fws as { label?: string; name?: string; state?: string; devices?: unknown[] }[]) {
-    const label = fw.label || fw.name || '?';
-    const devs = Array.isArray(fw.devices) ? fw.devices : [];
-    if (!devs.length) {
-      if (fw.state && fw.state !== 'absent') {
-        lines.push(`${label}: ${fw.state}`);
-      }
-      continue;
-    }
-    for (const d of devs as { device?: string; used?: number; held?: number | null }[]) {
-      const held = typeof d.held === 'number' ? `, holds ${formatBytes(d.held)}` : '';
-      lines.push(`${label} ${d.device ?? ''}: uses ${formatBytes(d.used ?? 0)}${held}`.replace('  ', ' '));
-    }
-  }
-  return lines;
 }
 
 /** One row of the Variables table. */

@@ -54,7 +54,7 @@ describe('newOOMs', () => {
 describe('holderName', () => {
   it('names holders as the daemon lets this user see them', () => {
     const h = oomEvent().holders;
-    expect(h.map(holderName)).toEqual(["user b's notebook", 'this kernel', 'eval.ipynb', '/usr/bin/python3 serve.py']);
+    expect(h.map(x => holderName(x))).toEqual(["user b's notebook", 'this kernel', 'eval.ipynb', '/usr/bin/python3 serve.py']);
     expect(holderName({ kind: 'notebook', user: 'a', bytes: 1, kernel_id: '0123456789ab' })).toBe('kernel 01234567');
   });
 });

@@ -7,7 +7,7 @@
 
 import type uPlot from 'uplot';
 
-import { formatBytes } from './format';
+import { formatBytes, plainTrans, Trans } from './format';
 import { formatDuration } from './model';
 
 export interface OOMHolder {
@@ -74,45 +74,60 @@ export function newOOMs(events: LogEvent[], seen: Set<number>): OOMEvent[] {
 }
 
 /** "this kernel", "user b's notebook", "train.ipynb", a command. */
-export function holderName(h: OOMHolder): string {
+export function holderName(h: OOMHolder, trans: Trans = plainTrans): string {
   if (h.self) {
-    return 'this kernel';
+    return trans.__('this kernel');
   }
   if (h.hidden) {
-    return `user ${h.user || '?'}'s ${h.kind === 'notebook' ? 'notebook' : 'process'}`;
+    return h.kind === 'notebook' ? trans.__("user %1's notebook", h.user || '?') : trans.__("user %1's process", h.user || '?');
   }
   if (h.kind === 'process') {
-    return (h.command || `pid ${h.pids?.[0] ?? '?'}`).slice(0, 60);
+    return (h.command || trans.__('pid %1', h.pids?.[0] ?? '?')).slice(0, 60);
   }
   const nb = h.notebook || '';
-  return nb ? nb.slice(nb.lastIndexOf('/') + 1) : `kernel ${(h.kernel_id || '').slice(0, 8)}`;
+  return nb ? nb.slice(nb.lastIndexOf('/') + 1) : trans.__('kernel %1', (h.kernel_id || '').slice(0, 8));
 }
 
 /** One line per fact of the report, in the panel's order. */
-export function reportLines(ev: OOMEvent): string[] {
+export function reportLines(ev: OOMEvent, trans: Trans = plainTrans): string[] {
   const lines: string[] = [];
   const c = ev.cell || {};
-  let where = ev.notebook ? ev.notebook.slice(ev.notebook.lastIndexOf('/') + 1) : `kernel ${ev.kernel_id.slice(0, 8)}`;
+  let where = ev.notebook ? ev.notebook.slice(ev.notebook.lastIndexOf('/') + 1) : trans.__('kernel %1', ev.kernel_id.slice(0, 8));
   if (c.execution_count) {
-    where += `, cell [${c.execution_count}]` + (c.line ? `, line ${c.line}` : '');
+    where = c.line ? trans.__('%1, cell [%2], line %3', where, c.execution_count, c.line) : trans.__('%1, cell [%2]', where, c.execution_count);
   }
-  lines.push(`${where}: asked for ${ev.requested_bytes ? formatBytes(ev.requested_bytes) : 'an unknown amount'} (${ev.error})`);
+  const asked = ev.requested_bytes ? formatBytes(ev.requested_bytes) : trans.__('an unknown amount');
+  lines.push(trans.__('%1: asked for %2 (%3)', where, asked, ev.error));
   if (c.source) {
     lines.push(c.source);
   }
   const k = ev.kernel;
   const cached = Math.max(0, k.reserved_bytes - k.allocated_bytes);
   lines.push(
-    `this kernel: ${formatBytes(k.allocated_bytes)} allocated, ${formatBytes(cached)} cached` +
-      (cached ? ` (${formatBytes(k.releasable_bytes)} releasable, ${formatBytes(k.fragmented_bytes)} fragmented)` : '')
+    cached
+      ? trans.__(
+          'this kernel: %1 allocated, %2 cached (%3 releasable, %4 fragmented)',
+          formatBytes(k.allocated_bytes),
+          formatBytes(cached),
+          formatBytes(k.releasable_bytes),
+          formatBytes(k.fragmented_bytes)
+        )
+      : trans.__('this kernel: %1 allocated, %2 cached', formatBytes(k.allocated_bytes), formatBytes(cached))
   );
   if (k.ipython_bytes) {
-    lines.push(`held only by IPython: ${formatBytes(k.ipython_bytes)} (${(k.ipython_refs || []).join(', ')})`);
+    lines.push(trans.__('held only by IPython: %1 (%2)', formatBytes(k.ipython_bytes), (k.ipython_refs || []).join(', ')));
   }
   if (ev.gpu) {
     const g = ev.gpu;
     lines.push(
-      `GPU ${g.index} ${g.name}${g.simulated ? ' (simulated)' : ''}: ${formatBytes(g.used_bytes)} of ${formatBytes(g.total_bytes)} used, ${formatBytes(g.free_bytes)} free`
+      trans.__(
+        'GPU %1 %2: %3 of %4 used, %5 free',
+        g.index,
+        g.simulated ? trans.__('%1 (simulated)', g.name) : g.name,
+        formatBytes(g.used_bytes),
+        formatBytes(g.total_bytes),
+        formatBytes(g.free_bytes)
+      )
     );
   }
   return lines;
@@ -130,31 +145,33 @@ function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls = '', text = ''):
 }
 
 /** The report's DOM (text only: nothing the kernel sent becomes markup). */
-export function reportNode(ev: OOMEvent): HTMLElement {
+export function reportNode(ev: OOMEvent, trans: Trans = plainTrans): HTMLElement {
   const box = el('div', 'jp-gpumem-report');
   box.dataset.gpumem = 'oom-report';
   box.appendChild(el('div', 'jp-gpumem-report-head', ev.headline));
-  for (const line of reportLines(ev)) {
+  for (const line of reportLines(ev, trans)) {
     box.appendChild(el('div', '', line));
   }
   if (ev.holders.length) {
-    const table = el('table', 'jp-gpumem-table');
+    const table = el('table', 'jp-gpumem-table jp-gpumem-holders');
     table.dataset.gpumem = 'oom-holders';
     const head = el('tr');
-    for (const h of ['holder', 'user', 'memory', 'state']) {
-      head.appendChild(el('th', '', h));
+    for (const h of [trans.__('holder'), trans.__('user'), trans.__('memory'), trans.__('state')]) {
+      head.appendChild(el('th', 'jp-gpumem-cut', h));
     }
     table.appendChild(head);
     for (const h of ev.holders) {
       const tr = el('tr');
-      const state = h.state === 'idle' && h.idle_seconds ? `idle ${formatDuration(h.idle_seconds)}` : h.state || '';
-      tr.append(el('td', '', holderName(h)), el('td', '', h.user), el('td', 'jp-gpumem-num', formatBytes(h.bytes)), el('td', '', state));
+      const state = h.state === 'idle' && h.idle_seconds ? trans.__('idle %1', formatDuration(h.idle_seconds)) : h.state || '';
+      const name = el('td', 'jp-gpumem-cut', holderName(h, trans));
+      name.title = name.textContent ?? '';
+      tr.append(name, el('td', 'jp-gpumem-cut', h.user), el('td', 'jp-gpumem-num', formatBytes(h.bytes)), el('td', 'jp-gpumem-cut', state));
       table.appendChild(tr);
     }
     box.appendChild(table);
   }
   if (ev.advice) {
-    const a = el('div', 'jp-gpumem-report-advice', `advice: ${ev.advice}`);
+    const a = el('div', 'jp-gpumem-report-advice', trans.__('advice: %1', ev.advice));
     a.dataset.gpumem = 'oom-advice';
     box.appendChild(a);
   }
@@ -202,11 +219,17 @@ export function timelineData(t: { time_us: number[]; allocated: number[]; reserv
  * timeline (uPlot) and the top stacks; rawUrl downloads the pickle that
  * pytorch.org/memory_viz opens. Resolves when drawn.
  */
-export async function drawSnapshot(box: HTMLElement, red: SnapshotReduction, rawUrl: string, width: number): Promise<void> {
+export async function drawSnapshot(
+  box: HTMLElement,
+  red: SnapshotReduction,
+  rawUrl: string,
+  width: number,
+  trans: Trans = plainTrans
+): Promise<void> {
   const UPlot = (await import('uplot')).default;
   box.replaceChildren();
   box.dataset.gpumem = 'snapshot';
-  const dl = el('a', 'jp-gpumem-button', 'Download the .pickle (pytorch.org/memory_viz opens it)');
+  const dl = el('a', 'jp-gpumem-download', trans.__('Download the .pickle (pytorch.org/memory_viz opens it)'));
   dl.href = rawUrl;
   dl.download = '';
   dl.dataset.gpumem = 'snapshot-download';
@@ -218,7 +241,15 @@ export async function drawSnapshot(box: HTMLElement, red: SnapshotReduction, raw
       el(
         'div',
         'jp-gpumem-report-head',
-        `cuda:${d.device}: ${s.count} segments, ${formatBytes(s.reserved_bytes)} reserved, ${formatBytes(s.allocated_bytes)} allocated, ${formatBytes(s.inactive_bytes)} cached; ${d.entries} trace entries`
+        trans.__(
+          'cuda:%1: %2 segments, %3 reserved, %4 allocated, %5 cached; %6 trace entries',
+          d.device,
+          s.count,
+          formatBytes(s.reserved_bytes),
+          formatBytes(s.allocated_bytes),
+          formatBytes(s.inactive_bytes),
+          d.entries
+        )
       )
     );
     if (d.timeline.time_us.length) {
@@ -231,11 +262,11 @@ export async function drawSnapshot(box: HTMLElement, red: SnapshotReduction, raw
         legend: { show: true, live: false },
         cursor: { show: false },
         scales: { x: { time: false } },
-        axes: [{ label: 's' }, { values: (_u, vals) => vals.map(v => formatBytes(v)), size: 70 }],
+        axes: [{ label: trans.__('s') }, { values: (_u, vals) => vals.map(v => formatBytes(v)), size: 70 }],
         series: [
           {},
-          { label: 'allocated', stroke: '#1f77b4', width: 1, points: { show: false } },
-          { label: 'reserved', stroke: '#ff7f0e', width: 1, points: { show: false } }
+          { label: trans.__('allocated'), stroke: '#1f77b4', width: 1, points: { show: false } },
+          { label: trans.__('reserved'), stroke: '#ff7f0e', width: 1, points: { show: false } }
         ]
       };
       new UPlot(opts, timelineData(d.timeline) as uPlot.AlignedData, plot);
@@ -243,21 +274,23 @@ export async function drawSnapshot(box: HTMLElement, red: SnapshotReduction, raw
     const table = el('table', 'jp-gpumem-table');
     table.dataset.gpumem = 'snapshot-stacks';
     const head = el('tr');
-    for (const h of ['allocated at', 'memory', 'blocks']) {
-      head.appendChild(el('th', '', h));
+    for (const h of [trans.__('allocated at'), trans.__('memory'), trans.__('blocks')]) {
+      head.appendChild(el('th', 'jp-gpumem-cut', h));
     }
     table.appendChild(head);
     for (const ts of d.top_stacks.slice(0, 10)) {
       const tr = el('tr');
       const st = stacks.get(ts.stack);
-      const cell = el('td', '', stackLine(st));
+      const cell = el('td', 'jp-gpumem-cut', stackLine(st));
       cell.title = (st?.frames ?? []).map(f => `${f.filename}:${f.line} ${f.name}`).join('\n');
       tr.append(cell, el('td', 'jp-gpumem-num', formatBytes(ts.bytes)), el('td', 'jp-gpumem-num', String(ts.count)));
       table.appendChild(tr);
     }
     box.appendChild(table);
     for (const o of d.ooms) {
-      box.appendChild(el('div', 'jp-gpumem-report-advice', `out of memory asking ${formatBytes(o.requested_bytes)} at ${stackLine(stacks.get(o.stack))}`));
+      box.appendChild(
+        el('div', 'jp-gpumem-report-advice', trans.__('out of memory asking %1 at %2', formatBytes(o.requested_bytes), stackLine(stacks.get(o.stack))))
+      );
     }
   }
 }

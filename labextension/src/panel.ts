@@ -1,26 +1,40 @@
-// The "GPU memory" side panel: per GPU its use and a live stacked plot of
-// the last 15 minutes per notebook (uPlot), this server's notebooks with
-// their figure, peak, processes and ended orphans, and buttons; other
-// users as totals. It draws what the state source holds: no request of its
-// own except the buttons'.
+// The "GPU memory" side panel, laid out for a sidebar of 250 to 600 px: a
+// heading with the plot window's selector; per GPU its use and a plot of
+// this server's notebooks on it (plot.ts); one compact row per notebook
+// (its name cut with an ellipsis, the full path on hover, its figure, a
+// sparkline, and an actions menu); other users as totals; the variables
+// of a notebook, its "why" or an out-of-memory report and memory snapshot
+// when asked. It draws what the state source holds: no request of its own
+// but its actions'.
 
 import { Notification } from '@jupyterlab/apputils';
-import { Widget } from '@lumino/widgets';
+import { JupyterFrontEnd } from '@jupyterlab/application';
+import { Menu, Widget } from '@lumino/widgets';
 import type uPlot from 'uplot';
 
 import { fetchSnapshot, fetchSnapshots, fetchVars, fetchWhy, freeCache, freeChildren, snapshotRawUrl } from './api';
-import { formatBytes, formatPercent, formatUtil, levelFor, sparklinePath } from './format';
-import { GPU, Notebook, notebookLabel, smSeries, stackNotebooks, State, varRows } from './model';
+import { binaryTicks, formatBytes, formatPercent, formatUtil, levelFor, plainTrans, Trans } from './format';
+import { GPU, Notebook, notebookLabel, plotRange, sparkPath, Stacked, stackNotebooks, State, varRows, WINDOWS } from './model';
 import { drawSnapshot, OOMEvent, reportNode, SnapshotReduction } from './oom';
+import { currentTheme, plotData, plotOptions, PlotTheme, PLOT_HEIGHT } from './plot';
 import { StateSource } from './source';
 
-/** What the panel needs from the application for its buttons. */
+/** What the panel needs from the application. */
 export interface PanelActions {
-  open(path: string): void;
-  /** JupyterLab's restart (with its confirmation); false when the notebook is not open here. */
-  restart(kernelId: string): Promise<boolean>;
-  canRestart(kernelId: string): boolean;
+  commands: JupyterFrontEnd['commands'];
+  /** The plot window chosen in the panel, in seconds (saved as a setting). */
+  setWindow(seconds: number): void;
 }
+
+/** The commands of a notebook's actions menu (registered by the plugin). */
+export const NOTEBOOK_COMMANDS = [
+  'gpumem:free-cache',
+  'gpumem:show-variables',
+  'gpumem:why',
+  'gpumem:free-workers',
+  'gpumem:restart-kernel',
+  'gpumem:open-notebook'
+];
 
 // uPlot is loaded when the panel first draws, not with JupyterLab's page.
 let uPlotClass: typeof uPlot | null = null;
@@ -33,6 +47,7 @@ function loadUPlot(): Promise<void> {
 }
 
 const PALETTE = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#7f7f7f', '#bcbd22', '#17becf'];
+const SVG = 'http://www.w3.org/2000/svg';
 
 function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls = '', text = ''): HTMLElementTagNameMap[K] {
   const e = document.createElement(tag);
@@ -45,29 +60,68 @@ function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls = '', text = ''):
   return e;
 }
 
+interface GPUPlot {
+  box: HTMLElement;
+  head: HTMLDivElement;
+  plotBox: HTMLDivElement;
+  hover: HTMLDivElement;
+  empty: HTMLDivElement;
+  plot: uPlot | null;
+  key: string; // what the plot was made for: bands, width, theme, window, step
+  data: Stacked; // what it draws now
+}
+
 export class GpuPanel extends Widget {
+  private _heading = el('h2', 'jp-gpumem-heading');
+  private _window = el('select', 'jp-gpumem-window');
   private _status = el('div', 'jp-gpumem-panel-status');
+  private _daemon = el('div', 'jp-gpumem-daemon');
   private _gpus = el('div', 'jp-gpumem-gpus');
-  private _notebooks = el('div', 'jp-gpumem-notebooks');
-  private _others = el('div', 'jp-gpumem-others');
-  private _vars = el('div', 'jp-gpumem-vars');
+  private _notebooks = el('section', 'jp-gpumem-notebooks');
+  private _others = el('section', 'jp-gpumem-others');
+  private _vars = el('section', 'jp-gpumem-vars');
   // An out-of-memory report or a memory snapshot, opened from a notification.
-  private _report = el('div', 'jp-gpumem-report-area');
-  private _plots = new Map<number, { box: HTMLDivElement; head: HTMLDivElement; plot: uPlot | null; ids: string }>();
+  private _report = el('section', 'jp-gpumem-report-area');
+  private _plots = new Map<number, GPUPlot>();
   private _colors = new Map<string, string>();
+  private _windowSeconds = 15 * 60;
 
   constructor(
     private _source: StateSource,
-    private _actions: PanelActions
+    private _actions: PanelActions,
+    private _trans: Trans = plainTrans
   ) {
     super();
+    const trans = _trans;
     this.id = 'jp-gpumem-panel';
     this.addClass('jp-gpumem-panel');
-    this.title.caption = 'GPU memory';
+    this.title.caption = trans.__('GPU memory');
+    this.node.setAttribute('role', 'region');
+    this.node.setAttribute('aria-label', trans.__('GPU memory'));
+    this._heading.textContent = trans.__('GPU memory');
+    const head = el('div', 'jp-gpumem-header');
+    const label = el('label', 'jp-gpumem-window-label');
+    label.append(el('span', 'jp-gpumem-sr', trans.__('Plot window')), this._window);
+    this._window.dataset.gpumem = 'window';
+    this._window.title = trans.__('How far back the plots go');
+    const names = [trans.__('5 min'), trans.__('15 min'), trans.__('1 h'), trans.__('24 h')];
+    WINDOWS.forEach((w, i) => {
+      const o = el('option', '', names[i]);
+      o.value = String(w);
+      this._window.appendChild(o);
+    });
+    this._window.value = String(this._windowSeconds);
+    this._window.onchange = () => {
+      this.windowSeconds = Number(this._window.value);
+      this._actions.setWindow(this._windowSeconds);
+    };
+    head.append(this._heading, label);
     this._status.dataset.gpumem = 'panel-status';
+    this._status.setAttribute('role', 'status');
+    this._daemon.dataset.gpumem = 'daemon-status';
     this._vars.dataset.gpumem = 'vars';
     this._report.hidden = true;
-    this.node.append(this._report, this._status, this._gpus, this._notebooks, this._others, this._vars);
+    this.node.append(head, this._daemon, this._status, this._report, this._gpus, this._notebooks, this._others, this._vars);
     _source.changed.connect(() => {
       if (this.isVisible) {
         this.update();
@@ -75,65 +129,19 @@ export class GpuPanel extends Widget {
     });
   }
 
-  /** Shows an out-of-memory report at the top, with its snapshots when there are. */
-  showOOM(ev: OOMEvent): void {
-    const box = this._openReport(`Out of memory in ${ev.notebook ? ev.notebook.slice(ev.notebook.lastIndexOf('/') + 1) : 'a kernel'}`);
-    box.appendChild(reportNode(ev));
-    void fetchSnapshots(ev.kernel_id)
-      .then(r => {
-        const list = ((r as { snapshots?: { snapshots?: { id: string; oom_event?: number }[] } }).snapshots?.snapshots ?? []).filter(
-          s => s.oom_event === ev.seq
-        );
-        for (const s of list) {
-          const b = el('button', 'jp-mod-styled jp-gpumem-button', 'Open the memory snapshot');
-          b.dataset.action = 'Open snapshot';
-          b.onclick = () => void this.showSnapshot(ev.kernel_id, s.id, ev.notebook);
-          box.appendChild(b);
-        }
-      })
-      .catch(() => undefined);
+  /** The plots' window, in seconds (one of WINDOWS). */
+  get windowSeconds(): number {
+    return this._windowSeconds;
   }
-
-  /** Draws a memory snapshot at the top (when the daemon has reduced it). */
-  async showSnapshot(kernelId: string, id: string, notebook = ''): Promise<void> {
-    const name = notebook ? notebook.slice(notebook.lastIndexOf('/') + 1) : `kernel ${kernelId.slice(0, 8)}`;
-    const box = this._openReport(`Memory snapshot ${id} of ${name}`);
-    const body = el('div', 'jp-gpumem-empty', 'Reading…');
-    box.appendChild(body);
-    try {
-      const r = await fetchSnapshot(kernelId, id);
-      const s = (r as { snapshot?: { snapshot: { status: string; error?: string }; reduction: SnapshotReduction | null } }).snapshot;
-      if (r.status !== 'ok' || !s) {
-        body.textContent = r.message ?? 'failed';
-        return;
-      }
-      if (!s.reduction) {
-        body.textContent = s.snapshot.status === 'failed' ? `gpumem serve could not read it: ${s.snapshot.error}` : 'gpumem serve is still reducing it…';
-        return;
-      }
-      const t0 = performance.now();
-      await drawSnapshot(body, s.reduction, snapshotRawUrl(kernelId, id), this._plotWidth());
-      body.dataset.drawMs = String(Math.round(performance.now() - t0));
-    } catch (e) {
-      body.textContent = `Reading the snapshot failed: ${String(e)}`;
+  set windowSeconds(seconds: number) {
+    const w = WINDOWS.includes(seconds) ? seconds : 15 * 60;
+    if (w === this._windowSeconds) {
+      return;
     }
-  }
-
-  private _openReport(title: string): HTMLDivElement {
-    const r = this._report;
-    r.replaceChildren();
-    r.hidden = false;
-    const head = el('div', 'jp-gpumem-report-title');
-    head.append(el('h3', '', title));
-    const close = el('button', 'jp-mod-styled jp-gpumem-button', 'Close');
-    close.onclick = () => {
-      r.hidden = true;
-      r.replaceChildren();
-    };
-    head.appendChild(close);
-    const box = el('div');
-    r.append(head, box);
-    return box;
+    this._windowSeconds = w;
+    this._window.value = String(w);
+    this._source.window = w;
+    this.update();
   }
 
   protected onAfterShow(): void {
@@ -141,13 +149,7 @@ export class GpuPanel extends Widget {
   }
 
   protected onResize(): void {
-    for (const p of this._plots.values()) {
-      p.plot?.setSize({ width: this._plotWidth(), height: 140 });
-    }
-  }
-
-  private _plotWidth(): number {
-    return Math.max(200, this.node.clientWidth - 24);
+    this.update();
   }
 
   private _color(kernelId: string): string {
@@ -160,9 +162,14 @@ export class GpuPanel extends Widget {
   }
 
   protected onUpdateRequest(): void {
+    const daemon = this._source.daemon;
+    this._daemon.textContent = daemon?.text ?? '';
+    this._daemon.dataset.case = daemon?.case ?? '';
+    this._daemon.hidden = !daemon;
     const state = this._source.state;
+    const trans = this._trans;
     if (!state) {
-      this._status.textContent = this._source.unavailable ?? 'Waiting for gpumem serve…';
+      this._status.textContent = this._source.unavailable ?? trans.__('Waiting for the first figures from gpumem serve…');
       this._status.hidden = false;
       this._gpus.hidden = this._notebooks.hidden = this._others.hidden = this._vars.hidden = true;
       return;
@@ -176,60 +183,59 @@ export class GpuPanel extends Widget {
   }
 
   private _renderGPUs(state: State): void {
+    if (!state.gpus.length) {
+      for (const p of this._plots.values()) {
+        p.plot?.destroy();
+      }
+      this._plots.clear();
+      this._gpus.replaceChildren(el('div', 'jp-gpumem-empty', this._trans.__('No GPU figures (the line above says why).')));
+      return;
+    }
     const UPlot = uPlotClass;
     if (!UPlot) {
       void loadUPlot().then(() => this.update());
       return;
     }
+    const hist = this._source.historyFor(this._windowSeconds);
+    const theme = currentTheme(this.node);
     const seen = new Set<number>();
     for (const g of state.gpus) {
       seen.add(g.index);
-      let p = this._plots.get(g.index);
-      if (!p) {
-        const box = el('div', 'jp-gpumem-gpu');
-        box.dataset.gpu = String(g.index);
-        const head = el('div', 'jp-gpumem-gpu-head');
-        box.appendChild(head);
-        this._gpus.appendChild(box);
-        p = { box, head, plot: null, ids: '' };
-        this._plots.set(g.index, p);
-      }
+      const p = this._plotBox(g.index);
       this._renderGPUHead(p.head, g, state);
-      const st = stackNotebooks(this._source.history, state.notebooks, g.index, state.step_seconds);
-      const ids = st.stacks.map(s => s.kernelId).join(',');
-      // Draw the top of the stack first so that lower bands cover it.
-      const order = [...st.stacks].reverse();
-      const data = [st.times, ...order.map(s => s.values)] as uPlot.AlignedData;
-      // The newest top of the stack: what the plot shows last, for tests.
-      const top = order.length ? order[0].values[order[0].values.length - 1] : 0;
-      p.box.dataset.stackTop = String(top ?? 0);
-      if (!p.plot || p.ids !== ids) {
+      const st = stackNotebooks(hist, state.notebooks, g.index, this._windowSeconds);
+      p.data = st;
+      // The newest top of this server's stack: what the plot shows last, for tests.
+      const last = st.stacks.length ? st.stacks[st.stacks.length - 1].values : [];
+      p.box.dataset.stackTop = String(last.length ? (last[last.length - 1] ?? 0) : 0);
+      p.box.dataset.bands = st.stacks.map(s => s.kernelId).join(',');
+      p.box.dataset.yTicks = binaryTicks(st.top, 3).join(','); // what the axis shows
+      p.empty.hidden = st.stacks.length > 0;
+      p.empty.textContent = this._trans.__('No notebook of this server holds memory on GPU %1.', g.index);
+      const width = Math.max(120, p.box.clientWidth);
+      const key = `${st.stacks.map(s => s.kernelId).join(',')}|${width}|${themeKey(theme)}|${this._windowSeconds}|${hist.step}`;
+      if (!p.plot || p.key !== key) {
         p.plot?.destroy();
-        const opts: uPlot.Options = {
-          width: this._plotWidth(),
-          height: 140,
-          legend: { show: true, live: false },
-          cursor: { show: false },
-          scales: { y: { range: (_u, _min, max) => [0, Math.max(max, 1)] } },
-          axes: [
-            {},
-            { values: (_u, vals) => vals.map(v => formatBytes(v)), size: 70 }
-          ],
-          series: [
-            {},
-            ...order.map(s => ({
-              label: s.label,
-              stroke: this._color(s.kernelId),
-              fill: this._color(s.kernelId) + '99',
-              width: 1,
-              points: { show: false }
-            }))
-          ]
-        };
-        p.plot = new UPlot(opts, data, p.box);
-        p.ids = ids;
+        const colors = st.stacks.map(s => this._color(s.kernelId));
+        const box = p;
+        const opts = plotOptions(
+          st,
+          () => box.data,
+          width,
+          colors,
+          theme,
+          this._trans,
+          (text, left) => {
+            box.hover.hidden = !text;
+            box.hover.textContent = text ?? '';
+            box.hover.style.left = `${Math.min(Math.max(0, left), width - 120)}px`;
+          },
+          hist.step > 1 ? UPlot.paths.stepped?.({ align: 1 }) : undefined
+        );
+        p.plot = new UPlot(opts, plotData(st), p.plotBox);
+        p.key = key;
       } else {
-        p.plot.setData(data);
+        p.plot.setData(plotData(st));
       }
     }
     for (const [idx, p] of this._plots) {
@@ -241,258 +247,434 @@ export class GpuPanel extends Widget {
     }
   }
 
+  private _plotBox(index: number): GPUPlot {
+    let p = this._plots.get(index);
+    if (!p) {
+      const box = el('section', 'jp-gpumem-gpu');
+      box.dataset.gpu = String(index);
+      const head = el('div', 'jp-gpumem-gpu-head');
+      const plotBox = el('div', 'jp-gpumem-plot');
+      plotBox.style.minHeight = `${PLOT_HEIGHT}px`;
+      const hover = el('div', 'jp-gpumem-plot-hover');
+      hover.hidden = true;
+      hover.setAttribute('role', 'tooltip');
+      const empty = el('div', 'jp-gpumem-empty');
+      plotBox.appendChild(hover);
+      box.append(head, plotBox, empty);
+      for (const c of Array.from(this._gpus.children)) {
+        if (!c.classList.contains('jp-gpumem-gpu')) {
+          c.remove(); // the "no GPU" line
+        }
+      }
+      this._gpus.appendChild(box);
+      p = { box, head, plotBox, hover, empty, plot: null, key: '', data: { times: [], stacks: [], used: [], top: 0 } };
+      this._plots.set(index, p);
+    }
+    return p;
+  }
+
   private _renderGPUHead(head: HTMLDivElement, g: GPU, state: State): void {
-    head.replaceChildren();
-    const title = el('div', 'jp-gpumem-gpu-title', `GPU ${g.index} · ${g.name}${g.simulated ? ' (simulated)' : ''}`);
-    const fig = el(
-      'div',
-      'jp-gpumem-gpu-figure',
-      `${formatBytes(g.memory_used_bytes)} / ${formatBytes(g.memory_total_bytes)} used (${formatPercent(g.memory_used_bytes, g.memory_total_bytes)})`
+    const trans = this._trans;
+    const name = `GPU ${g.index} · ${g.name}${g.simulated ? trans.__(' (simulated)') : ''}`;
+    const title = el('div', 'jp-gpumem-gpu-title', name);
+    title.title = name;
+    const used = trans.__(
+      '%1 / %2 used · %3',
+      formatBytes(g.memory_used_bytes),
+      formatBytes(g.memory_total_bytes),
+      formatPercent(g.memory_used_bytes, g.memory_total_bytes)
     );
+    const fig = el('div', 'jp-gpumem-gpu-figure', used);
     fig.dataset.gpumem = 'gpu-figure';
     const bar = el('span', 'jp-gpumem-bar jp-gpumem-bar-wide');
+    bar.setAttribute('role', 'meter');
+    bar.setAttribute('aria-label', trans.__('GPU %1 memory used', g.index));
+    bar.setAttribute('aria-valuemin', '0');
+    bar.setAttribute('aria-valuemax', String(g.memory_total_bytes));
+    bar.setAttribute('aria-valuenow', String(g.memory_used_bytes));
+    bar.setAttribute('aria-valuetext', used);
     const fill = el('span', 'jp-gpumem-bar-fill');
     fill.style.width = `${Math.min(100, (100 * g.memory_used_bytes) / Math.max(g.memory_total_bytes, 1)).toFixed(1)}%`;
     bar.dataset.level = levelFor(g.memory_used_bytes, g.memory_total_bytes, state.alert_threshold);
     bar.appendChild(fill);
-    head.append(title, fig, bar);
+    head.replaceChildren(title, fig, bar);
   }
 
   private _renderNotebooks(state: State): void {
+    const trans = this._trans;
     const box = this._notebooks;
-    box.replaceChildren(el('h3', '', 'Notebooks of this server'));
+    box.replaceChildren(el('h3', '', trans.__('Notebooks of this server')));
     if (!state.notebooks.length) {
-      box.appendChild(el('div', 'jp-gpumem-empty', 'No kernel of this server is followed by gpumem serve.'));
+      box.appendChild(
+        el('div', 'jp-gpumem-empty', trans.__('No kernel of this server is followed by gpumem serve yet: open a notebook and start its kernel.'))
+      );
       return;
     }
-    const orphans = this._source.reclaimed;
-    const table = el('table', 'jp-gpumem-table');
-    table.title = 'now: GPU memory of the kernel and its children (driver figure); peak: since the kernel started; orphans: processes of an earlier kernel process that gpumem serve ended';
-    const head = el('tr');
-    for (const h of ['notebook', 'now', 'peak', 'procs', 'orphans', 'GPU work']) {
-      head.appendChild(el('th', '', h));
-    }
-    table.appendChild(head);
+    const list = el('ul', 'jp-gpumem-rows');
     const rows = [...state.notebooks].sort((a, b) => b.gpu_memory_bytes - a.gpu_memory_bytes || a.kernel_id.localeCompare(b.kernel_id));
+    const hist = this._source.historyFor(this._windowSeconds);
+    const [from, to] = plotRange(hist.first(), hist.last || hist.now, this._windowSeconds);
+    const max = Math.max(1, ...rows.map(nb => Math.max(nb.peak_bytes ?? 0, nb.gpu_memory_bytes)));
     for (const nb of rows) {
-      const [tr, actions] = this._notebookRow(nb, orphans.get(nb.kernel_id) ?? 0);
-      tr.appendChild(this._workCell(nb, state));
-      table.append(tr, actions);
+      const row = this._notebookRow(nb, this._source.reclaimed.get(nb.kernel_id) ?? 0, hist.notebooks.get(nb.kernel_id), from, to, max);
+      this._workLine(row, nb, hist.sm.get(nb.kernel_id), from, to, hist.step);
+      if (!state.gpus.length) {
+        // No GPU figures at all (no driver): no notebook holds "0 B".
+        const fig = row.querySelector<HTMLElement>('[data-field=now]')!;
+        fig.textContent = trans.__('n/a');
+        fig.title = trans.__('No GPU figures: %1', state.warnings.join('; ') || trans.__('gpumem serve sees no GPU.'));
+        for (const extra of Array.from(row.querySelectorAll('.jp-gpumem-details, .jp-gpumem-spark, .jp-gpumem-work'))) {
+          extra.remove();
+        }
+      }
+      list.appendChild(row);
     }
-    box.appendChild(table);
+    box.appendChild(list);
   }
 
-  private _notebookRow(nb: Notebook, orphans: number): [HTMLTableRowElement, HTMLTableRowElement] {
-    const tr = el('tr');
-    tr.dataset.kernelId = nb.kernel_id;
-    tr.dataset.gpumem = 'notebook-row';
-    const name = el('td', 'jp-gpumem-name', notebookLabel(nb));
-    name.title = nb.path || nb.notebook;
+  private _notebookRow(nb: Notebook, orphans: number, points: Map<number, number> | undefined, from: number, to: number, max: number): HTMLLIElement {
+    const trans = this._trans;
+    const label = notebookLabel(nb);
+    const row = el('li', 'jp-gpumem-row');
+    row.dataset.kernelId = nb.kernel_id;
+    row.dataset.gpumem = 'notebook-row';
     const swatch = el('span', 'jp-gpumem-swatch');
     swatch.style.background = this._color(nb.kernel_id);
-    name.prepend(swatch);
-    tr.append(
-      name,
-      el('td', 'jp-gpumem-num', formatBytes(nb.gpu_memory_bytes)),
-      el('td', 'jp-gpumem-num', nb.peak_bytes !== undefined ? formatBytes(nb.peak_bytes) : '—'),
-      el('td', 'jp-gpumem-num', String(Math.max(nb.processes.length, nb.pids.length ? 1 : 0))),
-      el('td', 'jp-gpumem-num', String(orphans))
-    );
-    // The buttons go on a row of their own: the panel is narrow.
-    const actionRow = el('tr', 'jp-gpumem-actions-row');
-    actionRow.dataset.kernelId = nb.kernel_id;
-    actionRow.dataset.gpumem = 'notebook-actions';
-    const actions = el('td', 'jp-gpumem-actions');
-    actions.colSpan = 6;
-    actionRow.appendChild(actions);
-    const button = (label: string, title: string, run: (b: HTMLButtonElement) => Promise<void>) => {
-      const b = el('button', 'jp-mod-styled jp-gpumem-button', label);
-      b.title = title;
-      b.dataset.action = label;
-      b.onclick = async () => {
-        b.disabled = true;
-        try {
-          await run(b);
-        } finally {
-          b.disabled = false;
-        }
-      };
-      actions.appendChild(b);
-      return b;
+    swatch.setAttribute('aria-hidden', 'true');
+    const name = el('span', 'jp-gpumem-name', label);
+    name.title = nb.path || nb.notebook || label;
+    const now = el('span', 'jp-gpumem-figure', formatBytes(nb.gpu_memory_bytes));
+    now.dataset.field = 'now';
+    now.title = trans.__("GPU memory of the kernel and its children now (the driver's figure)");
+    const more = el('button', 'jp-gpumem-more jp-Button jp-mod-minimal');
+    more.dataset.gpumem = 'notebook-actions';
+    more.setAttribute('aria-label', trans.__('Actions for %1', label));
+    more.setAttribute('aria-haspopup', 'menu');
+    more.title = trans.__('Free cache, variables, why, free workers, restart, open');
+    more.textContent = '⋯';
+    more.onclick = () => {
+      const r = more.getBoundingClientRect();
+      this._menu(nb.kernel_id).open(r.left, r.bottom);
     };
-    button('Free cache', 'gc and empty the frameworks\' caches in this kernel, after its current cell; no variable is deleted', () =>
-      this._free(nb)
+    const spark = document.createElementNS(SVG, 'svg');
+    spark.classList.add('jp-gpumem-spark');
+    spark.setAttribute('viewBox', '0 0 100 14');
+    spark.setAttribute('preserveAspectRatio', 'none');
+    spark.setAttribute('aria-hidden', 'true');
+    const sparkTitle = document.createElementNS(SVG, 'title');
+    sparkTitle.textContent = trans.__("%1's GPU memory over the plot's window", label);
+    spark.appendChild(sparkTitle);
+    const path = document.createElementNS(SVG, 'path');
+    path.setAttribute('d', sparkPath(points, from, to, 100, 14, max));
+    path.setAttribute('stroke', this._color(nb.kernel_id));
+    spark.appendChild(path);
+    const details = el('span', 'jp-gpumem-details');
+    const field = (key: string, text: string, title: string) => {
+      const s = el('span', '', text);
+      s.dataset.field = key;
+      s.title = title;
+      return s;
+    };
+    const procs = Math.max(nb.processes.length, nb.pids.length ? 1 : 0);
+    details.append(
+      field(
+        'peak',
+        // The daemon leaves a peak of 0 out.
+        trans.__('peak %1', formatBytes(nb.peak_bytes ?? 0)),
+        trans.__('The highest figure since the kernel started')
+      ),
+      field('procs', trans._n('%1 process', '%1 processes', procs), trans.__('Processes of the kernel holding GPU memory, the kernel included')),
+      field(
+        'orphans',
+        trans._n('%1 orphan ended', '%1 orphans ended', orphans),
+        trans.__('Processes of an earlier kernel process that gpumem serve ended')
+      )
     );
-    button('Variables', 'The variables holding GPU memory (%gpumem vars), read without running anything in the notebook', () =>
-      this._showVars(nb)
-    );
-    button('Why?', 'Every byte of this kernel\'s GPU memory in one row, with who holds it and the fix (%gpumem why)', () =>
-      this._showWhy(nb)
-    );
-    button('Free workers', 'End this kernel\'s worker processes that hold GPU memory (never the kernel itself)', () =>
-      this._freeWorkers(nb)
-    );
-    const rb = button('Restart kernel', 'Restart the kernel (JupyterLab asks first)', async () => {
-      await this._actions.restart(nb.kernel_id);
-    });
-    if (!this._actions.canRestart(nb.kernel_id)) {
-      rb.disabled = true;
-      rb.title = 'Open the notebook in this window to restart its kernel';
-      rb.onclick = null;
+    details.querySelector('[data-field=procs]')!.setAttribute('data-count', String(procs));
+    const ended = details.querySelector<HTMLElement>('[data-field=orphans]')!;
+    ended.dataset.count = String(orphans);
+    ended.hidden = orphans === 0;
+    row.append(swatch, name, now, more, spark, details);
+    const strays = nb.stray_contexts ?? [];
+    if (strays.length) {
+      // The daemon's flags, in its words: what it is, why, how to avoid it.
+      const box = el('div', 'jp-gpumem-strays');
+      for (const sc of strays) {
+        const w = el('div', 'jp-gpumem-stray', trans.__('GPU %1, pid %2: %3', sc.gpu, sc.pid, sc.label));
+        w.title = `${sc.why} ${sc.avoid}`;
+        w.dataset.gpumem = 'stray-context';
+        box.appendChild(w);
+      }
+      row.appendChild(box);
     }
-    const ob = button('Open', 'Open the notebook', async () => this._actions.open(nb.path));
-    if (!nb.path) {
-      ob.disabled = true;
-      ob.onclick = null;
-    }
-    for (const sc of nb.stray_contexts ?? []) {
-      const w = el('div', 'jp-gpumem-stray', `GPU ${sc.gpu} pid ${sc.pid}: ${sc.label}`);
-      w.title = `${sc.why} ${sc.avoid}`;
-      w.dataset.gpumem = 'stray-context';
-      actions.appendChild(w);
-    }
-    return [tr, actionRow];
+    return row;
   }
 
-  private async _showWhy(nb: Notebook): Promise<void> {
-    const box = this._vars;
-    const pre = el('pre', 'jp-gpumem-why', 'Reading…');
-    pre.dataset.gpumem = 'why';
-    box.replaceChildren(el('h3', '', `Why: ${notebookLabel(nb)}`), pre);
-    try {
-      const r = await fetchWhy(nb.kernel_id);
-      pre.textContent = r.status === 'ok' ? ((r.why as { text?: string } | undefined)?.text ?? '') : (r.message ?? 'failed');
-    } catch (e) {
-      pre.textContent = `Reading why failed: ${String(e)}`;
-    }
+  /**
+   * A notebook's GPU work under its row: its SM utilization now ("unknown"
+   * where the GPU cannot say, never 0), the daemon's verdict on hover, and
+   * a sparkline of SM % over the plot's window with a gap where unknown.
+   */
+  private _workLine(row: HTMLLIElement, nb: Notebook, points: Map<number, number> | undefined, from: number, to: number, step: number): void {
+    const trans = this._trans;
+    const work = el('span', 'jp-gpumem-work', formatUtil(nb.utilization, trans));
+    work.dataset.gpumem = 'gpu-work';
+    work.dataset.state = nb.compute?.state ?? '';
+    const verdicts: Record<string, string> = {
+      computing: trans.__('computing on a GPU'),
+      idle: trans.__('computing nothing on a GPU'),
+      unknown: trans.__('GPU work unknown')
+    };
+    work.title = nb.compute
+      ? [verdicts[nb.compute.state] ?? nb.compute.state, nb.compute.reason].filter(Boolean).join(': ')
+      : trans.__('SM utilization of the kernel and its children, summed over its GPUs');
+    const spark = document.createElementNS(SVG, 'svg');
+    spark.classList.add('jp-gpumem-spark', 'jp-gpumem-spark-sm');
+    spark.setAttribute('viewBox', '0 0 100 14');
+    spark.setAttribute('preserveAspectRatio', 'none');
+    spark.setAttribute('aria-hidden', 'true');
+    const title = document.createElementNS(SVG, 'title');
+    title.textContent = trans.__("%1's SM utilization over the plot's window", notebookLabel(nb));
+    spark.appendChild(title);
+    const path = document.createElementNS(SVG, 'path');
+    const top = Math.max(100, ...(points ? [...points.values()] : []));
+    path.setAttribute('d', sparkPath(points, from, to, 100, 14, top, Math.max(1, step)));
+    path.setAttribute('stroke', this._color(nb.kernel_id));
+    spark.appendChild(path);
+    row.append(work, spark);
   }
 
-  private async _freeWorkers(nb: Notebook): Promise<void> {
-    const label = notebookLabel(nb);
+  /** A notebook's actions menu: JupyterLab's commands, with their labels and captions. */
+  private _menu(kernelId: string): Menu {
+    const menu = new Menu({ commands: this._actions.commands });
+    menu.addClass('jp-gpumem-menu');
+    for (const command of NOTEBOOK_COMMANDS) {
+      menu.addItem({ command, args: { kernelId } });
+    }
+    menu.aboutToClose.connect(() => setTimeout(() => menu.dispose(), 0));
+    return menu;
+  }
+
+  /** Frees cache (only) in a kernel and says what it returned. */
+  async freeCache(kernelId: string): Promise<void> {
+    const trans = this._trans;
+    const label = this._label(kernelId);
     try {
-      const r = await freeChildren(nb.kernel_id);
+      const r = await freeCache(kernelId);
       if (r.status !== 'ok') {
-        Notification.warning(`Free workers of ${label}: ${r.message ?? 'failed'}`, { autoClose: 8000 });
+        Notification.warning(trans.__('Free cache in %1: %2', label, r.message ?? trans.__('failed')), { autoClose: 8000 });
         return;
       }
-      const rep = r.children as { ended?: unknown[]; returned_bytes?: number } | undefined;
-      Notification.success(
-        `Ended ${rep?.ended?.length ?? 0} worker process(es) of ${label}: ${formatBytes(rep?.returned_bytes ?? 0)} returned`,
-        { autoClose: 6000 }
-      );
-      void this._source.refresh();
-    } catch (e) {
-      Notification.error(`Free workers of ${label} failed: ${String(e)}`, { autoClose: 8000 });
-    }
-  }
-
-  /** SM % now and a sparkline of the plot's window; "unknown" where the GPU cannot say. */
-  private _workCell(nb: Notebook, state: State): HTMLTableCellElement {
-    const td = el('td', 'jp-gpumem-num jp-gpumem-work', formatUtil(nb.utilization));
-    td.dataset.gpumem = 'gpu-work';
-    td.title = nb.compute ? `${nb.compute.state}: ${nb.compute.reason ?? ''}` : 'SM utilization';
-    const d = sparklinePath(smSeries(this._source.history, nb.kernel_id, state.step_seconds), 60, 14);
-    if (d) {
-      const svg = document.createElementNS('http://www.w3.org/2000/svg', 'svg');
-      svg.setAttribute('viewBox', '0 0 60 14');
-      svg.setAttribute('class', 'jp-gpumem-spark');
-      const path = document.createElementNS('http://www.w3.org/2000/svg', 'path');
-      path.setAttribute('d', d);
-      svg.appendChild(path);
-      td.appendChild(svg);
-    }
-    return td;
-  }
-
-  private async _free(nb: Notebook): Promise<void> {
-    const label = notebookLabel(nb);
-    try {
-      const r = await freeCache(nb.kernel_id);
-      if (r.status !== 'ok') {
-        Notification.warning(`Free cache in ${label}: ${r.message ?? 'failed'}`, { autoClose: 8000 });
-        return;
+      // The daemon judged what went back to the GPU: shown as it says it.
+      const free = r.free as { returned?: boolean; summary?: string } | undefined;
+      const msg = trans.__('Free cache in %1: %2', label, free?.summary || trans.__('done'));
+      if (free?.returned) {
+        Notification.success(msg, { autoClose: 6000 });
+      } else {
+        Notification.info(msg, { autoClose: 10000 });
       }
-      const drv = (r.free as { driver?: { before: number; after: number } } | undefined)?.driver;
-      const msg = drv
-        ? `Freed cache in ${label}: ${formatBytes(drv.before)} → ${formatBytes(drv.after)} on the GPU`
-        : `Freed cache in ${label}`;
-      Notification.success(msg, { autoClose: 6000 });
       void this._source.refresh();
     } catch (e) {
-      Notification.error(`Free cache in ${label} failed: ${String(e)}`, { autoClose: 8000 });
+      Notification.error(trans.__('Free cache in %1 failed: %2', label, String(e)), { autoClose: 8000 });
     }
   }
 
-  private async _showVars(nb: Notebook): Promise<void> {
+  /** Shows the variables holding GPU memory in a kernel (%gpumem vars), or what other devices hold. */
+  async showVariables(kernelId: string): Promise<void> {
+    const trans = this._trans;
+    const label = this._label(kernelId);
     const box = this._vars;
-    box.replaceChildren(el('h3', '', `Variables of ${notebookLabel(nb)}`), el('div', 'jp-gpumem-empty', 'Reading…'));
+    const note = el('div', 'jp-gpumem-empty', trans.__('Reading…'));
+    box.replaceChildren(el('h3', '', trans.__('Variables of %1', label)), note);
     let rows;
     try {
-      let r = await fetchVars(nb.kernel_id);
+      let r = await fetchVars(kernelId);
+      let onGPU = true;
       if (r.status === 'ok' && !varRows(r.vars).length) {
-        // Nothing on a GPU: say so, and show what other devices hold.
-        box.lastElementChild!.textContent = 'No variable holds GPU memory. On other devices:';
-        r = await fetchVars(nb.kernel_id, true);
-      } else {
-        box.lastElementChild!.remove();
+        // Nothing on a GPU: show what other devices hold, and say so.
+        r = await fetchVars(kernelId, true);
+        onGPU = false;
       }
       if (r.status !== 'ok') {
-        box.appendChild(el('div', 'jp-gpumem-empty', r.message ?? 'failed'));
+        note.textContent = r.message ?? trans.__('Reading the variables failed.');
         return;
       }
       rows = varRows(r.vars);
-      const notes = (r.vars as { notes?: string[] }).notes ?? [];
       if (!rows.length) {
-        box.appendChild(el('div', 'jp-gpumem-empty', notes.join(' ') || 'No variable holds memory on any device.'));
+        note.textContent = trans.__('No variable holds memory, on a GPU or on any other device.');
         return;
       }
+      note.textContent = onGPU ? '' : trans.__('No variable holds GPU memory. These hold memory on other devices:');
+      note.hidden = onGPU;
     } catch (e) {
-      box.lastElementChild!.textContent = `Reading the variables failed: ${String(e)}`;
+      note.textContent = trans.__('Reading the variables failed: %1', String(e));
       return;
     }
     const table = el('table', 'jp-gpumem-table');
     table.dataset.gpumem = 'vars-table';
     const head = el('tr');
-    for (const h of ['name', 'type', 'device', 'bytes']) {
+    for (const h of [trans.__('name'), trans.__('type'), trans.__('device'), trans.__('bytes')]) {
       head.appendChild(el('th', '', h));
     }
     table.appendChild(head);
     for (const r of rows) {
       const tr = el('tr');
-      tr.append(
-        el('td', r.hidden ? 'jp-gpumem-hidden' : '', r.name),
-        el('td', '', r.type),
-        el('td', '', r.device),
-        el('td', 'jp-gpumem-num', formatBytes(r.bytes))
-      );
+      const name = el('td', r.hidden ? 'jp-gpumem-hidden jp-gpumem-cut' : 'jp-gpumem-cut', r.name);
+      name.title = r.name;
+      tr.append(name, el('td', 'jp-gpumem-cut', r.type), el('td', 'jp-gpumem-cut', r.device), el('td', 'jp-gpumem-num', formatBytes(r.bytes)));
       table.appendChild(tr);
     }
     box.appendChild(table);
+    box.scrollIntoView({ block: 'nearest' });
+  }
+
+  /** %gpumem why of a kernel: every byte of its GPU memory, who holds it and the fix, as the daemon renders it. */
+  async showWhy(kernelId: string): Promise<void> {
+    const trans = this._trans;
+    const label = this._label(kernelId);
+    const box = this._vars;
+    const pre = el('pre', 'jp-gpumem-why', trans.__('Reading…'));
+    pre.dataset.gpumem = 'why';
+    box.replaceChildren(el('h3', '', trans.__('Why: %1', label)), pre);
+    try {
+      const r = await fetchWhy(kernelId);
+      pre.textContent = r.status === 'ok' ? ((r.why as { text?: string } | undefined)?.text ?? '') : (r.message ?? trans.__('failed'));
+    } catch (e) {
+      pre.textContent = trans.__('Reading why failed: %1', String(e));
+    }
+    box.scrollIntoView({ block: 'nearest' });
+  }
+
+  /** Ends a kernel's GPU-holding worker processes (never the kernel) and says what it returned. */
+  async freeWorkers(kernelId: string): Promise<void> {
+    const trans = this._trans;
+    const label = this._label(kernelId);
+    try {
+      const r = await freeChildren(kernelId);
+      if (r.status !== 'ok') {
+        Notification.warning(trans.__('Free workers of %1: %2', label, r.message ?? trans.__('failed')), { autoClose: 8000 });
+        return;
+      }
+      const rep = r.children as { ended?: unknown[]; returned_bytes?: number } | undefined;
+      const ended = rep?.ended?.length ?? 0;
+      const msg = trans._n(
+        'Free workers of %2: ended %1 worker process, %3 returned',
+        'Free workers of %2: ended %1 worker processes, %3 returned',
+        ended,
+        label,
+        formatBytes(rep?.returned_bytes ?? 0)
+      );
+      if (ended > 0) {
+        Notification.success(msg, { autoClose: 6000 });
+      } else {
+        Notification.info(msg, { autoClose: 10000 });
+      }
+      void this._source.refresh();
+    } catch (e) {
+      Notification.error(trans.__('Free workers of %1 failed: %2', label, String(e)), { autoClose: 8000 });
+    }
+  }
+
+  /** Shows an out-of-memory report at the top, with its snapshots when there are. */
+  showOOM(ev: OOMEvent): void {
+    const trans = this._trans;
+    const name = ev.notebook ? ev.notebook.slice(ev.notebook.lastIndexOf('/') + 1) : trans.__('kernel %1', ev.kernel_id.slice(0, 8));
+    const box = this._openReport(trans.__('Out of memory in %1', name));
+    box.appendChild(reportNode(ev, trans));
+    void fetchSnapshots(ev.kernel_id)
+      .then(r => {
+        const list = ((r as { snapshots?: { snapshots?: { id: string; oom_event?: number }[] } }).snapshots?.snapshots ?? []).filter(
+          s => s.oom_event === ev.seq
+        );
+        for (const s of list) {
+          const b = el('button', 'jp-mod-styled jp-gpumem-report-button', trans.__('Open the memory snapshot'));
+          b.dataset.action = 'Open snapshot';
+          b.onclick = () => void this.showSnapshot(ev.kernel_id, s.id, ev.notebook);
+          box.appendChild(b);
+        }
+      })
+      .catch(() => undefined);
+  }
+
+  /** Draws a memory snapshot at the top (when the daemon has reduced it). */
+  async showSnapshot(kernelId: string, id: string, notebook = ''): Promise<void> {
+    const trans = this._trans;
+    const name = notebook ? notebook.slice(notebook.lastIndexOf('/') + 1) : trans.__('kernel %1', kernelId.slice(0, 8));
+    const box = this._openReport(trans.__('Memory snapshot %1 of %2', id, name));
+    const body = el('div', 'jp-gpumem-empty', trans.__('Reading…'));
+    box.appendChild(body);
+    try {
+      const r = await fetchSnapshot(kernelId, id);
+      const s = (r as { snapshot?: { snapshot: { status: string; error?: string }; reduction: SnapshotReduction | null } }).snapshot;
+      if (r.status !== 'ok' || !s) {
+        body.textContent = r.message ?? trans.__('failed');
+        return;
+      }
+      if (!s.reduction) {
+        body.textContent =
+          s.snapshot.status === 'failed'
+            ? trans.__('gpumem serve could not read it: %1', s.snapshot.error ?? '')
+            : trans.__('gpumem serve is still reducing it…');
+        return;
+      }
+      const t0 = performance.now();
+      // The plot's width is the report's: it fits the sidebar.
+      await drawSnapshot(body, s.reduction, snapshotRawUrl(kernelId, id), Math.max(120, body.clientWidth), trans);
+      body.dataset.drawMs = String(Math.round(performance.now() - t0));
+    } catch (e) {
+      body.textContent = trans.__('Reading the snapshot failed: %1', String(e));
+    }
+  }
+
+  private _openReport(title: string): HTMLDivElement {
+    const trans = this._trans;
+    const r = this._report;
+    r.replaceChildren();
+    r.hidden = false;
+    const head = el('div', 'jp-gpumem-report-title');
+    head.append(el('h3', '', title));
+    const close = el('button', 'jp-gpumem-more jp-Button jp-mod-minimal', '✕');
+    close.setAttribute('aria-label', trans.__('Close the report'));
+    close.title = trans.__('Close');
+    close.onclick = () => {
+      r.hidden = true;
+      r.replaceChildren();
+    };
+    head.appendChild(close);
+    const box = el('div', 'jp-gpumem-report-body');
+    r.append(head, box);
+    r.scrollIntoView({ block: 'nearest' });
+    return box;
+  }
+
+  /** A kernel's name for messages: its notebook's, else its id's start. */
+  private _label(kernelId: string): string {
+    const nb = this._source.state?.notebooks.find(n => n.kernel_id === kernelId);
+    return nb ? notebookLabel(nb) : this._trans.__('kernel %1', kernelId.slice(0, 8));
   }
 
   private _renderOthers(state: State): void {
+    const trans = this._trans;
     const box = this._others;
     box.replaceChildren();
     if (!state.others.length) {
       return;
     }
-    box.appendChild(el('h3', '', 'Everyone else (per user)'));
-    const table = el('table', 'jp-gpumem-table');
-    const head = el('tr');
-    for (const h of ['user', 'notebooks', 'other processes', 'memory']) {
-      head.appendChild(el('th', '', h));
-    }
-    table.appendChild(head);
+    box.appendChild(el('h3', '', trans.__('Everyone else')));
+    const list = el('ul', 'jp-gpumem-rows');
     for (const u of state.others) {
-      const tr = el('tr');
-      tr.append(
-        el('td', '', u.user),
-        el('td', 'jp-gpumem-num', String(u.notebooks)),
-        el('td', 'jp-gpumem-num', String(u.processes)),
-        el('td', 'jp-gpumem-num', formatBytes(u.bytes))
-      );
-      table.appendChild(tr);
+      const row = el('li', 'jp-gpumem-row jp-gpumem-user');
+      const name = el('span', 'jp-gpumem-name', u.user);
+      const what = [trans._n('%1 notebook', '%1 notebooks', u.notebooks), trans._n('%1 other process', '%1 other processes', u.processes)].join(', ');
+      name.title = trans.__('user %1: %2', u.user, what);
+      const details = el('span', 'jp-gpumem-details', what);
+      row.append(el('span', 'jp-gpumem-swatch jp-gpumem-swatch-other'), name, el('span', 'jp-gpumem-figure', formatBytes(u.bytes)), details);
+      list.appendChild(row);
     }
-    box.appendChild(table);
+    box.appendChild(list);
   }
+}
+
+function themeKey(t: PlotTheme): string {
+  return `${t.text}/${t.grid}/${t.used}`;
 }

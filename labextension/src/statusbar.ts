@@ -1,16 +1,18 @@
 // The status bar item: the current notebook's GPU memory (the driver's
-// figure for its kernel and children), a small bar of its GPU's use against
-// the total (amber past the alert threshold, red above 95%), and a tooltip
-// with per-GPU figures, and per-framework ones read from the kernel when
-// the pointer rests on the item (at most every 15 s: each read shows the
-// kernel busy for a moment).
+// figure for its kernel and children) and a bar of its GPU with both parts
+// plainly: this notebook (dark) and everyone else (light), amber past the
+// alert threshold, red above 95%. With no figure to show it says "GPU n/a"
+// and its tooltip says why. A click opens the panel. Resting the pointer
+// on it reads the per-framework figures from the kernel (at most every
+// 15 s: each read shows the kernel busy for a moment).
 
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { Widget } from '@lumino/widgets';
 
 import { fetchSummary } from './api';
-import { formatBytes, levelFor } from './format';
-import { frameworkLines, mainGPU, notebookOf, tooltipLines } from './model';
+import { plainTrans, Trans } from './format';
+import { notebookOf } from './model';
+import { frameworkLines, statusView } from './status';
 import { StateSource } from './source';
 
 const SUMMARY_EVERY_MS = 15000;
@@ -18,27 +20,41 @@ const SUMMARY_EVERY_MS = 15000;
 export class GpuStatusItem extends Widget {
   private _label: HTMLSpanElement;
   private _bar: HTMLSpanElement;
-  private _fill: HTMLSpanElement;
+  private _mine: HTMLSpanElement;
+  private _rest: HTMLSpanElement;
   private _frameworks = new Map<string, { at: number; lines: string[] }>();
 
   constructor(
     private _source: StateSource,
-    private _tracker: INotebookTracker
+    private _tracker: INotebookTracker,
+    open: () => void,
+    private _trans: Trans = plainTrans
   ) {
     super();
     this.addClass('jp-gpumem-status');
     this.node.setAttribute('data-gpumem', 'status');
+    this.node.setAttribute('role', 'button');
+    this.node.tabIndex = 0;
     this._label = document.createElement('span');
     this._label.className = 'jp-gpumem-status-label';
     this._bar = document.createElement('span');
     this._bar.className = 'jp-gpumem-bar';
-    this._fill = document.createElement('span');
-    this._fill.className = 'jp-gpumem-bar-fill';
-    this._bar.appendChild(this._fill);
+    this._mine = document.createElement('span');
+    this._mine.className = 'jp-gpumem-bar-fill';
+    this._rest = document.createElement('span');
+    this._rest.className = 'jp-gpumem-bar-fill jp-gpumem-bar-rest';
+    this._bar.append(this._mine, this._rest);
     this.node.append(this._label, this._bar);
     _source.changed.connect(this.update, this);
     _tracker.currentChanged.connect(this.update, this);
     this.node.addEventListener('mouseenter', () => void this._loadFrameworks());
+    this.node.addEventListener('click', open);
+    this.node.addEventListener('keydown', e => {
+      if (e.key === 'Enter' || e.key === ' ') {
+        e.preventDefault();
+        open();
+      }
+    });
     this.update();
   }
 
@@ -47,39 +63,39 @@ export class GpuStatusItem extends Widget {
   }
 
   protected onUpdateRequest(): void {
-    const state = this._source.state;
-    if (!state) {
-      this._label.textContent = 'GPU: —';
-      this._fill.style.width = '0';
-      this._bar.dataset.level = 'ok';
-      this.node.title = this._source.unavailable ?? 'gpumem: waiting for the first figures';
-      return;
-    }
+    const trans = this._trans;
     const kid = this._kernelId();
-    const nb = notebookOf(state, kid);
-    const gpu = mainGPU(state, nb);
-    const sim = state.gpus.some(g => g.simulated) ? ' (simulated)' : '';
-    this._label.textContent = nb ? `GPU ${formatBytes(nb.gpu_memory_bytes)}${sim}` : `GPU —${sim}`;
-    if (gpu && gpu.memory_total_bytes > 0) {
-      const ratio = Math.min(1, gpu.memory_used_bytes / gpu.memory_total_bytes);
-      this._fill.style.width = `${(100 * ratio).toFixed(1)}%`;
-      this._bar.dataset.level = levelFor(gpu.memory_used_bytes, gpu.memory_total_bytes, state.alert_threshold);
+    const view = statusView(this._source.state, this._source.unavailable, kid, trans);
+    this._label.textContent = view.text;
+    this._bar.hidden = !view.bar;
+    this._mine.style.width = `${(100 * (view.bar?.mine ?? 0)).toFixed(1)}%`;
+    this._rest.style.width = `${(100 * (view.bar?.rest ?? 0)).toFixed(1)}%`;
+    this._bar.dataset.level = view.bar?.level ?? 'ok';
+    const lines = [...view.lines];
+    // Which daemon serves this server (started by it, shared, or none, and
+    // why): the server extension's sentence.
+    if (this._source.daemon) {
+      lines.push(this._source.daemon.text);
     }
-    const lines = tooltipLines(state, nb);
+    this.node.dataset.daemon = this._source.daemon?.case ?? '';
     const fw = kid ? this._frameworks.get(kid) : undefined;
-    if (fw && fw.lines.length) {
-      lines.push('Frameworks (as the kernel reports them):', ...fw.lines.map(l => '  ' + l));
-    } else if (nb) {
-      lines.push('Rest the pointer here to read per-framework figures from the kernel.');
+    if (view.bar && fw?.lines.length) {
+      lines.push(trans.__('Frameworks (as the kernel reports them):'), ...fw.lines.map(l => '  ' + l));
+    } else if (view.bar) {
+      lines.push(trans.__('Rest the pointer here to read per-framework figures from the kernel.'));
     }
+    lines.push(trans.__('Click to open the GPU memory panel.'));
     this.node.title = lines.join('\n');
+    this.node.setAttribute('aria-label', `${view.text}. ${view.lines.join(' ')}`);
     this.node.dataset.kernelId = kid ?? '';
-    this.node.dataset.bytes = nb ? String(nb.gpu_memory_bytes) : '';
+    const nb = this._source.state ? notebookOf(this._source.state, kid) : undefined;
+    this.node.dataset.bytes = nb && view.bar ? String(nb.gpu_memory_bytes) : '';
   }
 
   private async _loadFrameworks(): Promise<void> {
     const kid = this._kernelId();
-    if (!kid || !notebookOf(this._source.state ?? ({ notebooks: [] } as never), kid)) {
+    const state = this._source.state;
+    if (!kid || !state || !notebookOf(state, kid)) {
       return;
     }
     const have = this._frameworks.get(kid);
@@ -90,7 +106,7 @@ export class GpuStatusItem extends Widget {
     try {
       const r = await fetchSummary(kid);
       if (r.status === 'ok') {
-        this._frameworks.set(kid, { at: Date.now(), lines: frameworkLines(r.summary) });
+        this._frameworks.set(kid, { at: Date.now(), lines: frameworkLines(r.summary, this._trans) });
         this.update();
       }
     } catch {
@@ -103,5 +119,3 @@ export class GpuStatusItem extends Widget {
     return this._label.textContent ?? '';
   }
 }
-
-export { formatBytes };

@@ -96,9 +96,11 @@ class Proc:
 
 
 class Server:
-    """One Jupyter server (JupyterLab or plain jupyter_server)."""
+    """One Jupyter server (JupyterLab or plain jupyter_server), run by the
+    stack's Python. autostart=False (the default) turns jupyterlab-gpumem's
+    autostart off: the tests that want a daemon start it (Stack.start_daemon)."""
 
-    def __init__(self, stack, app, root):
+    def __init__(self, stack, app, root, autostart=False):
         self.stack = stack
         self.port = free_port()
         self.token = secrets.token_hex(16)
@@ -106,7 +108,7 @@ class Server:
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
         argv = [
-            sys.executable,
+            stack.python,
             "-m",
             app,
             "--no-browser",
@@ -116,6 +118,7 @@ class Server:
             "--IdentityProvider.token=" + self.token,
             "--ServerApp.root_dir=" + str(root),
             "--ServerApp.allow_root=True",
+            "--Gpumem.autostart=%s" % autostart,
         ]
         if app == "jupyterlab":
             argv += [
@@ -194,8 +197,14 @@ class Server:
 
 
 class Stack:
-    def __init__(self, tmp):
+    """Temporary dirs, a simulated GPU file and the servers and daemon of one
+    test. python runs the servers (default this one); bin is the gpumem
+    binary (default: GPUMEM_BIN, else a fresh go build); env_path, when
+    given, is the PATH the servers and the daemon see."""
+
+    def __init__(self, tmp, python=None, bin=None, env_path=None):
         self.tmp = Path(tmp)
+        self.python = python or sys.executable
         self.runtime = self.tmp / "runtime"
         self.runtime.mkdir(mode=0o700)
         self.gpus_file = self.tmp / "gpus.json"
@@ -210,6 +219,8 @@ class Stack:
             PYTHONUNBUFFERED="1",
         )
         self.env.pop("GPUMEM_SOCKET", None)
+        if env_path is not None:
+            self.env["PATH"] = env_path
         self.servers = []
         self.daemon = None
         # No "notified about Jupyter news?" toast among the ones tests count.
@@ -217,7 +228,7 @@ class Stack:
         nf = self.settings / "@jupyterlab" / "apputils-extension"
         nf.mkdir(parents=True)
         (nf / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
-        self.bin = gpumem_binary(str(self.tmp))
+        self.bin = bin or gpumem_binary(str(self.tmp))
         self.set_gpu({})
 
     def set_gpu(self, used_by_pid, total=80 * GiB, name="Simulated H200", sm_by_pid=None):
@@ -240,12 +251,16 @@ class Stack:
                 }
             ]
         }
+        self.write_gpu_file(data)
+
+    def write_gpu_file(self, data):
+        """Writes the simulated GPU file as given, atomically."""
         tmp = self.gpus_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, self.gpus_file)
 
-    def server(self, app="jupyterlab", root=None):
-        s = Server(self, app, root or self.tmp / ("root-%d" % len(self.servers)))
+    def server(self, app="jupyterlab", root=None, autostart=False):
+        s = Server(self, app, root or self.tmp / ("root-%d" % len(self.servers)), autostart=autostart)
         self.servers.append(s)
         return s
 

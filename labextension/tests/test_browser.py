@@ -1,20 +1,30 @@
 """What a user does in a real JupyterLab 4, in Debian's chromium driven by
-Playwright: the status bar, the panel, its buttons, the alert and the
-daemon going away. Screenshots go to $GPUMEM_ARTIFACTS (else a temp dir);
-GPUMEM_UPDATE_SCREENSHOT=1 also writes the README's screenshot under docs/."""
+Playwright: finding the panel (palette, View menu, status bar), reading it
+at the default sidebar width and at 250 and 600 px in light and dark
+themes without anything sticking out, its actions, the alert that follows
+the GPU, a free that returned nothing, the GPU work and "Why?" of a
+notebook, a two-GPU notebook drawn per GPU, and "GPU n/a" without a driver
+or a daemon. Screenshots go to
+$GPUMEM_ARTIFACTS (else a temp dir); GPUMEM_UPDATE_SCREENSHOT=1 also
+writes the README's and the docs' screenshots under docs/screenshots."""
 
 import itertools
+import json
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+import httpx
 from harness import REPO, GiB, need, wait_for
 from test_server import require_extension
 
 CHROMIUM = os.environ.get("GPUMEM_CHROMIUM", "/usr/bin/chromium")
+VIEWPORT = {"width": 1280, "height": 800}
+PANEL = "#jp-gpumem-panel"
 
 MARKER_CELL = """import builtins, gc, torch
 weights = torch.zeros(1024, 1024)  # 4 MiB, on the CPU: Variables lists it
@@ -50,6 +60,15 @@ def artifacts_dir():
     return Path(d)
 
 
+def shot(page, out, name, docs_name=None):
+    """A screenshot for the artifacts and, with GPUMEM_UPDATE_SCREENSHOT, for the docs."""
+    page.screenshot(path=str(out / name))
+    if docs_name and os.environ.get("GPUMEM_UPDATE_SCREENSHOT"):
+        d = REPO / "docs" / "screenshots"
+        d.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(d / docs_name))
+
+
 def run_cell(page, index, expect_text, timeout=60):
     """Runs the index-th cell of the visible notebook and waits for its output."""
     cell = page.locator(".jp-NotebookPanel:visible .jp-Cell").nth(index)
@@ -75,12 +94,125 @@ def run_cell(page, index, expect_text, timeout=60):
     return "\n".join(cell.locator(".jp-OutputArea-output").all_inner_texts())
 
 
-def test_user_journey(stack):
+def browser_page(pw, console):
+    browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+    page = browser.new_page(viewport=VIEWPORT)
+    page.on("console", lambda m: console.append((m.type, m.text, time.monotonic())))
+    page.on("pageerror", lambda e: console.append(("pageerror", str(e), time.monotonic())))
+    return browser, page
+
+
+def open_lab(page, lab, notebook):
+    page.goto(lab.url + f"lab/tree/{notebook}?token=" + lab.token)
+    page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for(timeout=120_000)
+    page.locator(".jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=120_000)
+
+
+def panel_shown(page):
+    return page.locator(PANEL).is_visible()
+
+
+def close_right_sidebar(page):
+    """Collapses the right sidebar if the panel shows (a click on its active tab)."""
+    if panel_shown(page):
+        page.locator(".jp-SideBar.jp-mod-right li[data-id='jp-gpumem-panel']").click()
+        wait_for("the panel to close", lambda: not panel_shown(page), timeout=10)
+
+
+def open_from_palette(page):
+    page.keyboard.press("Control+Shift+C")
+    box = page.locator(".lm-CommandPalette-input")
+    box.wait_for(timeout=10_000)
+    box.fill("gpu memory")
+    item = page.locator(".lm-CommandPalette-item", has_text="GPU memory: Open panel")
+    item.first.wait_for(timeout=10_000)
+    item.first.click()
+
+
+def panel_width(page):
+    return page.evaluate(f"document.querySelector('{PANEL}').getBoundingClientRect().width")
+
+
+def set_panel_width(page, width):
+    """Drags the right sidebar's handle until the panel is width px wide."""
+    for _ in range(4):
+        now = panel_width(page)
+        if abs(now - width) <= 1:
+            return
+        handle = page.locator("#jp-main-split-panel > .lm-SplitPanel-handle:not(.lm-mod-hidden)").last
+        box = handle.bounding_box()
+        x, y = box["x"] + box["width"] / 2, box["y"] + 300
+        page.mouse.move(x, y)
+        page.mouse.down()
+        page.mouse.move(x + (now - width), y, steps=4)
+        page.mouse.up()
+    assert abs(panel_width(page) - width) <= 1, f"the panel is {panel_width(page)} px wide, wanted {width}"
+
+
+OVERFLOW_JS = """(sel) => {
+  const panel = document.querySelector(sel);
+  const pr = panel.getBoundingClientRect();
+  const bad = [];
+  if (panel.scrollWidth > panel.clientWidth + 1) {
+    bad.push(`the panel scrolls sideways: ${panel.scrollWidth} px of content in ${panel.clientWidth}`);
+  }
+  for (const e of panel.querySelectorAll('*')) {
+    const r = e.getBoundingClientRect();
+    if (r.width === 0 && r.height === 0) continue;
+    if (r.right > pr.right + 1 || r.left < pr.left - 1) {
+      const what = `${e.tagName.toLowerCase()}.${String(e.className.baseVal ?? e.className)}`;
+      const span = (x) => `${Math.round(x.left)}..${Math.round(x.right)}`;
+      bad.push(`${what} spans ${span(r)}, the panel ${span(pr)}`);
+    }
+  }
+  return {width: pr.width, bad: bad.slice(0, 12)};
+}"""
+
+
+def assert_no_overflow(page, what):
+    got = page.evaluate(OVERFLOW_JS, PANEL)
+    assert not got["bad"], f"{what}: something is wider than the panel ({got['width']:.0f} px):\n" + "\n".join(got["bad"])
+    return got["width"]
+
+
+def use_theme(stack, theme):
+    d = stack.settings / "@jupyterlab" / "apputils-extension"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "themes.jupyterlab-settings").write_text(json.dumps({"theme": theme}))
+
+
+def write_gpus(stack, gpus):
+    """The simulated GPU file with several GPUs: [(total, {pid: bytes})]."""
+    data = {
+        "gpus": [
+            {
+                "name": "Simulated H200",
+                "uuid": f"GPU-{i}",
+                "memory_total_bytes": total,
+                "processes": [{"pid": pid, "used_bytes": b} for pid, b in procs.items()],
+            }
+            for i, (total, procs) in enumerate(gpus)
+        ]
+    }
+    stack.write_gpu_file(data)
+
+
+def copy_logs(stack, out):
+    for p in [stack.tmp / "gpumem.log"] + [s.proc.log for s in stack.servers]:
+        if os.path.exists(p):
+            shutil.copy(p, out / Path(p).name)
+
+
+def need_browser():
     require_extension()
     need(
         os.path.exists(CHROMIUM),
         f"Debian's chromium is not installed at {CHROMIUM} (apt-get install chromium)",
     )
+
+
+def test_user_journey(stack):
+    need_browser()
     from playwright.sync_api import sync_playwright
 
     out = artifacts_dir()
@@ -92,13 +224,7 @@ def test_user_journey(stack):
 
     console = []  # (type, text, when)
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1500, "height": 900})
-        page.on("console", lambda m: console.append((m.type, m.text, time.monotonic())))
-        page.on(
-            "pageerror",
-            lambda e: console.append(("pageerror", str(e), time.monotonic())),
-        )
+        browser, page = browser_page(pw, console)
         state_requests = []
         page.on(
             "request",
@@ -108,9 +234,7 @@ def test_user_journey(stack):
             _journey(stack, lab, other, page, out, console, state_requests)
         finally:
             page.screenshot(path=str(out / "last.png"))
-            for p in [stack.tmp / "gpumem.log"] + [s.proc.log for s in stack.servers]:
-                if os.path.exists(p):
-                    shutil.copy(p, out / Path(p).name)
+            copy_logs(stack, out)
             browser.close()
             for pid in spawned:
                 try:
@@ -122,22 +246,38 @@ def test_user_journey(stack):
 
 
 def _journey(stack, lab, other, page, out, console, state_requests):
-    page.goto(lab.url + "lab/tree/train.ipynb?token=" + lab.token)
-    page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for(timeout=120_000)
-    page.locator(".jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=120_000)
+    open_lab(page, lab, "train.ipynb")
 
     # Open a notebook and run a cell: the status bar shows the simulated figure.
     run_cell(page, 0, "ready")
     mine = next(s["kernel"]["id"] for s in lab.sessions() if s["path"] == "train.ipynb")
     pm, po = stack.kernel_pid(mine), stack.kernel_pid(other)
     stack.set_gpu({pm: 2 * GiB, po: 1 * GiB})
+    status = page.locator("[data-gpumem='status']")
     label = page.locator(".jp-gpumem-status-label")
     label.filter(has_text="GPU 2.0 GiB (simulated)").wait_for(timeout=10_000)
-    page.screenshot(path=str(out / "01-status-bar.png"))
+    # The label is this notebook; the bar says both parts, and the tooltip says which is which.
+    title = status.get_attribute("title")
+    assert "this notebook 2.0 GiB (dark), everyone 3.0 GiB of 80.0 GiB" in title, title
+    assert "idle" not in title.lower(), title
+    shot(page, out, "01-status-bar.png")
 
-    # The panel lists the two notebooks.
-    page.locator(".jp-SideBar.jp-mod-right li[data-id='jp-gpumem-panel']").click()
-    rows = page.locator("tr[data-gpumem='notebook-row']")
+    # Findable: the palette's command opens the panel, the View menu has
+    # it, and so does a click on the status bar item.
+    close_right_sidebar(page)
+    open_from_palette(page)
+    wait_for("the palette's command to open the panel", lambda: panel_shown(page), timeout=10)
+    close_right_sidebar(page)
+    page.locator(".lm-MenuBar-item", has_text="View").click()
+    page.locator(".lm-Menu-item[data-command='gpumem:open-panel']").wait_for(timeout=10_000)
+    page.keyboard.press("Escape")
+    status.click()
+    wait_for("a click on the status bar item to open the panel", lambda: panel_shown(page), timeout=10)
+    icon = page.locator(".jp-SideBar.jp-mod-right li[data-id='jp-gpumem-panel']")
+    icon_label = icon.get_attribute("title") or icon.get_attribute("aria-label") or ""
+    assert "GPU memory" in icon_label and "GPU" in icon.inner_text(), "the sidebar icon is not labelled"
+
+    rows = page.locator("[data-gpumem='notebook-row']")
     wait_for("two notebooks in the panel", lambda: rows.count() == 2, timeout=10)
     names = sorted(rows.locator(".jp-gpumem-name").all_inner_texts())
     assert names == ["eval.ipynb", "train.ipynb"], names
@@ -162,21 +302,86 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     (out / "latency.txt").write_text(f"status bar {t_status:.2f} s, plot {t_plot:.2f} s after the file changed\n")
     print(f"status bar followed in {t_status:.2f} s, plot in {t_plot:.2f} s")
     assert t_status <= 2.0 and t_plot <= 2.0, f"status bar {t_status:.2f} s, plot {t_plot:.2f} s: over 2 s"
-    page.screenshot(path=str(out / "02-panel.png"))
+    # Ticks at round binary steps: 4 GiB of data reads 0, 2, 4 GiB.
+    assert gpu.get_attribute("data-y-ticks") == ",".join(str(x * GiB) for x in (0, 2, 4)), gpu.get_attribute("data-y-ticks")
 
-    # Free cache reaches the kernel: its gc.collect() finds the marker cycle.
+    # Nothing sticks out: at the default width, at 250 px and at 600 px.
+    default = assert_no_overflow(page, "the default sidebar")
+    print(f"default sidebar: {default:.0f} px")
+    shot(page, out, "02-panel-default.png", "panel-250-light.png")
+    set_panel_width(page, 250)
+    assert_no_overflow(page, "a 250 px sidebar")
+    shot(page, out, "02-panel-250.png")
+    set_panel_width(page, 600)
+    assert_no_overflow(page, "a 600 px sidebar")
+    shot(page, out, "02-panel-600.png")
+    set_panel_width(page, 250)
+
+    # The plot window's selector: 5 minutes, then back to 15.
+    page.locator("[data-gpumem='window']").select_option(str(5 * 60))
+    assert_no_overflow(page, "a 250 px sidebar, 5 min window")
+    page.locator("[data-gpumem='window']").select_option(str(15 * 60))
+
+    # Free cache (from the row's actions menu) reaches the kernel: its
+    # gc.collect() finds the marker cycle. The simulated GPU does not move:
+    # the notification says nothing was returned, and is no success.
     assert "collected: False" in run_cell(page, 1, "collected:")
-    row = page.locator(f"tr[data-gpumem='notebook-actions'][data-kernel-id='{mine}']")
-    row.locator("button[data-action='Free cache']").click()
-    page.locator(".Toastify__toast", has_text="Freed cache in train.ipynb").wait_for(timeout=60_000)
+    row = page.locator(f"[data-gpumem='notebook-row'][data-kernel-id='{mine}']")
+
+    def menu(command):
+        row.locator("[data-gpumem='notebook-actions']").click()
+        page.locator(f".lm-Menu-item[data-command='{command}']").click()
+
+    menu("gpumem:free-cache")
+    freed = page.locator(".Toastify__toast", has_text="Free cache in train.ipynb: returned nothing to the GPU")
+    freed.wait_for(timeout=60_000)
+    assert "3.0 GiB" in freed.inner_text(), freed.inner_text()
+    assert "success" not in (freed.get_attribute("class") or ""), freed.get_attribute("class")
     assert "collected: True" in run_cell(page, 1, "collected: True")
 
-    # Variables shows the table.
-    row.locator("button[data-action='Variables']").click()
+    # Variables: nothing on a GPU here (CPU torch), so what other devices hold, said so.
+    menu("gpumem:show-variables")
     table = page.locator("table[data-gpumem='vars-table']")
     table.wait_for(timeout=60_000)
     assert "weights" in table.inner_text(), table.inner_text()
-    page.screenshot(path=str(out / "03-variables.png"))
+    vars_text = page.locator("[data-gpumem='vars']").inner_text()
+    assert "No variable holds GPU memory. These hold memory on other devices:" in vars_text, vars_text
+    assert_no_overflow(page, "the variables at 250 px")
+    shot(page, out, "03-variables.png")
+
+    # GPU work: the SM figure the daemon charges, under the row; "SM
+    # unknown" on a GPU that cannot say, never 0.
+    stack.set_gpu({pm: 3 * GiB, po: 1 * GiB}, sm_by_pid={pm: 42})
+    work = row.locator("[data-gpumem='gpu-work']")
+    wait_for("the SM figure in the row", lambda: work.inner_text() == "42% SM", timeout=15)
+    no_util = {
+        "name": "Simulated H200",
+        "uuid": "GPU-0",
+        "memory_total_bytes": 80 * GiB,
+        "process_utilization": False,
+        "processes": [{"pid": pm, "used_bytes": 3 * GiB}, {"pid": po, "used_bytes": GiB}],
+    }
+    stack.write_gpu_file({"gpus": [no_util]})
+    wait_for("SM unknown in the row", lambda: work.inner_text() == "SM unknown", timeout=15)
+    stack.set_gpu({pm: 3 * GiB, po: 1 * GiB})
+
+    # Why? from the actions menu: the daemon's text below the rows, within
+    # the 250 px sidebar (it scrolls inside its own box).
+    menu("gpumem:why")
+    why = page.locator("[data-gpumem='why']")
+    wait_for("the why text", lambda: why.inner_text() not in ("", "Reading…"), timeout=60)
+    why_text = why.inner_text()
+    assert "failed" not in why_text and "3.0 GiB" in why_text, why_text
+    assert_no_overflow(page, "why at 250 px")
+    shot(page, out, "03-why.png")
+
+    # Free workers: nothing of this kernel's holds GPU memory but itself,
+    # and it is never ended: the notification says none ended, not a success.
+    menu("gpumem:free-workers")
+    workers = page.locator(".Toastify__toast", has_text="Free workers of train.ipynb: ended 0 worker processes")
+    workers.wait_for(timeout=120_000)
+    assert "success" not in (workers.get_attribute("class") or ""), workers.get_attribute("class")
+    assert stack.kernel_pid(mine) == pm, "Free workers ended the kernel"
 
     # Over the alert threshold (80%): one notification, naming the biggest holder.
     stack.set_gpu({pm: 70 * GiB, po: 1 * GiB})
@@ -188,23 +393,23 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     for _ in range(2):  # two more polls: the alert stays one
         page.wait_for_event("request", lambda r: "gpumem/api/v1/state" in r.url, timeout=10_000)
     assert alert.count() == 1, "the alert was shown %d times" % alert.count()
-    page.screenshot(path=str(out / "04-alert.png"))
-    if os.environ.get("GPUMEM_UPDATE_SCREENSHOT"):
-        (REPO / "docs" / "screenshots").mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(REPO / "docs" / "screenshots" / "jupyterlab-gpumem.png"))
+    shot(page, out, "04-alert.png", "jupyterlab-gpumem.png")
+    # The GPU drops back: the alert says so, then goes away.
+    stack.set_gpu({pm: 5 * GiB, po: 1 * GiB})
+    back = page.locator(".Toastify__toast", has_text="GPU 0 is back under the alert threshold: 6.0 GiB of 80.0 GiB used")
+    back.wait_for(timeout=10_000)
+    assert alert.count() == 0, "the stale alert still stands"
+    back.wait_for(state="detached", timeout=20_000)
 
-    # Restart kernel (JupyterLab's own, with its confirmation): the daemon
-    # ends the orphaned worker, and a notification says so once.
+    # Restart kernel (JupyterLab's own, with its confirmation) from the
+    # actions menu: the daemon ends the orphaned worker, and a
+    # notification says so once.
     worker = int(run_cell(page, 2, "worker").split()[-1])
     spawned.append(worker)
     stack.set_gpu({pm: 2 * GiB, worker: int(1.5 * GiB), po: 1 * GiB})
-    procs = page.locator(f"tr[data-gpumem='notebook-row'][data-kernel-id='{mine}'] td").nth(3)
-    wait_for(
-        "the worker counted in the notebook",
-        lambda: procs.inner_text() == "2",
-        timeout=10,
-    )
-    row.locator("button[data-action='Restart kernel']").click()
+    procs = row.locator("[data-field='procs']")
+    wait_for("the worker counted in the notebook", lambda: procs.get_attribute("data-count") == "2", timeout=10)
+    menu("gpumem:restart-kernel")
     page.locator(".jp-Dialog .jp-mod-accept").click()
     toast = page.locator(
         ".Toastify__toast",
@@ -213,16 +418,18 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     toast.wait_for(timeout=30_000)
     wait_for("the worker to be ended", lambda: worker_ended(worker), timeout=10)
     assert toast.count() == 1
-    orphans = page.locator("tr[data-gpumem='notebook-row'][data-kernel-id='%s'] td" % mine).nth(4)
-    wait_for("the panel to count the ended orphan", lambda: orphans.inner_text() == "1", timeout=10)
-    page.screenshot(path=str(out / "05-reclaim.png"))
+    orphans = row.locator("[data-field='orphans']")
+    wait_for("the panel to count the ended orphan", lambda: orphans.get_attribute("data-count") == "1", timeout=10)
+    shot(page, out, "05-reclaim.png")
 
-    # gpumem serve stops: the panel says so, the console stays clean, no tight loop.
+    # gpumem serve stops: the panel says so, the status bar says "GPU n/a"
+    # and why, the console stays clean, no tight loop.
     stop_at = time.monotonic()
     stack.stop_daemon()
-    status = page.locator("[data-gpumem='panel-status']")
-    status.filter(has_text="gpumem serve is not running").wait_for(timeout=10_000)
-    assert "gpumem serve" in status.inner_text()
+    status_line = page.locator("[data-gpumem='panel-status']")
+    status_line.filter(has_text="gpumem serve is not running").wait_for(timeout=10_000)
+    label.filter(has_text="GPU n/a").wait_for(timeout=10_000)
+    assert "gpumem serve is not running" in status.get_attribute("title"), status.get_attribute("title")
     # The failed poll, then the next one, backed off.
     page.wait_for_event("request", lambda r: "gpumem/api/v1/state" in r.url, timeout=15_000)
     gaps = [b - a for a, b in itertools.pairwise(state_requests) if a > stop_at]
@@ -231,4 +438,146 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     assert not bad, f"console after gpumem serve stopped: {bad}"
     ours = [(t, m) for t, m, _ in console if t in ("error", "pageerror") and "gpumem" in m.lower()]
     assert not ours, f"console errors from the extension: {ours}"
-    page.screenshot(path=str(out / "06-no-daemon.png"))
+    assert_no_overflow(page, "the panel without the daemon")
+    shot(page, out, "06-no-daemon.png")
+
+
+LONG = "a-notebook-with-a-rather-long-name-for-a-sidebar-{}.ipynb"
+
+
+def test_dark_two_gpus_many_notebooks(stack):
+    """Dark theme, a 250 px sidebar and the 1280x800 page: five notebooks
+    with long names, one of them on two GPUs: nothing sticks out, and each
+    GPU's plot draws that notebook's bytes on that GPU only."""
+    need_browser()
+    from playwright.sync_api import sync_playwright
+
+    out = artifacts_dir()
+    use_theme(stack, "JupyterLab Dark")
+    lab = stack.server()
+    names = [LONG.format(i) for i in range(4)] + ["two-gpus.ipynb"]
+    for n in names:
+        lab.notebook(n, ["x = 1"])
+    stack.start_daemon()
+    kernels = {n: lab.start_session(n) for n in names}
+    pids = {n: stack.kernel_pid(k) for n, k in kernels.items()}
+    two = pids["two-gpus.ipynb"]
+    gpu0 = {pids[n]: (i + 1) * GiB for i, n in enumerate(names[:4])}
+    gpu0[two] = 20 * GiB
+    write_gpus(stack, [(80 * GiB, gpu0), (80 * GiB, {two: 41 * GiB})])
+
+    console = []
+    with sync_playwright() as pw:
+        browser, page = browser_page(pw, console)
+        try:
+            open_lab(page, lab, "two-gpus.ipynb")
+            page.locator(".jp-gpumem-status-label", has_text="GPU 61.0 GiB (simulated)").wait_for(timeout=30_000)
+            assert page.evaluate("document.body.dataset.jpThemeLight") == "false", "not the dark theme"
+            page.locator("[data-gpumem='status']").click()
+            wait_for("the panel", lambda: panel_shown(page), timeout=10)
+            rows = page.locator("[data-gpumem='notebook-row']")
+            wait_for("five notebooks", lambda: rows.count() == 5, timeout=20)
+            g0 = page.locator(".jp-gpumem-gpu[data-gpu='0']")
+            g1 = page.locator(".jp-gpumem-gpu[data-gpu='1']")
+            want0 = sum(gpu0.values())
+            wait_for("GPU 0's stack", lambda: g0.get_attribute("data-stack-top") == str(want0), timeout=20)
+            wait_for("GPU 1's stack", lambda: g1.get_attribute("data-stack-top") == str(41 * GiB), timeout=20)
+            # GPU 1 holds only the two-GPU notebook's 41 GiB there, not its 61 GiB total.
+            assert g1.get_attribute("data-bands") == kernels["two-gpus.ipynb"], g1.get_attribute("data-bands")
+            ticks = g1.get_attribute("data-y-ticks")
+            assert ticks == ",".join(str(x * GiB) for x in (0, 16, 32, 48)), ticks
+            assert "41.0 GiB / 80.0 GiB used" in g1.locator("[data-gpumem='gpu-figure']").inner_text()
+            # No legend: resting the pointer on a band names its notebook.
+            over = g1.locator(".u-over")
+            box = over.bounding_box()
+            page.mouse.move(box["x"] + box["width"] - 2, box["y"] + box["height"] - 4)
+            hover = g1.locator(".jp-gpumem-plot-hover")
+            hover.filter(has_text="two-gpus.ipynb: 41.0 GiB").wait_for(timeout=5_000)
+            page.mouse.move(0, 0)
+            # A long name is cut with an ellipsis, the full path on hover.
+            name = rows.locator(".jp-gpumem-name", has_text="a-notebook-with").first
+            assert name.get_attribute("title").endswith(".ipynb")
+            default = assert_no_overflow(page, "dark, the default sidebar")
+            print(f"default sidebar: {default:.0f} px")
+            shot(page, out, "10-dark-default.png", "panel-two-gpus-dark.png")
+            set_panel_width(page, 250)
+            cut = page.evaluate(
+                "(s) => { const e = document.querySelector(s); return e.scrollWidth > e.clientWidth; }",
+                ".jp-gpumem-name[title*='a-notebook-with']",
+            )
+            assert cut, "at 250 px the long name should be cut"
+            assert_no_overflow(page, "dark, a 250 px sidebar")
+            shot(page, out, "11-dark-250.png")
+            set_panel_width(page, 600)
+            assert_no_overflow(page, "dark, a 600 px sidebar")
+            shot(page, out, "12-dark-600.png", "panel-600-dark.png")
+            # The settings: in the Settings Editor, and they take effect.
+            page.keyboard.press("Control+,")
+            page.locator(".jp-PluginList-entry", has_text="GPU memory").first.wait_for(timeout=20_000)
+            r = lab.get("lab/api/settings/jupyterlab-gpumem:plugin")
+            assert set(r.json()["schema"]["properties"]) == {"refreshSeconds", "windowMinutes", "showStatusItem"}, r.text
+            raw = json.dumps({"showStatusItem": False, "windowMinutes": 60})
+            headers = dict(lab.headers(), **{"Content-Type": "application/json"})
+            put = httpx.put(lab.url + "lab/api/settings/jupyterlab-gpumem:plugin", json={"raw": raw}, headers=headers, timeout=30)
+            assert put.status_code == 204, put.text
+            page.reload()
+            tab = page.locator(".jp-SideBar.jp-mod-right li[data-id='jp-gpumem-panel']")
+            tab.wait_for(timeout=120_000)
+            if not panel_shown(page):
+                tab.click()
+            window = page.locator("[data-gpumem='window']")
+            wait_for("the window setting", lambda: window.input_value() == "3600", timeout=20)
+            page.locator(".jp-gpumem-gpu[data-gpu='1'] canvas").wait_for(timeout=20_000)
+            # Less than 15 minutes of history: the 1 h plot draws it at the sampling interval.
+            wait_for("GPU 0's stack in the 1 h window", lambda: g0.get_attribute("data-stack-top") == str(want0), timeout=20)
+            assert_no_overflow(page, "dark, a 1 h window")
+            shot(page, out, "13-dark-1h.png")
+            status = page.locator("[data-gpumem='status']")
+            assert status.count() == 1 and not status.is_visible(), "the status item shows though the setting hides it"
+            ours = [(t, m) for t, m, _ in console if t in ("error", "pageerror") and "gpumem" in m.lower()]
+            assert not ours, f"console errors from the extension: {ours}"
+        finally:
+            page.screenshot(path=str(out / "dark-last.png"))
+            copy_logs(stack, out)
+            browser.close()
+
+
+def test_no_driver_says_na(stack):
+    """Without an NVIDIA driver (no simulated GPU either) the status bar
+    says "GPU n/a", never "GPU 0 B", and its tooltip says why."""
+    need_browser()
+    ldconfig = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
+    if "libnvidia-ml.so.1" in ldconfig:
+        import pytest
+
+        pytest.skip("this host has an NVIDIA driver: the no-driver page does not apply")
+    from playwright.sync_api import sync_playwright
+
+    out = artifacts_dir()
+    lab = stack.server()
+    lab.notebook("cpu.ipynb", ["x = 1"])
+    stack.env.pop("GPUMEM_FAKE_GPU")  # the real driver, absent here
+    stack.start_daemon()
+    stack.kernel_pid(lab.start_session("cpu.ipynb"))
+    console = []
+    with sync_playwright() as pw:
+        browser, page = browser_page(pw, console)
+        try:
+            open_lab(page, lab, "cpu.ipynb")
+            label = page.locator(".jp-gpumem-status-label")
+            label.filter(has_text="GPU n/a").wait_for(timeout=30_000)
+            status = page.locator("[data-gpumem='status']")
+            wait_for("the reason in the tooltip", lambda: "no NVIDIA driver" in (status.get_attribute("title") or ""), timeout=10)
+            assert "0 B" not in label.inner_text()
+            status.click()
+            wait_for("the panel", lambda: panel_shown(page), timeout=10)
+            page.locator("[data-gpumem='panel-status']", has_text="no NVIDIA driver").wait_for(timeout=10_000)
+            # No notebook holds "0 B" either: there is no figure.
+            fig = page.locator("[data-gpumem='notebook-row'] [data-field='now']")
+            fig.filter(has_text="n/a").wait_for(timeout=10_000)
+            assert "no NVIDIA driver" in fig.get_attribute("title")
+            assert_no_overflow(page, "no driver")
+            shot(page, out, "20-no-driver.png")
+        finally:
+            copy_logs(stack, out)
+            browser.close()

@@ -1,14 +1,14 @@
 """An out-of-memory error and a memory snapshot in a real JupyterLab 4,
 in Debian's chromium driven by Playwright: the notification comes once, its
 "Open report" shows the daemon's report in the panel; a snapshot handed to
-the daemon is announced and drawn there. Screenshots go to
-$GPUMEM_ARTIFACTS (else a temp dir)."""
+the daemon is announced and drawn there; both fit a 250 px sidebar.
+Screenshots go to $GPUMEM_ARTIFACTS (else a temp dir)."""
 
 import os
 from pathlib import Path
 
 from harness import REPO, GiB, need, wait_for
-from test_browser import CHROMIUM, artifacts_dir, run_cell
+from test_browser import CHROMIUM, artifacts_dir, assert_no_overflow, panel_shown, run_cell, set_panel_width
 from test_server import require_extension
 
 OOM_CELL = """import torch
@@ -77,10 +77,15 @@ def test_oom_notification_and_report(stack):
             assert toast.count() == 1, "the notification was shown %d times" % toast.count()
             page.screenshot(path=str(out / "oom-01-notification.png"))
 
-            # "Open report": the panel shows the daemon's report.
+            # "Open report": the panel, in a 250 px sidebar, shows the
+            # daemon's report, nothing wider than the panel.
+            page.locator("[data-gpumem='status']").click()
+            wait_for("the panel", lambda: panel_shown(page), timeout=10)
+            set_panel_width(page, 250)
             toast.first.locator("button", has_text="Open report").click()
             report = page.locator("[data-gpumem='oom-report']")
             report.wait_for(timeout=10_000)
+            assert_no_overflow(page, "the report at 250 px")
             rtext = report.inner_text()
             for want in [
                 "Out of memory in train.ipynb on GPU 0",
@@ -106,6 +111,7 @@ def test_oom_notification_and_report(stack):
             href = page.locator("[data-gpumem='snapshot-download']").get_attribute("href")
             r = lab.get(href[len(lab.url) :] if href.startswith(lab.url) else href.lstrip("/"))
             assert r.status_code == 200 and r.content[:2] == b"\x80\x04", (r.status_code, r.content[:20])
+            assert_no_overflow(page, "the snapshot at 250 px")
             page.screenshot(path=str(out / "oom-03-snapshot.png"))
         finally:
             page.screenshot(path=str(out / "oom-last.png"))

@@ -66,7 +66,9 @@ def test_only_this_servers_kernels(stack):
     # The other server's kernel is only part of its user's total.
     assert len(st["others"]) == 1 and st["others"][0]["notebooks"] == 1 and st["others"][0]["bytes"] == 5 * GiB
     assert theirs not in str(st), "the other server's kernel id must not reach this server's browser"
-    assert [s["id"] for s in st["series"]["notebooks"]] == [mine]
+    # Its total, and its bytes on each GPU it uses: this server's kernel only.
+    assert {s["id"] for s in st["series"]["notebooks"]} == {mine}
+    assert sorted(s.get("gpu", -1) for s in st["series"]["notebooks"]) == [-1, 0]
     assert st["gpus"][0]["simulated"] is True and st["gpus"][0]["memory_used_bytes"] == 7 * GiB
     assert st["alert_threshold"] == 0.8
 

@@ -49,7 +49,9 @@ type HistoryResponse struct {
 	StepSeconds    int64   `json:"step_seconds"`
 	AlertThreshold float64 `json:"alert_threshold"`
 	// GPUs' series are keyed by GPU index, notebooks' by kernel id (and
-	// ConnectionFile, the kernel's identity).
+	// ConnectionFile, the kernel's identity): per notebook one series of
+	// its total (no gpu) and one of its bytes on each GPU it used (gpu:
+	// that GPU's index).
 	GPUs      []HistorySeries `json:"gpus"`
 	Notebooks []HistorySeries `json:"notebooks"`
 	// NotebookSM are the notebooks' SM utilization series: points
@@ -68,11 +70,14 @@ type HistoryResponse struct {
 
 // HistorySeries is one series' points, [unix seconds, bytes] each.
 type HistorySeries struct {
-	ID             string      `json:"id"`
-	ConnectionFile string      `json:"connection_file,omitempty"`
-	Peak           uint64      `json:"peak_bytes"`
-	PeakAt         int64       `json:"peak_at"`
-	Points         [][2]uint64 `json:"points"`
+	ID             string `json:"id"`
+	ConnectionFile string `json:"connection_file,omitempty"`
+	// GPU is the GPU's index of a notebook's series on one GPU; nil for a
+	// notebook's total and for a GPU's own series.
+	GPU    *int        `json:"gpu,omitempty"`
+	Peak   uint64      `json:"peak_bytes"`
+	PeakAt int64       `json:"peak_at"`
+	Points [][2]uint64 `json:"points"`
 }
 
 // extraRoutes adds the endpoints of the optional backend interfaces.

@@ -247,6 +247,14 @@ func (d *Daemon) cull(ctx context.Context, rep *attribution.Report) []notebookAl
 	return alerts
 }
 
+// cullFreeTimeout bounds the cull's free: the kernel was idle a moment ago,
+// so a cache-only free answers in well under a second; one that does not
+// answer in this long is stopped or hung (or a cell began meanwhile), and
+// waiting longer would hold a goroutine and the kernel's cull for as long
+// as it stays so. The request stays queued in the kernel, which runs it
+// (harmless: caches only) if it ever resumes.
+const cullFreeTimeout = 30 * time.Second
+
 // cullKernel asks the server once more (the kernel may have been used
 // since the last scan) and, if it is still idle and unused, acts.
 func (d *Daemon) cullKernel(ctx context.Context, ks *kernelState, server discovery.Server, bytes uint64) {
@@ -293,9 +301,11 @@ func (d *Daemon) cullKernel(ctx context.Context, ks *kernelState, server discove
 			log.Warn().Msg("cull: not attached to the kernel; nothing freed")
 			return
 		}
-		rep, err := magics.FreeCache(ctx, client, magics.FreeOptions{})
+		fctx, cancel := context.WithTimeout(ctx, cullFreeTimeout)
+		rep, err := magics.FreeCache(fctx, client, magics.FreeOptions{})
+		cancel()
 		if err != nil {
-			log.Warn().Err(err).Msg("cull: free failed")
+			log.Warn().Err(err).Dur("deadline", cullFreeTimeout).Msg("cull: free failed")
 			return
 		}
 		log.Warn().Int("frameworks", len(rep.Frameworks)).Msg("idle kernel's GPU caches freed")

@@ -18,6 +18,8 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -74,8 +76,8 @@ type Config struct {
 type Deps struct {
 	// GPUs reads GPU memory per process: NVML, or the simulated GPU.
 	GPUs attribution.GPUSampler
-	// Procs reads the process table.
-	Procs attribution.ProcScanner
+	// Procs reads the process table and confirms exits.
+	Procs ProcReader
 	// Finder proves which process serves a connection file.
 	Finder discovery.ProcessFinder
 	// UserDirs finds every user's runtime dirs (AllUsers); nil: none.
@@ -92,6 +94,15 @@ type Deps struct {
 	// read from Cgroups.
 	PodKernels PodKernelFinder
 	Cgroups    cgroups.Reader
+}
+
+// ProcReader reads /proc: the whole table (procs.FS.ScanTree) and one
+// process (procs.FS.Exited). A scan that lacks a process is no proof that
+// it exited; Exited is: true only when /proc says the process is gone, its
+// pid reused or it a zombie, an error when /proc cannot be read.
+type ProcReader interface {
+	attribution.ProcScanner
+	Exited(pid int, start uint64) (bool, error)
 }
 
 func (c *Config) defaults() {
@@ -121,7 +132,7 @@ type Daemon struct {
 	log       zerolog.Logger
 	selfUID   uint32
 	gpus      attribution.GPUSampler
-	fs        attribution.ProcScanner
+	fs        ProcReader
 	finder    discovery.ProcessFinder
 	terminate func(ctx context.Context, pid int, start uint64, grace time.Duration) (bool, error)
 	pods      attribution.Pods
@@ -148,7 +159,8 @@ type Daemon struct {
 	reportJSON    []byte
 	reportJSONSeq uint64
 
-	wg sync.WaitGroup // kernel and reclaim goroutines
+	wg       sync.WaitGroup // kernel and reclaim goroutines
+	reclaims inflight       // reclaims under way, for Settle
 
 	hist *historyParts // figures over time and reclaim events: history.go
 	// compute is GPU utilization over time: readings, verdicts, hoarding,
@@ -347,7 +359,8 @@ func (d *Daemon) scan(ctx context.Context) {
 	dctx, cancel := context.WithTimeout(ctx, scanDeadline)
 	defer cancel()
 	d.addUserDirs()
-	res := discovery.Discover(dctx, discovery.Options{RuntimeDirs: d.watchedDirs(), Procs: knownFinder{d},
+	dirs := d.watchedDirs()
+	res := discovery.Discover(dctx, discovery.Options{RuntimeDirs: dirs, Procs: knownFinder{d},
 		ServerToken: d.cfg.ServerToken, ServerTokenURLs: d.cfg.ServerTokenURLs,
 		ServerTimeout: serverDeadline, Backoff: &d.serverBackoff})
 	if d.podKernels != nil {
@@ -382,7 +395,12 @@ func (d *Daemon) scan(ctx context.Context) {
 			ks.missingSince = time.Time{}
 			continue
 		}
-		if _, err := os.Stat(file); ks.pod == nil && !errors.Is(err, fs.ErrNotExist) {
+		// A kernel found outside the runtime dirs is one only while a
+		// process names its file: with its process gone and none naming
+		// the file (a killed KernelManager leaves /tmp/tmpXXXX.json
+		// behind), it is over although the file stays.
+		unnamed := ks.launched && ks.cur.isZero()
+		if _, err := os.Stat(file); ks.pod == nil && !unnamed && !errors.Is(err, fs.ErrNotExist) {
 			ks.missingSince = time.Time{}
 			continue
 		}
@@ -395,6 +413,12 @@ func (d *Daemon) scan(ctx context.Context) {
 			continue
 		}
 		ks.cancel() // detach: nothing to attach to without the file
+		if unnamed {
+			delete(d.kernels, file)
+			d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Str("connection_file", file).
+				Msg("no process names the connection file any more: the kernel is over, not followed")
+			continue
+		}
 		if ks.cur.isZero() {
 			delete(d.kernels, file)
 			d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).
@@ -415,6 +439,7 @@ func (d *Daemon) scan(ctx context.Context) {
 			}
 			followed[k.FileUID]++
 			ks = newKernelState(k)
+			ks.launched = k.Pod == nil && !slices.ContainsFunc(dirs, func(d string) bool { return filepath.Clean(d) == filepath.Dir(file) })
 			d.kernels[file] = ks
 			d.followLocked(ctx, ks)
 		case ks.fileGone:
@@ -453,8 +478,20 @@ func (d *Daemon) followLocked(ctx context.Context, ks *kernelState) {
 // knownFinder resolves only the kernels whose process the daemon does not
 // know yet: a rescan need not read every process's fds again. Kernels are
 // known by their connection file's path: another user's file of the same
-// name is another kernel.
+// name is another kernel. It passes on the finder's ConnectionFileLister,
+// so that the daemon follows the kernels launched with connection files
+// outside the runtime dirs (KernelManager, nbclient, papermill, jupyter
+// console, VS Code: /tmp/tmpXXXX.json), every kernel `gpumem kernels` lists.
 type knownFinder struct{ d *Daemon }
+
+// LaunchedConnectionFiles implements discovery.ConnectionFileLister.
+func (f knownFinder) LaunchedConnectionFiles(runtimeDirs []string) ([]string, error) {
+	lister, ok := f.d.finder.(discovery.ConnectionFileLister)
+	if !ok {
+		return nil, nil
+	}
+	return lister.LaunchedConnectionFiles(runtimeDirs)
+}
 
 func (f knownFinder) FindKernels(files []discovery.KernelFile) (map[string]discovery.Owner, error) {
 	known := map[string]bool{}
@@ -485,6 +522,17 @@ func (f knownFinder) TCPListener(ip net.IP, port int) (procs.Listener, bool, err
 		return procs.Listener{}, false, errors.New("the daemon's process finder cannot say who listens on a port")
 	}
 	return lf.TCPListener(ip, port)
+}
+
+// Alive implements discovery.ProcessChecker through the daemon's finder,
+// so that a server file is called deletable only when its process is
+// gone. A finder that cannot tell counts every process as alive: never
+// advise deleting a live server's file.
+func (f knownFinder) Alive(pid int) bool {
+	if pc, ok := f.d.finder.(discovery.ProcessChecker); ok {
+		return pc.Alive(pid)
+	}
+	return true
 }
 
 // setKernelProcessLocked records that ks is now served by process id. A new

@@ -28,6 +28,25 @@ func twoKernels(t *testing.T, cfg Config) (r *rig, k1, k2 string) {
 
 // twoKernelsOn is twoKernels on a rig made already.
 func twoKernelsOn(t *testing.T, r *rig) (_ *rig, k1, k2 string) {
+	k1, k2 = twoKernelFilesOn(r)
+	r.d.scan(r.ctx)
+	r.d.sample(r.ctx)
+	if got := r.report(); !slices.Equal(got["k1"], []int{100, 101, 103, 104}) || !slices.Equal(got["k2"], []int{200, 201}) {
+		t.Fatalf("report pids %v", got)
+	}
+	return r, k1, k2
+}
+
+// twoKernelFiles writes twoKernels' processes and files, and neither scans
+// nor samples: for a test that runs the daemon.
+func twoKernelFiles(t *testing.T, cfg Config) (r *rig, k1, k2 string) {
+	r = newRig(t, cfg)
+	k1, k2 = twoKernelFilesOn(r)
+	return r, k1, k2
+}
+
+// twoKernelFilesOn is twoKernelFiles on a rig made already.
+func twoKernelFilesOn(r *rig) (k1, k2 string) {
 	r.setProcs(
 		procstest.Proc{PID: 100, PPID: 1, PGID: 100, SID: 100, Argv: []string{"python", "-m", "ipykernel_launcher", "-f", "k1.json"}},
 		procstest.Proc{PID: 101, PPID: 100, PGID: 100, SID: 100, Argv: []string{"python", "worker.py"}},
@@ -40,12 +59,7 @@ func twoKernelsOn(t *testing.T, r *rig) (_ *rig, k1, k2 string) {
 	r.setGPU(100, 1<<30, 101, 2<<30, 103, 3<<30, 104, 4<<30, 200, 1<<30, 201, 5<<30)
 	k1 = r.kernelFile("k1", discovery.Owner{PID: 100, Start: 100, FromPort: true, UIDMatch: true, Proven: true})
 	k2 = r.kernelFile("k2", discovery.Owner{PID: 200, Start: 200, FromPort: true, UIDMatch: true, Proven: true})
-	r.d.scan(r.ctx)
-	r.d.sample(r.ctx)
-	if got := r.report(); !slices.Equal(got["k1"], []int{100, 101, 103, 104}) || !slices.Equal(got["k2"], []int{200, 201}) {
-		t.Fatalf("report pids %v", got)
-	}
-	return r, k1, k2
+	return k1, k2
 }
 
 // A kernel process that exits while its file stays is a restart: of its

@@ -39,6 +39,13 @@ func (h *historyParts) recorded(t int64) {
 	h.sampled = make(chan struct{})
 }
 
+// sampledChan is closed after the next sample.
+func (h *historyParts) sampledChan() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.sampled
+}
+
 // waitSample returns once a sample of second since or later is recorded,
 // or after limit, or when ctx ends.
 func (h *historyParts) waitSample(ctx context.Context, since int64, limit time.Duration) {
@@ -76,6 +83,12 @@ func (d *Daemon) recordHistory(now time.Time, rep *attribution.Report) int64 {
 		}
 		samples = append(samples, history.Sample{Key: notebookKey(nb.ConnectionFile), Label: nb.KernelID,
 			Bytes: nb.GPUMemoryBytes, Generation: gen})
+		// Its bytes on each GPU too: a GPU's plot draws only what the
+		// notebook holds there, never its total over every GPU.
+		for _, pg := range nb.PerGPU {
+			samples = append(samples, history.Sample{Key: history.NotebookGPUKey(nb.ConnectionFile, pg.Index), Label: nb.KernelID,
+				Bytes: pg.Bytes, Generation: gen})
+		}
 		if nb.Utilization != nil {
 			samples = append(samples, history.Sample{Key: history.Key{Kind: history.KindNotebookSM, ID: nb.ConnectionFile}, Label: nb.KernelID,
 				Bytes: uint64(nb.Utilization.SMPercent), Generation: gen})
@@ -131,31 +144,47 @@ func (d *Daemon) History(ctx context.Context, q api.HistoryQuery) (api.HistoryRe
 	if since <= 0 {
 		since = now.Add(-d.hist.store.Options().FineWindow).Unix()
 	}
-	resp := api.HistoryResponse{Now: now.Unix(), AlertThreshold: d.cfg.AlertThreshold,
-		GPUs: []api.HistorySeries{}, Notebooks: []api.HistorySeries{}, NotebookSM: []api.HistorySeries{}, Report: rep}
-	for _, sr := range d.hist.store.Since(now, since) {
-		hs := api.HistorySeries{ID: sr.Key.ID, Peak: sr.Peak, PeakAt: sr.PeakAt, Points: make([][2]uint64, len(sr.Points))}
-		if sr.Key.Kind == history.KindNotebook || sr.Key.Kind == history.KindNotebookSM {
-			hs.ID, hs.ConnectionFile = sr.Label, sr.Key.ID
-		}
-		for i, p := range sr.Points {
-			hs.Points[i] = [2]uint64{uint64(p.Time), p.Bytes}
-		}
-		resp.StepSeconds = sr.Step
-		switch sr.Key.Kind {
-		case history.KindGPU:
-			resp.GPUs = append(resp.GPUs, hs)
-		case history.KindNotebookSM:
-			resp.NotebookSM = append(resp.NotebookSM, hs)
-		default:
-			resp.Notebooks = append(resp.Notebooks, hs)
-		}
-	}
+	resp := api.HistoryResponse{Now: now.Unix(), AlertThreshold: d.cfg.AlertThreshold, Report: rep}
+	resp.GPUs, resp.Notebooks, resp.NotebookSM, resp.StepSeconds = historySeries(d.hist.store.Since(now, since))
 	if resp.StepSeconds == 0 {
 		resp.StepSeconds = max(int64(d.cfg.Interval/time.Second), 1)
 	}
 	resp.Events, resp.LastEvent = d.hist.events.After(eventsAfter)
 	return resp, nil
+}
+
+// historySeries shapes the store's series for the API: the GPUs' apart,
+// and per notebook (its kernel id, and its connection file, the kernel's
+// identity) its total and its bytes on each GPU (marked with the GPU's
+// index), and apart its SM utilization; step is the points' spacing (0
+// without any series).
+func historySeries(srs []history.Series) (gpus, notebooks, notebookSM []api.HistorySeries, step int64) {
+	gpus, notebooks, notebookSM = []api.HistorySeries{}, []api.HistorySeries{}, []api.HistorySeries{}
+	for _, sr := range srs {
+		hs := api.HistorySeries{ID: sr.Key.ID, Peak: sr.Peak, PeakAt: sr.PeakAt, Points: make([][2]uint64, len(sr.Points))}
+		for i, p := range sr.Points {
+			hs.Points[i] = [2]uint64{uint64(p.Time), p.Bytes}
+		}
+		step = sr.Step
+		switch sr.Key.Kind {
+		case history.KindGPU:
+			gpus = append(gpus, hs)
+		case history.KindNotebook:
+			hs.ID, hs.ConnectionFile = sr.Label, sr.Key.ID
+			notebooks = append(notebooks, hs)
+		case history.KindNotebookSM:
+			hs.ID, hs.ConnectionFile = sr.Label, sr.Key.ID
+			notebookSM = append(notebookSM, hs)
+		case history.KindNotebookGPU:
+			connFile, gpu, ok := sr.Key.NotebookGPU()
+			if !ok {
+				continue
+			}
+			hs.ID, hs.ConnectionFile, hs.GPU = sr.Label, connFile, &gpu
+			notebooks = append(notebooks, hs)
+		}
+	}
+	return gpus, notebooks, notebookSM, step
 }
 
 // KernelVars implements api.KernelQueryBackend: %gpumem vars's data.

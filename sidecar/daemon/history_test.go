@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -66,5 +67,47 @@ func TestRecordHistoryPeaks(t *testing.T) {
 	d.recordHistory(at.Add(2*time.Second), &rep)
 	if rep.Notebooks[0].PeakBytes != 3 {
 		t.Fatalf("peak after a restart = %d, want 3", rep.Notebooks[0].PeakBytes)
+	}
+}
+
+// A notebook on two GPUs has a series on each with its bytes there, beside
+// its total: a GPU's plot never draws the notebook's whole figure. Its SM
+// utilization is a series apart, by the same identity; a notebook whose
+// utilization is unknown has none.
+func TestHistoryPerGPUSeries(t *testing.T) {
+	d := &Daemon{hist: newHistoryParts(time.Second)}
+	rep := attribution.Report{
+		GPUs: []attribution.GPU{{Index: 0, MemoryUsedBytes: 20}, {Index: 1, MemoryUsedBytes: 41}},
+		Notebooks: []attribution.Notebook{
+			{KernelID: "two", ConnectionFile: "/run/kernel-two.json", PIDs: []int{10}, GPUMemoryBytes: 61,
+				PerGPU:      []attribution.GPUBytes{{Index: 0, Bytes: 20}, {Index: 1, Bytes: 41}},
+				Utilization: &attribution.Utilization{SMPercent: 130}},
+			{KernelID: "cpu", ConnectionFile: "/run/kernel-cpu.json", PIDs: []int{11}},
+		},
+	}
+	at := time.Unix(1000, 0)
+	d.recordHistory(at, &rep)
+	gpus, notebooks, sm, step := historySeries(d.hist.store.Since(at, 1000))
+	if step != 1 || len(gpus) != 2 {
+		t.Fatalf("step %d, %d GPU series; want 1 and 2", step, len(gpus))
+	}
+	got := map[string]uint64{}
+	for _, s := range notebooks {
+		key := s.ID
+		if s.GPU != nil {
+			key += fmt.Sprintf("@%d", *s.GPU)
+		}
+		if len(s.Points) != 1 {
+			t.Fatalf("series %s: %d points, want 1", key, len(s.Points))
+		}
+		got[key] = s.Points[0][1]
+	}
+	want := map[string]uint64{"two": 61, "two@0": 20, "two@1": 41, "cpu": 0}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("notebook series = %v, want %v", got, want)
+	}
+	if len(sm) != 1 || sm[0].ID != "two" || sm[0].ConnectionFile != "/run/kernel-two.json" || sm[0].GPU != nil ||
+		len(sm[0].Points) != 1 || sm[0].Points[0][1] != 130 {
+		t.Fatalf("SM series = %+v, want one of kernel two (its file, no GPU) at 130", sm)
 	}
 }

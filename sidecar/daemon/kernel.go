@@ -56,6 +56,10 @@ type kernelState struct {
 	// sent (zero when none): a kernel that does not answer it for long is
 	// running a cell, even one started before the daemon attached.
 	injectSince time.Time
+	// launched is true for a kernel found from a process's argv, its file
+	// outside the runtime dirs: it is followed while a process names the
+	// file. Fixed at creation.
+	launched bool
 	// pod is where a kernel found inside a Kubernetes pod lives; nil for
 	// a kernel of this host's runtime dirs. Fixed at creation.
 	pod *discovery.PodKernel
@@ -86,11 +90,12 @@ func (p procID) isZero() bool { return p.PID == 0 }
 // recorded processes that have exited (a kernel that starts workers every
 // epoch must not grow the set without bound); a recorded process that left
 // the tree but lives on (setsid, reparented) stays recorded. It reports
-// false, changing nothing, when the kernel process itself is gone. Called
-// with Daemon.mu held.
+// false, changing nothing, when the kernel process itself is gone from
+// table or a zombie (exited, its parent has not reaped it). Called with
+// Daemon.mu held.
 func (ks *kernelState) observe(table *procs.Table) bool {
 	kp, alive := table.Lookup(ks.cur.PID, ks.cur.Start)
-	if !alive {
+	if !alive || kp.Exited() {
 		return false
 	}
 	if kp.Detailed {

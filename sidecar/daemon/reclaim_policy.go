@@ -8,7 +8,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
@@ -113,7 +112,7 @@ var errStale = errors.New("pid now names another process")
 // holds a pidfd from before checking the start time until the last signal,
 // so a pid reused in between can never be signalled. It returns when the
 // process has exited or ctx ends.
-func terminate(ctx context.Context, scanner attribution.ProcScanner, id procID, grace time.Duration) (killed bool, err error) {
+func terminate(ctx context.Context, proc ProcReader, id procID, grace time.Duration) (killed bool, err error) {
 	fd, err := unix.PidfdOpen(id.PID, 0)
 	if err != nil {
 		if errors.Is(err, unix.ESRCH) {
@@ -124,11 +123,11 @@ func terminate(ctx context.Context, scanner attribution.ProcScanner, id procID, 
 	defer unix.Close(fd)
 	// The pidfd now pins the process the pid named when it was opened; check
 	// that this is still the one we recorded.
-	table, err := scanner.ScanTree([]int{})
+	gone, err := proc.Exited(id.PID, id.Start)
 	if err != nil {
 		return false, err
 	}
-	if _, ok := table.Lookup(id.PID, id.Start); !ok {
+	if gone {
 		return false, errStale
 	}
 	if err := unix.PidfdSendSignal(fd, unix.SIGTERM, nil, 0); err != nil {

@@ -20,8 +20,10 @@ func (d *Daemon) startReclaim(ctx context.Context, ks *kernelState, recorded map
 	}
 	exitedAt := time.Now()
 	d.wg.Add(1)
+	d.reclaims.add()
 	go func() {
 		defer d.wg.Done()
+		defer d.reclaims.done()
 		// The grace window: the samples go on meanwhile, so that a job
 		// that computes now, or starts to, is seen doing it.
 		select {

@@ -76,7 +76,7 @@ func (d *Daemon) sample(ctx context.Context) {
 		if cur, ok := seen[ks]; !ok || cur != ks.cur {
 			continue
 		}
-		if !ks.cur.isZero() && !ks.observe(obs.Table) {
+		if !ks.cur.isZero() && !ks.observe(obs.Table) && d.confirmExitLocked(ks) {
 			// The kernel process is gone: its old tree's survivors are
 			// orphans. With the file still there a new process serves it
 			// (a restart); without, the kernel was shut down.
@@ -131,6 +131,27 @@ func (d *Daemon) sample(ctx context.Context) {
 	d.mu.Unlock()
 	d.historySampled(sampledAt)
 	d.checkAlerts(rep, culls)
+}
+
+// confirmExitLocked looks at the kernel process that the sample's table
+// lacks (or shows a zombie), on its own: only /proc saying that it is gone,
+// its pid reused or it a zombie retires the kernel and sends its tree to
+// reclaim. A process that cannot
+// be looked at now (out of descriptors, memory) is kept, and said so.
+// Called with d.mu held: one stat read.
+func (d *Daemon) confirmExitLocked(ks *kernelState) bool {
+	gone, err := d.fs.Exited(ks.cur.PID, ks.cur.Start)
+	switch {
+	case err != nil:
+		d.problem(fmt.Errorf("kernel %s: its process %d is missing from the scan of /proc and cannot be looked at (%w): "+
+			"not taken for an exit, its processes are left alone", ks.id, ks.cur.PID, err))
+		return false
+	case !gone:
+		d.log.Warn().Str("kernel_id", ks.id).Int("pid", ks.cur.PID).
+			Msg("kernel process missing from the scan of /proc but alive: not taken for an exit")
+		return false
+	}
+	return true
 }
 
 // resolveKernelProcesses finds the process of kernels whose process is not

@@ -160,6 +160,7 @@ func Discover(ctx context.Context, opts Options) Result {
 	}
 	seenFile := map[string]bool{}
 	lf, _ := opts.Procs.(ListenerFinder)
+	checker, _ := opts.Procs.(ProcessChecker)
 	for _, dir := range opts.RuntimeDirs {
 		entries, err := os.ReadDir(dir)
 		if err != nil {
@@ -190,17 +191,20 @@ func Discover(ctx context.Context, opts Options) Result {
 			res.Problems = append(res.Problems, fmt.Errorf("runtime dir %s: %w", dir, err))
 		}
 		for _, f := range files {
-			data, st, err := safefile.Read(f, maxServerFileBytes)
-			if err == nil {
-				err = checkDirOwner("server file", f, st)
+			// The file's owner is whose server it may speak for, and a
+			// file in a user's dir must be that user's (checkDirOwner).
+			var st safefile.Info
+			read := func(path string) ([]byte, error) {
+				data, info, err := safefile.Read(path, maxServerFileBytes)
+				if err == nil {
+					err = checkDirOwner("server file", path, info)
+				}
+				st = info
+				return data, err
 			}
+			s, err := readServerFile(ctx, f, read, serverFileReread)
 			if err != nil {
-				res.Problems = append(res.Problems, fmt.Errorf("server file: %w", err))
-				continue
-			}
-			s, err := ParseServerFile(f, data)
-			if err != nil {
-				res.Problems = append(res.Problems, err)
+				res.Problems = append(res.Problems, fileAdvice(err, serverFilePID(f), checker))
 				continue
 			}
 			s.FileUID, s.listeners = st.UID, lf
@@ -220,7 +224,7 @@ func Discover(ctx context.Context, opts Options) Result {
 			s.Token, s.TokenGiven = opts.ServerToken, true
 		}
 	}
-	res.Problems = append(res.Problems, attachSessions(ctx, hc, opts, res.Servers, res.Kernels)...)
+	res.Problems = append(res.Problems, attachSessions(ctx, hc, opts, res.Servers, res.Kernels, checker)...)
 	if opts.Procs != nil {
 		res.Problems = append(res.Problems, resolvePIDs(opts.Procs, res.Kernels)...)
 		res.Kernels = dropUnprovenOutside(res.Kernels)
@@ -238,6 +242,10 @@ func Discover(ctx context.Context, opts Options) Result {
 
 // maxServerFileBytes bounds a server file: real ones are about 500 bytes.
 const maxServerFileBytes = 1 << 20
+
+// serverFileReread is how long a server file that does not parse is left
+// before it is read again: its server writes about 500 bytes at once.
+const serverFileReread = 100 * time.Millisecond
 
 // ReadKernelFile reads a kernel's connection file, with the identity and
 // owner that proving its process needs. The kernel id is the name's
@@ -315,8 +323,9 @@ func dedupeServers(servers []Server) []Server {
 // server speaks only for the kernels of its own runtime dir (where
 // jupyter_server writes both its file and its kernels' files) whose files
 // belong to its file's owner: a session naming a kernel id is otherwise
-// anyone's claim, and a kernel id is public (argv, /metrics).
-func attachSessions(ctx context.Context, hc *http.Client, opts Options, servers []Server, kernels []Kernel) []error {
+// anyone's claim, and a kernel id is public (argv, /metrics). pc, when
+// set, says whether a server that failed still runs (fileAdvice).
+func attachSessions(ctx context.Context, hc *http.Client, opts Options, servers []Server, kernels []Kernel, pc ProcessChecker) []error {
 	type answer struct {
 		server   Server
 		sessions []Session
@@ -361,7 +370,11 @@ func attachSessions(ctx context.Context, hc *http.Client, opts Options, servers 
 			continue
 		}
 		if a.err != nil {
-			problems = append(problems, a.err)
+			pid := a.server.PID
+			if pid <= 0 {
+				pid = serverFilePID(a.server.File)
+			}
+			problems = append(problems, fileAdvice(a.err, pid, pc))
 			continue
 		}
 		for _, sess := range a.sessions {

@@ -2,6 +2,8 @@ package discovery
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -175,5 +177,91 @@ func TestDiscoverReportsBrokenFilesAndDeadServers(t *testing.T) {
 		if !strings.Contains(all, want) {
 			t.Errorf("problems do not mention %q:\n%s", want, all)
 		}
+	}
+}
+
+// A server file read in the middle of its server's write is read again
+// before it counts as broken.
+func TestServerFileReadAgain(t *testing.T) {
+	full := `{"url":"http://127.0.0.1:8888/","token":"t","root_dir":"/r","pid":42}`
+	reads := 0
+	read := func(string) ([]byte, error) {
+		reads++
+		if reads == 1 {
+			return []byte(full[:20]), nil // cut short: the server is writing it
+		}
+		return []byte(full), nil
+	}
+	s, err := readServerFile(context.Background(), "/r/jpserver-42.json", read, time.Millisecond)
+	if err != nil || s.URL != "http://127.0.0.1:8888/" || reads != 2 {
+		t.Fatalf("server %+v, err %v after %d reads; want it parsed on the second read", s, err, reads)
+	}
+	reads = 0
+	broken := func(string) ([]byte, error) { reads++; return []byte("{"), nil }
+	if _, err := readServerFile(context.Background(), "/r/jpserver-42.json", broken, time.Millisecond); err == nil || reads != 2 {
+		t.Fatalf("a file broken on both reads: err %v after %d reads", err, reads)
+	}
+}
+
+type aliveSet map[int]bool
+
+func (a aliveSet) Alive(pid int) bool { return a[pid] }
+
+// gpumem never advises deleting the file of a server whose process lives.
+func TestFileAdvice(t *testing.T) {
+	base := errors.New("server file /r/jpserver-7.json: not valid JSON (unexpected end of JSON input)")
+	for _, tc := range []struct {
+		name  string
+		pid   int
+		pc    ProcessChecker
+		want  string
+		never string
+	}{
+		{"process lives", 7, aliveSet{7: true}, "its server (pid 7) is running: leave the file", "delete"},
+		{"process gone", 7, aliveSet{}, "its server (pid 7) is gone: delete the file", "running"},
+		{"no pid", 0, aliveSet{}, base.Error(), "delete"},
+		{"cannot tell", 7, nil, base.Error(), "delete"},
+	} {
+		got := fileAdvice(base, tc.pid, tc.pc).Error()
+		if !strings.Contains(got, tc.want) || strings.Contains(got, tc.never) {
+			t.Errorf("%s: %q; want %q, never %q", tc.name, got, tc.want, tc.never)
+		}
+	}
+	if serverFilePID("/r/jpserver-123.json") != 123 || serverFilePID("/r/nbserver-9.json") != 9 || serverFilePID("/r/jpserver-x.json") != 0 {
+		t.Error("serverFilePID")
+	}
+}
+
+// Discover end to end: a broken jpserver file whose process (this test)
+// lives is not to be deleted; one whose process is gone is.
+func TestDiscoverServerFileOfLiveProcess(t *testing.T) {
+	dir := t.TempDir()
+	live := filepath.Join(dir, fmt.Sprintf("jpserver-%d.json", os.Getpid()))
+	dead := filepath.Join(dir, "jpserver-999999999.json")
+	for _, f := range []string{live, dead} {
+		if err := os.WriteFile(f, []byte(`{"url":"http://127.0.0.1:1/","tok`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res := Discover(context.Background(), Options{RuntimeDirs: []string{dir}, Procs: NewProcFinder(&procs.FS{})})
+	var all []string
+	for _, p := range res.Problems {
+		all = append(all, p.Error())
+	}
+	text := strings.Join(all, "\n")
+	for _, p := range all {
+		switch {
+		case strings.Contains(p, live):
+			if strings.Contains(p, "delete") || !strings.Contains(p, "is running") {
+				t.Errorf("live server's file: %q", p)
+			}
+		case strings.Contains(p, dead):
+			if !strings.Contains(p, "is gone: delete the file") {
+				t.Errorf("dead server's file: %q", p)
+			}
+		}
+	}
+	if !strings.Contains(text, live) || !strings.Contains(text, dead) {
+		t.Fatalf("problems do not name both files:\n%s", text)
 	}
 }

@@ -1,9 +1,12 @@
 package discovery
 
 import (
+	"bytes"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/gpumem/gpumem/sidecar/procs"
@@ -17,6 +20,21 @@ type ProcFinder struct {
 // NewProcFinder reads processes through fs.
 func NewProcFinder(fs *procs.FS) *ProcFinder {
 	return &ProcFinder{fs: fs}
+}
+
+// Alive implements ProcessChecker: pid exists in this /proc and is not a
+// zombie.
+func (f *ProcFinder) Alive(pid int) bool {
+	root := f.fs.Root
+	if root == "" {
+		root = "/proc"
+	}
+	b, err := os.ReadFile(filepath.Join(root, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i > 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
 }
 
 // FindKernels implements ProcessFinder. A connection file proves nothing by

@@ -262,7 +262,7 @@ func (s Server) requestError(err error) error {
 	if errors.Is(err, errForeignListener) {
 		return fmt.Errorf("server %s (%s): not asked: %w; a server file counts only for a server its own user runs on this host", s.URL, s.File, unwrapURL(err))
 	}
-	return fmt.Errorf("server %s (%s) does not answer: %w; if it is gone, delete its file", s.URL, s.File, unwrapURL(err))
+	return fmt.Errorf("server %s (%s) does not answer: %w", s.URL, s.File, unwrapURL(err))
 }
 
 // unwrapURL drops net/http's "Get URL:" wrapping, which repeats the URL.

@@ -9,7 +9,9 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // Server is a running Jupyter server, from its jpserver-/nbserver- file.
@@ -50,10 +52,10 @@ func ParseServerFile(name string, data []byte) (Server, error) {
 		Password    bool   `json:"password"`
 	}
 	if err := json.Unmarshal(data, &raw); err != nil {
-		return Server{}, fmt.Errorf("server file %s: not valid JSON (%v): delete it if its server is gone", name, err)
+		return Server{}, fmt.Errorf("server file %s: not valid JSON (%v)", name, err)
 	}
 	if raw.URL == "" {
-		return Server{}, fmt.Errorf("server file %s: no \"url\": delete it if its server is gone", name)
+		return Server{}, fmt.Errorf("server file %s: no \"url\"", name)
 	}
 	s := Server{File: name, URL: raw.URL, Token: raw.Token, RootDir: raw.RootDir, PID: raw.PID, Version: raw.Version,
 		Password: raw.Password}
@@ -68,6 +70,65 @@ func ParseServerFile(name string, data []byte) (Server, error) {
 		s.URL += "/"
 	}
 	return s, nil
+}
+
+// serverFilePID is the pid a server file's name gives (jpserver-<pid>.json),
+// or 0.
+func serverFilePID(path string) int {
+	name := strings.TrimSuffix(filepath.Base(path), ".json")
+	for _, prefix := range []string{"jpserver-", "nbserver-"} {
+		if rest, ok := strings.CutPrefix(name, prefix); ok {
+			if pid, err := strconv.Atoi(rest); err == nil && pid > 0 {
+				return pid
+			}
+		}
+	}
+	return 0
+}
+
+// readServerFile reads and parses a server file. jupyter_server writes
+// its file in place, so a read during that write sees it cut short: a file
+// that does not parse is read once more, a moment later, before it counts
+// as broken.
+func readServerFile(ctx context.Context, path string, read func(string) ([]byte, error), again time.Duration) (Server, error) {
+	data, err := read(path)
+	if err != nil {
+		return Server{}, fmt.Errorf("server file: %w", err)
+	}
+	s, err := ParseServerFile(path, data)
+	if err == nil {
+		return s, nil
+	}
+	select {
+	case <-ctx.Done():
+		return Server{}, err
+	case <-time.After(again):
+	}
+	data, rerr := read(path)
+	if rerr != nil {
+		return Server{}, err
+	}
+	return ParseServerFile(path, data)
+}
+
+// ProcessChecker tells whether a process lives. The ProcFinder implements
+// it; discovery uses it to advise deleting a server's file only when the
+// server's process is gone.
+type ProcessChecker interface {
+	Alive(pid int) bool
+}
+
+// fileAdvice ends a problem with a server file: delete it only when its
+// server's process is gone; never for a live one (a server still writing
+// its file, or not answering yet); nothing when it cannot be told.
+func fileAdvice(err error, pid int, pc ProcessChecker) error {
+	if pid <= 0 || pc == nil {
+		return err
+	}
+	if pc.Alive(pid) {
+		return fmt.Errorf("%w; its server (pid %d) is running: leave the file, it is read again at the next scan", err, pid)
+	}
+	return fmt.Errorf("%w; its server (pid %d) is gone: delete the file", err, pid)
 }
 
 // serverFiles lists the server info files in dir.

@@ -1,9 +1,9 @@
 // Package history keeps recent GPU memory figures in fixed-size ring
-// buffers: per series (one GPU, or one notebook's kernel), the last 15
-// minutes at the sampling interval and the last 24 hours at one point a
-// minute (each minute keeps the highest figure seen in it, so a short spike
-// is not averaged away). It also keeps each notebook's peak since its kernel
-// process started.
+// buffers: per series (one GPU, one notebook's kernel, that kernel's bytes
+// on one GPU, or its SM utilization), the last 15 minutes at the sampling
+// interval and the last 24 hours at one point a minute (each minute keeps
+// the highest figure seen in it, so a short spike is not averaged away). It
+// also keeps each notebook's peak since its kernel process started.
 //
 // It is pure bookkeeping: no I/O, no goroutines, no clock of its own (every
 // call is given the time). The daemon records one sample a tick; the API
@@ -15,14 +15,19 @@
 // (TestFlatSeriesIsSmall). The bound is a figure that changes at every
 // point: Fine.Len + Coarse.Len runs (900 + 1440 by default, 37,440 bytes)
 // plus a few hundred bytes of bookkeeping, whatever the sampling rate; 100
-// such notebooks and 8 GPUs over 24 h take about 5.2 MiB (TestMemoryBound;
-// the bound promised is 8 MiB).
+// such series and 8 GPUs over 24 h take about 5.2 MiB (TestMemoryBound;
+// the bound promised is 8 MiB). A notebook on one GPU is three series (its
+// total, its bytes on that GPU and its SM utilization): the daemon's worst
+// case for 100 such notebooks is about three times that, within 16 MiB
+// (TestMemoryBoundPerGPU).
 // Series without a point for longer than the coarse window are dropped.
 package history
 
 import (
 	"math"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -40,13 +45,40 @@ const (
 	// KindGPU: ID is the GPU's index, as text.
 	KindGPU Kind = iota
 	// KindNotebook: ID is the kernel's connection file (its identity: two
-	// users' kernels may share an id), Label its kernel id.
+	// users' kernels may share an id), Label its kernel id; the figure is
+	// the notebook's total over every GPU.
 	KindNotebook
 	// KindNotebookSM: a notebook's SM utilization (percent, summed over its
 	// GPUs) in place of bytes; ID and Label as KindNotebook's. An unknown figure is
 	// no point (a gap), never 0.
 	KindNotebookSM
+	// KindNotebookGPU: one notebook's bytes on one GPU (NotebookGPUKey), so
+	// that a plot of a GPU draws only what each notebook holds there.
+	KindNotebookGPU
 )
+
+// NotebookGPUKey names the series of a notebook's bytes on one GPU: the
+// kernel's connection file (as KindNotebook's ID) and the GPU's index.
+func NotebookGPUKey(connFile string, gpu int) Key {
+	return Key{Kind: KindNotebookGPU, ID: connFile + "/" + strconv.Itoa(gpu)}
+}
+
+// NotebookGPU splits the ID of a KindNotebookGPU key into the connection
+// file and the GPU's index; ok is false for any other key.
+func (k Key) NotebookGPU() (connFile string, gpu int, ok bool) {
+	if k.Kind != KindNotebookGPU {
+		return "", 0, false
+	}
+	i := strings.LastIndexByte(k.ID, '/')
+	if i < 0 {
+		return "", 0, false
+	}
+	gpu, err := strconv.Atoi(k.ID[i+1:])
+	if err != nil {
+		return "", 0, false
+	}
+	return k.ID[:i], gpu, true
+}
 
 // Key names one series.
 type Key struct {

@@ -178,16 +178,45 @@ func TestEvents(t *testing.T) {
 // TestMemoryBound measures the heap of 100 notebooks and 8 GPUs after 24 h
 // of 1 s samples (simulated time) against the documented bound of 8 MiB.
 func TestMemoryBound(t *testing.T) {
+	used := fillDay(t, 100, false)
+	t.Logf("100 notebooks + 8 GPUs over 24 h: %d bytes (%.2f MiB) of heap", used, float64(used)/(1<<20))
+	if used > 8<<20 {
+		t.Fatalf("history uses %d bytes, over the 8 MiB bound", used)
+	}
+}
+
+// TestMemoryBoundPerGPU is the daemon's worst case: each of 100 notebooks
+// on one GPU is three series (its total, its bytes on that GPU and its SM
+// utilization), against the documented bound of 16 MiB.
+func TestMemoryBoundPerGPU(t *testing.T) {
+	used := fillDay(t, 100, true)
+	t.Logf("100 notebooks on one GPU each + 8 GPUs over 24 h: %d bytes (%.2f MiB) of heap", used, float64(used)/(1<<20))
+	if used > 16<<20 {
+		t.Fatalf("history uses %d bytes, over the 16 MiB bound", used)
+	}
+}
+
+// fillDay records 24 h of figures that change at every point for notebooks
+// notebooks (and, with perGPU, each one's series on GPU i%8 and its SM
+// series) and 8 GPUs,
+// checks that every series is full, and returns the heap it took.
+func fillDay(t *testing.T, notebooks int, perGPU bool) int64 {
+	t.Helper()
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	s := New(Options{})
-	samples := make([]Sample, 0, 108)
-	for i := 0; i < 100; i++ {
-		samples = append(samples, Sample{Key: Key{KindNotebook, fmt.Sprintf("%036d", i)}, Generation: "1234:5678"})
+	samples := make([]Sample, 0, 3*notebooks+8)
+	for i := 0; i < notebooks; i++ {
+		id := fmt.Sprintf("%036d", i)
+		samples = append(samples, Sample{Key: Key{Kind: KindNotebook, ID: id}, Generation: "1234:5678"})
+		if perGPU {
+			samples = append(samples, Sample{Key: NotebookGPUKey(id, i%8), Generation: "1234:5678"},
+				Sample{Key: Key{Kind: KindNotebookSM, ID: id}, Generation: "1234:5678"})
+		}
 	}
 	for i := 0; i < 8; i++ {
-		samples = append(samples, Sample{Key: Key{KindGPU, fmt.Sprint(i)}})
+		samples = append(samples, Sample{Key: Key{Kind: KindGPU, ID: fmt.Sprint(i)}})
 	}
 	start := int64(1_700_000_000)
 	// Every minute of the day at 1 s would take a while; the rings are full
@@ -207,15 +236,32 @@ func TestMemoryBound(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 	used := int64(after.HeapAlloc) - int64(before.HeapAlloc)
-	t.Logf("100 notebooks + 8 GPUs over 24 h: %d bytes (%.2f MiB) of heap", used, float64(used)/(1<<20))
-	if used > 8<<20 {
-		t.Fatalf("history uses %d bytes, over the 8 MiB bound", used)
-	}
 	sr := s.Since(at(start+24*3600), 0)
-	if len(sr) != 108 || len(sr[0].Points) != 1440 {
-		t.Fatalf("want 108 series of 1440 coarse points, got %d series of %d", len(sr), len(sr[0].Points))
+	if len(sr) != len(samples) || len(sr[0].Points) != 1440 {
+		t.Fatalf("want %d series of 1440 coarse points, got %d series of %d", len(samples), len(sr), len(sr[0].Points))
 	}
 	runtime.KeepAlive(s)
+	return used
+}
+
+func TestNotebookGPUKey(t *testing.T) {
+	for _, tc := range []struct {
+		key    Key
+		kernel string
+		gpu    int
+		ok     bool
+	}{
+		{NotebookGPUKey("4c1f2e0a-aaaa", 0), "4c1f2e0a-aaaa", 0, true},
+		{NotebookGPUKey("pod/uid/kernel", 7), "pod/uid/kernel", 7, true},
+		{Key{Kind: KindNotebook, ID: "k/1"}, "", 0, false},
+		{Key{Kind: KindNotebookGPU, ID: "k"}, "", 0, false},
+		{Key{Kind: KindNotebookGPU, ID: "k/x"}, "", 0, false},
+	} {
+		kernel, gpu, ok := tc.key.NotebookGPU()
+		if kernel != tc.kernel || gpu != tc.gpu || ok != tc.ok {
+			t.Errorf("%+v.NotebookGPU() = %q, %d, %v; want %q, %d, %v", tc.key, kernel, gpu, ok, tc.kernel, tc.gpu, tc.ok)
+		}
+	}
 }
 
 func BenchmarkRecord100Notebooks(b *testing.B) {

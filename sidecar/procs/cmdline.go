@@ -11,7 +11,8 @@ import (
 
 // Cmdlines reads the argv of every process (one read each, nothing else):
 // the cheap pass for finding which processes name a file. Processes that
-// vanish or cannot be read are left out; only an unreadable root is an error.
+// vanish or that we may not look at are left out; any other failure is an
+// error, as for Scan.
 func (fs *FS) Cmdlines() (map[int][]string, error) {
 	pids, err := fs.pids()
 	if err != nil {
@@ -25,9 +26,12 @@ func (fs *FS) Cmdlines() (map[int][]string, error) {
 	out := make(map[int][]string, len(pids))
 	buf := make([]byte, 0, 4096)
 	for _, pid := range pids {
-		data, err := readAt(rootfd, strconv.Itoa(pid)+"/cmdline", buf)
-		if err != nil {
+		data, err := fs.readFile(rootfd, strconv.Itoa(pid)+"/cmdline", pid, "cmdline", buf)
+		if vanished(err) || denied(err) {
 			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read processes: %w", err)
 		}
 		buf = data[:0]
 		if argv := parseCmdline(data); len(argv) > 0 {

@@ -13,6 +13,7 @@ import (
 type statFields struct {
 	PID, PPID, PGID, SID int
 	Comm                 string
+	State                byte
 	StartTime            uint64
 }
 
@@ -35,6 +36,7 @@ func parseStat(data []byte) (statFields, error) {
 
 	// Fields after ")": index 0 is field 3 (state), so field n is at n-3.
 	const (
+		fState     = 0
 		fPPID      = 4 - 3
 		fPGRP      = 5 - 3
 		fSession   = 6 - 3
@@ -53,6 +55,8 @@ func parseStat(data []byte) (statFields, error) {
 			return st, fmt.Errorf("stat: %d fields after comm, want at least %d", i, fStartTime+1)
 		}
 		switch i {
+		case fState:
+			st.State = field[0]
 		case fPPID:
 			st.PPID, err = atoi(field)
 		case fPGRP:

@@ -18,22 +18,22 @@ func TestParseStat(t *testing.T) {
 		{
 			name: "real line",
 			in:   "16472 (cat) R 16467 16467 8630 0 -1 4194304 99 0 0 0 0 0 0 0 20 0 1 0 57190 3133440 412 18446744073709551615 93998765264896 93998765284777 140723207413744 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0 93998765300784 93998765302400 93999412461568 140723207416317 140723207416337 140723207416337 140723207417835 0\n",
-			want: statFields{PID: 16472, Comm: "cat", PPID: 16467, PGID: 16467, SID: 8630, StartTime: 57190},
+			want: statFields{PID: 16472, Comm: "cat", State: 'R', PPID: 16467, PGID: 16467, SID: 8630, StartTime: 57190},
 		},
 		{
 			name: "comm with spaces and parentheses",
 			in:   "7 (a) b (c)) S 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 123 0 0",
-			want: statFields{PID: 7, Comm: "a) b (c)", PPID: 1, PGID: 7, SID: 7, StartTime: 123},
+			want: statFields{PID: 7, Comm: "a) b (c)", State: 'S', PPID: 1, PGID: 7, SID: 7, StartTime: 123},
 		},
 		{
 			name: "empty comm, kernel thread with ppid 0",
 			in:   "2 () S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 18446744073709551615 0 0",
-			want: statFields{PID: 2, PPID: 0, StartTime: 18446744073709551615},
+			want: statFields{PID: 2, State: 'S', PPID: 0, StartTime: 18446744073709551615},
 		},
 		{
 			name: "zombie",
 			in:   "99 (defunct) Z 98 98 98 0 -1 4227084 0 0 0 0 0 0 0 0 20 0 1 0 4242 0 0 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0 0",
-			want: statFields{PID: 99, Comm: "defunct", PPID: 98, PGID: 98, SID: 98, StartTime: 4242},
+			want: statFields{PID: 99, Comm: "defunct", State: 'Z', PPID: 98, PGID: 98, SID: 98, StartTime: 4242},
 		},
 		{name: "empty", in: "", wantErr: "no (comm)"},
 		{name: "no closing paren", in: "5 (abc S 1 2 3", wantErr: "no (comm)"},

@@ -38,6 +38,9 @@ type Proc struct {
 	// With PID it identifies the process.
 	StartTime uint64
 	Comm      string // the kernel's short name (stat field 2)
+	// State is stat field 3: 'R', 'S', 'D', … and 'Z' for a zombie (see
+	// Exited).
+	State byte
 
 	// Detailed is true when status, cmdline and environ were read.
 	Detailed bool
@@ -52,6 +55,11 @@ type Proc struct {
 	// process's own (last); one entry when they are the same namespace.
 	NSpid []int
 }
+
+// Exited reports whether the process has exited and waits only to be
+// reaped by its parent (a zombie): it runs nothing and holds nothing but
+// its pid, and its children have been reparented already.
+func (p Proc) Exited() bool { return p.State == 'Z' || p.State == 'X' }
 
 // Table is a scan of /proc with indexes. It is read-only once built and
 // safe for concurrent use.

@@ -96,13 +96,11 @@ func pyProcAs(t *testing.T, u *testenv.User, code string) (*exec.Cmd, []int) {
 	return nil, nil
 }
 
-// killLater kills pid in Cleanup, if it still runs.
+// killLater kills pids in Cleanup, those that still run: through pidfds
+// taken now (testenv.Reaper), since a pid whose process exited meanwhile
+// (reclaimed by the daemon under test) may be another process's by then.
 func killLater(t *testing.T, pids ...int) {
-	t.Cleanup(func() {
-		for _, pid := range pids {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	})
+	testenv.NewReaper(t, nil).Add(pids...)
 }
 
 // staysAlive fails unless pid is still alive after d: the negative half of

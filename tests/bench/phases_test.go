@@ -17,7 +17,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -53,13 +52,11 @@ func BenchmarkPhases20Kernels(b *testing.B) {
 		}
 		return n == kernels && len(res.Problems) == 0
 	})
-	b.Cleanup(func() {
-		// The server's kernels are session leaders outside its group.
-		_ = syscallKill(-srv.Cmd.Process.Pid)
-		for _, k := range res.Kernels {
-			_ = syscallKill(-k.PID)
-		}
-	})
+	// The server's kernels are session leaders outside its group.
+	reap := testenv.NewReaper(b, srv)
+	for _, k := range res.Kernels {
+		reap.Add(k.PID)
+	}
 	var shellPorts, kernelPIDs []int
 	for _, k := range res.Kernels {
 		shellPorts = append(shellPorts, k.Connection.ShellPort)
@@ -240,5 +237,3 @@ func BenchmarkPhases20Kernels(b *testing.B) {
 }
 
 var httpClient = http.Client{Timeout: 5 * time.Second}
-
-func syscallKill(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }

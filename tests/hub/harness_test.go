@@ -81,6 +81,8 @@ c.DummyAuthenticator.password = %q
 c.Authenticator.allowed_users = {%s}
 c.JupyterHub.spawner_class = "jupyterhub.spawner.LocalProcessSpawner"
 c.Spawner.cmd = [%q]
+# The tests run the root daemon: no per-user one from jupyterlab-gpumem.
+c.Spawner.args = ["--Gpumem.autostart=False"]
 c.Spawner.default_url = "/lab"
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 120

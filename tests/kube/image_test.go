@@ -161,11 +161,17 @@ func imageRootfs(t *testing.T) string {
 	return filepath.Join(imageDir, "rootfs")
 }
 
+// TestMain runs the tests under testenv.RunReaped: they play pods whose
+// processes (a server, its kernel, workers in sessions of their own, as a
+// uid of their own) only their cgroups' cleanup ends, and a test binary
+// killed before its cleanups must not leave them running.
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if imageDir != "" {
-		// Mounts were made in the test's own namespaces and are gone.
-		os.RemoveAll(imageDir)
-	}
-	os.Exit(code)
+	os.Exit(testenv.RunReaped(func() int {
+		code := m.Run()
+		if imageDir != "" {
+			// Mounts were made in the test's own namespaces and are gone.
+			os.RemoveAll(imageDir)
+		}
+		return code
+	}))
 }

@@ -100,7 +100,8 @@ chmod 0700 "$POD_DIR/runtime"
 export HOME="$POD_DIR" JUPYTER_RUNTIME_DIR="$POD_DIR/runtime" IPYTHONDIR="$POD_DIR/ipython" JUPYTER_CONFIG_DIR="$POD_DIR/config" JUPYTER_DATA_DIR="$POD_DIR/data"
 exec setpriv --reuid="$POD_USER" --regid="$POD_USER" --clear-groups -- "$PYTHON" -m jupyter_server --no-browser \
   --ServerApp.ip=127.0.0.1 --ServerApp.port="$SERVER_PORT" --ServerApp.port_retries=0 \
-  --ServerApp.token="$TOKEN" --ServerApp.root_dir="$POD_DIR/notebooks" --ServerApp.open_browser=False`
+  --ServerApp.token="$TOKEN" --ServerApp.root_dir="$POD_DIR/notebooks" --ServerApp.open_browser=False \
+  --Gpumem.autostart=False`
 	pod := exec.Command("unshare", "--net", "--mount", "--propagation", "private", "--fork", "--", "sh", "-c", script)
 	// The pod's loopback comes up as CNI's loopback plugin brings it up
 	// (SIOCGIFFLAGS, then SIOCSIFFLAGS with IFF_UP), without iproute2.
@@ -365,7 +366,18 @@ func testCgroup(t *testing.T, rel string) string {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatalf("creating a cgroup: %v", err)
 	}
+	for d := base; d != dir; {
+		d = filepath.Join(d, strings.Split(strings.TrimPrefix(dir, d+"/"), "/")[0])
+		testenv.RemoveAfterRun(d) // if the test binary is killed first
+	}
 	t.Cleanup(func() {
+		// Through pidfds, each process checked to be in the cgroup still:
+		// a pid read here may be another process's by the time it is
+		// signalled.
+		inCgroup := func(pid int) bool {
+			data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+			return err == nil && strings.Contains(string(data), ":"+rel+"\n")
+		}
 		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
 			data, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 			if err != nil || len(strings.Fields(string(data))) == 0 {
@@ -373,7 +385,7 @@ func testCgroup(t *testing.T, rel string) string {
 			}
 			for _, f := range strings.Fields(string(data)) {
 				if pid, err := strconv.Atoi(f); err == nil {
-					_ = syscall.Kill(pid, syscall.SIGKILL)
+					testenv.KillIf(pid, inCgroup)
 				}
 			}
 		}

@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -168,12 +169,19 @@ func TestImageNamesPods(t *testing.T) {
 	// does not reach it (the setuid to nobody clears the parent-death
 	// signal), so the test ends it itself.
 	daemonPID := childOf(t, cmd.Process.Pid, exited)
+	// Signalled through a pidfd taken while it runs: its number may be
+	// another process's once it has exited.
+	daemonFD, err := unix.PidfdOpen(daemonPID, 0)
+	if err != nil {
+		t.Fatalf("the daemon (pid %d): %v", daemonPID, err)
+	}
 	t.Cleanup(func() {
-		_ = syscall.Kill(daemonPID, syscall.SIGTERM)
+		defer unix.Close(daemonFD)
+		_ = unix.PidfdSendSignal(daemonFD, unix.SIGTERM, nil, 0)
 		select {
 		case <-exited:
 		case <-time.After(10 * time.Second):
-			_ = syscall.Kill(daemonPID, syscall.SIGKILL)
+			_ = unix.PidfdSendSignal(daemonFD, unix.SIGKILL, nil, 0)
 			<-exited
 		}
 	})
@@ -295,6 +303,10 @@ func podCgroup(t *testing.T, podUID, containerID string, proc *os.Process) strin
 	dir := filepath.Join(base, rel)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatalf("creating a cgroup: %v", err)
+	}
+	for d := base; d != dir; {
+		d = filepath.Join(d, strings.Split(strings.TrimPrefix(dir, d+"/"), "/")[0])
+		testenv.RemoveAfterRun(d) // if the test binary is killed first
 	}
 	t.Cleanup(func() {
 		_ = proc.Kill()

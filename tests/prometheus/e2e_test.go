@@ -13,7 +13,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -195,7 +194,7 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatalf("orphan pid: cell printed %q (%s %s)", r.Stdout, r.EName, r.EValue)
 	}
-	t.Cleanup(func() { _ = syscall.Kill(orphan, syscall.SIGKILL) })
+	testenv.NewReaper(t, nil).Add(orphan) // a pidfd: once reclaimed, its number may be another's
 	unrelated := testenv.Start(t, testenv.Env(srv.Dir), srv.Dir, "/bin/sleep", "600")
 
 	// GPU 0: A 60 GiB + its orphan 6 GiB, B 4 GiB: 70 of 80 GiB (87.5%).

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -75,7 +74,7 @@ func (nb *notebook) startOrphanable(t *testing.T) int {
 	pid := nb.intCell(t, "import subprocess, sys\n"+
 		"_w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"+
 		"print(_w.pid)")
-	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	testenv.NewReaper(t, nil).Add(pid) // a pidfd: the daemon may reclaim it, and its number go to another
 	return pid
 }
 

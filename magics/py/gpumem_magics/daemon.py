@@ -8,6 +8,23 @@ import os
 
 from . import state
 
+# sidecar_get's status when nobody serves the socket.
+NOT_RUNNING = -1
+
+
+def not_running(sock):
+    """The one sentence for "gpumem serve is not running", as the JupyterLab
+    panel says it when it cannot say more (labextension's
+    supervision.reason_nothing_listens)."""
+    return (
+        f"gpumem serve is not running: nothing listens on {sock}: JupyterLab with jupyterlab-gpumem "
+        "installed starts it; elsewhere run `gpumem serve` beside JupyterLab, as the same user"
+    )
+
+
+class _NotRunning(Exception):
+    pass
+
 
 def driver_usage(timeout=0.5, fresh=False):
     """Asks gpumem serve (its unix socket API) for this kernel's processes'
@@ -28,6 +45,8 @@ def driver_usage(timeout=0.5, fresh=False):
 
     def get(path):
         status, body = sidecar_get(path, timeout)
+        if status == NOT_RUNNING:
+            raise _NotRunning()
         if status == 0:
             raise OSError(body.decode("utf-8", "replace"))
         return status, body
@@ -47,6 +66,8 @@ def driver_usage(timeout=0.5, fresh=False):
             if status != 200:
                 return {"error": "gpumem serve answered %d: %s" % (status, api_error(body))}
             nbs = json.loads(body.decode("utf-8")).get("notebooks") or []
+    except _NotRunning:
+        return {"error": not_running(sock)}
     except Exception as e:
         return {"error": "gpumem serve did not answer on %s (%s)" % (sock, state.short_exc(e))}
     for nb in nbs:
@@ -227,6 +248,9 @@ def sidecar_request(method, path, timeout, body=None):
         conn.request(method, path, body=body, headers=headers)
         resp = conn.getresponse()
         return resp.status, resp.read()
+    except (FileNotFoundError, ConnectionRefusedError) as e:
+        # No socket, or one that nobody listens on: the daemon is not running.
+        return NOT_RUNNING, str(e).encode()
     except Exception as e:
         return 0, str(e).encode()
     finally:

@@ -22,6 +22,7 @@ type Proc struct {
 	Env                  []string // KEY=VALUE
 	NSpid                []int    // nil: [PID]
 	Sockets              []uint64 // fd links socket:[N]
+	State                string   // stat field 3; "" is "S" (sleeping), "Z" a zombie
 	Omit                 []string // files not written (a process vanishing mid-scan)
 	AsDir                []string // files written as directories (unreadable: EISDIR)
 }
@@ -32,10 +33,14 @@ func (p Proc) StatLine() string {
 	if comm == "" {
 		comm = "proc"
 	}
-	return fmt.Sprintf("%d (%s) S %d %d %d 0 -1 4194560 1515 0 3 0 12 4 0 0 20 0 1 0 %d 23187456 2412 "+
+	state := p.State
+	if state == "" {
+		state = "S"
+	}
+	return fmt.Sprintf("%d (%s) %s %d %d %d 0 -1 4194560 1515 0 3 0 12 4 0 0 20 0 1 0 %d 23187456 2412 "+
 		"18446744073709551615 94375869378560 94375872045809 140726546325552 0 0 0 0 16781312 134235650 1 0 0 "+
 		"17 3 0 0 0 0 0 94375872706576 94375872803648 94375885099008 140726546331187 140726546331244 "+
-		"140726546331244 140726546333669 0\n", p.PID, comm, p.PPID, p.PGID, p.SID, p.Start)
+		"140726546331244 140726546333669 0\n", p.PID, comm, state, p.PPID, p.PGID, p.SID, p.Start)
 }
 
 // StatusText renders /proc/<pid>/status with the lines around Uid and NSpid
