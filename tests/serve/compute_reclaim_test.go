@@ -56,11 +56,13 @@ func TestServeLeavesAComputingJobRunning(t *testing.T) {
 	if !strings.HasPrefix(msg, want) || !strings.HasSuffix(msg, "is still computing on GPU 0 with 20.0 GiB: left running") {
 		t.Errorf("message %q, want %q…is still computing on GPU 0 with 20.0 GiB: left running", msg, want)
 	}
-	ls := exec.Command(gpumemBin, "ls")
+	// The daemon's sentence whole with --wide (the default table breaks it
+	// to fit 100 columns).
+	ls := exec.Command(gpumemBin, "ls", "--wide")
 	ls.Env = testenv.Env(srv.Dir)
 	out, err := ls.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), msg) || !strings.Contains(string(out), "SM") {
-		t.Errorf("gpumem ls: %v\n%s", err, out)
+		t.Errorf("gpumem ls --wide: %v\n%s", err, out)
 	}
 
 	free := func(args ...string) (string, error) {

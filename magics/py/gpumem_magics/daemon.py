@@ -194,6 +194,17 @@ def free_children(timeout=90.0):
     return {"error": err} if err else rep
 
 
+def request_error(status, reply):
+    """What a failed sidecar_request says to the user, in one sentence:
+    nobody serves the socket (the panel's words), it did not answer, or
+    what it answered."""
+    if status == NOT_RUNNING:
+        return not_running(state.sidecar_socket())
+    if status == 0:
+        return "gpumem serve did not answer on %s (%s)" % (state.sidecar_socket(), reply.decode("utf-8", "replace")[:200])
+    return "gpumem serve answered %d: %s" % (status, api_error(reply))
+
+
 def _post_kernel(what, body, timeout):
     import json
     from urllib.parse import quote
@@ -201,10 +212,8 @@ def _post_kernel(what, body, timeout):
     path = "/api/v1/kernels/%s/%s" % (quote(state.config["kernel_id"], safe=""), what)
     raw = None if body is None else json.dumps(body).encode("utf-8")
     status, reply = sidecar_request("POST", path, timeout, raw)
-    if status == 0:
-        return None, "gpumem serve did not answer on %s (%s)" % (state.sidecar_socket(), reply.decode("utf-8", "replace")[:200])
     if status != 200:
-        return None, "gpumem serve answered %d: %s" % (status, api_error(reply))
+        return None, request_error(status, reply)
     try:
         return json.loads(reply.decode("utf-8")), None
     except ValueError as e:

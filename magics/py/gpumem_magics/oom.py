@@ -294,13 +294,8 @@ def report_data(shell, result, exc, framework, qualname):
             import json
 
             data["event"] = json.loads(body.decode("utf-8"))
-        elif status == 0:
-            data["daemon_error"] = "gpumem serve did not answer on %s (%s)" % (
-                state.sidecar_socket(),
-                body.decode("utf-8", "replace")[:200],
-            )
         else:
-            data["daemon_error"] = "gpumem serve answered %d: %s" % (status, daemon.api_error(body))
+            data["daemon_error"] = daemon.request_error(status, body)
     else:
         data["no_daemon"] = True
     data["elapsed_ms"] = round((time.perf_counter() - t0) * 1000, 1)

@@ -226,10 +226,8 @@ def snapshot_data(reason="manual", oom_event=None):
             import json
 
             data["daemon"] = json.loads(reply.decode("utf-8"))
-        elif status == 0:
-            data["daemon_error"] = "gpumem serve did not answer (%s)" % reply.decode("utf-8", "replace")[:200]
         else:
-            data["daemon_error"] = "gpumem serve answered %d: %s" % (status, daemon.api_error(reply))
+            data["daemon_error"] = daemon.request_error(status, reply)
     return data
 
 

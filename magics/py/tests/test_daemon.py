@@ -32,6 +32,19 @@ def test_no_socket_file(tmp_path, monkeypatch):
     assert "OSError" not in want and "Errno" not in want
 
 
+def test_every_request_says_the_one_sentence(tmp_path, monkeypatch):
+    # %gpumem why's join, free --children, the out-of-memory report and a
+    # snapshot's hand-over: no "answered -1" for a daemon nobody serves.
+    sock = str(tmp_path / "gpumem.sock")
+    with_socket(monkeypatch, sock)
+    monkeypatch.setitem(state.config, "kernel_id", "4c1f2e0a-aaaa")
+    want = panel_sentence(sock)
+    assert daemon.free_children() == {"error": want}
+    assert daemon.why_join({"rows": []})["driver"] == {"error": want}
+    status, reply = daemon.sidecar_post("/api/v1/oom", {}, 1)
+    assert daemon.request_error(status, reply) == want
+
+
 def test_socket_nobody_listens_on(tmp_path, monkeypatch):
     sock = str(tmp_path / "gpumem.sock")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
