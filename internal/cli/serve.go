@@ -129,6 +129,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	}
 	ctx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
+	profileWindow(ctx, env, log)
 	var parent *lifeline.Watch
 	if *exitWith != 0 {
 		// Before anything else: a parent already gone starts nothing.
