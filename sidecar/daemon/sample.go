@@ -48,7 +48,7 @@ func (d *Daemon) sample(ctx context.Context) {
 		seen[ks] = ks.cur
 	}
 	d.mu.Unlock()
-	obs, err := attribution.Observe(ctx, d.gpus, d.fs, kernels)
+	obs, err := d.observeSample(ctx, kernels)
 	if d.afterObserve != nil {
 		d.afterObserve()
 	}
