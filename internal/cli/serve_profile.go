@@ -13,10 +13,22 @@ import (
 	"github.com/rs/zerolog"
 )
 
+// writeHeap writes the heap's profile, after a GC, to path.
+func writeHeap(path string) error {
+	runtime.GC()
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	err = pprof.WriteHeapProfile(f)
+	return errors.Join(err, f.Close())
+}
+
 // profileWindow serves benchmarks that profile the daemon in a steady
 // state, without its start in the profile: with GPUMEM_PROFILE_DIR naming a
-// dir, SIGUSR1 starts a CPU profile into dir/cpu.pprof and SIGUSR2 stops it
-// and writes the heap's (after a GC) into dir/heap.pprof. Without it the
+// dir, SIGUSR1 writes the heap's profile into dir/heap-start.pprof and
+// starts a CPU profile into dir/cpu.pprof; SIGUSR2 stops it and writes the
+// heap's again into dir/heap.pprof (each after a GC). Without it the
 // signals keep their default meaning. It ends with ctx.
 func profileWindow(ctx context.Context, env Env, log zerolog.Logger) {
 	dir := env.getenv("GPUMEM_PROFILE_DIR")
@@ -39,6 +51,9 @@ func profileWindow(ctx context.Context, env Env, log zerolog.Logger) {
 			case s := <-sig:
 				switch {
 				case s == syscall.SIGUSR1 && cpu == nil:
+					// The heap at the start too: the difference is what the
+					// window allocated (pprof -base).
+					writeHeap(filepath.Join(dir, "heap-start.pprof"))
 					f, err := os.Create(filepath.Join(dir, "cpu.pprof"))
 					if err == nil {
 						if err = pprof.StartCPUProfile(f); err != nil {
@@ -52,13 +67,7 @@ func profileWindow(ctx context.Context, env Env, log zerolog.Logger) {
 					pprof.StopCPUProfile()
 					cerr := cpu.Close()
 					cpu = nil
-					runtime.GC()
-					f, err := os.Create(filepath.Join(dir, "heap.pprof"))
-					if err == nil {
-						err = pprof.WriteHeapProfile(f)
-						f.Close()
-					}
-					err = errors.Join(cerr, err)
+					err := errors.Join(cerr, writeHeap(filepath.Join(dir, "heap.pprof")))
 					log.Info().Err(err).Str("dir", dir).Msg("CPU profile stopped, heap profile written")
 				}
 			}

@@ -57,10 +57,11 @@ func ObserveSnapshot(snap nvml.Snapshot, scanner ProcScanner, kernels []Kernel) 
 }
 
 // ObserveTrees is Observe through a TreeScanner: a sample of the daemon,
-// which follows the same kernels from one sample to the next. Its Table
-// lacks processes of no kernel's tree that are not on a GPU: an exit is
-// judged, and a tree reclaimed, on Observe's.
-func ObserveTrees(ctx context.Context, gpus GPUSampler, scanner TreeScanner, kernels []Kernel) (Observation, error) {
+// which follows the same kernels from one sample to the next, attributing
+// through memo (nil: none). Its Table lacks processes of no kernel's tree
+// that are not on a GPU: an exit is judged, and a tree reclaimed, on
+// Observe's.
+func ObserveTrees(ctx context.Context, gpus GPUSampler, scanner TreeScanner, kernels []Kernel, memo *Memo) (Observation, error) {
 	snap, err := gpus.Sample(ctx)
 	if err != nil {
 		return Observation{}, fmt.Errorf("sampling GPUs: %w", err)
@@ -69,7 +70,10 @@ func ObserveTrees(ctx context.Context, gpus GPUSampler, scanner TreeScanner, ker
 	if err != nil {
 		return Observation{}, fmt.Errorf("reading processes: %w", err)
 	}
-	return Observation{Snapshot: snap, Table: table, Report: Attribute(snap, table, kernels)}, nil
+	if memo == nil {
+		return Observation{Snapshot: snap, Table: table, Report: Attribute(snap, table, kernels)}, nil
+	}
+	return Observation{Snapshot: snap, Table: table, Report: memo.Attribute(snap, table, kernels)}, nil
 }
 
 // KernelRoots lists the kernels' processes whose trees a TreeScanner keeps.

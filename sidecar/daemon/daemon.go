@@ -165,6 +165,8 @@ type Daemon struct {
 	sampleNow chan struct{} // capacity 1: a sample is wanted before the next tick
 	rescan    func()        // asks the watcher for a scan (set by Run)
 
+	memo attribution.Memo // the last sample's report, while its inputs stay the same (observe.go)
+
 	afterObserve func() // test hook: runs in sample after /proc was read
 }
 

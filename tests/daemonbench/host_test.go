@@ -28,8 +28,10 @@ package daemonbench
 // /proc does not show are named in a warning.
 //
 // DAEMONBENCH_PROFILE=dir has this tree's daemon write, at the largest
-// size, a CPU profile of 30 s of steady state and a heap profile after
-// it (GPUMEM_PROFILE_DIR) as dir/host-<n>-cpu.pprof and -heap.pprof.
+// size, a CPU profile of 30 s of steady state and heap profiles before and
+// after it (GPUMEM_PROFILE_DIR) as dir/host-<n>-cpu.pprof, -heap-start.pprof
+// and -heap.pprof (`go tool pprof -sample_index=alloc_space -base
+// host-<n>-heap-start.pprof host-<n>-heap.pprof`: what the window allocated).
 //
 // The box must have room: the benchmark checks pid_max, the task limit and
 // the memory available before it starts anything.
@@ -385,7 +387,7 @@ func runHost(b *testing.B, bin, dir string, gpu *testenv.FakeGPU, fleet *hostFle
 	r.steady = measure(b, d, 30*time.Second)
 	if profileDir != "" {
 		_ = d.Cmd.Process.Signal(syscall.SIGUSR2) // stop it, write the heap's
-		for _, name := range []string{"cpu.pprof", "heap.pprof"} {
+		for _, name := range []string{"cpu.pprof", "heap-start.pprof", "heap.pprof"} {
 			src := filepath.Join(profileDir, name)
 			testenv.Poll(b, 10*time.Second, "the profile "+src, func() bool {
 				st, err := os.Stat(src)
