@@ -159,6 +159,7 @@ type Daemon struct {
 
 	locks         *dirLocks
 	serverBackoff discovery.ServerBackoff // servers that failed, across scans
+	kernelFiles   discovery.KernelFiles   // connection files read, across scans
 	problemMu     sync.Mutex
 	problems      map[string]time.Time // problem text → last logged at warn
 
@@ -336,7 +337,7 @@ func (d *Daemon) scan(ctx context.Context) {
 	defer cancel()
 	d.addUserDirs()
 	dirs := d.watchedDirs()
-	res := discovery.Discover(dctx, discovery.Options{RuntimeDirs: dirs, Procs: knownFinder{d},
+	res := discovery.Discover(dctx, discovery.Options{RuntimeDirs: dirs, Procs: knownFinder{d}, KernelFiles: &d.kernelFiles,
 		ServerToken: d.cfg.ServerToken, ServerTokenURLs: d.cfg.ServerTokenURLs,
 		ServerTimeout: serverDeadline, Backoff: &d.serverBackoff})
 	if d.podKernels != nil {

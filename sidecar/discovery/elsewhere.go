@@ -98,7 +98,7 @@ func flaggedConnectionFile(argv []string) string {
 // addLaunchedKernels appends the kernels launched with connection files
 // outside the runtime dirs (see ConnectionFileLister). Files it cannot read
 // are skipped quietly: most are not kernels' at all.
-func addLaunchedKernels(res *Result, lister ConnectionFileLister, runtimeDirs []string, seenFile map[string]bool) {
+func addLaunchedKernels(res *Result, lister ConnectionFileLister, runtimeDirs []string, seenFile map[string]bool, cache *KernelFiles) {
 	files, err := lister.LaunchedConnectionFiles(runtimeDirs)
 	if err != nil {
 		return // FindKernels reports an unreadable /proc
@@ -112,7 +112,7 @@ func addLaunchedKernels(res *Result, lister ConnectionFileLister, runtimeDirs []
 			continue
 		}
 		seenFile[file] = true
-		k, err := ReadKernelFile(file)
+		k, err := cache.read(file)
 		if err != nil || known[k.FileID] { // a runtime dir's file by another path
 			continue
 		}

@@ -61,7 +61,9 @@ type Tracker struct {
 	tree   map[int]Proc // every process ever seen in a root's tree, still believed alive
 	others map[int]Proc // detail processes in no tree, read in full
 	unseen map[int]bool // detail pids no process of this /proc has
-	nspid  map[int]int  // innermost pid → pid, for processes in nested pid namespaces; nil until needed
+	// detailedAt is when each detail process kept was read in full.
+	detailedAt map[int]time.Time
+	nspid      map[int]int // innermost pid → pid, for processes in nested pid namespaces; nil until needed
 
 	own    bool           // fs's root is this process's own /proc: cursor and pidfds apply
 	cur    cursor         // the allocator at the last read (own only)
@@ -79,7 +81,7 @@ type Tracker struct {
 
 // NewTracker returns a Tracker over fs.
 func NewTracker(fs *FS) *Tracker {
-	t := &Tracker{fs: fs, now: time.Now, own: fs.ownNamespace()}
+	t := &Tracker{fs: fs, now: time.Now, own: fs.ownNamespace(), detailedAt: map[int]time.Time{}}
 	if t.own {
 		t.watch = newPidWatch()
 		t.readCursor = fs.readCursor
@@ -131,10 +133,10 @@ func (t *Tracker) ScanTrees(roots []Root, details []int) (*Table, error) {
 	if every <= 0 {
 		every = 30 * time.Second
 	}
-	if !t.valid || !known || t.now().Sub(t.last) >= every {
+	if !t.valid || !known {
 		return t.fullLocked(details, true)
 	}
-	table, err := t.incrementalLocked(details)
+	table, err := t.incrementalLocked(details, t.now().Sub(t.last) >= every)
 	switch {
 	case err == errLost:
 		return t.fullLocked(details, true)
@@ -143,6 +145,10 @@ func (t *Tracker) ScanTrees(roots []Root, details []int) (*Table, error) {
 	}
 	return table, err
 }
+
+// detailMaxAge is how long a process's details (user, argv, environment)
+// are taken as read: they change only at an exec or a setuid.
+const detailMaxAge = 5 * time.Minute
 
 // errLost means an incremental read cannot tell what changed: read all.
 var errLost = fmt.Errorf("procs: lost track of new tasks")
@@ -176,7 +182,45 @@ func (t *Tracker) fullLocked(details []int, asked bool) (*Table, error) {
 	}
 	t.fs.resolveUsers(all)
 	table := NewTable(all)
+	now := t.now()
+	for _, d := range details {
+		if p, ok := table.Resolve(d); ok && p.Detailed {
+			t.detailedAt[p.PID] = now
+		}
+	}
+	t.absorbLocked(table, details, asked, statusRead(all, table, details))
+	t.table = nil
+	if asked {
+		// From here the next tracked call looks for new tasks. A fresh
+		// read for another caller leaves that to the tracked calls: they
+		// have not seen the tasks new since the last one (NSpid).
+		t.cur, t.listed = cur, listed
+		t.valid = curErr == nil
+		t.details = sortedCopy(details)
+	}
+	return table, nil
+}
 
+// refreshLocked reads every process's stat, and keeps the roots' trees as
+// that shows them (new members; members gone) and the detail processes
+// that live on, with their details: the periodic full read of a tracked
+// call, which has followed the new tasks and the detail pids itself.
+func (t *Tracker) refreshLocked() error {
+	rootfd, all, err := t.fs.readAll(false)
+	if err != nil {
+		return err
+	}
+	syscall.Close(rootfd)
+	t.absorbLocked(NewTable(all), nil, false, false)
+	return nil
+}
+
+// absorbLocked keeps, from table (a read of every process), the roots'
+// trees and what left them alive, and the detail processes: those of
+// details when asked (a tracked call's full read), else those kept that
+// live on. statusRead says table's processes have their NSpid (every
+// status was read): the NSpid index is then built anew.
+func (t *Tracker) absorbLocked(table *Table, details []int, asked, statusRead bool) {
 	// Details kept from before, for processes not read in full now.
 	keep := func(p Proc) Proc {
 		if p.Detailed {
@@ -221,17 +265,12 @@ func (t *Tracker) fullLocked(details []int, asked bool) (*Table, error) {
 				others[pid] = keep(p)
 			}
 		}
-		for d := range t.unseen {
-			if _, ok := table.Resolve(d); !ok {
-				unseen[d] = true
-			}
-		}
 	}
 	// The NSpid index: rebuilt when every status was read (a detail pid was
 	// not a pid of this /proc), else what it held less the processes gone.
-	if statusRead(all, table, details) {
+	if statusRead {
 		t.nspid = map[int]int{}
-		for _, p := range all {
+		for _, p := range table.All() {
 			if n := len(p.NSpid); n > 1 {
 				t.nspid[p.NSpid[n-1]] = p.PID
 			}
@@ -243,16 +282,21 @@ func (t *Tracker) fullLocked(details []int, asked bool) (*Table, error) {
 			}
 		}
 	}
+	if !asked {
+		for d := range t.unseen {
+			if _, ok := table.Get(d); !ok && t.nspid[d] == 0 {
+				unseen[d] = true
+			}
+		}
+	}
+	for pid := range t.detailedAt {
+		if tree[pid].PID == 0 && others[pid].PID == 0 {
+			delete(t.detailedAt, pid)
+		}
+	}
 	t.tree, t.others, t.unseen = tree, others, unseen
 	t.syncWatchLocked()
-	t.cur, t.listed = cur, listed
-	t.valid = curErr == nil
 	t.last = t.now()
-	t.table = nil
-	if asked {
-		t.details = sortedCopy(details)
-	}
-	return table, nil
 }
 
 // statusRead reports whether FS.ScanTree read every process's status:
@@ -296,9 +340,10 @@ func (t *Tracker) watchLocked(p Proc) {
 	})
 }
 
-// incrementalLocked is ScanTrees from what is kept (see Tracker); errLost
-// when it cannot tell what changed.
-func (t *Tracker) incrementalLocked(details []int) (*Table, error) {
+// incrementalLocked is ScanTrees from what is kept (see Tracker), with a
+// read of every process's stat when refresh is set; errLost when it
+// cannot tell what changed.
+func (t *Tracker) incrementalLocked(details []int, refresh bool) (*Table, error) {
 	rootfd, err := t.fs.openRoot()
 	if err != nil {
 		return nil, err
@@ -363,14 +408,14 @@ func (t *Tracker) incrementalLocked(details []int) (*Table, error) {
 		}
 	}
 	for _, p := range fresh {
+		known := false
 		if old, ok := t.tree[p.PID]; ok {
-			if old.StartTime == p.StartTime {
-				continue
+			known = old.StartTime == p.StartTime
+			if !known { // the pid was reused: the old process is gone
+				delete(t.tree, p.PID)
+				t.watch.forget(p.PID)
+				changed = true
 			}
-			// The pid was reused: the old process is gone.
-			delete(t.tree, p.PID)
-			t.watch.forget(p.PID)
-			changed = true
 		}
 		// A kept process that names a new task's pid as its parent but
 		// started before it was the child of the pid's former process,
@@ -402,7 +447,7 @@ func (t *Tracker) incrementalLocked(details []int) (*Table, error) {
 			delete(t.unseen, p.PID)
 			changed = true
 		}
-		joins := t.joinsTreeLocked(p)
+		joins := !known && t.joinsTreeLocked(p)
 		if !joins && t.nspid == nil {
 			continue
 		}
@@ -429,7 +474,20 @@ func (t *Tracker) incrementalLocked(details []int) (*Table, error) {
 		}
 	}
 
-	// The processes asked about.
+	// Every FullEvery, the trees as a read of every process shows them: the
+	// new tasks were followed above, what the allocator cannot say (a
+	// checkpoint restored, a process that joined a group) shows here.
+	if refresh {
+		if err := t.refreshLocked(); err != nil {
+			return nil, err
+		}
+		changed = true
+	}
+
+	// The processes asked about, read in full once, and again after
+	// detailMaxAge (an exec changes argv, a setuid the user).
+	now := t.now()
+	stale := func(pid int) bool { return now.Sub(t.detailedAt[pid]) >= detailMaxAge }
 	asked := make(map[int]bool, len(details))
 	for _, d := range details {
 		pid, found, err := t.resolveLocked(rootfd, d)
@@ -440,26 +498,27 @@ func (t *Tracker) incrementalLocked(details []int) (*Table, error) {
 			continue
 		}
 		asked[pid] = true
-		if p, ok := t.tree[pid]; ok && !p.Detailed {
-			full, alive, next, err := t.fs.readProc(pid, buf)
-			buf = next[:0]
-			if err != nil {
-				return nil, fmt.Errorf("read processes: %w", err)
-			}
-			if alive && full.StartTime == p.StartTime {
-				t.tree[pid] = full
-				changed = true
-			}
-		} else if _, ok := t.others[pid]; !ok && t.tree[pid].PID == 0 {
-			full, alive, next, err := t.fs.readProc(pid, buf)
-			buf = next[:0]
-			if err != nil {
-				return nil, fmt.Errorf("read processes: %w", err)
-			}
-			if alive {
-				t.others[pid] = full
-				changed = true
-			}
+		m := t.tree
+		p, ok := t.tree[pid]
+		if !ok {
+			m = t.others
+			p, ok = t.others[pid]
+		}
+		if ok && p.Detailed && !stale(pid) {
+			continue
+		}
+		full, alive, next, err := t.fs.readProc(pid, buf)
+		buf = next[:0]
+		if err != nil {
+			return nil, fmt.Errorf("read processes: %w", err)
+		}
+		switch {
+		case alive && (!ok || full.StartTime == p.StartTime):
+			m[pid] = full
+			t.detailedAt[pid] = now
+			changed = true
+		case ok && p.Detailed:
+			t.detailedAt[pid] = now // gone, or reused: the allocator's pids will say
 		}
 	}
 	for pid := range t.others {

@@ -393,12 +393,34 @@ func TestTrackerReadsInProportion(t *testing.T) {
 			t.Errorf("one call read %v for 20 trees of 3 beside 1,000 other processes", reads)
 		}
 		r.clock = r.clock.Add(31 * time.Second)
-		if _, reads := r.scan(roots, details...); reads["stat"] < 1000 {
-			t.Errorf("after FullEvery: %d stat reads, want a full read", reads["stat"])
+		if _, reads := r.scan(roots, details...); reads["stat"] < 1000 || reads["status"]+reads["cmdline"]+reads["environ"] > 0 {
+			t.Errorf("after FullEvery: %v, want a read of every stat and of nothing else", reads)
 		}
 		more := append(slices.Clone(roots), Root{5000, 5000})
 		if _, reads := r.scan(more, details...); reads["stat"] < 1000 {
 			t.Errorf("a new kernel: %d stat reads, want a full read", reads["stat"])
+		}
+	})
+}
+
+// The details of a process asked about (argv, user) are read once, and
+// again after detailMaxAge: an exec shows by then.
+func TestTrackerDetailsExpire(t *testing.T) {
+	forModes(t, func(t *testing.T, mode string) {
+		r := newTrackerRig(t, mode, host()...)
+		r.scan(kernel10, 10, 20)
+		if err := os.WriteFile(filepath.Join(r.root, "20", "cmdline"), []byte("python3\x00train.py\x00"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		r.clock = r.clock.Add(detailMaxAge - time.Minute)
+		table, reads := r.scan(kernel10, 10, 20)
+		if p, _ := table.Get(20); !slices.Equal(p.Argv, []string{"sleep", "1000"}) || reads["cmdline"] != 0 {
+			t.Errorf("before detailMaxAge: argv %q, %d cmdline reads; want the one read first, none", p.Argv, reads["cmdline"])
+		}
+		r.clock = r.clock.Add(2 * time.Minute)
+		table, _ = r.scan(kernel10, 10, 20)
+		if p, _ := table.Get(20); !slices.Equal(p.Argv, []string{"python3", "train.py"}) {
+			t.Errorf("after detailMaxAge: argv %q, want the new one", p.Argv)
 		}
 	})
 }
