@@ -63,19 +63,37 @@ func ReadConnectionFile(path string) (ConnectionInfo, error) {
 	return info, err
 }
 
+// ReadConnectionFileBytes reads a connection file as ReadConnectionFile
+// does (a regular file, not through a link, at most
+// maxConnectionFileBytes), without parsing it, with its owner and identity.
+func ReadConnectionFileBytes(path string) ([]byte, safefile.Info, error) {
+	data, st, err := safefile.Read(path, maxConnectionFileBytes)
+	if err != nil {
+		return nil, st, &ConnectionFileError{Path: path, Err: err}
+	}
+	return data, st, nil
+}
+
 // ReadConnectionFileStat is ReadConnectionFile that also returns the file's
 // owner and identity as read: a connection file proves nothing by itself,
 // and the process serving it must belong to the same user and name it.
 func ReadConnectionFileStat(path string) (ConnectionInfo, safefile.Info, error) {
-	data, st, err := safefile.Read(path, maxConnectionFileBytes)
+	data, st, err := ReadConnectionFileBytes(path)
 	if err != nil {
-		return ConnectionInfo{}, st, &ConnectionFileError{Path: path, Err: err}
+		return ConnectionInfo{}, st, err
 	}
+	info, err := ParseConnectionFile(data, path)
+	return info, st, err
+}
+
+// ParseConnectionFile is ReadConnectionFile of bytes already read from
+// path (a relative ipc path is resolved against its directory).
+func ParseConnectionFile(data []byte, path string) (ConnectionInfo, error) {
 	info, err := parseConnectionInfo(data, path)
 	if err != nil {
-		return ConnectionInfo{}, st, &ConnectionFileError{Path: path, Err: err}
+		return ConnectionInfo{}, &ConnectionFileError{Path: path, Err: err}
 	}
-	return info, st, nil
+	return info, nil
 }
 
 // ParseConnectionInfo parses and validates the contents of a connection file.

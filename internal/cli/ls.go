@@ -184,8 +184,7 @@ func (r *daemonReporter) Close() { r.c.Close() }
 
 // lsSampler builds a Report standalone: discovery, NVML (or the simulated
 // GPU) and /proc. NVML's start (Init, then the first process list: about
-// 17 ms on an H200) runs while discovery asks the servers and reads /proc,
-// and while the process tree is read.
+// 17 ms on an H200) runs while discovery asks the servers and reads /proc.
 type lsSampler struct {
 	env     Env
 	dirs    []string
@@ -274,11 +273,6 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 	start := time.Now()
 	res := discoverKernels(ctx, s.env, s.fs, s.dirs)
 	s.tm.mark("discover", start)
-	// The process tree is read while NVML may still be starting; only the
-	// processes it lists are read in full after it (procs.Prescan).
-	start = time.Now()
-	tree := s.fs.Prescan()
-	s.tm.mark("prescan", start)
 	start = time.Now()
 	g := <-gpuc
 	s.tm.mark("wait_gpus", start)
@@ -293,8 +287,10 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 		}
 		kernels = append(kernels, kernel)
 	}
+	// Only the GPU processes, the kernels and their ancestors are read:
+	// attributing them needs no more, however many processes the host runs.
 	start = time.Now()
-	obs, err := attribution.ObserveSnapshot(g.snap, tree, kernels)
+	obs, err := attribution.ObserveSnapshot(g.snap, lineage{s.fs}, kernels)
 	s.tm.mark("observe", start)
 	if err != nil {
 		return attribution.Report{}, err
@@ -317,6 +313,11 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 	}
 	return rep, nil
 }
+
+// lineage reads processes for ls (procs.FS.ScanLineage).
+type lineage struct{ fs *procs.FS }
+
+func (l lineage) ScanTree(details []int) (*procs.Table, error) { return l.fs.ScanLineage(details) }
 
 // writeLs renders a Report like nvidia-smi, but by notebook: per GPU a
 // header, then its notebooks and other processes, biggest first, within

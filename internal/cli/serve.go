@@ -22,6 +22,7 @@ import (
 	"github.com/gpumem/gpumem/sidecar/daemon"
 	"github.com/gpumem/gpumem/sidecar/discovery"
 	"github.com/gpumem/gpumem/sidecar/metrics"
+	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
 func runServe(ctx context.Context, env Env, args []string) error {
@@ -139,6 +140,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	}
 	ctx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
+	profileWindow(ctx, env, log)
 	var parent *lifeline.Watch
 	if *exitWith != 0 {
 		// Before anything else: a parent already gone starts nothing.
@@ -176,7 +178,10 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	}
 	proc := env.procFS()
 	userDirs := allUserDirs(*everyUser, onlyUsers, proc)
-	deps := daemon.Deps{GPUs: gpus, Procs: proc, Finder: discovery.NewProcFinder(proc), UserDirs: userDirs, Pods: pods}
+	// Samples read the kernels' trees and what changed; the rest reads proc.
+	trees := procs.NewTracker(proc)
+	defer trees.Close()
+	deps := daemon.Deps{GPUs: gpus, Procs: trees, Finder: discovery.NewProcFinder(proc), UserDirs: userDirs, Pods: pods}
 	if *podKernels {
 		deps.PodKernels, deps.Cgroups = discovery.NewPodFinder(proc), proc
 	}

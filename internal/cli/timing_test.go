@@ -31,7 +31,7 @@ func TestLsTiming(t *testing.T) {
 		t.Errorf("stderr without GPUMEM_TIMING: %q", got)
 	}
 	got := run("1")
-	for _, phase := range []string{"daemon_probe", "nvml_open", "nvml_sample", "discover", "prescan", "wait_gpus", "observe", "output", "total"} {
+	for _, phase := range []string{"daemon_probe", "nvml_open", "nvml_sample", "discover", "wait_gpus", "observe", "output", "total"} {
 		if !regexp.MustCompile(`\b` + phase + `=[0-9]+\.[0-9]{2}ms\b`).MatchString(got) {
 			t.Errorf("no %s in %q", phase, got)
 		}

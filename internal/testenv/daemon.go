@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -27,13 +28,25 @@ func BuildGpumem(dir string) (string, error) {
 	if bin := os.Getenv("GPUMEM_TEST_BIN"); bin != "" {
 		return bin, nil
 	}
+	return GoBuild(dir, "gpumem", "./cmd/gpumem", true)
+}
+
+// GoBuild builds the package pkg of this repository (a path relative to
+// its root, as ./cmd/gpumem) into dir/name, with the race detector when
+// race is set (benchmarks measure the binary users run: without), and
+// returns the binary's path.
+func GoBuild(dir, name, pkg string, race bool) (string, error) {
 	_, here, _, _ := runtime.Caller(0)
-	bin := filepath.Join(dir, "gpumem")
-	build := exec.Command("go", "build", "-race", "-o", bin, "./cmd/gpumem")
+	bin := filepath.Join(dir, name)
+	args := []string{"build", "-o", bin, pkg}
+	if race {
+		args = []string{"build", "-race", "-o", bin, pkg}
+	}
+	build := exec.Command("go", args...)
 	build.Dir = filepath.Join(filepath.Dir(here), "..", "..")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
-		return "", fmt.Errorf("building gpumem: %w", err)
+		return "", fmt.Errorf("building %s: %w", pkg, err)
 	}
 	return bin, nil
 }
@@ -123,6 +136,36 @@ func (f *FakeGPU) write(t testing.TB, utilization bool, devices ...[]FakeProc) {
 	}
 	doc := map[string]any{"gpus": gpus}
 	b, _ := json.Marshal(doc)
+	f.writeFile(t, b)
+}
+
+// SetGPUs lists, on each of len(held) simulated H200s (141 GiB), the
+// processes holding memory there: pid → bytes (atomically, as Set).
+func (f *FakeGPU) SetGPUs(t testing.TB, held []map[int]uint64) {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	gpus := make([]any, 0, len(held))
+	for i, h := range held {
+		procs := make([]FakeProc, 0, len(h))
+		for pid, bytes := range h {
+			procs = append(procs, FakeProc{PID: pid, UsedBytes: bytes})
+		}
+		slices.SortFunc(procs, func(x, y FakeProc) int { return x.PID - y.PID })
+		gpus = append(gpus, map[string]any{
+			"name": "Simulated H200", "uuid": fmt.Sprintf("GPU-00000000-0000-0000-0000-0000%08x", i),
+			"memory_total_bytes": uint64(141 << 30), "processes": procs,
+		})
+	}
+	b, err := json.Marshal(map[string]any{"gpus": gpus})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.writeFile(t, b)
+}
+
+func (f *FakeGPU) writeFile(t testing.TB, b []byte) {
+	t.Helper()
 	tmp := f.Path + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		t.Fatal(err)
@@ -137,10 +180,38 @@ type Daemon struct {
 	Cmd    *exec.Cmd
 	Socket string
 	Client *api.Client
-	done   chan struct{}
-	mu     sync.Mutex
-	logs   []map[string]any
-	raw    strings.Builder
+	// Started is when the process was started.
+	Started time.Time
+	done    chan struct{}
+	mu      sync.Mutex
+	logs    []LogLine
+	raw     strings.Builder
+}
+
+// LogLine is one JSON line of the daemon's log and when it was read
+// (zerolog's own timestamps have whole seconds only).
+type LogLine struct {
+	At     time.Time
+	Fields map[string]any
+}
+
+// DaemonOptions are StartDaemonWith's settings; the zero value is
+// StartDaemon's.
+type DaemonOptions struct {
+	// Env is added to the daemon's environment (settings that have no
+	// flag, or that an older build must not reject).
+	Env []string
+	// LogLevel is --log-level ("" is debug: tests read the attach
+	// retries; benchmarks measure at info, the default users run).
+	LogLevel string
+	// Graceful stops the daemon in Cleanup with SIGTERM (SIGQUIT first
+	// when the test failed: the Go runtime then prints every goroutine's
+	// stack into the log), and kills its process group only if it has not
+	// exited 10 s later. The default is SIGKILL at once.
+	Graceful bool
+	// KeepLogDir, when set, receives the daemon's log as <test name>.log
+	// in Cleanup.
+	KeepLogDir string
 }
 
 // StartDaemon runs `gpumem serve` on runtimeDir (dir's Jupyter environment,
@@ -154,7 +225,13 @@ func StartDaemon(t testing.TB, bin, dir string, gpu *FakeGPU, args ...string) *D
 // (settings that have no flag, or that an older build must not reject).
 func StartDaemonEnv(t testing.TB, bin, dir string, gpu *FakeGPU, env []string, args ...string) *Daemon {
 	t.Helper()
-	d := tryStartDaemon(t, bin, dir, gpu, env, args...)
+	return StartDaemonWith(t, bin, dir, gpu, DaemonOptions{Env: env}, args...)
+}
+
+// StartDaemonWith is StartDaemon with options.
+func StartDaemonWith(t testing.TB, bin, dir string, gpu *FakeGPU, opts DaemonOptions, args ...string) *Daemon {
+	t.Helper()
+	d := tryStartDaemon(t, bin, dir, gpu, opts, args...)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -174,10 +251,10 @@ func StartDaemonEnv(t testing.TB, bin, dir string, gpu *FakeGPU, env []string, a
 // is --socket=PATH when given, else gpumem.sock in dir's runtime dir.
 func TryStartDaemon(t testing.TB, bin, dir string, gpu *FakeGPU, args ...string) *Daemon {
 	t.Helper()
-	return tryStartDaemon(t, bin, dir, gpu, nil, args...)
+	return tryStartDaemon(t, bin, dir, gpu, DaemonOptions{}, args...)
 }
 
-func tryStartDaemon(t testing.TB, bin, dir string, gpu *FakeGPU, env []string, args ...string) *Daemon {
+func tryStartDaemon(t testing.TB, bin, dir string, gpu *FakeGPU, opts DaemonOptions, args ...string) *Daemon {
 	t.Helper()
 	sock := filepath.Join(dir, "runtime", "gpumem.sock")
 	for _, a := range args {
@@ -185,8 +262,14 @@ func tryStartDaemon(t testing.TB, bin, dir string, gpu *FakeGPU, env []string, a
 			sock = strings.TrimPrefix(a, "--socket=")
 		}
 	}
-	cmd := exec.Command(bin, append([]string{"serve", "--log-format=json", "--log-level=debug"}, args...)...)
-	cmd.Env = Env(dir, append([]string{"GPUMEM_FAKE_GPU=" + gpu.Path}, env...)...)
+	level := opts.LogLevel
+	if level == "" {
+		level = "debug"
+	}
+	cmd := exec.Command(bin, append([]string{"serve", "--log-format=json", "--log-level=" + level}, args...)...)
+	cmd.Env = Env(dir, append([]string{"GPUMEM_FAKE_GPU=" + gpu.Path}, opts.Env...)...)
+	// A graceful stop may have to end what the daemon leaves: its group.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: opts.Graceful}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -194,17 +277,19 @@ func tryStartDaemon(t testing.TB, bin, dir string, gpu *FakeGPU, env []string, a
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	d := &Daemon{Cmd: cmd, Socket: sock, done: make(chan struct{}), Client: api.NewClient(sock)}
+	d := &Daemon{Cmd: cmd, Socket: sock, done: make(chan struct{}), Client: api.NewClient(sock), Started: time.Now()}
+	start, _ := procStart(cmd.Process.Pid) // not reaped before Wait, below
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
+			at := time.Now()
 			line := sc.Text()
 			var m map[string]any
 			d.mu.Lock()
 			d.raw.WriteString(line + "\n")
 			if json.Unmarshal([]byte(line), &m) == nil {
-				d.logs = append(d.logs, m)
+				d.logs = append(d.logs, LogLine{at, m})
 			}
 			d.mu.Unlock()
 		}
@@ -212,13 +297,73 @@ func tryStartDaemon(t testing.TB, bin, dir string, gpu *FakeGPU, env []string, a
 		close(d.done)
 	}()
 	t.Cleanup(func() {
+		if opts.Graceful {
+			if t.Failed() && !d.Exited() {
+				_ = d.Cmd.Process.Signal(syscall.SIGQUIT)
+			}
+			if !d.Exited() {
+				_ = d.Cmd.Process.Signal(syscall.SIGTERM)
+			}
+			if !d.Wait(10 * time.Second) {
+				killGroup(cmd.Process.Pid, start)
+				d.Wait(10 * time.Second)
+			}
+		}
 		d.Stop(syscall.SIGKILL)
 		d.Client.Close()
 		if t.Failed() {
 			t.Logf("daemon log:\n%s", d.Output())
 		}
+		if opts.KeepLogDir != "" {
+			name := filepath.Join(opts.KeepLogDir, strings.ReplaceAll(t.Name(), "/", "_")+".log")
+			if err := os.WriteFile(name, []byte(d.Output()), 0o644); err != nil {
+				t.Errorf("keeping the daemon log: %v", err)
+			}
+		}
 	})
 	return d
+}
+
+// PID is the daemon's process id.
+func (d *Daemon) PID() int { return d.Cmd.Process.Pid }
+
+// LogCount is how many lines the daemon has logged so far.
+func (d *Daemon) LogCount() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.logs)
+}
+
+// LogsSince returns the lines logged from index i on.
+func (d *Daemon) LogsSince(i int) []LogLine {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.logs[min(i, len(d.logs)):])
+}
+
+// FindLogSince is FindLog among the lines logged from index from on, with
+// the time each was read.
+func (d *Daemon) FindLogSince(from int, msg string, want map[string]any) (LogLine, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, l := range d.logs[min(from, len(d.logs)):] {
+		if l.Fields["message"] == msg && logMatches(l.Fields, want) {
+			return l, true
+		}
+	}
+	return LogLine{}, false
+}
+
+// WaitLogSince polls (deadline timeout) for a line as FindLogSince finds it.
+func (d *Daemon) WaitLogSince(t testing.TB, timeout time.Duration, from int, msg string, want map[string]any) LogLine {
+	t.Helper()
+	var found LogLine
+	Poll(t, timeout, fmt.Sprintf("daemon log %q %v", msg, want), func() bool {
+		var ok bool
+		found, ok = d.FindLogSince(from, msg, want)
+		return ok
+	})
+	return found
 }
 
 // Exited reports whether the daemon has exited.
@@ -275,9 +420,9 @@ func (d *Daemon) Logs(msg string, want map[string]any) []map[string]any {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var found []map[string]any
-	for _, m := range d.logs {
-		if m["message"] == msg && logMatches(m, want) {
-			found = append(found, m)
+	for _, l := range d.logs {
+		if l.Fields["message"] == msg && logMatches(l.Fields, want) {
+			found = append(found, l.Fields)
 		}
 	}
 	return found

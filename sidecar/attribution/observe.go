@@ -20,6 +20,14 @@ type ProcScanner interface {
 	ScanTree(details []int) (*procs.Table, error)
 }
 
+// TreeScanner is a ProcScanner told which pids are kernels, that keeps
+// their trees between calls and reads per call only what may have changed
+// (procs.Tracker): the daemon's samples. Its table holds the kernels'
+// trees and the pids asked about; other processes may be missing from it.
+type TreeScanner interface {
+	ScanTrees(kernels []procs.Root, details []int) (*procs.Table, error)
+}
+
 // Observation is one reading of the GPUs and of /proc, and its report.
 type Observation struct {
 	Snapshot nvml.Snapshot
@@ -45,9 +53,46 @@ func ObserveSnapshot(snap nvml.Snapshot, scanner ProcScanner, kernels []Kernel) 
 	if err != nil {
 		return Observation{}, fmt.Errorf("reading processes: %w", err)
 	}
+	return Observation{Snapshot: snap, Table: table, Report: MakeReport(snap, table, kernels)}, nil
+}
+
+// MakeReport is the report of one reading: the join (Attribute), then each
+// process's and notebook's utilization (AddUtilization).
+func MakeReport(snap nvml.Snapshot, table *procs.Table, kernels []Kernel) Report {
 	rep := Attribute(snap, table, kernels)
 	AddUtilization(&rep, snap)
-	return Observation{Snapshot: snap, Table: table, Report: rep}, nil
+	return rep
+}
+
+// ObserveTrees is Observe through a TreeScanner: a sample of the daemon,
+// which follows the same kernels from one sample to the next, attributing
+// through memo (nil: none). Its Table lacks processes of no kernel's tree
+// that are not on a GPU: an exit is judged, and a tree reclaimed, on
+// Observe's.
+func ObserveTrees(ctx context.Context, gpus GPUSampler, scanner TreeScanner, kernels []Kernel, memo *Memo) (Observation, error) {
+	snap, err := gpus.Sample(ctx)
+	if err != nil {
+		return Observation{}, fmt.Errorf("sampling GPUs: %w", err)
+	}
+	table, err := scanner.ScanTrees(KernelRoots(kernels), DetailPIDs(snap, kernels))
+	if err != nil {
+		return Observation{}, fmt.Errorf("reading processes: %w", err)
+	}
+	if memo == nil {
+		return Observation{Snapshot: snap, Table: table, Report: MakeReport(snap, table, kernels)}, nil
+	}
+	return Observation{Snapshot: snap, Table: table, Report: memo.Attribute(snap, table, kernels)}, nil
+}
+
+// KernelRoots lists the kernels' processes whose trees a TreeScanner keeps.
+func KernelRoots(kernels []Kernel) []procs.Root {
+	roots := make([]procs.Root, 0, len(kernels))
+	for _, k := range kernels {
+		if k.PID > 0 {
+			roots = append(roots, procs.Root{PID: k.PID, StartTime: k.StartTime})
+		}
+	}
+	return roots
 }
 
 // BytesByPID sums each process's memory over all GPUs. A process listed

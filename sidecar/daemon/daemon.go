@@ -175,11 +175,14 @@ type Daemon struct {
 
 	locks         *dirLocks
 	serverBackoff discovery.ServerBackoff // servers that failed, across scans
+	kernelFiles   discovery.KernelFiles   // connection files read, across scans
 	problemMu     sync.Mutex
 	problems      map[string]time.Time // problem text → last logged at warn
 
 	sampleNow chan struct{} // capacity 1: a sample is wanted before the next tick
 	rescan    func()        // asks the watcher for a scan (set by Run)
+
+	memo attribution.Memo // the last sample's report, while its inputs stay the same (observe.go)
 
 	afterObserve func() // test hook: runs in sample after /proc was read
 }
@@ -360,7 +363,7 @@ func (d *Daemon) scan(ctx context.Context) {
 	defer cancel()
 	d.addUserDirs()
 	dirs := d.watchedDirs()
-	res := discovery.Discover(dctx, discovery.Options{RuntimeDirs: dirs, Procs: knownFinder{d},
+	res := discovery.Discover(dctx, discovery.Options{RuntimeDirs: dirs, Procs: knownFinder{d}, KernelFiles: &d.kernelFiles,
 		ServerToken: d.cfg.ServerToken, ServerTokenURLs: d.cfg.ServerTokenURLs,
 		ServerTimeout: serverDeadline, Backoff: &d.serverBackoff})
 	if d.podKernels != nil {

@@ -52,7 +52,7 @@ func (d *Daemon) sample(ctx context.Context) {
 		seen[ks] = ks.cur
 	}
 	d.mu.Unlock()
-	obs, err := attribution.Observe(ctx, d.gpus, d.fs, kernels)
+	obs, err := d.observeSample(ctx, kernels)
 	if d.afterObserve != nil {
 		d.afterObserve()
 	}
@@ -97,8 +97,7 @@ func (d *Daemon) sample(ctx context.Context) {
 	rep := obs.Report
 	retired := len(jobs) > 0
 	if retired { // the retired kernels' processes are no longer theirs
-		rep = attribution.Attribute(obs.Snapshot, obs.Table, d.kernelsLocked())
-		attribution.AddUtilization(&rep, obs.Snapshot)
+		rep = attribution.MakeReport(obs.Snapshot, obs.Table, d.kernelsLocked())
 	}
 	d.mu.Unlock()
 	if retired {

@@ -130,6 +130,9 @@ type Options struct {
 	// failed until their delay is over (see ServerBackoff); nil: every
 	// server is asked every time.
 	Backoff *ServerBackoff
+	// KernelFiles, kept from one Discover to the next, parses again only
+	// the connection files that changed (see KernelFiles); nil: each anew.
+	KernelFiles *KernelFiles
 }
 
 // DefaultServerTimeout is how long a server has to list its sessions.
@@ -179,7 +182,7 @@ func Discover(ctx context.Context, opts Options) Result {
 				continue
 			}
 			seenFile[file] = true
-			k, err := ReadKernelFile(file)
+			k, err := opts.KernelFiles.read(file)
 			if err != nil {
 				res.Problems = append(res.Problems, err)
 				continue
@@ -213,7 +216,7 @@ func Discover(ctx context.Context, opts Options) Result {
 	}
 	res.Servers = dedupeServers(res.Servers)
 	if lister, ok := opts.Procs.(ConnectionFileLister); ok {
-		addLaunchedKernels(&res, lister, opts.RuntimeDirs, seenFile)
+		addLaunchedKernels(&res, lister, opts.RuntimeDirs, seenFile, opts.KernelFiles)
 	}
 	if opts.ServerToken != "" && len(opts.ServerTokenURLs) == 0 {
 		res.Problems = append(res.Problems, errors.New("GPUMEM_SERVER_TOKEN is set, but GPUMEM_SERVER_TOKEN_URLS names no server it is for: it is sent to none; list the URLs of the servers that accept it (a port may be *, as in http://127.0.0.1:*/user/)"))
@@ -253,13 +256,11 @@ const serverFileReread = 100 * time.Millisecond
 // place is not followed, and a file in a user's dir must be that user's
 // (checkDirOwner).
 func ReadKernelFile(path string) (Kernel, error) {
-	info, st, err := protocol.ReadConnectionFileStat(path)
-	if err == nil {
-		err = checkDirOwner("kernel connection file", path, st)
-	}
-	if err != nil {
-		return Kernel{}, err
-	}
+	return (*KernelFiles)(nil).read(path)
+}
+
+// kernelFile is the Kernel of a connection file read (info) from path.
+func kernelFile(path string, info protocol.ConnectionInfo, st safefile.Info) Kernel {
 	name := filepath.Base(path)
 	return Kernel{
 		ID:             strings.TrimSuffix(strings.TrimPrefix(name, "kernel-"), ".json"),
@@ -268,7 +269,7 @@ func ReadKernelFile(path string) (Kernel, error) {
 		KernelName:     info.KernelName,
 		FileUID:        st.UID,
 		FileID:         procs.FileID{Dev: st.Dev, Ino: st.Ino},
-	}, nil
+	}
 }
 
 // KernelFileOf is what FindKernels needs of k.

@@ -36,7 +36,7 @@ type ConnectionFileLister interface {
 // "--connection-file=FILE"), made absolute against that process's cwd, when
 // that process's runtime dir is one of runtimeDirs.
 func (f *ProcFinder) LaunchedConnectionFiles(runtimeDirs []string) ([]string, error) {
-	cmdlines, err := f.fs.Cmdlines()
+	cmdlines, err := f.fs.RecentCmdlines(argvMaxAge)
 	if err != nil {
 		return nil, err
 	}
@@ -48,7 +48,7 @@ func (f *ProcFinder) LaunchedConnectionFiles(runtimeDirs []string) ([]string, er
 	var out []string
 	for pid, argv := range cmdlines {
 		arg := flaggedConnectionFile(argv)
-		if arg == "" || !ours[f.processRuntimeDir(pid)] {
+		if arg == "" || inRuntimeDir(arg, ours) || !ours[f.processRuntimeDir(pid)] {
 			continue
 		}
 		if !filepath.IsAbs(arg) {
@@ -65,6 +65,15 @@ func (f *ProcFinder) LaunchedConnectionFiles(runtimeDirs []string) ([]string, er
 		}
 	}
 	return out, nil
+}
+
+// inRuntimeDir reports whether arg is a kernel-*.json file of one of the
+// runtime dirs, which Discover reads from the dir itself: its process's
+// environment need not be read (a server's kernels are most of them).
+func inRuntimeDir(arg string, dirs map[string]bool) bool {
+	name := filepath.Base(arg)
+	return filepath.IsAbs(arg) && dirs[filepath.Dir(filepath.Clean(arg))] &&
+		strings.HasPrefix(name, "kernel-") && strings.HasSuffix(name, ".json")
 }
 
 // flaggedConnectionFile is the .json file argv passes after -f (or as
@@ -89,7 +98,7 @@ func flaggedConnectionFile(argv []string) string {
 // addLaunchedKernels appends the kernels launched with connection files
 // outside the runtime dirs (see ConnectionFileLister). Files it cannot read
 // are skipped quietly: most are not kernels' at all.
-func addLaunchedKernels(res *Result, lister ConnectionFileLister, runtimeDirs []string, seenFile map[string]bool) {
+func addLaunchedKernels(res *Result, lister ConnectionFileLister, runtimeDirs []string, seenFile map[string]bool, cache *KernelFiles) {
 	files, err := lister.LaunchedConnectionFiles(runtimeDirs)
 	if err != nil {
 		return // FindKernels reports an unreadable /proc
@@ -103,7 +112,7 @@ func addLaunchedKernels(res *Result, lister ConnectionFileLister, runtimeDirs []
 			continue
 		}
 		seenFile[file] = true
-		k, err := ReadKernelFile(file)
+		k, err := cache.read(file)
 		if err != nil || known[k.FileID] { // a runtime dir's file by another path
 			continue
 		}

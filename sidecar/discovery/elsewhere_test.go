@@ -134,3 +134,23 @@ func TestServerWithoutToken(t *testing.T) {
 		t.Fatalf("took %v: a password server must not be asked", took)
 	}
 }
+
+// A process passing a runtime dir's kernel-*.json file is not looked at
+// (its environ read) as a kernel launched elsewhere: the dir's own scan
+// reads that file. Any other file it passes still is.
+func TestInRuntimeDir(t *testing.T) {
+	dirs := map[string]bool{"/home/a/.local/share/jupyter/runtime": true}
+	for arg, want := range map[string]bool{
+		"/home/a/.local/share/jupyter/runtime/kernel-1.json":            true,
+		"/home/a/.local/share/jupyter/runtime/../runtime/kernel-1.json": true,
+		"/home/a/.local/share/jupyter/runtime/other.json":               false,
+		"/home/a/.local/share/jupyter/runtime/sub/kernel-1.json":        false,
+		"/tmp/tmpab12.json":  false,
+		"kernel-1.json":      false, // relative: as the process sees it
+		"/tmp/kernel-1.json": false,
+	} {
+		if got := inRuntimeDir(arg, dirs); got != want {
+			t.Errorf("%s: %v, want %v", arg, got, want)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gpumem/gpumem/sidecar/procs"
 )
@@ -58,7 +59,7 @@ func (f *ProcFinder) FindKernels(files []KernelFile) (map[string]Owner, error) {
 	if len(files) == 0 {
 		return out, nil
 	}
-	cmdlines, err := f.fs.Cmdlines()
+	cmdlines, err := f.fs.RecentCmdlines(argvMaxAge)
 	if err != nil {
 		return out, err
 	}
@@ -109,7 +110,7 @@ func (f *ProcFinder) FindKernels(files []KernelFile) (map[string]Owner, error) {
 	for _, pid := range owners {
 		details = append(details, pid)
 	}
-	table, err := f.fs.ScanTree(details)
+	table, err := f.fs.ReadProcs(details) // who they are, not their trees
 	if err != nil {
 		return out, err
 	}
@@ -143,6 +144,11 @@ func (f *ProcFinder) FindKernels(files []KernelFile) (map[string]Owner, error) {
 	}
 	return out, firstErr
 }
+
+// argvMaxAge bounds how stale an argv read before may be (see
+// procs.FS.RecentCmdlines): a scan reads the argv of new processes, and
+// every process's once a minute, instead of every process's each time.
+const argvMaxAge = time.Minute
 
 // judgePortOwner is what process p, which owns kf's listening shell port,
 // is to kf: proven only when it runs as the file's owner and names the file.

@@ -7,11 +7,11 @@ import (
 	"os/user"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // FS reads processes from a /proc tree. The zero value reads /proc. An FS
@@ -24,8 +24,12 @@ type FS struct {
 	mu    sync.Mutex
 	users map[uint32]string
 
+	argvMu sync.Mutex
+	argv   map[int]argvEntry // RecentCmdlines' argv by pid
+
 	// Test hooks.
 	lookupUser func(uid uint32) (string, error) // nil: os/user
+	now        func() time.Time                 // nil: time.Now
 	beforeRead func(pid int)                    // called before a process's files are read
 	// fault, when it returns an error, makes the read of a process's file
 	// ("stat", "status", "cmdline", "environ"; "" for its directory) fail
@@ -134,57 +138,6 @@ func firstError(errs []error) error {
 		return fmt.Errorf("read processes: %w", first)
 	}
 	return nil
-}
-
-// Prescan is ScanTree's pass over every process's stat, made before the
-// processes to read in full are known: `gpumem ls` makes it while NVML
-// starts, and reads only the GPU processes' details once NVML has listed
-// them.
-type Prescan struct {
-	fs    *FS
-	procs []Proc
-	err   error
-}
-
-// Prescan reads every process's stat now.
-func (fs *FS) Prescan() *Prescan {
-	rootfd, procs, err := fs.readAll(false)
-	if err == nil {
-		syscall.Close(rootfd)
-	}
-	return &Prescan{fs: fs, procs: procs, err: err}
-}
-
-// ScanTree is FS.ScanTree over the tree read by Prescan, with details read
-// now. A pid of details that the tree lacks (a process started since, or
-// one of a nested pid namespace) makes it a fresh FS.ScanTree, as does a
-// failed prescan: it never knows less than a fresh scan would.
-func (p *Prescan) ScanTree(details []int) (*Table, error) {
-	if p.err != nil {
-		return p.fs.ScanTree(details)
-	}
-	have := make(map[int]bool, len(p.procs))
-	for _, pr := range p.procs {
-		have[pr.PID] = true
-	}
-	for _, pid := range details {
-		if !have[pid] {
-			return p.fs.ScanTree(details)
-		}
-	}
-	rootfd, err := syscall.Open(p.fs.root(), syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("read processes: %w", err)
-	}
-	defer syscall.Close(rootfd)
-	procs := slices.Clone(p.procs) // readDetails fills in place
-	if len(details) > 0 {
-		if err := p.fs.readDetails(rootfd, procs, details); err != nil {
-			return nil, err
-		}
-	}
-	p.fs.resolveUsers(procs)
-	return NewTable(procs), nil
 }
 
 // readDetails reads in full the processes of procs that details names,

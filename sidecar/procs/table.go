@@ -159,13 +159,27 @@ func (t *Table) KernelProcesses(kernelPID int, kernelStart uint64) []Proc {
 	if alive && kernelStart != 0 && t.procs[kernel].StartTime != kernelStart {
 		return nil
 	}
-	in := make([]bool, len(t.procs))
+	// A kernel's tree is a few processes; the table may hold thousands: the
+	// set of those found is searched while small, and a map past that.
 	var found []int // indexes, in visiting order
+	var in map[int]bool
 	add := func(i int) {
-		if !in[i] {
+		switch {
+		case in != nil:
+			if in[i] {
+				return
+			}
 			in[i] = true
-			found = append(found, i)
+		case slices.Contains(found, i):
+			return
+		case len(found) == 32:
+			in = make(map[int]bool, 64)
+			for _, j := range found {
+				in[j] = true
+			}
+			in[i] = true
 		}
+		found = append(found, i)
 	}
 	if alive {
 		add(kernel)

@@ -86,7 +86,7 @@ func measure(b *testing.B, dm *daemon, d time.Duration) window {
 	b.Helper()
 	pid := dm.pid()
 	w := window{LoadStart: testenv.LoadAverage()}
-	logs0 := dm.logCount()
+	logs0 := dm.LogCount()
 	cpu0, err := testenv.ProcCPU(pid)
 	if err != nil {
 		b.Fatal(err)
@@ -127,7 +127,7 @@ func measure(b *testing.B, dm *daemon, d time.Duration) window {
 	}
 	w.RSSMean = sum / uint64(n)
 	w.LoadEnd = testenv.LoadAverage()
-	w.LogLines = dm.logCount() - logs0
+	w.LogLines = dm.LogCount() - logs0
 	return w
 }
 
@@ -141,7 +141,7 @@ func BenchmarkServe50Kernels(b *testing.B) {
 	testenv.Require(b, "notebook", "ipykernel", "jupyter_client")
 	srv := testenv.StartServer(b, testenv.NotebookServer())
 	reap := testenv.NewReaper(b, srv)
-	gpu := newFakeGPU(b)
+	gpu := testenv.NewFakeGPU(b)
 	port := strconv.Itoa(testenv.FreePort(b))
 	d := startDaemon(b, srv.Dir, gpu, "--listen=127.0.0.1:"+port) // defaults: --interval 1s, --log-level info
 
@@ -180,7 +180,7 @@ func BenchmarkServe50Kernels(b *testing.B) {
 		reap.Add(pid)
 		held[pid] = 1<<30 + uint64(pid)<<12
 	}
-	gpu.set(b, held)
+	gpu.SetGPUs(b, []map[int]uint64{held})
 	testenv.Poll(b, 30*time.Second, "the daemon attributes all 50 kernels' GPU memory", func() bool {
 		return len(d.notebookPIDs(b)) == kernels
 	})
@@ -310,7 +310,7 @@ func BenchmarkKernelStartToMagic(b *testing.B) {
 	testenv.Require(b, "notebook", "ipykernel", "jupyter_client")
 	srv := testenv.StartServer(b, testenv.NotebookServer())
 	testenv.NewReaper(b, srv)
-	gpu := newFakeGPU(b)
+	gpu := testenv.NewFakeGPU(b)
 	d := startDaemon(b, srv.Dir, gpu, "--log-level=debug") // debug: attach retries are logged
 	files := watchConnFiles(b, srv.RuntimeDir())
 
@@ -322,15 +322,15 @@ func BenchmarkKernelStartToMagic(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		for s := range samples {
-			from := d.logCount()
+			from := d.LogCount()
 			sess, posted := createSession(b, srv, fmt.Sprintf("start/%d-%02d.ipynb", i, s))
 			cf := srv.ConnectionFile(sess.Kernel.ID)
 			appeared := files.appeared(b, cf)
 			c, ready := dialKernel(b, cf)
 			magic := waitMagic(b, c, 60*time.Second)
 			_ = c.Close()
-			attached := d.waitLog(b, 10*time.Second, from, "attached", map[string]any{"kernel_id": sess.Kernel.ID})
-			injected := d.waitLog(b, 10*time.Second, from, "magics injected", map[string]any{"kernel_id": sess.Kernel.ID})
+			attached := d.WaitLogSince(b, 10*time.Second, from, "attached", map[string]any{"kernel_id": sess.Kernel.ID})
+			injected := d.WaitLogSince(b, 10*time.Second, from, "magics injected", map[string]any{"kernel_id": sess.Kernel.ID})
 			n := d.countLogs(from, "attach failed", sess.Kernel.ID)
 			falseShutdowns += d.countLogs(from, "kernel shut down (connection file removed)", sess.Kernel.ID)
 			fileToMagic = append(fileToMagic, magic.Sub(appeared))
@@ -389,7 +389,7 @@ func BenchmarkRestartOrphansGone(b *testing.B) {
 	testenv.Require(b, "notebook", "ipykernel", "jupyter_client")
 	srv := testenv.StartServer(b, testenv.NotebookServer())
 	reap := testenv.NewReaper(b, srv)
-	gpu := newFakeGPU(b)
+	gpu := testenv.NewFakeGPU(b)
 	d := startDaemon(b, srv.Dir, gpu, "--log-level=debug")
 	sess, _ := createSession(b, srv, "restart/orphans.ipynb")
 	cf := srv.ConnectionFile(sess.Kernel.ID)
@@ -433,7 +433,7 @@ func BenchmarkRestartOrphansGone(b *testing.B) {
 			if kind == "ignore" {
 				testenv.Poll(b, 10*time.Second, "the child to ignore SIGTERM", func() bool { return sigtermIgnored(child) })
 			}
-			gpu.set(b, map[int]uint64{kernel: 600 << 20, child: 3 << 30})
+			gpu.SetGPUs(b, []map[int]uint64{map[int]uint64{kernel: 600 << 20, child: 3 << 30}})
 			testenv.Poll(b, 15*time.Second, "the daemon attributes the child to the kernel", func() bool {
 				for _, p := range d.notebookPIDs(b)[sess.Kernel.ID] {
 					if p == child {
@@ -447,7 +447,7 @@ func BenchmarkRestartOrphansGone(b *testing.B) {
 			// phase of its tick, as users do (right after the attribution
 			// above we would always be just past one).
 			time.Sleep(rand.N(time.Second))
-			from := d.logCount()
+			from := d.LogCount()
 			oldSession := c.LastKernelInfo().Session
 			start := time.Now()
 			type probe struct {
@@ -475,11 +475,11 @@ func BenchmarkRestartOrphansGone(b *testing.B) {
 			restartReturned := (<-restarted).Sub(start)
 			// "after" should say restart; a live kernel taken for shut down
 			// (see false-shutdowns) may say shutdown.
-			term := d.waitLog(b, 10*time.Second, from, "ending orphan that holds GPU memory (SIGTERM)",
+			term := d.WaitLogSince(b, 10*time.Second, from, "ending orphan that holds GPU memory (SIGTERM)",
 				map[string]any{"pid": child})
 			// The daemon logs the injection when the new process has
 			// answered it: %gpumem is there from that moment.
-			injected := d.waitLog(b, 60*time.Second, from, "magics injected", map[string]any{"kernel_id": sess.Kernel.ID})
+			injected := d.WaitLogSince(b, 60*time.Second, from, "magics injected", map[string]any{"kernel_id": sess.Kernel.ID})
 			p := <-probed
 			if p.err != nil {
 				b.Fatal(p.err)
@@ -488,7 +488,7 @@ func BenchmarkRestartOrphansGone(b *testing.B) {
 			old := kernel
 			kernel = kernelPID(b, cf, old)
 			reap.Add(kernel)
-			gpu.set(b, nil)
+			gpu.SetGPUs(b, []map[int]uint64{nil})
 			waitMagic(b, c, 60*time.Second) // and our frontend sees it
 			gone[kind] = append(gone[kind], ended)
 			toSIGTERM[kind] = append(toSIGTERM[kind], term.At.Sub(start))

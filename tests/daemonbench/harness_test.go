@@ -1,26 +1,21 @@
 package daemonbench
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gpumem/gpumem/internal/testenv"
 	"github.com/gpumem/gpumem/protocol"
-	"github.com/gpumem/gpumem/sidecar/api"
 )
 
 var binDir string // built binaries; removed by TestMain
@@ -42,19 +37,20 @@ func gpumemBinary(b *testing.B) string {
 	if bin := os.Getenv("DAEMONBENCH_BIN"); bin != "" {
 		return bin
 	}
-	return buildBinary(b, "gpumem", "github.com/gpumem/gpumem/cmd/gpumem")
+	return buildBinary(b, "gpumem", "./cmd/gpumem")
 }
 
 // fakeKernelBinary builds ./tests/daemonbench/fakekernel once.
 func fakeKernelBinary(b *testing.B) string {
 	b.Helper()
-	return buildBinary(b, "fakekernel", "github.com/gpumem/gpumem/tests/daemonbench/fakekernel")
+	return buildBinary(b, "fakekernel", "./tests/daemonbench/fakekernel")
 }
 
 var built = map[string]string{} // name → binary; guarded by buildMu
 
 var buildMu sync.Mutex
 
+// buildBinary builds pkg (testenv.GoBuild, without -race) once per run.
 func buildBinary(b *testing.B, name, pkg string) string {
 	b.Helper()
 	buildMu.Lock()
@@ -68,235 +64,57 @@ func buildBinary(b *testing.B, name, pkg string) string {
 			b.Fatal(err)
 		}
 	}
-	bin := filepath.Join(binDir, name)
-	out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
+	bin, err := testenv.GoBuild(binDir, name, pkg, false)
 	if err != nil {
-		b.Fatalf("go build %s: %v\n%s", pkg, err, out)
+		b.Fatal(err)
 	}
 	built[name] = bin
 	return bin
 }
 
-// fakeGPU is the simulated-GPU file (GPUMEM_FAKE_GPU) the daemon re-reads
-// at every sample: one 80 GiB GPU.
-type fakeGPU struct{ path string }
+// daemon is a running `gpumem serve` (testenv's harness), stopped
+// gracefully in Cleanup.
+type daemon struct{ *testenv.Daemon }
 
-func newFakeGPU(b *testing.B) *fakeGPU {
-	g := &fakeGPU{path: filepath.Join(b.TempDir(), "gpus.json")}
-	g.set(b, nil)
-	return g
-}
-
-// set lists the processes holding memory on one GPU: pid → bytes.
-func (g *fakeGPU) set(b *testing.B, held map[int]uint64) {
+// startDaemon runs `gpumem serve --log-format=json --log-level=info
+// args...` (the level users run; args may override it) on the runtime dir
+// of dir's Jupyter environment (testenv.Env; a server's srv.Dir) with the
+// simulated GPU, and waits until its API answers. The Go runtime's knobs
+// pass through, for experiments on the daemon's memory (GODEBUG=gctrace=1
+// prints each GC to the kept log); DAEMONBENCH_LOGDIR keeps its log.
+func startDaemon(b *testing.B, dir string, gpu *testenv.FakeGPU, args ...string) *daemon {
 	b.Helper()
-	g.setGPUs(b, []map[int]uint64{held})
+	return startDaemonBin(b, gpumemBinary(b), dir, gpu, nil, args...)
 }
 
-// setGPUs lists the processes holding memory on each of len(held) GPUs.
-func (g *fakeGPU) setGPUs(b *testing.B, held []map[int]uint64) {
+// startDaemonBin is startDaemon with the binary given and env added to the
+// daemon's environment.
+func startDaemonBin(b *testing.B, bin, dir string, gpu *testenv.FakeGPU, env []string, args ...string) *daemon {
 	b.Helper()
-	type proc struct {
-		PID       int    `json:"pid"`
-		UsedBytes uint64 `json:"used_bytes"`
-	}
-	var gpus []any
-	for i, h := range held {
-		procs := []proc{}
-		for pid, bytes := range h {
-			procs = append(procs, proc{pid, bytes})
-		}
-		slices.SortFunc(procs, func(x, y proc) int { return x.PID - y.PID })
-		gpus = append(gpus, map[string]any{
-			"name": "Simulated H200", "uuid": fmt.Sprintf("GPU-00000000-0000-0000-0000-0000%08x", i),
-			"memory_total_bytes": uint64(141 << 30), "processes": procs,
-		})
-	}
-	data, err := json.Marshal(map[string]any{"gpus": gpus})
-	if err != nil {
-		b.Fatal(err)
-	}
-	tmp := g.path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		b.Fatal(err)
-	}
-	if err := os.Rename(tmp, g.path); err != nil { // atomic: never a half file
-		b.Fatal(err)
-	}
-}
-
-// logLine is one JSON log line of the daemon and when we read it.
-type logLine struct {
-	At     time.Time
-	Fields map[string]any
-}
-
-// daemon is a running `gpumem serve`, in its own process group.
-type daemon struct {
-	cmd     *exec.Cmd
-	client  *api.Client
-	done    chan struct{}
-	started time.Time // when the process was started
-
-	mu    sync.Mutex
-	lines []logLine
-	raw   strings.Builder
-}
-
-// startDaemon runs `gpumem serve --log-format=json args...` on the runtime
-// dir of dir's Jupyter environment (testenv.Env; a server's srv.Dir) with
-// the simulated GPU, and waits until its API answers. It is stopped
-// (SIGTERM, then SIGKILL of its group) in Cleanup.
-func startDaemon(b *testing.B, dir string, gpu *fakeGPU, args ...string) *daemon {
-	b.Helper()
-	sock := filepath.Join(dir, "runtime", api.DefaultSocketName)
-	cmd := exec.Command(gpumemBinary(b), append([]string{"serve", "--log-format=json"}, args...)...)
-	cmd.Env = testenv.Env(dir, "GPUMEM_FAKE_GPU="+gpu.path)
-	// The Go runtime's knobs pass through, for experiments on the daemon's
-	// memory (GODEBUG=gctrace=1 prints each GC to the kept log).
+	env = slices.Clone(env)
 	for _, k := range []string{"GOGC", "GOMEMLIMIT", "GODEBUG"} {
 		if v, ok := os.LookupEnv(k); ok {
-			cmd.Env = append(cmd.Env, k+"="+v)
+			env = append(env, k+"="+v)
 		}
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	d := &daemon{cmd: cmd, client: api.NewClient(sock), done: make(chan struct{}), started: time.Now()}
-	// The one reader of the daemon's log; it ends at EOF, when it exits.
-	go func() {
-		defer close(d.done)
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			at := time.Now()
-			var m map[string]any
-			ok := json.Unmarshal(sc.Bytes(), &m) == nil
-			d.mu.Lock()
-			d.raw.WriteString(sc.Text() + "\n")
-			if ok {
-				d.lines = append(d.lines, logLine{at, m})
-			}
-			d.mu.Unlock()
-		}
-		_ = cmd.Wait()
-	}()
-	b.Cleanup(func() {
-		if b.Failed() {
-			// A stuck daemon: SIGQUIT makes the Go runtime print every
-			// goroutine's stack to stderr, which the log below then holds.
-			_ = cmd.Process.Signal(syscall.SIGQUIT)
-		}
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-d.done:
-		case <-time.After(10 * time.Second):
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-d.done
-		}
-		d.client.Close()
-		if b.Failed() {
-			b.Logf("daemon log:\n%s", d.output())
-		}
-		if dir := os.Getenv("DAEMONBENCH_LOGDIR"); dir != "" {
-			name := filepath.Join(dir, strings.ReplaceAll(b.Name(), "/", "_")+".log")
-			if err := os.WriteFile(name, []byte(d.output()), 0o644); err != nil {
-				b.Errorf("keeping the daemon log: %v", err)
-			}
-		}
-	})
-	testenv.Poll(b, 30*time.Second, "the daemon's API", func() bool {
-		if d.exited() {
-			b.Fatalf("daemon exited:\n%s", d.output())
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		return d.client.Healthz(ctx) == nil
-	})
-	return d
+	opts := testenv.DaemonOptions{Env: env, LogLevel: "info", Graceful: true, KeepLogDir: os.Getenv("DAEMONBENCH_LOGDIR")}
+	return &daemon{testenv.StartDaemonWith(b, bin, dir, gpu, opts, args...)}
 }
 
-func (d *daemon) pid() int { return d.cmd.Process.Pid }
+func (d *daemon) pid() int { return d.PID() }
 
-func (d *daemon) exited() bool {
-	select {
-	case <-d.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (d *daemon) output() string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.raw.String()
-}
-
-// logCount is how many lines the daemon has logged so far.
-func (d *daemon) logCount() int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return len(d.lines)
-}
+func (d *daemon) output() string { return d.Output() }
 
 // countLogs counts the lines from index `from` on with message msg about
 // kernelID.
 func (d *daemon) countLogs(from int, msg, kernelID string) int {
 	n := 0
-	for _, l := range d.logsSince(from) {
+	for _, l := range d.LogsSince(from) {
 		if l.Fields["message"] == msg && l.Fields["kernel_id"] == kernelID {
 			n++
 		}
 	}
 	return n
-}
-
-// logsSince returns the lines logged from index i on.
-func (d *daemon) logsSince(i int) []logLine {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return slices.Clone(d.lines[i:])
-}
-
-// findLog returns the first line from index `from` on whose message is msg
-// and whose fields include every key/value of want (compared as %v).
-func (d *daemon) findLog(from int, msg string, want map[string]any) (logLine, bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, l := range d.lines[min(from, len(d.lines)):] {
-		if l.Fields["message"] != msg {
-			continue
-		}
-		ok := true
-		for k, v := range want {
-			if fmt.Sprint(l.Fields[k]) != fmt.Sprint(v) {
-				ok = false
-				break
-			}
-		}
-		if ok {
-			return l, true
-		}
-	}
-	return logLine{}, false
-}
-
-// waitLog polls until findLog finds the line.
-func (d *daemon) waitLog(b *testing.B, timeout time.Duration, from int, msg string, want map[string]any) logLine {
-	b.Helper()
-	var l logLine
-	testenv.Poll(b, timeout, fmt.Sprintf("daemon log %q %v", msg, want), func() bool {
-		var ok bool
-		l, ok = d.findLog(from, msg, want)
-		return ok
-	})
-	return l
 }
 
 // waitInjected waits until the daemon logs "magics injected" for kernelID.
@@ -307,7 +125,7 @@ func (d *daemon) waitInjected(b *testing.B, timeout time.Duration, kernelID, con
 	b.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		if _, ok := d.findLog(0, "magics injected", map[string]any{"kernel_id": kernelID}); ok {
+		if _, ok := d.FindLogSince(0, "magics injected", map[string]any{"kernel_id": kernelID}); ok {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -329,7 +147,7 @@ func (d *daemon) waitInjected(b *testing.B, timeout time.Duration, kernelID, con
 		_ = c.Close()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	ks, err := d.client.Kernels(ctx)
+	ks, err := d.Client.Kernels(ctx)
 	cancel()
 	fmt.Fprintf(&diag, "daemon's /api/v1/kernels (error %v):\n", err)
 	for _, k := range ks {
@@ -338,7 +156,7 @@ func (d *daemon) waitInjected(b *testing.B, timeout time.Duration, kernelID, con
 		}
 	}
 	fmt.Fprintf(&diag, "daemon's log of it:\n")
-	for _, l := range d.logsSince(0) {
+	for _, l := range d.LogsSince(0) {
 		if l.Fields["kernel_id"] == kernelID {
 			fmt.Fprintf(&diag, "  %s %v\n", l.At.Format("15:04:05.000"), l.Fields)
 		}
@@ -351,7 +169,7 @@ func (d *daemon) notebookPIDs(b *testing.B) map[string][]int {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	rep, err := d.client.Notebooks(ctx)
+	rep, err := d.Client.Notebooks(ctx)
 	if err != nil {
 		return nil
 	}

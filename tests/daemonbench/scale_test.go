@@ -51,17 +51,19 @@ type fakeProc struct {
 // (SIGTERM: it deletes its files) in Cleanup unless stopped before.
 func startFakeKernels(b *testing.B, dir, prefix string, n int) *fakeProc {
 	b.Helper()
-	fp := launchFakeKernels(b, dir, prefix, n)
+	fp := launchFakeKernels(b, dir, prefix, n, 0)
 	fp.waitReady(b)
 	return fp
 }
 
-// launchFakeKernels is startFakeKernels without the wait (waitReady).
-func launchFakeKernels(b *testing.B, dir, prefix string, n int) *fakeProc {
+// launchFakeKernels is startFakeKernels without the wait (waitReady), the
+// process with workers worker processes of its own. It leads a session of
+// its own, as kernels that jupyter_client starts do.
+func launchFakeKernels(b *testing.B, dir, prefix string, n, workers int) *fakeProc {
 	b.Helper()
 	fp := &fakeProc{record: filepath.Join(dir, prefix+".record.json"), done: make(chan struct{}),
 		ready: make(chan bool, 1), name: prefix}
-	args := []string{"-record", fp.record}
+	args := []string{"-record", fp.record, "-workers", strconv.Itoa(workers)}
 	for i := range n {
 		f := filepath.Join(dir, "runtime", fmt.Sprintf("kernel-%s-%04d.json", prefix, i))
 		fp.files = append(fp.files, f)
@@ -73,7 +75,7 @@ func launchFakeKernels(b *testing.B, dir, prefix string, n int) *fakeProc {
 	fp.cmd = exec.Command(fakeKernelBinary(b), args...)
 	fp.cmd.Env = testenv.Env(dir, "GOMAXPROCS=1")
 	fp.cmd.Stderr = os.Stderr
-	fp.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	fp.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	out, err := fp.cmd.StdoutPipe()
 	if err != nil {
 		b.Fatal(err)
@@ -243,7 +245,7 @@ func kernelView(b *testing.B, d *daemon) map[string]int {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ks, err := d.client.Kernels(ctx)
+	ks, err := d.Client.Kernels(ctx)
 	if err != nil {
 		return nil
 	}
@@ -258,13 +260,13 @@ func kernelView(b *testing.B, d *daemon) map[string]int {
 // its start.
 func attachedAt(d *daemon, msg string) map[string]time.Duration {
 	out := map[string]time.Duration{}
-	for _, l := range d.logsSince(0) {
+	for _, l := range d.LogsSince(0) {
 		if l.Fields["message"] != msg {
 			continue
 		}
 		if id, ok := l.Fields["kernel_id"].(string); ok {
 			if _, seen := out[id]; !seen {
-				out[id] = l.At.Sub(d.started)
+				out[id] = l.At.Sub(d.Started)
 			}
 		}
 	}
@@ -329,8 +331,8 @@ func BenchmarkScale1000Kernels(b *testing.B) {
 	testenv.Require(b, "ipykernel")
 	dir := b.TempDir()
 	f := startFleet(b, dir, total-real, real)
-	gpu := newFakeGPU(b)
-	gpu.setGPUs(b, hostGPUs(f.pids, gpuProcs))
+	gpu := testenv.NewFakeGPU(b)
+	gpu.SetGPUs(b, hostGPUs(f.pids, gpuProcs))
 	port := strconv.Itoa(testenv.FreePort(b))
 	d := startDaemon(b, dir, gpu, "--interval=1s", "--listen=127.0.0.1:"+port)
 
@@ -344,7 +346,7 @@ func BenchmarkScale1000Kernels(b *testing.B) {
 				return false
 			}
 		}
-		proven = time.Since(d.started)
+		proven = time.Since(d.Started)
 		return true
 	})
 	testenv.Poll(b, 3*time.Minute, "every kernel attached and injected", func() bool {
@@ -483,8 +485,8 @@ func BenchmarkChurn(b *testing.B) {
 	}
 	dir := b.TempDir()
 	f := startFleet(b, dir, base, 0)
-	gpu := newFakeGPU(b)
-	gpu.setGPUs(b, hostGPUs(f.pids, 3000))
+	gpu := testenv.NewFakeGPU(b)
+	gpu.SetGPUs(b, hostGPUs(f.pids, 3000))
 	port := strconv.Itoa(testenv.FreePort(b))
 	d := startDaemon(b, dir, gpu, "--interval=1s", "--listen=127.0.0.1:"+port)
 	testenv.Poll(b, 3*time.Minute, "the steady kernels injected", func() bool {
@@ -504,7 +506,7 @@ func BenchmarkChurn(b *testing.B) {
 		<-tick.C
 		// Not waiting for each start keeps the rate; each is ready long
 		// before its stop.
-		fp := launchFakeKernels(b, dir, fmt.Sprintf("churn%05d", started), 1)
+		fp := launchFakeKernels(b, dir, fmt.Sprintf("churn%05d", started), 1, 0)
 		started++
 		alive = append(alive, fp)
 		if len(alive) > live {

@@ -23,6 +23,7 @@ type Proc struct {
 	NSpid                []int    // nil: [PID]
 	Sockets              []uint64 // fd links socket:[N]
 	State                string   // stat field 3; "" is "S" (sleeping), "Z" a zombie
+	Tgid                 int      // status Tgid; 0 is PID (a process; another: a thread of Tgid)
 	Omit                 []string // files not written (a process vanishing mid-scan)
 	AsDir                []string // files written as directories (unreadable: EISDIR)
 }
@@ -66,8 +67,15 @@ func (p Proc) StatusText() string {
 		"CapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n"+
 		"CapBnd:\t000001ffffffffff\nCapAmb:\t0000000000000000\nNoNewPrivs:\t0\nSeccomp:\t0\n"+
 		"Cpus_allowed:\tffff\nCpus_allowed_list:\t0-15\nvoluntary_ctxt_switches:\t38\nnonvoluntary_ctxt_switches:\t2\n",
-		p.Comm, p.PID, p.PID, p.PPID, p.UID, p.UID, p.UID, p.UID, p.UID, p.UID, p.UID, p.UID, p.UID,
+		p.Comm, cmpOr(p.Tgid, p.PID), p.PID, p.PPID, p.UID, p.UID, p.UID, p.UID, p.UID, p.UID, p.UID, p.UID, p.UID,
 		join, join, p.PGID, p.SID)
+}
+
+func cmpOr(a, b int) int {
+	if a != 0 {
+		return a
+	}
+	return b
 }
 
 func nulJoin(parts []string) string {
@@ -117,6 +125,29 @@ func WriteTree(tb testing.TB, root string, procs []Proc) {
 				tb.Fatal(err)
 			}
 		}
+	}
+}
+
+// Replace writes p in place of whatever process had its pid, as a pid
+// reused: its directory is a new one (another inode, as procfs gives a
+// reused pid), never the old one rewritten.
+func Replace(tb testing.TB, root string, p Proc) {
+	tb.Helper()
+	tmp, err := os.MkdirTemp(root, ".new-")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	WriteTree(tb, tmp, []Proc{p})
+	dir := filepath.Join(root, strconv.Itoa(p.PID))
+	old := filepath.Join(tmp, "old")
+	if err := os.Rename(dir, old); err != nil && !os.IsNotExist(err) {
+		tb.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(tmp, strconv.Itoa(p.PID)), dir); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.RemoveAll(tmp); err != nil {
+		tb.Fatal(err)
 	}
 }
 

@@ -18,8 +18,14 @@
 // its file) and also holds each one open: both proofs the daemon uses hold
 // for every kernel it serves, at the cost of one argv read per process.
 //
+// With -workers N it starts N worker processes (sleep, in its session and
+// process group, as a kernel's DataLoader workers are): a kernel's tree as
+// real hosts have it. Run one kernel a process (as real kernels run) with
+// GOMAXPROCS=1, a process costs about 1 MiB of private memory (RssAnon;
+// VmRSS about 6 MiB, most of it the binary's pages, shared by all).
+//
 // On SIGTERM or SIGINT it deletes its connection files (as a kernel's
-// shutdown does) and exits.
+// shutdown does), ends its workers and exits.
 package main
 
 import (
@@ -29,8 +35,11 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"regexp"
@@ -53,11 +62,15 @@ func main() {
 	var conns files
 	record := flag.String("record", "", "write what each kernel received to this JSON file at exit and on SIGUSR1")
 	flag.Var(&conns, "f", "a connection file to write and serve (repeat)")
+	workers := flag.Int("workers", 0, "worker processes to start (sleep), ended at exit")
 	flag.Parse()
 	if len(conns) == 0 {
 		fmt.Fprintln(os.Stderr, "fakekernel: no -f FILE given")
 		os.Exit(2)
 	}
+	// zmq4 logs every peer that leaves before its handshake ends (the
+	// daemon closing a connection it has no use for): noise, by thousands.
+	log.SetOutput(io.Discard)
 	ctx, cancel := context.WithCancel(context.Background())
 	var kernels []*kernel
 	for _, path := range conns {
@@ -70,6 +83,15 @@ func main() {
 			os.Exit(1)
 		}
 		kernels = append(kernels, k)
+	}
+	var procs []*exec.Cmd
+	for range *workers {
+		w := exec.Command("sleep", "1000000")
+		if err := w.Start(); err != nil {
+			fmt.Fprintf(os.Stderr, "fakekernel: worker: %v\n", err)
+			os.Exit(1)
+		}
+		procs = append(procs, w)
 	}
 	fmt.Println("ready")
 
@@ -86,6 +108,10 @@ func main() {
 	// zmq4 sockets can wait on a peer, and a stop must be prompt.
 	for _, k := range kernels {
 		k.removeFile()
+	}
+	for _, w := range procs {
+		_ = w.Process.Kill() // our child, not yet waited for: its pid is still its own
+		_ = w.Wait()
 	}
 	cancel()
 	stopped := make(chan struct{})
