@@ -347,9 +347,16 @@ def reclaim_part(jup):
             )
         except TimeoutError as e:
             result("FAIL", "training job %d: %s" % (job, e))
-        rep = serve.report() or {}
-        lr = [x for x in rep.get("left_running", []) if x["pid"] == job]
-        result("PASS" if lr else "FAIL", "report's left_running: %s" % (lr[0]["message"] if lr else rep.get("left_running")))
+
+        # The report lists it from the sample after reclaim's decision.
+        def listed():
+            return [x for x in (serve.report() or {}).get("left_running") or [] if x["pid"] == job]
+
+        try:
+            lr = wait("the report lists the job left running", listed, 10)
+            result("PASS", "report's left_running: %s" % lr[0]["message"])
+        except TimeoutError as e:
+            result("FAIL", "report's left_running: %s (%s)" % ((serve.report() or {}).get("left_running"), e))
         result("PASS" if alive(job) else "FAIL", "the training job %d still runs after the restart" % job)
         try:
             done = wait(

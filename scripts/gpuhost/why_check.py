@@ -527,7 +527,9 @@ def main():
     )
     try:
         wait("gpumem serve's socket", lambda: os.path.exists(os.path.join(RUNTIME, "gpumem.sock")), 30)
-        for step in (seven_holders, million_objects, fragmentation, stray_contexts, workers):
+        steps = (seven_holders, million_objects, fragmentation, stray_contexts, workers)
+        only = os.environ.get("WHY_STEPS", "").split(",")  # e.g. WHY_STEPS=seven_holders
+        for step in [s for s in steps if only == [""] or s.__name__ in only]:
             print("== %s" % step.__name__, flush=True)
             try:
                 step()

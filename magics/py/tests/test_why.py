@@ -91,6 +91,14 @@ def gc_state():
     return (gc.isenabled(), gc.get_threshold(), gc.get_debug(), frozen.count())
 
 
+def same_gc_state(before):
+    """gc as before why ran. The permanent generation may only shrink: a
+    frozen object whose last reference goes is freed as any other (another
+    thread may drop one), but why neither freezes nor unfreezes."""
+    now = gc_state()
+    return now[:3] == before[:3] and (now[3] > 0) == (before[3] > 0) and now[3] <= before[3]
+
+
 @pytest.fixture
 def planted():
     saved_last = {k: sys.__dict__.get(k) for k in ("last_type", "last_value", "last_traceback")}
@@ -125,7 +133,7 @@ def test_seven_holders_named_with_short_chains(planted):
     planted["plant_traceback"]()
     before = gc_state()
     data = why.why_data(all_devices=True, budget=10)
-    assert gc_state() == before
+    assert same_gc_state(before), (gc_state(), before)
     assert data["kind"] == "why", data
     got = rows_by_size(data)
     assert sorted(got) == sorted(EXPECT), [(r["category"], r["name"], r["bytes"]) for r in data["rows"]]
@@ -197,7 +205,7 @@ def test_gc_state_restored_when_disabled_and_with_debug_flags():
         gc.set_debug(gc.DEBUG_STATS)
         before = gc_state()
         why.why_data(all_devices=True)
-        assert gc_state() == before
+        assert same_gc_state(before), (gc_state(), before)
     finally:
         gc.set_debug(saved[1])
         if saved[0]:
