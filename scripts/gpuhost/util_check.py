@@ -327,9 +327,15 @@ def reclaim_part(jup):
                     "SM %% of the %s: gpumem median %.0f %s, nvidia-smi pmon median %.0f %s (agree within 15 points)"
                     % (what, ma, a, mb, b),
                 )
+        # A process that only holds memory: NVML may still charge it a
+        # share of the samples while another process of the GPU computes
+        # (pmon shows the same), so ours must agree with pmon's, and be known.
         nb = notebook_of(serve.report(), kid)
-        w_sm = process_sm(nb, worker)
-        result("PASS" if w_sm == 0 else "FAIL", "the worker that only holds memory: SM %s %% (want 0, known)" % w_sm)
+        w_sm, w_pmon = process_sm(nb, worker), pmon().get(worker, (0, 0))[0]
+        result(
+            "PASS" if w_sm is not None and abs(w_sm - w_pmon) <= 15 else "FAIL",
+            "the worker that only holds memory: SM %s %% (nvidia-smi pmon %s %%; agree within 15 points, known)" % (w_sm, w_pmon),
+        )
 
         t0 = time.monotonic()
         jup.api("POST", "api/kernels/%s/restart" % kid)

@@ -12,7 +12,7 @@ environment):
      pid and in total;
   3. a REST restart of the kernel leaves the child an orphan holding CUDA
      memory: the daemon the extension started ends it (gone from nvidia-smi
-     within 5 s), and the state's events say so;
+     within 8 s: reclaim's 5 s grace window first), and the state's events say so;
   4. the server stopped (SIGTERM): no gpumem process is left within 30 s.
 
 Prints PASS/FAIL/INFO lines; exit 1 if any check failed. Every wait has a
@@ -225,7 +225,11 @@ print(os.getpid(), _child.pid)
     g.wait("NVML drops the orphan", lambda: cpid not in g.smi(), 30)
     el = time.monotonic() - t0
     g.result(
-        "PASS" if el < 5 else "FAIL", "after the restart, orphan %d gone from nvidia-smi in %.2f s (target < 5 s)" % (cpid, el)
+        # Reclaim watches an orphan for --reclaim-grace (5 s) before it
+        # judges whether it computes; then SIGTERM and NVML's next listing.
+        "PASS" if el < 8 else "FAIL",
+        "after the restart, orphan %d gone from nvidia-smi in %.2f s (target < 8 s: the 5 s grace window, then the end)"
+        % (cpid, el),
     )
 
     def reclaimed():

@@ -285,7 +285,13 @@ def seven_holders():
         k.cell("fail()")  # raises: IPython keeps its traceback
         wait("the daemon samples the kernel", lambda: (k.tree() or {}).get("gpu_memory_bytes"), 30)
         print("INFO %gpumem why", flush=True)
+        # Should why be stuck, every thread's stack after 30 s (a C thread
+        # of faulthandler's writes it, whatever holds the GIL).
+        k.cell(
+            "import faulthandler as _fh; _fh.dump_traceback_later(30, file=open(%r, 'w'))" % os.path.join(OUT, "why-stacks.txt")
+        )
         data, text = k.magic("why")
+        k.cell("_fh.cancel_dump_traceback_later()")
         print("---- %gpumem why (seven holders)\n" + text + "----", flush=True)
         found = {}
         for r in data.get("rows", []):

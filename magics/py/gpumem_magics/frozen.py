@@ -6,9 +6,12 @@ can pin GPU memory for the life of the kernel, invisibly. CPython has no
 API that lists the permanent generation, so this module reads its list
 (a doubly linked list of GC headers) through ctypes, read-only, and only
 where it can prove it found the list:
-  - CPython 3.11 to 3.13 with the GIL, whose gc state is laid out as
+  - CPython 3.11 with the GIL, whose gc state is laid out as
     generations[3], a generation0 pointer to generations[0], then the
-    permanent generation (verified on each);
+    permanent generation. 3.12 declares the same layout, but on a real
+    kernel there (torch on CUDA, a frozen heap) the search through the
+    objects read this way did not return within minutes: until that is
+    understood, 3.12 and later are not read;
   - the gc state is found in the interpreter's state by that self-pointer
     and the thresholds gc.get_threshold() reports, and the list must be
     closed at both ends (head -> first -> ... -> last -> head).
@@ -21,7 +24,7 @@ nothing, and keeps no object after the caller drops its results.
 import gc
 import sys
 
-_LAYOUTS = ((3, 11), (3, 12), (3, 13))
+_LAYOUTS = ((3, 11),)
 _SCAN = 1 << 16  # bytes of the interpreter's state searched for the gc state
 
 

@@ -9,7 +9,7 @@ import weakref
 import pytest
 import torch
 
-from gpumem_magics import frozen, state, why
+from gpumem_magics import frozen, referrers, state, why
 
 # Each holder plants a tensor of its own size (float32 elements), so that
 # its row is known by its bytes.
@@ -308,3 +308,20 @@ def test_a_class_attribute_and_a_holder_in_c():
             ctypes.pythonapi.Py_DecRef(ctypes.py_object(t))
         del t
         state.configure(None, {})
+
+
+def test_frozen_list_read_only_on_a_verified_python(monkeypatch):
+    # Where the layout was not verified on a real kernel, nothing is read
+    # through ctypes, and why says what it could not search.
+    gc.freeze()
+    try:
+        assert frozen.count() > 0
+        with frozen.Walk() as w:
+            assert w.ok == (sys.version_info[:2] == (3, 11))
+        monkeypatch.setattr(frozen, "_LAYOUTS", ())
+        with frozen.Walk() as w:
+            assert not w.ok and w.objects() == []
+        _found, objs, info = why._scan(referrers.Budget(5))
+        assert objs == [] and info["read"] is False and "cannot read gc.freeze()'s objects" in info["note"], info
+    finally:
+        gc.unfreeze()
