@@ -298,7 +298,18 @@ def seven_holders():
             for mib in SIZES:
                 if r["bytes"] == mib * MIB:
                     found[mib] = r
-        check(len(found) == 7, "seven holders: why names %d of 7 (%s)" % (len(found), sorted(found)))
+        # gc.freeze()'s list is read on CPython 3.11 only (frozen.py): on
+        # another Python why must say it could not search it instead.
+        st, out, _ = k.cell("import sys; print(sys.version_info[:2] == (3, 11))")
+        reads_frozen = out.strip() == "True"
+        want = 7 if reads_frozen else 6
+        check(len(found) == want, "seven holders: why names %d of %d (%s)" % (len(found), want, sorted(found)))
+        if not reads_frozen:
+            fz = data.get("frozen") or {}
+            check(
+                384 not in found and fz.get("read") is False and "cannot read gc.freeze()" in fz.get("note", ""),
+                "the frozen holder: not searched, and why says so (%s)" % fz,
+            )
         for mib, r in sorted(found.items()):
             ok = 1 <= r.get("hops", 99) <= 6 and (
                 SIZES[mib] == "traceback" or r.get("holder") == SIZES[mib] or r.get("root") == SIZES[mib]
