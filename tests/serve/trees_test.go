@@ -32,7 +32,7 @@ func ppidOf(pid int) int {
 // lost. A child that a kernel starts in a session of its own, through a
 // shell that leaves a few seconds later (so that it is on no kernel's tree
 // by the time it holds GPU memory), and a `nohup … &` job (init's child in
-// the kernel's session) are each the kernel's: when the kernel restarts,
+// the kernel's session, another process group) are each the kernel's: when the kernel restarts,
 // both are ended. A process of no kernel holding GPU memory is not.
 func TestServeKeepsTreesBetweenFullReads(t *testing.T) {
 	testenv.Require(t, "notebook", "ipykernel")
@@ -47,10 +47,13 @@ func TestServeKeepsTreesBetweenFullReads(t *testing.T) {
 		"_sh = subprocess.Popen(['sh', '-c', 'setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $!; sleep 3'], stdout=subprocess.PIPE, text=True)\n"+
 		"print(_sh.stdout.readline())")
 	reap.Add(leaver)
-	nohup := nb.intCell(t, "import os, tempfile\n"+
-		"_f = tempfile.mktemp()\n"+
-		"os.system('nohup sleep 600 >/dev/null 2>&1 & echo $! > ' + _f)\n"+
-		"print(open(_f).read())")
+	// A `nohup … &` job started from a process group of its own (as a
+	// shell's job control does): init's child, in the kernel's session but
+	// not in its process group, so Jupyter's kill of that group at the
+	// restart does not reach it; only gpumem's reclaim can.
+	nohup := nb.intCell(t, "import subprocess\n"+
+		"_j = subprocess.Popen(['sh', '-c', 'nohup sleep 600 >/dev/null 2>&1 & echo $!'], stdout=subprocess.PIPE, text=True, process_group=0)\n"+
+		"_p = _j.stdout.readline().strip(); _j.wait(); print(_p)")
 	reap.Add(nohup)
 	other := startUnrelated(t)
 	// The shell leaves: the child is init's (or a subreaper's) now, in a
