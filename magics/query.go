@@ -23,8 +23,7 @@ func Summary(ctx context.Context, ex Executor) (json.RawMessage, error) {
 }
 
 func query(ctx context.Context, ex Executor, action string, args map[string]any) (json.RawMessage, error) {
-	var ir InjectResult
-	if err := checkKernel(ctx, ex, &ir); err != nil {
+	if err := requirePython(ctx, ex); err != nil {
 		return nil, err
 	}
 	result, err := runAction(ctx, ex, action, args)
