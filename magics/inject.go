@@ -100,6 +100,28 @@ func (opts InjectOptions) config() map[string]any {
 	return cfg
 }
 
+// Cell is the silent cell that Inject sends, for a program that drives a
+// kernel its own way (the GPU host's check of the magics runs it through
+// jupyter_client and through an in-process IPython shell): it executes
+// Code silently, with Expr as the user expression "gpumem", whose
+// application/json result is the bootstrap's report carrying Nonce.
+type Cell struct {
+	Code    string `json:"code"`
+	Expr    string `json:"expr"`
+	Nonce   string `json:"nonce"`
+	Version string `json:"version"` // the injected package's Version()
+}
+
+// InjectCell is the cell Inject would send with opts, without a kernel:
+// the wire format is written here only, never again by its users.
+func InjectCell(opts InjectOptions) (Cell, error) {
+	code, expr, nonce, err := bootCode("inject", opts.config(), nil)
+	if err != nil {
+		return Cell{}, err
+	}
+	return Cell{Code: code, Expr: expr, Nonce: nonce, Version: Version()}, nil
+}
+
 // Status says whether the magics are injected in the kernel, and which
 // version, without changing anything.
 type Status struct {
