@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """gpu_check.py: checks gpumem's %gpumem magics on a real GPU host.
 
-    python3 scripts/gpu_check.py magics/py [options]
+    python3 scripts/gpuhost/gpu_check.py magics/py [options]
 
 For each scenario it starts a fresh kernel (jupyter_client + ipykernel), or
 with --mode inprocess a child process hosting an IPython InteractiveShell,

@@ -3,7 +3,7 @@
 Run with the current stack's python (ipykernel >= 7), from the repository
 root, after `go build -o bin/gpumem ./cmd/gpumem`:
 
-    .venv/current/bin/python scripts/measure_subshells.py bin/gpumem
+    .venv/current/bin/python scripts/gpuhost/measure_subshells.py bin/gpumem
 
 It starts a real JupyterLab server (127.0.0.1, temporary dirs, a token),
 opens a notebook session, injects the magics with `gpumem attach`, and then:
@@ -17,7 +17,7 @@ opens a notebook session, injects the magics with `gpumem attach`, and then:
      while the cell runs, and the iopub status messages with their parents;
   5. times the same magics on the main shell of an idle kernel, and the
      kernel's threads and RSS before and after the subshell.
-It prints one report; docs/subshells-current-stack.txt keeps a run.
+It prints one report; docs/runs/2026-11-30/subshells-current-stack.txt keeps a run.
 """
 
 import json
