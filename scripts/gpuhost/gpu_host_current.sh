@@ -87,8 +87,8 @@ if [[ $steps == *" check "* ]]; then
   "$PY" scripts/gpuhost/gpu_host_check.py 2>&1 | tee "$OUT/gpu_host_check.txt" || rc=1
 fi
 if [[ $steps == *" magics "* ]]; then
-  echo "== scripts/gpuhost/gpu_check.py magics/py --mode kernel (ipykernel 7, IPython 9)"
-  "$PY" scripts/gpuhost/gpu_check.py magics/py --mode kernel 2>&1 | tee "$OUT/gpu_check_kernel.txt" || rc=1
+  echo "== scripts/gpuhost/gpu_check.py --mode kernel (ipykernel 7, IPython 9)"
+  "$PY" scripts/gpuhost/gpu_check.py --mode kernel 2>&1 | tee "$OUT/gpu_check_kernel.txt" || rc=1
 fi
 if [[ $steps == *" pods "* ]]; then
   echo "== scripts/gpuhost/gpu_host_pods.py (gpumem serve --pod-kernels, a pod played with namespaces and cgroups)"

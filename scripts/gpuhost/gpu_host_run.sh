@@ -31,7 +31,7 @@ if bash .gpukit/setup-on-device; then
     export OUT=/tmp/gpumem-run/debian12
     step=0
     python3 scripts/gpuhost/gpu_host_check.py 2>&1 | tee "$RES/gpu_host_check_debian12.txt" || step=1
-    python3 scripts/gpuhost/gpu_check.py magics/py --mode kernel --notebook examples/leaks.ipynb \
+    python3 scripts/gpuhost/gpu_check.py --mode kernel --notebook examples/leaks.ipynb \
       --notebook-out "$RES/leaks.ipynb" 2>&1 | tee "$RES/gpu_check_debian12.txt" || step=1
     GPUMEM_DRIVER_TEST=$PWD/.gpukit/driver.test python3 scripts/gpuhost/util_check.py 2>&1 \
       | tee "$RES/util_check_debian12.txt" || step=1
