@@ -99,7 +99,9 @@ def start_sleepers(n):
     own; returns the shell once all have started."""
     sh = subprocess.Popen(
         ["bash", "-c", "for i in $(seq %d); do sleep 100000 & done; echo ready; wait" % n],
-        stdout=subprocess.PIPE, start_new_session=True)
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
     if not ready(sh, 120):
         end(sh)
         raise SystemExit("%d sleepers did not start within 120 s" % n)
@@ -107,11 +109,12 @@ def start_sleepers(n):
 
 
 def start_cuda_holder(python):
-    code = ("import torch, time; x = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); "
-            "torch.cuda.synchronize(); print('ready', flush=True); time.sleep(3600)")
+    code = (
+        "import torch, time; x = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); "
+        "torch.cuda.synchronize(); print('ready', flush=True); time.sleep(3600)"
+    )
     try:
-        p = subprocess.Popen([python, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
+        p = subprocess.Popen([python, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError:
         return None
     if ready(p, 120):
@@ -136,8 +139,9 @@ def main():
     ap.add_argument("--base", help="another gpumem build to time in the same alternation (today's)")
     ap.add_argument("--sleepers", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=20)
-    ap.add_argument("--python", default=os.environ.get("GPUKIT_PYTHON", sys.executable),
-                    help="a Python with torch, for the CUDA process")
+    ap.add_argument(
+        "--python", default=os.environ.get("GPUKIT_PYTHON", sys.executable), help="a Python with torch, for the CUDA process"
+    )
     a = ap.parse_args()
 
     runtime = tempfile.mkdtemp(prefix="gpumem-ls-timing-")
@@ -152,8 +156,10 @@ def main():
     try:
         holder = start_cuda_holder(a.python)
         gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout.strip().splitlines()
-        info("%d GPU(s): %s; CUDA process %s; %d processes on the host"
-             % (len(gpus), "; ".join(gpus), holder.pid if holder else "none (no torch)", processes()))
+        info(
+            "%d GPU(s): %s; CUDA process %s; %d processes on the host"
+            % (len(gpus), "; ".join(gpus), holder.pid if holder else "none (no torch)", processes())
+        )
         before = report("%d processes" % processes(), alternate(tools, a.runs))
 
         sleepers = start_sleepers(a.sleepers)
@@ -169,15 +175,19 @@ def main():
                     for kv in line.split(":", 1)[1].split():
                         k, v = kv.split("=")
                         phases.setdefault(k, []).append(float(v[: -len("ms")]))
-        info("gpumem ls in-process phases with %d processes (medians, ms; nvml_* run beside discover): %s"
-             % (n, " ".join("%s=%.2f" % (k, statistics.median(v)) for k, v in phases.items())))
+        info(
+            "gpumem ls in-process phases with %d processes (medians, ms; nvml_* run beside discover): %s"
+            % (n, " ".join("%s=%.2f" % (k, statistics.median(v)) for k, v in phases.items()))
+        )
         info("ratio to nvidia-smi: %.2f before the sleepers, %.2f with %d" % (before, after, a.sleepers))
     finally:
         end(sleepers)
         end(holder)
     ok = after <= 1.0
-    print("%s gpumem ls %.2f x nvidia-smi with %d sleepers (target <= 1.0)" % ("PASS" if ok else "FAIL", after, a.sleepers),
-          flush=True)
+    print(
+        "%s gpumem ls %.2f x nvidia-smi with %d sleepers (target <= 1.0)" % ("PASS" if ok else "FAIL", after, a.sleepers),
+        flush=True,
+    )
     return 0 if ok else 1
 
 

@@ -98,7 +98,13 @@ def smi_pids(pids):
 
 
 def gpu_count():
-    return len([x for x in subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout.splitlines() if x.startswith("GPU ")])
+    return len(
+        [
+            x
+            for x in subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout.splitlines()
+            if x.startswith("GPU ")
+        ]
+    )
 
 
 def gpumem(*args, timeout=180):
@@ -210,7 +216,11 @@ def rows_add_up(k, data, text, what):
 
 
 def no_flags(what):
-    flags = [(nb["kernel_id"][:8], sc["gpu"], sc["pid"], sc["label"]) for nb in report()["notebooks"] for sc in nb.get("stray_contexts") or []]
+    flags = [
+        (nb["kernel_id"][:8], sc["gpu"], sc["pid"], sc["label"])
+        for nb in report()["notebooks"]
+        for sc in nb.get("stray_contexts") or []
+    ]
     check(not flags, "%s: no stray-context flag (%s)" % (what, flags or "none"))
 
 
@@ -245,8 +255,15 @@ def fail():
     1 / 0
 torch.cuda.synchronize()
 """
-SIZES = {64: "a closure cell", 128: "a functools cache", 192: "a module attribute", 256: "a hook registry",
-         320: "a live thread's frame", 384: "gc.freeze()'s permanent generation", 448: "traceback"}
+SIZES = {
+    64: "a closure cell",
+    128: "a functools cache",
+    192: "a module attribute",
+    256: "a hook registry",
+    320: "a live thread's frame",
+    384: "gc.freeze()'s permanent generation",
+    448: "traceback",
+}
 
 
 def seven_holders():
@@ -266,8 +283,14 @@ def seven_holders():
                     found[mib] = r
         check(len(found) == 7, "seven holders: why names %d of 7 (%s)" % (len(found), sorted(found)))
         for mib, r in sorted(found.items()):
-            ok = 1 <= r.get("hops", 99) <= 6 and (SIZES[mib] == "traceback" or r.get("holder") == SIZES[mib] or r.get("root") == SIZES[mib])
-            check(ok, "%d MiB held by %s: %s (%d hops), fix %r" % (mib, r.get("holder"), " -> ".join(r.get("chain", [])), r.get("hops", -1), r.get("fix")))
+            ok = 1 <= r.get("hops", 99) <= 6 and (
+                SIZES[mib] == "traceback" or r.get("holder") == SIZES[mib] or r.get("root") == SIZES[mib]
+            )
+            check(
+                ok,
+                "%d MiB held by %s: %s (%d hops), fix %r"
+                % (mib, r.get("holder"), " -> ".join(r.get("chain", [])), r.get("hops", -1), r.get("fix")),
+            )
         rows_add_up(k, data, text, "seven holders")
         no_flags("seven holders")
         outside = sum(r["bytes"] for r in data["rows"] if r["category"] == "outside")
@@ -290,13 +313,19 @@ def seven_holders():
 def million_objects():
     k = Kernel("million")
     try:
-        k.cell("class _O(object):\n    pass\n_heap = []\nfor _i in range(330000):\n    _o = _O(); _o.a = _i; "
-               "_heap.append(_o); _heap.append([_i]); _heap.append({'k': _i})")
+        k.cell(
+            "class _O(object):\n    pass\n_heap = []\nfor _i in range(330000):\n    _o = _O(); _o.a = _i; "
+            "_heap.append(_o); _heap.append([_i]); _heap.append({'k': _i})"
+        )
         k.cell(SEVEN.replace("gc.freeze()", ""))
         st, out, _ = k.cell("import gc; print(len(gc.get_objects()))")
         data, text = k.magic("why")
         ok = data.get("elapsed_ms", 1e9) <= 2000 and not data.get("stopped")
-        check(ok, "why with %s live objects: %s ms, stopped %s (budget 2 s)" % (out.strip(), data.get("elapsed_ms"), data.get("stopped")))
+        check(
+            ok,
+            "why with %s live objects: %s ms, stopped %s (budget 2 s)"
+            % (out.strip(), data.get("elapsed_ms"), data.get("stopped")),
+        )
     finally:
         k.close()
 
@@ -320,14 +349,26 @@ def fragmentation():
     k = Kernel("frag")
     try:
         st, _, err = k.cell(FRAG)
-        check(st == "error" and "out of memory" in err.lower(), "the fragmenting cell OOMs without expandable segments (%s)" % err[:160])
+        check(
+            st == "error" and "out of memory" in err.lower(),
+            "the fragmenting cell OOMs without expandable segments (%s)" % err[:160],
+        )
         data, text = k.magic("why")
         print("---- %gpumem why (fragmentation)\n" + text + "----", flush=True)
         fr = data.get("fragmentation") or {}
-        ok = fr.get("case") == "oom" and fr["largest_free_block"] < fr["request"] <= fr["free"] and fr["free"] - fr["request"] >= 0
-        check(ok, "why: largest free block %s < request %s <= free %s" % (fr.get("largest_free_block"), fr.get("request"), fr.get("free")))
+        ok = (
+            fr.get("case") == "oom" and fr["largest_free_block"] < fr["request"] <= fr["free"] and fr["free"] - fr["request"] >= 0
+        )
+        check(
+            ok,
+            "why: largest free block %s < request %s <= free %s"
+            % (fr.get("largest_free_block"), fr.get("request"), fr.get("free")),
+        )
         check(fr.get("free", 0) >= GIB, "the OOM came with %.2f GiB free (at least 1 GiB)" % (fr.get("free", 0) / GIB))
-        check(any("expandable_segments:True" in a for a in data.get("advice", [])), "why advises expandable_segments, kernelspec or %env")
+        check(
+            any("expandable_segments:True" in a for a in data.get("advice", [])),
+            "why advises expandable_segments, kernelspec or %env",
+        )
         rows_add_up(k, data, text, "fragmentation")
         no_flags("fragmentation")
     finally:
@@ -335,7 +376,10 @@ def fragmentation():
     k = Kernel("frag-expandable", env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
     try:
         st, out, err = k.cell(FRAG)
-        check(st == "ok" and "allocated 2 GiB" in out, "with expandable_segments:True the same cell runs (%s)" % (err if st != "ok" else "ok"))
+        check(
+            st == "ok" and "allocated 2 GiB" in out,
+            "with expandable_segments:True the same cell runs (%s)" % (err if st != "ok" else "ok"),
+        )
     finally:
         k.close()
 
@@ -354,8 +398,11 @@ def stray_contexts():
         wait("nvidia-smi lists the child", lambda: any(p == child for (_g, p) in smi()), 60)
         nb = wait("the daemon flags the child", lambda: (lambda n: n if n and n.get("stray_contexts") else None)(k.tree()), 30)
         flags = [(sc["gpu"], sc["pid"]) for sc in nb["stray_contexts"]]
-        check(flags == [(0, child)], "a child that initialised CUDA and allocates nothing is flagged: %s (want [(0, %d)]); %s"
-              % (flags, child, [sc["label"] for sc in nb["stray_contexts"]]))
+        check(
+            flags == [(0, child)],
+            "a child that initialised CUDA and allocates nothing is flagged: %s (want [(0, %d)]); %s"
+            % (flags, child, [sc["label"] for sc in nb["stray_contexts"]]),
+        )
         ls = gpumem("ls").stdout
         check("stray context" in ls and str(child) in ls, "gpumem ls shows it:\n" + ls)
         data, text = k.magic("why")
@@ -364,7 +411,9 @@ def stray_contexts():
     finally:
         k.close()
     if gpu_count() < 2:
-        return result("INFO", "the default-device case needs two GPUs: this host has %d (covered on the simulated GPU)" % gpu_count())
+        return result(
+            "INFO", "the default-device case needs two GPUs: this host has %d (covered on the simulated GPU)" % gpu_count()
+        )
     k = Kernel("default-device")
     try:
         k.cell("import torch\nx = torch.empty(1 << 30, dtype=torch.uint8, device='cuda:1')\ntorch.cuda.synchronize()")
@@ -387,7 +436,7 @@ dl = DataLoader(gpuds.DS(), batch_size=4, num_workers=2, persistent_workers=True
 n = sum(int(b.sum()) for b in dl)
 print(json.dumps([w.pid for w in dl._iterator._workers]))
 """
-GPUDS = '''import torch
+GPUDS = """import torch
 HELD = []
 class DS(torch.utils.data.Dataset):
     def __len__(self):
@@ -397,7 +446,7 @@ class DS(torch.utils.data.Dataset):
 def hold(_worker_id):
     HELD.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
     torch.cuda.synchronize()
-'''
+"""
 
 
 def workers():
@@ -411,9 +460,17 @@ def workers():
         if st != "ok":
             return result("FAIL", "DataLoader workers: %s" % err)
         pids = json.loads(out.strip().splitlines()[-1])
-        held = wait("nvidia-smi lists the workers", lambda: (lambda s: s if all(any(p == w for (_g, p) in s) for w in pids) else None)(smi()), 60)
+        held = wait(
+            "nvidia-smi lists the workers",
+            lambda: (lambda s: s if all(any(p == w for (_g, p) in s) for w in pids) else None)(smi()),
+            60,
+        )
         wbytes = sum(b for (_g, p), b in held.items() if p in pids)
-        wait("the daemon attributes the workers", lambda: (lambda n: n if n and set(pids) <= set(n["pids"]) else None)(k.tree()), 30)
+        wait(
+            "the daemon attributes the workers",
+            lambda: (lambda n: n if n and set(pids) <= set(n["pids"]) else None)(k.tree()),
+            30,
+        )
         data, text = k.magic("why")
         rows_add_up(k, data, text, "DataLoader workers")
         no_flags("DataLoader workers holding CUDA memory")
@@ -422,14 +479,23 @@ def workers():
         print("---- gpumem free --children\n" + r.stdout + r.stderr + "----", flush=True)
         gone = wait("the workers end", lambda: not any(p in pids for (_g, p) in smi()) or None, 30)
         after = smi_pids({k.pid} | set(pids))
-        check(r.returncode == 0 and gone and before - after >= wbytes - MIB,
-              "gpumem free --children: workers %s ended; NVML %.0f -> %.0f MiB (workers held %.0f MiB)" % (pids, before / MIB, after / MIB, wbytes / MIB))
+        check(
+            r.returncode == 0 and gone and before - after >= wbytes - MIB,
+            "gpumem free --children: workers %s ended; NVML %.0f -> %.0f MiB (workers held %.0f MiB)"
+            % (pids, before / MIB, after / MIB, wbytes / MIB),
+        )
         check(k.proc.poll() is None, "the kernel itself lives on")
-        st, out, err = k.cell("n2 = sum(int(b.sum()) for b in dl); print(n2 == n, json.dumps([w.pid for w in dl._iterator._workers]))", timeout=600)
+        st, out, err = k.cell(
+            "n2 = sum(int(b.sum()) for b in dl); print(n2 == n, json.dumps([w.pid for w in dl._iterator._workers]))", timeout=600
+        )
         again = json.loads(out.split(" ", 1)[1]) if st == "ok" else []
         check(st == "ok" and out.startswith("True"), "the kernel is usable: the next epoch runs on new workers %s" % again)
         wait("nvidia-smi lists the new workers", lambda: all(any(p == w for (_g, p) in smi()) for w in again) or None, 60)
-        wait("the daemon attributes the new workers", lambda: (lambda n: n if n and set(again) <= set(n["pids"]) else None)(k.tree()), 30)
+        wait(
+            "the daemon attributes the new workers",
+            lambda: (lambda n: n if n and set(again) <= set(n["pids"]) else None)(k.tree()),
+            30,
+        )
         data, text = k.magic("free --children")
         print("---- %gpumem free --children\n" + text + "----", flush=True)
         gone = wait("the new workers end", lambda: not any(p in again for (_g, p) in smi()) or None, 30)
