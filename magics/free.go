@@ -100,9 +100,9 @@ type MemoryUsage struct {
 	Held *uint64 `json:"held"`
 }
 
-// Returned is how much the framework gave back to the GPU (held before minus
+// returned is how much the framework gave back to the GPU (held before minus
 // held after), and whether it is known.
-func (f FrameworkFree) Returned() (int64, bool) {
+func (f FrameworkFree) returned() (int64, bool) {
 	if f.Before.Held == nil || f.After.Held == nil {
 		return 0, false
 	}
@@ -216,7 +216,7 @@ func (r FreeReport) outcome() (returned bool, summary string) {
 	var back uint64
 	known := false
 	for _, f := range r.Frameworks {
-		if n, ok := f.Returned(); ok {
+		if n, ok := f.returned(); ok {
 			known = true
 			if n > 0 {
 				back += uint64(n)
