@@ -2,7 +2,8 @@
 // into running IPython kernels (the package py/gpumem_magics, one module per
 // job, and py/bootstrap.py, embedded with go:embed) and the Go that injects
 // it (Inject), runs a free through it (FreeCache, for `gpumem free KERNEL`)
-// and asks whether it is there (GetStatus).
+// and asks whether it is there (GetStatus). InjectCell hands Inject's cell
+// to a program that drives a kernel its own way (the GPU host's check).
 //
 // Every request is one silent execute of the bootstrap carrying the whole
 // package, compressed; the bootstrap installs it from memory as

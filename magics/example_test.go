@@ -44,7 +44,7 @@ func cellSource(c nbCell) string {
 // kernel (CPU torch) after injecting the magics, and checks that each leak
 // is found and freed. With -update-example it writes the outputs of this
 // (CPU) run into the notebook; the committed outputs come from an H200
-// (scripts/gpu_check.py magics/py --notebook examples/leaks.ipynb).
+// (scripts/gpuhost/gpu_check.py --notebook examples/leaks.ipynb).
 func TestExampleNotebook(t *testing.T) {
 	testenv.Require(t, "torch")
 	raw, err := os.ReadFile(exampleNotebook)

@@ -100,9 +100,9 @@ type MemoryUsage struct {
 	Held *uint64 `json:"held"`
 }
 
-// Returned is how much the framework gave back to the GPU (held before minus
+// returned is how much the framework gave back to the GPU (held before minus
 // held after), and whether it is known.
-func (f FrameworkFree) Returned() (int64, bool) {
+func (f FrameworkFree) returned() (int64, bool) {
 	if f.Before.Held == nil || f.After.Held == nil {
 		return 0, false
 	}
@@ -125,8 +125,7 @@ type DriverDelta struct {
 // the kernel's answer, here in Go: the kernel neither asks for it nor
 // renders it, so it cannot change it.
 func FreeCache(ctx context.Context, ex Executor, opts FreeOptions) (FreeReport, error) {
-	var ir InjectResult
-	if err := checkKernel(ctx, ex, &ir); err != nil {
+	if err := requirePython(ctx, ex); err != nil {
 		return FreeReport{}, err
 	}
 	var before *uint64
@@ -217,7 +216,7 @@ func (r FreeReport) outcome() (returned bool, summary string) {
 	var back uint64
 	known := false
 	for _, f := range r.Frameworks {
-		if n, ok := f.Returned(); ok {
+		if n, ok := f.returned(); ok {
 			known = true
 			if n > 0 {
 				back += uint64(n)
@@ -233,22 +232,6 @@ func (r FreeReport) outcome() (returned bool, summary string) {
 		return false, "the frameworks cannot say what they returned (TensorFlow keeps its memory until the kernel exits)"
 	}
 	return false, "returned nothing: no framework holds GPU memory in this kernel"
-}
-
-// runAction runs one of the bootstrap's actions on a request and returns
-// its result.
-func runAction(ctx context.Context, ex Executor, action string, request any) (json.RawMessage, error) {
-	rep, err := runBoot(ctx, ex, action, map[string]any{"version": Version()}, request)
-	if err != nil {
-		return nil, err
-	}
-	if !rep.OK {
-		if strings.Contains(rep.Error, "no IPython shell") {
-			return nil, fmt.Errorf("%s: %s: %w", action, rep.Error, ErrUnsupportedKernel)
-		}
-		return nil, fmt.Errorf("%s: failed in the kernel: %s", action, rep.Error)
-	}
-	return rep.Result, nil
 }
 
 func nonNil(s []string) []string {

@@ -22,12 +22,17 @@ func Summary(ctx context.Context, ex Executor) (json.RawMessage, error) {
 	return query(ctx, ex, "summary", nil)
 }
 
+// query runs a read-only action in a Python kernel and returns its data.
 func query(ctx context.Context, ex Executor, action string, args map[string]any) (json.RawMessage, error) {
-	var ir InjectResult
-	if err := checkKernel(ctx, ex, &ir); err != nil {
+	if err := requirePython(ctx, ex); err != nil {
 		return nil, err
 	}
-	result, err := runAction(ctx, ex, action, args)
+	return runJSON(ctx, ex, action, args)
+}
+
+// runJSON runs an action and returns its result, which must be JSON.
+func runJSON(ctx context.Context, ex Executor, action string, request any) (json.RawMessage, error) {
+	result, err := runAction(ctx, ex, action, request)
 	if err != nil {
 		return nil, err
 	}

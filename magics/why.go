@@ -3,7 +3,6 @@ package magics
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 )
 
 // WhyOptions selects what Why accounts for.
@@ -41,12 +40,5 @@ func Teardown(ctx context.Context, ex Executor) (json.RawMessage, error) {
 // Render has the kernel render a data dict (any kind the injected package
 // renders) and returns it with its "text" and "html".
 func Render(ctx context.Context, ex Executor, data any) (json.RawMessage, error) {
-	raw, err := runAction(ctx, ex, "render", data)
-	if err != nil {
-		return nil, err
-	}
-	if !json.Valid(raw) || len(raw) == 0 {
-		return nil, fmt.Errorf("render: the kernel's result is not JSON")
-	}
-	return raw, nil
+	return runJSON(ctx, ex, "render", data)
 }

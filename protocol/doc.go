@@ -13,7 +13,14 @@
 //   - transport.go: the transports zmq4 dials through, which bound frame
 //     sizes, handshakes and writes (zmq4 trusts its peer); iopub is one bare
 //     zmq4 ZMTP connection over the same guard, without a zmq4 socket.
-//   - client.go: Client, its goroutines, heartbeat and reconnection.
+//   - client.go: Options, Dial, Client and its accessors, the request
+//     round trip.
+//   - generation.go: one generation of sockets: dialing them (a lean
+//     client's shell and control per request), their reply readers,
+//     closing them.
+//   - supervise.go: the supervisor, heartbeat, reconnection with backoff,
+//     events.
+//   - iopub.go: the iopub reader (status topic only, execution state).
 //   - requests.go: KernelInfo, Execute, Interrupt, Usage. Execute sends the
 //     code it is given: what the code does to the kernel's state (IPython
 //     overwrites sys.last_* even for silent requests) is the caller's

@@ -42,7 +42,9 @@ def build(entries, seed=1):
             if not big:
                 live.append((addr, sz, st))
     trace = trace[: entries - 1]
-    trace.append({"action": "oom", "device_free": 1 << 20, "size": 20 << 30, "stream": 0, "time_us": t + 1, "frames": list(marker_stack)})
+    trace.append(
+        {"action": "oom", "device_free": 1 << 20, "size": 20 << 30, "stream": 0, "time_us": t + 1, "frames": list(marker_stack)}
+    )
     segs = []
     for k in range(64):
         seg_addr = base + k * (64 << 20)
@@ -50,14 +52,36 @@ def build(entries, seed=1):
         for j in range(16):
             state = "active_allocated" if j % 3 else "inactive"
             st = marker_stack if j == 1 else stacks[rnd.randrange(4000)]
-            blocks.append({"address": seg_addr + j * (4 << 20), "size": 4 << 20, "requested_size": 4 << 20, "state": state,
-                           "frames": list(st) if state != "inactive" else []})
-        segs.append({"device": 0, "address": seg_addr, "total_size": 64 << 20,
-                     "allocated_size": sum(b["size"] for b in blocks if b["state"] == "active_allocated"),
-                     "active_size": sum(b["size"] for b in blocks if b["state"] == "active_allocated"),
-                     "requested_size": 0, "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
-                     "is_expandable": False, "frames": [], "blocks": blocks})
-    return {"segments": segs, "device_traces": [trace], "allocator_settings": {"expandable_segments": False, "max_split_size": -1}}
+            blocks.append(
+                {
+                    "address": seg_addr + j * (4 << 20),
+                    "size": 4 << 20,
+                    "requested_size": 4 << 20,
+                    "state": state,
+                    "frames": list(st) if state != "inactive" else [],
+                }
+            )
+        segs.append(
+            {
+                "device": 0,
+                "address": seg_addr,
+                "total_size": 64 << 20,
+                "allocated_size": sum(b["size"] for b in blocks if b["state"] == "active_allocated"),
+                "active_size": sum(b["size"] for b in blocks if b["state"] == "active_allocated"),
+                "requested_size": 0,
+                "stream": 0,
+                "segment_type": "large",
+                "segment_pool_id": (0, 0),
+                "is_expandable": False,
+                "frames": [],
+                "blocks": blocks,
+            }
+        )
+    return {
+        "segments": segs,
+        "device_traces": [trace],
+        "allocator_settings": {"expandable_segments": False, "max_split_size": -1},
+    }
 
 
 def main():

@@ -39,12 +39,13 @@ make_venv ipykernel6 requirements/ipykernel6.txt
 # keep the build quiet.
 export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations"
 
-# --- static checks (gofmt, staticcheck, ruff) and the injected Python's unit tests ---
+# --- static checks (gofmt, staticcheck, ruff check and ruff format) and the injected Python's unit tests ---
 unformatted=$(gofmt -l .)
 [ -z "$unformatted" ] || { printf 'gofmt -l lists files that need `gofmt -w`:\n%s\n' "$unformatted"; exit 1; }
 go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 [ -x .venv/current/bin/ruff ] || { echo ".venv/current has no ruff: build it with make_venv current requirements/current.txt"; exit 1; }
 .venv/current/bin/ruff check .
+.venv/current/bin/ruff format --check .
 .venv/current/bin/python -m pytest -q -p no:cacheprovider magics/py/tests
 # --- end of static checks ---
 

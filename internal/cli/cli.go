@@ -61,6 +61,11 @@ func init() {
 	}
 }
 
+// hiddenCommands serve gpumem's own checks; the usage does not list them.
+var hiddenCommands = map[string]command{
+	"inject-cell": {"print the cell that injects the magics, as JSON (for the GPU host's check of the magics)", runInjectCell},
+}
+
 // errUsage marks a command-line mistake: exit status 2.
 var errUsage = errors.New("usage")
 
@@ -78,6 +83,9 @@ func Run(ctx context.Context, args []string, env Env) int {
 		args[0] = "version"
 	}
 	cmd, ok := commands[args[0]]
+	if !ok {
+		cmd, ok = hiddenCommands[args[0]]
+	}
 	if !ok {
 		fmt.Fprintf(env.Stderr, "gpumem: unknown command %q; run 'gpumem help' for the list\n", args[0])
 		return 2

@@ -1,4 +1,4 @@
-# gpumem bootstrap. inject.go sends one silent cell that execs this text in a
+# gpumem bootstrap. boot.go sends one silent cell that execs this text in a
 # fresh globals dict holding _ARGS, so nothing here reaches the user's
 # namespace.
 #
@@ -195,4 +195,4 @@ class _GpumemReport(object):
         return "<gpumem report>"
 
 
-__import__("sys").modules["_gpumem_report_" + _ARGS["nonce"]] = _GpumemReport(_gpumem_boot(_ARGS))  # noqa: F821 (given by inject.go)
+__import__("sys").modules["_gpumem_report_" + _ARGS["nonce"]] = _GpumemReport(_gpumem_boot(_ARGS))  # noqa: F821 (given by boot.go)

@@ -29,7 +29,7 @@ import sys
 import time
 import urllib.request
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_host_check as g  # noqa: E402  (its nvidia-smi readers, result and wait)
 
 P = os.environ.get("GPUMEM_WHEEL_PREFIX", "/tmp/gpumem-wheel")

@@ -124,7 +124,7 @@ type Options struct {
 	ServerToken     string
 	ServerTokenURLs []TokenPattern
 	// ServerTimeout bounds each server's /api/sessions, body included
-	// (0: DefaultServerTimeout).
+	// (0: defaultServerTimeout).
 	ServerTimeout time.Duration
 	// Backoff, kept from one Discover to the next, skips the servers that
 	// failed until their delay is over (see ServerBackoff); nil: every
@@ -135,8 +135,8 @@ type Options struct {
 	KernelFiles *KernelFiles
 }
 
-// DefaultServerTimeout is how long a server has to list its sessions.
-const DefaultServerTimeout = 5 * time.Second
+// defaultServerTimeout is how long a server has to list its sessions.
+const defaultServerTimeout = 5 * time.Second
 
 // Result is everything Discover found. Problems name the file or server and
 // say what went wrong; they never stop discovery of the rest.
@@ -156,10 +156,10 @@ func Discover(ctx context.Context, opts Options) Result {
 	var res Result
 	hc := opts.HTTPClient
 	if hc == nil {
-		hc = &http.Client{Timeout: DefaultServerTimeout}
+		hc = &http.Client{Timeout: defaultServerTimeout}
 	}
 	if opts.ServerTimeout <= 0 {
-		opts.ServerTimeout = DefaultServerTimeout
+		opts.ServerTimeout = defaultServerTimeout
 	}
 	seenFile := map[string]bool{}
 	lf, _ := opts.Procs.(ListenerFinder)
@@ -387,7 +387,7 @@ func attachSessions(ctx context.Context, hc *http.Client, opts Options, servers 
 			if sess.Kernel.Name != "" {
 				k.KernelName = sess.Kernel.Name
 			}
-			k.Notebook = a.server.NotebookPath(sess.Path)
+			k.Notebook = a.server.notebookPath(sess.Path)
 			k.Server = a.server
 			k.ExecutionState = sess.Kernel.ExecutionState
 			k.LastActivity, _ = time.Parse(time.RFC3339Nano, sess.Kernel.LastActivity)

@@ -37,7 +37,7 @@ func TestParseServerFile(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ParseServerFile(tc.file, []byte(tc.data))
+			got, err := parseServerFile(tc.file, []byte(tc.data))
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want it to contain %q", err, tc.wantErr)
@@ -63,8 +63,8 @@ func TestNotebookPath(t *testing.T) {
 		"with space/ü.ipynb": "/srv/nb/with space/ü.ipynb",
 		"":                   "",
 	} {
-		if got := s.NotebookPath(in); got != want {
-			t.Errorf("NotebookPath(%q) = %q, want %q", in, got, want)
+		if got := s.notebookPath(in); got != want {
+			t.Errorf("notebookPath(%q) = %q, want %q", in, got, want)
 		}
 	}
 }
@@ -72,11 +72,11 @@ func TestNotebookPath(t *testing.T) {
 func TestRuntimeDirs(t *testing.T) {
 	env := map[string]string{"HOME": "/home/u"}
 	get := func(k string) string { return env[k] }
-	if got := DefaultRuntimeDir(get); got != "/home/u/.local/share/jupyter/runtime" {
+	if got := defaultRuntimeDir(get); got != "/home/u/.local/share/jupyter/runtime" {
 		t.Errorf("default = %q", got)
 	}
 	env["XDG_DATA_HOME"] = "/x"
-	if got := DefaultRuntimeDir(get); got != "/x/jupyter/runtime" {
+	if got := defaultRuntimeDir(get); got != "/x/jupyter/runtime" {
 		t.Errorf("xdg = %q", got)
 	}
 	env["JUPYTER_RUNTIME_DIR"] = "/rt"

@@ -17,7 +17,7 @@ import (
 // file it was launched with (-f FILE). Such a kernel belongs to the Jupyter
 // whose runtime dirs are scanned when its own environment names one of them
 // as its runtime dir (JUPYTER_RUNTIME_DIR, else XDG_DATA_HOME's or HOME's, as
-// DefaultRuntimeDir computes it): jobs inherit their user's environment, so
+// defaultRuntimeDir computes it): jobs inherit their user's environment, so
 // this scopes them exactly as the runtime dirs scope server kernels, and
 // another user's or another environment's jobs stay out. Since "-f x.json"
 // is a common flag of unrelated programs and a file proves nothing by
@@ -149,9 +149,9 @@ func (f *ProcFinder) processRuntimeDir(pid int) string {
 		}
 	}
 	if env["JUPYTER_RUNTIME_DIR"] == "" && env["XDG_DATA_HOME"] == "" && env["HOME"] == "" {
-		return "" // DefaultRuntimeDir would fall back to our own home
+		return "" // defaultRuntimeDir would fall back to our own home
 	}
-	return filepath.Clean(DefaultRuntimeDir(func(k string) string { return env[k] }))
+	return filepath.Clean(defaultRuntimeDir(func(k string) string { return env[k] }))
 }
 
 func (f *ProcFinder) procRoot() string {

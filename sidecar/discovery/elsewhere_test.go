@@ -104,7 +104,7 @@ func TestServerOnUnixSocket(t *testing.T) {
 	go func() { defer close(done); _ = srv.Serve(l) }()
 	defer func() { _ = srv.Close(); <-done }()
 
-	s, err := ParseServerFile(filepath.Join(dir, "jpserver-1.json"), []byte(`{"url":"http+unix://`+url.PathEscape(sock)+`/user/alice/","token":"t","root_dir":"/r","password":false}`))
+	s, err := parseServerFile(filepath.Join(dir, "jpserver-1.json"), []byte(`{"url":"http+unix://`+url.PathEscape(sock)+`/user/alice/","token":"t","root_dir":"/r","password":false}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestServerOnUnixSocket(t *testing.T) {
 // TestServerWithoutToken: a password server with no token given is not
 // asked at all (one error, at once); a token given is used.
 func TestServerWithoutToken(t *testing.T) {
-	s, err := ParseServerFile("/r/jpserver-9.json", []byte(`{"url":"http://127.0.0.1:9/","token":"","password":true,"root_dir":"/r"}`))
+	s, err := parseServerFile("/r/jpserver-9.json", []byte(`{"url":"http://127.0.0.1:9/","token":"","password":true,"root_dir":"/r"}`))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,7 @@ import (
 
 // batchNamer is a ProcessFinder that can read a kernel's parent's argv.
 type batchNamer interface {
-	ParentNotebook(ppid int) string
+	parentNotebook(ppid int) string
 }
 
 // nameNotebooks fills Notebook for proven kernels that have none.
@@ -40,17 +40,17 @@ func nameNotebooks(pf ProcessFinder, kernels []Kernel) {
 			continue
 		}
 		if bn != nil && k.ppid > 1 {
-			if nb := bn.ParentNotebook(k.ppid); nb != "" {
+			if nb := bn.parentNotebook(k.ppid); nb != "" {
 				k.Notebook, k.NotebookFrom = nb, "papermill"
 			}
 		}
 	}
 }
 
-// ParentNotebook implements batchNamer: the input notebook of a papermill
+// parentNotebook implements batchNamer: the input notebook of a papermill
 // process (its first .ipynb argument), made absolute against its cwd; ""
 // when ppid is not papermill.
-func (f *ProcFinder) ParentNotebook(ppid int) string {
+func (f *ProcFinder) parentNotebook(ppid int) string {
 	dir := filepath.Join(f.procRoot(), strconv.Itoa(ppid))
 	data, _, err := safefile.Read(filepath.Join(dir, "cmdline"), 64<<10)
 	if err != nil {

@@ -56,8 +56,8 @@ type PodKernel struct {
 // file inside its pod and container, not a path of the daemon's.
 const podKeyPrefix = "pod:"
 
-// PodKey is the ConnectionFile the daemon knows a pod kernel by.
-func PodKey(p PodKernel) string {
+// podKey is the ConnectionFile the daemon knows a pod kernel by.
+func podKey(p PodKernel) string {
 	c := p.ContainerID
 	if len(c) > 12 {
 		c = c[:12]
@@ -123,7 +123,7 @@ func (f *PodFinder) Find(ctx context.Context) Result {
 			continue // gone, or not in a pod: the runtime dirs' business
 		}
 		pk := PodKernel{UID: c.PodUID, ContainerID: c.ContainerID, Path: args[pid]}
-		key := PodKey(pk)
+		key := podKey(pk)
 		if _, seen := byKey[key]; !seen {
 			keys = append(keys, key)
 		}
@@ -211,7 +211,7 @@ func (f *PodFinder) prove(c podCandidate) (Kernel, error) {
 	name := filepath.Base(c.pod.Path)
 	return Kernel{
 		ID:             strings.TrimSuffix(strings.TrimPrefix(name, "kernel-"), ".json"),
-		ConnectionFile: PodKey(c.pod),
+		ConnectionFile: podKey(c.pod),
 		Connection:     info,
 		KernelName:     info.KernelName,
 		FileUID:        st.UID,
@@ -368,7 +368,7 @@ func (f *PodFinder) nameNotebooks(ctx context.Context, res *Result) []error {
 					if sess.Kernel.Name != "" {
 						o.KernelName = sess.Kernel.Name
 					}
-					o.Notebook = s.NotebookPath(sess.Path)
+					o.Notebook = s.notebookPath(sess.Path)
 					o.NotebookFrom = "server"
 					o.ExecutionState = sess.Kernel.ExecutionState
 					o.LastActivity, _ = time.Parse(time.RFC3339Nano, sess.Kernel.LastActivity)
@@ -418,7 +418,7 @@ func (f *PodFinder) podServers(pid int, start uint64, dir string, uid uint32) ([
 				filepath.Join(rootName(pid), path), st.UID, uid))
 			continue
 		}
-		s, err := ParseServerFile(filepath.Join(rootName(pid), path), data)
+		s, err := parseServerFile(filepath.Join(rootName(pid), path), data)
 		if err != nil {
 			problems = append(problems, err)
 			continue

@@ -15,12 +15,12 @@ import (
 
 func TestPodKey(t *testing.T) {
 	p := PodKernel{UID: "7c9e6679-7425-40de-944b-e07fc1f90ae7", ContainerID: strings.Repeat("ab", 32), Path: "/home/jovyan/kernel-1.json"}
-	if got, want := PodKey(p), "pod:7c9e6679-7425-40de-944b-e07fc1f90ae7/abababababab:/home/jovyan/kernel-1.json"; got != want {
-		t.Errorf("PodKey = %q, want %q", got, want)
+	if got, want := podKey(p), "pod:7c9e6679-7425-40de-944b-e07fc1f90ae7/abababababab:/home/jovyan/kernel-1.json"; got != want {
+		t.Errorf("podKey = %q, want %q", got, want)
 	}
 	p.ContainerID = ""
-	if got := PodKey(p); got != "pod:7c9e6679-7425-40de-944b-e07fc1f90ae7/:/home/jovyan/kernel-1.json" {
-		t.Errorf("PodKey without a container = %q", got)
+	if got := podKey(p); got != "pod:7c9e6679-7425-40de-944b-e07fc1f90ae7/:/home/jovyan/kernel-1.json" {
+		t.Errorf("podKey without a container = %q", got)
 	}
 }
 
@@ -101,7 +101,7 @@ func TestPodFinderProof(t *testing.T) {
 		t.Fatalf("kernels %+v, want the good one only; problems %v", res.Kernels, res.Problems)
 	}
 	k := res.Kernels[0]
-	wantKey := PodKey(PodKernel{UID: podA, ContainerID: cA, Path: rt + "/kernel-good.json"})
+	wantKey := podKey(PodKernel{UID: podA, ContainerID: cA, Path: rt + "/kernel-good.json"})
 	if k.ID != "good" || k.PID != 1000 || k.PIDStart != 5 || !k.PIDProven || k.ConnectionFile != wantKey ||
 		k.Connection.ShellPort != 52001 || k.FileUID != uid {
 		t.Errorf("kernel %+v", k)
@@ -114,9 +114,9 @@ func TestPodFinderProof(t *testing.T) {
 	}
 
 	wantPending := []string{
-		PodKey(PodKernel{UID: podA, ContainerID: cA, Path: rt + "/kernel-hostnet.json"}),
-		PodKey(PodKernel{UID: podB, ContainerID: cB, Path: rt + "/kernel-escape.json"}),
-		PodKey(PodKernel{UID: podB, ContainerID: cB, Path: rt + "/kernel-foreign.json"}),
+		podKey(PodKernel{UID: podA, ContainerID: cA, Path: rt + "/kernel-hostnet.json"}),
+		podKey(PodKernel{UID: podB, ContainerID: cB, Path: rt + "/kernel-escape.json"}),
+		podKey(PodKernel{UID: podB, ContainerID: cB, Path: rt + "/kernel-foreign.json"}),
 	}
 	got := slices.Clone(res.Pending)
 	slices.Sort(got)

@@ -5,10 +5,10 @@ import (
 	"path/filepath"
 )
 
-// DefaultRuntimeDir is where Jupyter writes connection and server files for
+// defaultRuntimeDir is where Jupyter writes connection and server files for
 // the current user: $JUPYTER_RUNTIME_DIR, else $XDG_DATA_HOME/jupyter/runtime,
 // else ~/.local/share/jupyter/runtime. getenv is os.Getenv in production.
-func DefaultRuntimeDir(getenv func(string) string) string {
+func defaultRuntimeDir(getenv func(string) string) string {
 	if d := getenv("JUPYTER_RUNTIME_DIR"); d != "" {
 		return d
 	}
@@ -29,7 +29,7 @@ func DefaultRuntimeDir(getenv func(string) string) string {
 func RuntimeDirs(getenv func(string) string, extra []string) []string {
 	seen := map[string]bool{}
 	var dirs []string
-	for _, d := range append([]string{DefaultRuntimeDir(getenv)}, extra...) {
+	for _, d := range append([]string{defaultRuntimeDir(getenv)}, extra...) {
 		if d == "" {
 			continue
 		}

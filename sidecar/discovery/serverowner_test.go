@@ -74,7 +74,7 @@ func TestServerAskedOnlyThroughItsOwnersListener(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := len(rec.requests())
-			s, err := ParseServerFile("/home/u/rt/jpserver-1.json", []byte(`{"url":"`+tc.url+`","token":"file-token"}`))
+			s, err := parseServerFile("/home/u/rt/jpserver-1.json", []byte(`{"url":"`+tc.url+`","token":"file-token"}`))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -127,7 +127,7 @@ func TestUnixServerOfAnotherUser(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(l) }()
 	defer func() { _ = srv.Close(); <-done }()
-	s, err := ParseServerFile(filepath.Join(dir, "jpserver-1.json"), []byte(`{"url":"http+unix://`+url.PathEscape(sock)+`/","token":"t"}`))
+	s, err := parseServerFile(filepath.Join(dir, "jpserver-1.json"), []byte(`{"url":"http+unix://`+url.PathEscape(sock)+`/","token":"t"}`))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,8 +39,8 @@ type Server struct {
 	netns *podNet
 }
 
-// ParseServerFile parses a jpserver-<pid>.json or nbserver-<pid>.json file.
-func ParseServerFile(name string, data []byte) (Server, error) {
+// parseServerFile parses a jpserver-<pid>.json or nbserver-<pid>.json file.
+func parseServerFile(name string, data []byte) (Server, error) {
 	var raw struct {
 		URL         string `json:"url"`
 		Token       string `json:"token"`
@@ -95,7 +95,7 @@ func readServerFile(ctx context.Context, path string, read func(string) ([]byte,
 	if err != nil {
 		return Server{}, fmt.Errorf("server file: %w", err)
 	}
-	s, err := ParseServerFile(path, data)
+	s, err := parseServerFile(path, data)
 	if err == nil {
 		return s, nil
 	}
@@ -108,7 +108,7 @@ func readServerFile(ctx context.Context, path string, read func(string) ([]byte,
 	if rerr != nil {
 		return Server{}, err
 	}
-	return ParseServerFile(path, data)
+	return parseServerFile(path, data)
 }
 
 // ProcessChecker tells whether a process lives. The ProcFinder implements
@@ -207,7 +207,7 @@ func (s Server) Sessions(ctx context.Context, hc *http.Client) ([]Session, error
 
 // NotebookPath makes a session path (relative to the server's root, always
 // with forward slashes) absolute.
-func (s Server) NotebookPath(sessionPath string) string {
+func (s Server) notebookPath(sessionPath string) string {
 	if sessionPath == "" {
 		return ""
 	}

@@ -1,7 +1,7 @@
 """gpumem's %gpumem magics, injected into a running IPython kernel.
 
 gpumem sends this package over the Jupyter protocol as one silent execute
-(see magics/inject.go and bootstrap.py); nothing is installed in the user's
+(see magics/boot.go and bootstrap.py); nothing is installed in the user's
 environment and no file is written. The bootstrap registers it as
 sys.modules["_gpumem_magics"], its modules as attributes of it only; they
 import each other at the top, never inside a function, since later

@@ -6,13 +6,13 @@
 #   bash ../shared/gpu-kit/prepare .gpukit
 #   go build -o .gpukit/gpumem ./cmd/gpumem
 #   go test -c -o .gpukit/driver.test ./nvml/driver
-#   (wheels: see scripts/gpu_host_current.sh)
+#   (wheels: see scripts/gpuhost/gpu_host_current.sh)
 # Every step runs even when an earlier one failed. What comes back is a few
 # files in $OUT (the device tool returns at most 8): one log per step and the
 # example notebook as run there; servers' and daemons' logs stay in /tmp.
 # Exit 1 if any check failed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the folder that comes back}"
 RES=$OUT
 export GPUMEM_BIN=$PWD/.gpukit/gpumem
@@ -30,8 +30,8 @@ if bash .gpukit/setup-on-device; then
     source /tmp/gpukit/env.sh
     export OUT=/tmp/gpumem-run/debian12
     step=0
-    python3 scripts/gpu_host_check.py 2>&1 | tee "$RES/gpu_host_check_debian12.txt" || step=1
-    python3 scripts/gpu_check.py magics/py --mode kernel --notebook examples/leaks.ipynb \
+    python3 scripts/gpuhost/gpu_host_check.py 2>&1 | tee "$RES/gpu_host_check_debian12.txt" || step=1
+    python3 scripts/gpuhost/gpu_check.py --mode kernel --notebook examples/leaks.ipynb \
       --notebook-out "$RES/leaks.ipynb" 2>&1 | tee "$RES/gpu_check_debian12.txt" || step=1
     GPUMEM_DRIVER_TEST=$PWD/.gpukit/driver.test python3 scripts/gpuhost/util_check.py 2>&1 \
       | tee "$RES/util_check_debian12.txt" || step=1
@@ -42,5 +42,5 @@ else
 fi
 
 echo "== today's Jupyter stack (carried wheels)"
-OUT=/tmp/gpumem-run/current bash scripts/gpu_host_current.sh 2>&1 | tee "$RES/current.txt" || rc=1
+OUT=/tmp/gpumem-run/current bash scripts/gpuhost/gpu_host_current.sh 2>&1 | tee "$RES/current.txt" || rc=1
 exit $rc

@@ -21,7 +21,7 @@ Then, against nvidia-smi:
      pod keep their GPU memory.
 
 Run as root on the GPU host with GPUMEM_BIN and a python with torch and
-ipykernel (scripts/gpu_host_current.sh runs it so). PASS/FAIL/INFO lines;
+ipykernel (scripts/gpuhost/gpu_host_current.sh runs it so). PASS/FAIL/INFO lines;
 exit 1 if any check failed; every wait has a deadline.
 """
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """gpu_check.py: checks gpumem's %gpumem magics on a real GPU host.
 
-    python3 scripts/gpu_check.py magics/py [options]
+    GPUMEM_BIN=.gpukit/gpumem python3 scripts/gpuhost/gpu_check.py [options]
 
 For each scenario it starts a fresh kernel (jupyter_client + ipykernel), or
 with --mode inprocess a child process hosting an IPython InteractiveShell,
-injects the magics exactly as gpumem does (a silent execute of
-bootstrap.py, the report read back through user_expressions), makes the
+injects the magics with the binary's own cell (`gpumem inject-cell`: a
+silent execute of bootstrap.py, the report read back through
+user_expressions, exactly what gpumem attach sends), makes the
 common leaks with big arrays (one displayed, so held by Out and _; one
 trapped in the frames of a traceback; a model deleted but cached), runs
 %gpumem, %gpumem vars and %gpumem free --all, and measures the framework's
@@ -41,9 +42,7 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 GIB = 1 << 30
 MIB = 1 << 20
 RESULTS = []
@@ -60,42 +59,17 @@ def check(ok, name, detail=""):
 
 
 # ---------------------------------------------------------------------------
-# Injection, as magics/inject.go does it
+# Injection: the binary's own cell (gpumem inject-cell), never a copy of its
+# wire format
 
 
-def read_bundle(pydir):
-    """The package as inject.go sends it: base64 of zlib of JSON {module: source}."""
-    import base64
-    import glob
-    import zlib
-
-    sources = {}
-    for path in sorted(glob.glob(os.path.join(pydir, "gpumem_magics", "*.py"))):
-        with open(path) as f:
-            sources[os.path.basename(path)[:-3]] = f.read()
-    if "magic" not in sources:
-        raise SystemExit("%s: no gpumem_magics package there (give the path of magics/py)" % pydir)
-    raw = json.dumps(sources, sort_keys=True).encode("utf-8")
-    return base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
-
-
-def inject_request(bundle, bootstrap, action="inject", config=None, request=None):
-    nonce = uuid.uuid4().hex
-    cfg = dict(config or {})
-    cfg.setdefault("version", "gpu_check")
-    args = '{"nonce": %s, "action": %s, "bundle": %s, "config": %s, "request": %s}' % (
-        json.dumps(nonce),
-        json.dumps(action),
-        json.dumps(bundle),
-        json.dumps(json.dumps(cfg)),
-        json.dumps(json.dumps(request or {})),
-    )
-    code = (
-        '# gpumem-inject %s\n__import__("builtins").exec(%s, {"__builtins__": __import__("builtins"), '
-        '"__name__": "_gpumem_bootstrap", "_ARGS": %s})' % (nonce, json.dumps(bootstrap), args)
-    )
-    expr = '__import__("sys").modules.pop("_gpumem_report_%s", None)' % nonce
-    return code, expr
+def inject_cell(gpumem):
+    """The cell `gpumem attach` sends: {"code", "expr", "nonce", "version"}."""
+    try:
+        out = subprocess.run([gpumem, "inject-cell"], capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise SystemExit("%s inject-cell: %s (give a gpumem binary with --gpumem or GPUMEM_BIN)" % (gpumem, e)) from None
+    return json.loads(out)
 
 
 # ---------------------------------------------------------------------------
@@ -347,12 +321,12 @@ def gpumem_data(r):
 
 
 def inject(drv, args):
-    code, expr = inject_request(args.source, args.bootstrap)
+    cell = inject_cell(args.gpumem)
     t0 = time.perf_counter()
-    r = drv.execute(code, silent=True, store_history=False, user_expressions={"gpumem": expr}, timeout=120)
+    r = drv.execute(cell["code"], silent=True, store_history=False, user_expressions={"gpumem": cell["expr"]}, timeout=120)
     ms = (time.perf_counter() - t0) * 1000
     rep = r["reply"].get("user_expressions", {}).get("gpumem", {}).get("data", {}).get("application/json")
-    ok = bool(rep and rep.get("ok"))
+    ok = bool(rep and rep.get("ok") and rep.get("nonce") == cell["nonce"])
     check(
         ok,
         "inject",
@@ -672,8 +646,11 @@ def main():
         child_main()
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("magics", help="path of magics/py (the gpumem_magics package and bootstrap.py)")
-    ap.add_argument("--bootstrap", help="path of bootstrap.py (default: in the magics path)")
+    ap.add_argument(
+        "--gpumem",
+        default=os.environ.get("GPUMEM_BIN", ".gpukit/gpumem"),
+        help="the gpumem binary whose cell is injected (default $GPUMEM_BIN, else .gpukit/gpumem)",
+    )
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu for a local smoke run")
     ap.add_argument("--mode", default="kernel", choices=("kernel", "inprocess"))
     ap.add_argument("--scenarios", default="noinit,noimport,torch,cupy,jax,jax-platform,cell,jax-prealloc")
@@ -682,12 +659,10 @@ def main():
     ap.add_argument("--notebook", help="also run this notebook's cells (e.g. examples/leaks.ipynb) ...")
     ap.add_argument("--notebook-out", help="... and write it with its outputs here")
     args = ap.parse_args()
-    args.source = read_bundle(args.magics)
-    with open(args.bootstrap or os.path.join(args.magics, "bootstrap.py")) as f:
-        args.bootstrap = f.read()
+    version = inject_cell(args.gpumem)["version"]
     print(
-        "gpu_check: python %s, mode %s, device %s, %s"
-        % (sys.version.split()[0], args.mode, args.device, time.strftime("%Y-%m-%d %H:%M:%S"))
+        "gpu_check: python %s, mode %s, device %s, magics %s, %s"
+        % (sys.version.split()[0], args.mode, args.device, version, time.strftime("%Y-%m-%d %H:%M:%S"))
     )
     if args.mode == "kernel" and not (importable("ipykernel") and importable("jupyter_client")):
         result("FAIL", "ipykernel and jupyter_client are needed for --mode kernel (or use --mode inprocess)")

@@ -19,18 +19,18 @@
 #
 # It installs the wheels into a private prefix (never into the system
 # python), starts nothing outside it, and runs:
-#   1. scripts/gpu_host_check.py against a jupyter_server 2 + ipykernel 7
+#   1. scripts/gpuhost/gpu_host_check.py against a jupyter_server 2 + ipykernel 7
 #      kernel (attribution vs nvidia-smi, timing, gpumem free through the
 #      daemon, orphan reclaimed after a restart);
-#   2. scripts/gpu_check.py in kernel mode (ipykernel 7 / IPython 9): the
+#   2. scripts/gpuhost/gpu_check.py in kernel mode (ipykernel 7 / IPython 9): the
 #      magics' free path on PyTorch, CuPy and JAX;
-#   3. scripts/gpu_host_pods.py: `gpumem serve --pod-kernels` against a
+#   3. scripts/gpuhost/gpu_host_pods.py: `gpumem serve --pod-kernels` against a
 #      kernel in a played pod (root: namespaces and cgroups).
 # GPUMEM_CURRENT_STEPS picks some of them (default "check magics pods").
 # Outputs land in $OUT (default /tmp/gpumem-current-out): gpu_host_check.txt,
 # gpu_check_kernel.txt, versions.txt, and the server's and daemon's logs.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 PY=${GPUKIT_PYTHON:-/opt/torch/.venv/bin/python3}
 P=${GPUMEM_CURRENT_PREFIX:-/tmp/gpumem-current}
@@ -83,16 +83,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 rc=0
 steps=" ${GPUMEM_CURRENT_STEPS:-check magics pods} "
 if [[ $steps == *" check "* ]]; then
-  echo "== scripts/gpu_host_check.py (jupyter_server 2 + ipykernel 7)"
-  "$PY" scripts/gpu_host_check.py 2>&1 | tee "$OUT/gpu_host_check.txt" || rc=1
+  echo "== scripts/gpuhost/gpu_host_check.py (jupyter_server 2 + ipykernel 7)"
+  "$PY" scripts/gpuhost/gpu_host_check.py 2>&1 | tee "$OUT/gpu_host_check.txt" || rc=1
 fi
 if [[ $steps == *" magics "* ]]; then
-  echo "== scripts/gpu_check.py --mode kernel (ipykernel 7, IPython 9)"
-  "$PY" scripts/gpu_check.py magics/py --mode kernel 2>&1 | tee "$OUT/gpu_check_kernel.txt" || rc=1
+  echo "== scripts/gpuhost/gpu_check.py --mode kernel (ipykernel 7, IPython 9)"
+  "$PY" scripts/gpuhost/gpu_check.py --mode kernel 2>&1 | tee "$OUT/gpu_check_kernel.txt" || rc=1
 fi
 if [[ $steps == *" pods "* ]]; then
-  echo "== scripts/gpu_host_pods.py (gpumem serve --pod-kernels, a pod played with namespaces and cgroups)"
-  "$PY" scripts/gpu_host_pods.py 2>&1 | tee "$OUT/gpu_host_pods.txt" || rc=1
+  echo "== scripts/gpuhost/gpu_host_pods.py (gpumem serve --pod-kernels, a pod played with namespaces and cgroups)"
+  "$PY" scripts/gpuhost/gpu_host_pods.py 2>&1 | tee "$OUT/gpu_host_pods.txt" || rc=1
 fi
 cp "$P"/runtime/*.log "$OUT"/ 2>/dev/null || true
 exit $rc

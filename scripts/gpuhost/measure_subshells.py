@@ -3,7 +3,7 @@
 Run with the current stack's python (ipykernel >= 7), from the repository
 root, after `go build -o bin/gpumem ./cmd/gpumem`:
 
-    .venv/current/bin/python scripts/measure_subshells.py bin/gpumem
+    .venv/current/bin/python scripts/gpuhost/measure_subshells.py bin/gpumem
 
 It starts a real JupyterLab server (127.0.0.1, temporary dirs, a token),
 opens a notebook session, injects the magics with `gpumem attach`, and then:
@@ -17,7 +17,7 @@ opens a notebook session, injects the magics with `gpumem attach`, and then:
      while the cell runs, and the iopub status messages with their parents;
   5. times the same magics on the main shell of an idle kernel, and the
      kernel's threads and RSS before and after the subshell.
-It prints one report; docs/subshells-current-stack.txt keeps a run.
+It prints one report; docs/runs/2026-11-30/subshells-current-stack.txt keeps a run.
 """
 
 import json
@@ -49,14 +49,31 @@ def main():
     env = dict(os.environ)
     for k in ("runtime", "config", "data", "home", "nb"):
         os.makedirs(os.path.join(base, k))
-    env.update(JUPYTER_RUNTIME_DIR=os.path.join(base, "runtime"), JUPYTER_CONFIG_DIR=os.path.join(base, "config"),
-               JUPYTER_DATA_DIR=os.path.join(base, "data"), HOME=os.path.join(base, "home"),
-               JUPYTER_PLATFORM_DIRS="1")
+    env.update(
+        JUPYTER_RUNTIME_DIR=os.path.join(base, "runtime"),
+        JUPYTER_CONFIG_DIR=os.path.join(base, "config"),
+        JUPYTER_DATA_DIR=os.path.join(base, "data"),
+        HOME=os.path.join(base, "home"),
+        JUPYTER_PLATFORM_DIRS="1",
+    )
     port, token = free_port(), os.urandom(8).hex()
     server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ip=127.0.0.1",
-         "--port=%d" % port, "--ServerApp.token=" + token, "--ServerApp.root_dir=" + os.path.join(base, "nb")],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            "--allow-root",
+            "--ip=127.0.0.1",
+            "--port=%d" % port,
+            "--ServerApp.token=" + token,
+            "--ServerApp.root_dir=" + os.path.join(base, "nb"),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     url = "http://127.0.0.1:%d/" % port
     try:
         run(gpumem, env, url, token, base)
@@ -67,8 +84,12 @@ def main():
 
 
 def api(url, token, method, path, body=None):
-    req = urllib.request.Request(url + path, method=method, data=json.dumps(body).encode() if body else None,
-                                 headers={"Authorization": "token " + token, "Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url + path,
+        method=method,
+        data=json.dumps(body).encode() if body else None,
+        headers={"Authorization": "token " + token, "Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read() or b"null")
 
@@ -85,8 +106,7 @@ def run(gpumem, env, url, token, base):
             time.sleep(0.1)
     with open(os.path.join(base, "nb", "sub.ipynb"), "w") as f:
         f.write('{"cells":[],"metadata":{},"nbformat":4,"nbformat_minor":5}')
-    sess = api(url, token, "POST", "api/sessions",
-               {"path": "sub.ipynb", "type": "notebook", "kernel": {"name": "python3"}})
+    sess = api(url, token, "POST", "api/sessions", {"path": "sub.ipynb", "type": "notebook", "kernel": {"name": "python3"}})
     kid = sess["kernel"]["id"]
     cf = os.path.join(base, "runtime", "kernel-%s.json" % kid)
     while not os.path.exists(cf):
@@ -101,9 +121,17 @@ def run(gpumem, env, url, token, base):
     import jupyter_client
     import jupyter_server
     import jupyterlab
-    print("versions: jupyterlab %s, jupyter_server %s, jupyter_client %s, ipykernel %s, IPython %s" % (
-        jupyterlab.__version__, jupyter_server.__version__, jupyter_client.__version__,
-        ipykernel.__version__, IPython.__version__))
+
+    print(
+        "versions: jupyterlab %s, jupyter_server %s, jupyter_client %s, ipykernel %s, IPython %s"
+        % (
+            jupyterlab.__version__,
+            jupyter_server.__version__,
+            jupyter_client.__version__,
+            ipykernel.__version__,
+            IPython.__version__,
+        )
+    )
     kc.kernel_info()
     info = kc.get_shell_msg(timeout=10)["content"]
     feats = info.get("supported_features", [])
@@ -148,8 +176,14 @@ def run(gpumem, env, url, token, base):
             except queue.Empty:
                 continue
             if msg["msg_type"] == "status":
-                statuses.append((time.perf_counter(), msg["content"]["execution_state"],
-                                 msg["parent_header"].get("msg_type"), msg["parent_header"].get("subshell_id")))
+                statuses.append(
+                    (
+                        time.perf_counter(),
+                        msg["content"]["execution_state"],
+                        msg["parent_header"].get("msg_type"),
+                        msg["parent_header"].get("subshell_id"),
+                    )
+                )
 
     def watch_server():
         while not stop.is_set():
@@ -164,8 +198,17 @@ def run(gpumem, env, url, token, base):
     time.sleep(0.5)
     sub_times = []
     for code in ("%gpumem", "%gpumem vars --all-devices"):
-        m = kc.session.msg("execute_request", {"code": code, "silent": False, "store_history": False,
-                                               "user_expressions": {}, "allow_stdin": False, "stop_on_error": False})
+        m = kc.session.msg(
+            "execute_request",
+            {
+                "code": code,
+                "silent": False,
+                "store_history": False,
+                "user_expressions": {},
+                "allow_stdin": False,
+                "stop_on_error": False,
+            },
+        )
         m["header"]["subshell_id"] = sid
         t0 = time.perf_counter()
         kc.shell_channel.send(m)
@@ -178,16 +221,22 @@ def run(gpumem, env, url, token, base):
     for t in threads:
         t.join()
     for code, took, status, at in sub_times:
-        print("subshell during a busy cell: %-28s %6.1f ms (%s), answered %.2f s into the 4 s cell" % (
-            code, took * 1e3, status, at))
+        print(
+            "subshell during a busy cell: %-28s %6.1f ms (%s), answered %.2f s into the 4 s cell" % (code, took * 1e3, status, at)
+        )
     print("main cell: %s after %.2f s" % (main_reply["content"]["status"], cell_end - cell_start))
     print("iopub status messages while the cell ran (t from cell start, state, parent, subshell):")
     for at, state, parent, sub in statuses:
         print("  %6.2f s  %-5s %-16s %s" % (at - cell_start, state, parent, sub or "main"))
     wrong = [(at - cell_start, s) for at, s in states if cell_start + 0.1 < at < cell_end - 0.1 and s != "busy"]
-    print("server execution_state samples during the cell: %d, not 'busy' in %d%s" % (
-        len([1 for at, _ in states if cell_start < at < cell_end]), len(wrong),
-        (" (first at %.2f s: %s)" % wrong[0]) if wrong else ""))
+    print(
+        "server execution_state samples during the cell: %d, not 'busy' in %d%s"
+        % (
+            len([1 for at, _ in states if cell_start < at < cell_end]),
+            len(wrong),
+            (" (first at %.2f s: %s)" % wrong[0]) if wrong else "",
+        )
+    )
     m = kc.session.msg("delete_subshell_request", {"subshell_id": sid})
     kc.control_channel.send(m)
     wait_parent(kc.get_control_msg, m["header"]["msg_id"], 10)
@@ -196,8 +245,12 @@ def run(gpumem, env, url, token, base):
 
 def kernel_pid(kc):
     msgs = []
-    kc.execute_interactive("import os; print(os.getpid())", timeout=30, store_history=False,
-                           output_hook=lambda m: msgs.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None)
+    kc.execute_interactive(
+        "import os; print(os.getpid())",
+        timeout=30,
+        store_history=False,
+        output_hook=lambda m: msgs.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
+    )
     return int("".join(msgs).strip())
 
 
