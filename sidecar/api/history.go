@@ -134,7 +134,7 @@ func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, c caller) 
 // their own notebooks, series and events, the GPUs, and every other user
 // only as a total (as GET /api/v1/users gives).
 func userHistory(resp HistoryResponse, user string) HistoryResponse {
-	for _, u := range SummarizeUsers(resp.Report) {
+	for _, u := range usersOf(resp.Report) {
 		if u.User != user {
 			resp.Users = append(resp.Users, u)
 		}

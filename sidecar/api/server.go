@@ -254,7 +254,15 @@ func (s *Server) serveUsers(w http.ResponseWriter, r *http.Request, _ caller) {
 	if !ok {
 		return
 	}
-	s.writeJSON(w, r, http.StatusOK, UsersResponse{Users: SummarizeUsers(rep)})
+	s.writeJSON(w, r, http.StatusOK, UsersResponse{Users: usersOf(rep)})
+}
+
+// usersOf is the report's per-user totals (attribution.Finish made them).
+func usersOf(rep attribution.Report) []UserUsage {
+	if rep.Users == nil {
+		return []UserUsage{}
+	}
+	return rep.Users
 }
 
 // ReportEncoder is a Backend that also hands out its report already

@@ -24,6 +24,10 @@ type Report struct {
 	// computing nothing, over the daemon's history window; absent without
 	// gpumem serve.
 	Hoarding []UserHoarding `json:"hoarding,omitempty"`
+	// Users totals the report per user, biggest first (Finish).
+	Users []UserUsage `json:"users,omitempty"`
+	// Alerts are the alerts that stand, with their text (Finish).
+	Alerts []Alert `json:"alerts,omitempty"`
 }
 
 // GPU is one physical device with its memory totals. With MIG on, the
@@ -43,6 +47,10 @@ type GPU struct {
 	// the GPU cannot say, and UtilizationMissing says why.
 	Utilization        *Utilization `json:"utilization,omitempty"`
 	UtilizationMissing string       `json:"utilization_missing,omitempty"`
+	// Holders are the notebooks and other processes holding memory on the
+	// GPU, biggest first; HoldersByUser the same by user (Finish).
+	Holders       []Holder `json:"holders,omitempty"`
+	HoldersByUser []Holder `json:"holders_by_user,omitempty"`
 }
 
 // GPUBytes is a byte count on one GPU.

@@ -68,18 +68,17 @@ func (l *oomLog) record(ev oom.Event) {
 	}
 }
 
-// annotate sets each notebook's OOM summary in rep and forgets kernels no
-// longer in it.
-func (l *oomLog) annotate(rep *attribution.Report) {
+// summaries are the OOM summaries of rep's notebooks (by connection
+// file, for attribution.Finish); kernels no longer in rep are forgotten.
+func (l *oomLog) summaries(rep attribution.Report) map[string]attribution.OOMSummary {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	out := map[string]attribution.OOMSummary{}
 	present := map[string]bool{}
-	for i := range rep.Notebooks {
-		file := rep.Notebooks[i].ConnectionFile
-		present[file] = true
-		if s := l.summary[file]; s != nil {
-			c := *s
-			rep.Notebooks[i].OOM = &c
+	for _, nb := range rep.Notebooks {
+		present[nb.ConnectionFile] = true
+		if s := l.summary[nb.ConnectionFile]; s != nil {
+			out[nb.ConnectionFile] = *s
 		}
 	}
 	for file := range l.summary {
@@ -92,6 +91,7 @@ func (l *oomLog) annotate(rep *attribution.Report) {
 			delete(l.recent, file)
 		}
 	}
+	return out
 }
 
 // RecordOOM implements api.OOMBackend: the event of an out-of-memory error

@@ -35,14 +35,14 @@ func TestOOMLogAllowAndAnnotate(t *testing.T) {
 	// The third notebook shares k1's id through another file: not k1's.
 	rep := attribution.Report{Notebooks: []attribution.Notebook{{KernelID: "k1", ConnectionFile: cfOf("k1")},
 		{KernelID: "k3", ConnectionFile: cfOf("k3")}, {KernelID: "k1", ConnectionFile: "/home/other/kernel-k1.json"}}}
-	l.annotate(&rep)
+	attribution.Finish(&rep, attribution.FinishInput{OOM: l.summaries(rep)})
 	s := rep.Notebooks[0].OOM
 	if s == nil || s.Count != 2 || s.LastEvent != 9 || s.LastRequestedBytes != 3 || s.LastGPU != nil || s.LastTime != 6 ||
 		rep.Notebooks[1].OOM != nil || rep.Notebooks[2].OOM != nil {
 		t.Errorf("summary %+v, others %+v %+v", s, rep.Notebooks[1].OOM, rep.Notebooks[2].OOM)
 	}
 	// A kernel gone from the report is forgotten.
-	l.annotate(&attribution.Report{})
+	l.summaries(attribution.Report{})
 	if len(l.summary) != 0 || len(l.recent) != 0 {
 		t.Errorf("kept %v %v", l.summary, l.recent)
 	}

@@ -93,10 +93,12 @@ func (d *Daemon) joinWhy(ctx context.Context, ref api.KernelRef, raw json.RawMes
 	return data, nil
 }
 
-// flagStray sets the report's stray-context flags with the evidence the
-// kernels' magics gave, forgetting the evidence of kernels no longer in it.
-func (d *Daemon) flagStray(rep *attribution.Report) {
+// strayEvidence is the evidence the kernels' magics gave (for
+// attribution.FlagStrayContexts), forgetting that of kernels no longer in
+// rep.
+func (d *Daemon) strayEvidence(rep attribution.Report) map[string]attribution.FrameworkEvidence {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	for file := range d.evidence {
 		found := false
 		for _, nb := range rep.Notebooks {
@@ -106,7 +108,5 @@ func (d *Daemon) flagStray(rep *attribution.Report) {
 			delete(d.evidence, file)
 		}
 	}
-	ev := maps.Clone(d.evidence)
-	d.mu.Unlock()
-	attribution.FlagStrayContexts(rep, ev)
+	return maps.Clone(d.evidence)
 }
