@@ -1,12 +1,11 @@
 import { describe, expect, it } from 'vitest';
 
 import {
-  alerts,
-  cullWarnings,
+  alertChanges,
+  Alert,
   formatDuration,
   History,
   mainGPU,
-  newAlerts,
   Notebook,
   notebookLabel,
   plotRange,
@@ -134,31 +133,19 @@ describe('History of SM utilization', () => {
   });
 });
 
-describe('alerts', () => {
-  const over = state({
-    gpus: [{ ...state().gpus[0], memory_used_bytes: 70 * GiB }],
-    notebooks: [nb('k1', 40 * GiB, 0, 'train.ipynb'), nb('k2', 5 * GiB, 0, 'eval.ipynb')],
-    others: [{ user: 'bob', notebooks: 1, processes: 0, bytes: 25 * GiB, per_gpu: [{ index: 0, bytes: 25 * GiB }] }]
-  });
+describe('alertChanges', () => {
+  const threshold: Alert = { id: 'gpu0-1', kind: 'threshold', gpu: 0, kernels: ['k1'], bytes: 70 * GiB, message: 'GPU 0 is 88% full' };
+  const cull: Alert = { id: 'cull-k1-1', kind: 'cull', gpu: -1, kernels: ['k1'], bytes: GiB, message: 'will be shut down' };
+  const left: Alert = { id: 'left-5-9', kind: 'left_running', gpu: 0, kernels: ['k1'], bytes: GiB, message: 'left running' };
 
-  it('names the biggest holders, other users by user', () => {
-    const as = alerts(over, 2);
-    expect(as).toHaveLength(1);
-    expect(as[0].message).toBe('GPU 0 (Simulated H200) is 88% full: 70.0 GiB of 80.0 GiB. Biggest: train.ipynb 40.0 GiB, user bob 25.0 GiB.');
-    expect(as[0].ownKernels).toEqual(['k1', 'k2']);
-  });
-
-  it('is quiet under the threshold and with alerts off', () => {
-    expect(alerts(state())).toEqual([]);
-    expect(alerts({ ...over, alert_threshold: 0 })).toEqual([]);
-  });
-
-  it('shows each crossing once', () => {
-    const shown = new Set<string>();
-    expect(newAlerts(alerts(over), shown)).toHaveLength(1);
-    expect(newAlerts(alerts(over), shown)).toHaveLength(0);
-    expect(newAlerts(alerts(state()), shown)).toHaveLength(0); // back under
-    expect(newAlerts(alerts(over), shown)).toHaveLength(1); // a new crossing
+  it('shows each alert once by id, and says which went', () => {
+    const shown = new Map<string, Alert>();
+    expect(alertChanges([threshold, cull, left], shown).fresh).toEqual([threshold, cull]);
+    expect(alertChanges([threshold, cull], shown)).toEqual({ fresh: [], gone: [] });
+    expect(alertChanges([cull], shown)).toEqual({ fresh: [], gone: [threshold] }); // back under
+    expect(alertChanges(undefined, shown)).toEqual({ fresh: [], gone: [cull] });
+    const again = { ...threshold, id: 'gpu0-2' }; // a new crossing
+    expect(alertChanges([again], shown).fresh).toEqual([again]);
   });
 });
 
@@ -187,26 +174,7 @@ describe('labels, frameworks, vars', () => {
   });
 });
 
-describe('cullWarnings', () => {
-  it('names the notebook, its memory, its idle time and the plan; keyed per warning', () => {
-    const a = nb('train', 12 * GiB);
-    a.activity = {
-      execution_state: 'idle',
-      last_activity: '2026-11-30T11:00:00Z',
-      idle_seconds: 3 * 3600 + 300,
-      cull_at: '2026-11-30T14:05:00Z',
-      cull_action: 'shutdown'
-    };
-    const b = nb('busy', 4 * GiB);
-    b.activity = { execution_state: 'busy', last_activity: '2026-11-30T14:00:00Z', idle_seconds: 0 };
-    const w = cullWarnings(state({ notebooks: [a, b] }));
-    expect(w).toHaveLength(1);
-    expect(w[0].kernelId).toBe('train');
-    expect(w[0].key).toBe('train@2026-11-30T14:05:00Z');
-    expect(w[0].message).toContain('holds 12');
-    expect(w[0].message).toContain('idle 3 h 5 min');
-    expect(w[0].message).toContain('will be shut down at');
-  });
+describe('formatDuration', () => {
   it('formats durations', () => {
     expect(formatDuration(40)).toBe('40 s');
     expect(formatDuration(720)).toBe('12 min');

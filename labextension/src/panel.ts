@@ -665,10 +665,10 @@ export class GpuPanel extends Widget {
     for (const u of state.others) {
       const row = el('li', 'jp-gpumem-row jp-gpumem-user');
       const name = el('span', 'jp-gpumem-name', u.user);
-      const what = [trans._n('%1 notebook', '%1 notebooks', u.notebooks), trans._n('%1 other process', '%1 other processes', u.processes)].join(', ');
+      const what = [trans._n('%1 notebook', '%1 notebooks', u.notebooks), trans._n('%1 other process', '%1 other processes', u.other_processes)].join(', ');
       name.title = trans.__('user %1: %2', u.user, what);
       const details = el('span', 'jp-gpumem-details', what);
-      row.append(el('span', 'jp-gpumem-swatch jp-gpumem-swatch-other'), name, el('span', 'jp-gpumem-figure', formatBytes(u.bytes)), details);
+      row.append(el('span', 'jp-gpumem-swatch jp-gpumem-swatch-other'), name, el('span', 'jp-gpumem-figure', formatBytes(u.gpu_memory_bytes)), details);
       list.appendChild(row);
     }
     box.appendChild(list);

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/history"
@@ -66,6 +67,10 @@ type HistoryResponse struct {
 	// Users are the other users' totals, for a caller who may not see their
 	// notebooks (shared mode); absent for admins, whose Report has them all.
 	Users []UserUsage `json:"users,omitempty"`
+	// Others, when the request names its kernels (kernels=: a Jupyter
+	// server's), totals per user everything else the caller may see:
+	// what JupyterLab's panel lists as everyone else.
+	Others []UserUsage `json:"others,omitempty"`
 }
 
 // HistorySeries is one series' points, [unix seconds, bytes] each.
@@ -126,6 +131,15 @@ func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, c caller) 
 	}
 	if c.role == roleUser {
 		resp = userHistory(resp, c.user)
+	}
+	if q.Has("kernels") {
+		own := map[string]bool{}
+		for _, id := range strings.Split(q.Get("kernels"), ",") {
+			if id != "" {
+				own[id] = true
+			}
+		}
+		resp.Others = attribution.EveryoneElse(resp.Report, own, resp.Users)
 	}
 	s.writeJSON(w, r, http.StatusOK, resp)
 }

@@ -202,3 +202,21 @@ func TestOverThreshold(t *testing.T) {
 		}
 	}
 }
+
+// EveryoneElse: a Jupyter server's own kernels left out, the rest per
+// user, with the users a shared daemon shows only as totals.
+func TestEveryoneElse(t *testing.T) {
+	dave := UserUsage{User: "dave", Notebooks: 2, OtherProcesses: 1, GPUMemoryBytes: 5 << 30, PerGPU: []GPUBytes{{Index: 0, Bytes: 5 << 30}}}
+	got := EveryoneElse(finishReport(), map[string]bool{"a": true, "c": true}, []UserUsage{dave})
+	var names []string
+	for _, u := range got {
+		names = append(names, u.User)
+	}
+	if want := []string{"dave", "carol", "alice", "bob"}; !reflect.DeepEqual(names, want) {
+		t.Errorf("users %v, want %v", names, want)
+	}
+	if got[2].Notebooks != 1 || got[2].NotebookBytes != 1<<30 || got[3].Notebooks != 1 || got[3].GPUMemoryBytes != 0 ||
+		got[1].OtherProcesses != 1 || got[1].OtherBytes != 2<<30 {
+		t.Errorf("carol %+v, alice %+v, bob %+v", got[1], got[2], got[3])
+	}
+}

@@ -18,8 +18,9 @@ const (
 // user's notebooks and processes together.
 type Holder struct {
 	Kind string `json:"kind"` // HolderNotebook, HolderProcess or HolderUser
-	// Name is what every face shows: the notebook's path ("kernel <id>"
-	// without one), "pid <n> (<user>)", or "user <name>".
+	// Name is what every face shows: the notebook's path ("kernel " and
+	// its id's first 8 characters without one), "pid <n> (<user>)", or
+	// "user <name>".
 	Name  string `json:"name"`
 	User  string `json:"user"`
 	Bytes uint64 `json:"bytes"`
@@ -74,8 +75,8 @@ func addHolders(r *Report, _ FinishInput) {
 				continue
 			}
 			name := nb.Notebook
-			if name == "" {
-				name = "kernel " + nb.KernelID
+			if name == "" { // an id's start names it, as every face shows it
+				name = "kernel " + cutRunes(nb.KernelID, 8)
 			}
 			g.Holders = append(g.Holders, Holder{Kind: HolderNotebook, Name: name, User: nb.User, Bytes: b,
 				KernelID: nb.KernelID, ConnectionFile: nb.ConnectionFile})
@@ -166,6 +167,24 @@ func addUsers(r *Report, _ FinishInput) {
 	if len(r.Users) == 0 {
 		r.Users = nil // a report without users says none (omitted from its JSON)
 	}
+}
+
+// EveryoneElse totals per user what the report holds beyond kernels (a
+// Jupyter server's own, by kernel id), with elsewhere (the totals of users
+// whose notebooks the report does not hold: a shared daemon's other
+// users), biggest first (ties by name).
+func EveryoneElse(r Report, kernels map[string]bool, elsewhere []UserUsage) []UserUsage {
+	rest := Report{Other: r.Other, Hoarding: r.Hoarding}
+	for _, nb := range r.Notebooks {
+		if !kernels[nb.KernelID] {
+			rest.Notebooks = append(rest.Notebooks, nb)
+		}
+	}
+	users := append(SummarizeUsers(rest), elsewhere...)
+	slices.SortStableFunc(users, func(a, b UserUsage) int {
+		return cmp.Or(cmp.Compare(b.GPUMemoryBytes, a.GPUMemoryBytes), cmp.Compare(a.User, b.User))
+	})
+	return users
 }
 
 // SummarizeUsers totals a report per user, biggest user first (ties by
