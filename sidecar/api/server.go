@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"net/http"
@@ -16,10 +17,11 @@ import (
 
 	"github.com/gpumem/gpumem/internal/syncutil"
 	"github.com/gpumem/gpumem/sidecar/attribution"
+	"github.com/gpumem/gpumem/sidecar/oom"
 )
 
-// Backend is what the API needs from the daemon. Its methods are called
-// concurrently, one call per request.
+// Backend is what the API needs from the daemon: one interface, whatever
+// the endpoint. Its methods are called concurrently, one call per request.
 type Backend interface {
 	// Report is the current snapshot. The server does not modify it.
 	Report(ctx context.Context) (attribution.Report, error)
@@ -40,6 +42,69 @@ type Backend interface {
 	// from the last sample: what a report after a free must show. The
 	// error wraps ErrKernelNotFound for an unknown kernel.
 	KernelNow(ctx context.Context, k KernelRef) (attribution.Notebook, error)
+	// ReportJSON is Report already encoded as JSON (exactly json.Marshal
+	// of its value), encoded once per sample: with a thousand kernels the
+	// encoding costs milliseconds, and every poll of /api/v1/notebooks (a
+	// dashboard, each user's `gpumem ls`) would pay it again. The bytes
+	// are shared: the server does not modify them.
+	ReportJSON(ctx context.Context) ([]byte, error)
+
+	// History is every series since q.Since (unix seconds), the events
+	// after q.EventsAfter, and the current report.
+	History(ctx context.Context, q HistoryQuery) (HistoryResponse, error)
+	// KernelVars is the %gpumem vars data of the kernel, as JSON;
+	// allDevices adds tensors on other devices than GPUs.
+	KernelVars(ctx context.Context, k KernelRef, allDevices bool) (json.RawMessage, error)
+	// KernelSummary is the %gpumem data (per-framework figures), as JSON.
+	KernelSummary(ctx context.Context, k KernelRef) (json.RawMessage, error)
+	// KernelWhy asks the kernel for its why data, joins the driver's
+	// figures and returns it rendered (text, html).
+	KernelWhy(ctx context.Context, k KernelRef, q WhyQuery) (json.RawMessage, error)
+	// JoinWhy joins why data the kernel computed itself with the driver's
+	// figures; the kernel renders the reply.
+	JoinWhy(ctx context.Context, k KernelRef, data json.RawMessage) (json.RawMessage, error)
+	// FreeChildren ends the GPU-holding worker processes of a live kernel,
+	// never the kernel. fromKernel says the request came from inside the
+	// kernel (the caller's process is in its tree), which has run the
+	// frameworks' teardown itself.
+	FreeChildren(ctx context.Context, k KernelRef, fromKernel bool) (json.RawMessage, error)
+	// EndOrphans ends the processes left running of the kernel of
+	// k.ConnectionFile (those of req.PIDs, or all) whose recorded owner is
+	// user ("": any, for an admin), each checked as reclaim checks (the
+	// recorded tree, pid and start time through a pidfd, the user, no live
+	// kernel's tree). The error wraps ErrKernelNotFound when none is left
+	// running.
+	EndOrphans(ctx context.Context, k KernelRef, user string, req EndOrphansRequest) (EndOrphansReply, error)
+	// RecordOOM records an out-of-memory error of kernel k (the caller is
+	// one of its processes) and returns the whole event. Errors wrapping
+	// ErrTooMany are answered 429.
+	RecordOOM(ctx context.Context, k KernelRef, req oom.Request) (oom.Event, error)
+	// OOMEvents is every event recorded and still kept, oldest first.
+	OOMEvents(ctx context.Context) ([]oom.Event, error)
+	// AddSnapshot takes the snapshot file of kernel k (the caller, of uid,
+	// is one of its processes) and starts reducing it.
+	AddSnapshot(ctx context.Context, k KernelRef, uid uint32, req SnapshotRequest) (SnapshotInfo, error)
+	// Snapshots lists the snapshots of k's connection file, oldest first.
+	Snapshots(ctx context.Context, k KernelRef) ([]SnapshotInfo, error)
+	// MemorySnapshot is one of them and, once reduced, its reduction's JSON.
+	// Errors wrap ErrKernelNotFound for an unknown kernel or snapshot.
+	MemorySnapshot(ctx context.Context, k KernelRef, id string) (SnapshotInfo, json.RawMessage, error)
+	// SnapshotFile is the raw pickle, to download.
+	SnapshotFile(ctx context.Context, k KernelRef, id string) (io.ReadSeeker, SnapshotInfo, error)
+}
+
+// ErrNotServed is what a Backend's method answers for what it does not
+// serve (a backend that keeps no history, say); the API answers 404.
+var ErrNotServed = errors.New("not served by this backend")
+
+// notServed answers 404 with msg when err says the backend does not serve
+// the endpoint.
+func (s *Server) notServed(w http.ResponseWriter, r *http.Request, err error, msg string) bool {
+	if !errors.Is(err, ErrNotServed) {
+		return false
+	}
+	s.writeError(w, r, http.StatusNotFound, msg)
+	return true
 }
 
 // Free deadlines. A free runs after the kernel's current cell, which may
@@ -142,28 +207,12 @@ func (s *Server) Serve(ctx context.Context, ln *Listener) error {
 // handler is the whole API: browser checks, peer check, routes.
 func (s *Server) handler(mode Mode) http.Handler {
 	mux := http.NewServeMux()
-	route := func(pattern string, a access, h func(http.ResponseWriter, *http.Request, caller)) {
-		mux.Handle(pattern, s.authorized(mode, a, h))
+	for _, rt := range routes {
+		mux.Handle(rt.method+" "+rt.path, s.authorized(mode, rt.access, func(w http.ResponseWriter, r *http.Request, c caller) {
+			rt.serve(s, w, r, c)
+		}))
 	}
-	route("GET /healthz", accessAnyone, s.serveHealthz)
-	route("GET /api/v1/gpus", accessUser, s.serveGPUs)
-	route("GET /api/v1/users", accessUser, s.serveUsers)
-	route("GET /api/v1/notebooks", accessUser, s.serveNotebooks)
-	route("GET /api/v1/kernels", accessUser, s.serveKernels)
-	route("GET /api/v1/kernels/{id}", accessOwnKernel, s.serveKernel)
-	route("POST /api/v1/kernels/{id}/free", accessOwnKernel, s.serveFree)
-
-	allows := map[string]string{
-		"/healthz":                  "GET, HEAD",
-		"/api/v1/gpus":              "GET, HEAD",
-		"/api/v1/users":             "GET, HEAD",
-		"/api/v1/notebooks":         "GET, HEAD",
-		"/api/v1/kernels":           "GET, HEAD",
-		"/api/v1/kernels/{id}":      "GET, HEAD",
-		"/api/v1/kernels/{id}/free": "POST",
-	}
-	s.extraRoutes(route, allows)  // history and kernel queries: history.go
-	s.orphanRoutes(route, allows) // ending processes left running: orphans.go
+	allows := allowed()
 	// The same paths without a method: any other method gets 405.
 	for path, allow := range allows {
 		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
@@ -265,19 +314,12 @@ func usersOf(rep attribution.Report) []UserUsage {
 	return rep.Users
 }
 
-// ReportEncoder is a Backend that also hands out its report already
-// encoded as JSON (exactly json.Marshal of Report's value), encoding it once
-// per sample: with a thousand kernels the encoding costs milliseconds, and
-// every poll of /api/v1/notebooks (a dashboard, each user's `gpumem ls`)
-// would pay it again. The bytes are shared: the server does not modify
-// them.
-type ReportEncoder interface {
-	ReportJSON(ctx context.Context) ([]byte, error)
-}
-
 func (s *Server) serveNotebooks(w http.ResponseWriter, r *http.Request, c caller) {
-	if enc, ok := s.backend.(ReportEncoder); ok && c.role != roleUser {
-		body, err := enc.ReportJSON(r.Context())
+	if c.role != roleUser {
+		body, err := s.backend.ReportJSON(r.Context())
+		if errors.Is(err, ErrNotServed) {
+			body, err = s.encodedReport(r.Context())
+		}
 		if err != nil {
 			s.writeError(w, r, http.StatusServiceUnavailable, fmt.Sprintf("no GPU memory snapshot: %v", err))
 			return
@@ -293,6 +335,16 @@ func (s *Server) serveNotebooks(w http.ResponseWriter, r *http.Request, c caller
 		rep = ownView(rep, c.user)
 	}
 	s.writeJSON(w, r, http.StatusOK, rep)
+}
+
+// encodedReport encodes the backend's report, for one that does not
+// encode it itself.
+func (s *Server) encodedReport(ctx context.Context) ([]byte, error) {
+	rep, err := s.backend.Report(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(rep)
 }
 
 func (s *Server) serveKernels(w http.ResponseWriter, r *http.Request, c caller) {

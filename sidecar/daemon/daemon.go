@@ -295,7 +295,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	var parts sync.WaitGroup
 	errc := make(chan error, 3)
 	sock := &socketKeeper{path: d.socket, mode: d.cfg.SocketMode, errc: errc,
-		srv: api.NewServer(d, api.Options{Logger: d.log})}
+		srv: api.NewServer(d.api(), api.Options{Logger: d.log})}
 	sock.serve(ctx, ln)
 	if ms != nil {
 		parts.Add(1)

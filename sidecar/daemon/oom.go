@@ -94,10 +94,11 @@ func (l *oomLog) summaries(rep attribution.Report) map[string]attribution.OOMSum
 	return out
 }
 
-// RecordOOM implements api.OOMBackend: the event of an out-of-memory error
+// RecordOOM implements api.Backend: the event of an out-of-memory error
 // that a process of kernel k reported, assessed against the last sample,
 // kept in the event log, counted and logged.
-func (d *Daemon) RecordOOM(ctx context.Context, k api.KernelRef, req oom.Request) (oom.Event, error) {
+func (a apiBackend) RecordOOM(ctx context.Context, k api.KernelRef, req oom.Request) (oom.Event, error) {
+	d := a.d
 	now := time.Now()
 	d.mu.Lock()
 	rep, sampledAt := d.last.Report, d.last.SampledAt
@@ -123,9 +124,10 @@ func (d *Daemon) RecordOOM(ctx context.Context, k api.KernelRef, req oom.Request
 	return ev, nil
 }
 
-// OOMEvents implements api.OOMBackend: the out-of-memory events still in
+// OOMEvents implements api.Backend: the out-of-memory events still in
 // the event log, oldest first.
-func (d *Daemon) OOMEvents(ctx context.Context) ([]oom.Event, error) {
+func (a apiBackend) OOMEvents(ctx context.Context) ([]oom.Event, error) {
+	d := a.d
 	evs, _ := d.hist.events.After(0)
 	out := []oom.Event{}
 	for _, e := range evs {
@@ -135,8 +137,3 @@ func (d *Daemon) OOMEvents(ctx context.Context) ([]oom.Event, error) {
 	}
 	return out, nil
 }
-
-var (
-	_ api.OOMBackend      = (*Daemon)(nil)
-	_ api.SnapshotBackend = (*Daemon)(nil)
-)

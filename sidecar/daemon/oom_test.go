@@ -52,7 +52,7 @@ func TestRecordOOM(t *testing.T) {
 	r := newRig(t, Config{})
 	ctx := context.Background()
 	req := oom.Request{Framework: "torch", RequestedBytes: 1 << 30}
-	if _, err := r.d.RecordOOM(ctx, refOf("k1"), req); err == nil {
+	if _, err := r.d.api().RecordOOM(ctx, refOf("k1"), req); err == nil {
 		t.Fatal("recorded before any sample")
 	}
 	g := 0
@@ -62,11 +62,11 @@ func TestRecordOOM(t *testing.T) {
 		Notebooks: []attribution.Notebook{{KernelID: "k1", ConnectionFile: cfOf("k1"), Notebook: "/n/a.ipynb", User: "u", PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 2 << 30}}}},
 	}}
 	r.d.mu.Unlock()
-	ev, err := r.d.RecordOOM(ctx, refOf("k1"), req)
+	ev, err := r.d.api().RecordOOM(ctx, refOf("k1"), req)
 	if err != nil || ev.Seq == 0 || ev.GPU == nil || ev.GPU.Index != g || ev.Notebook != "/n/a.ipynb" {
 		t.Fatalf("event %+v, %v", ev, err)
 	}
-	evs, _ := r.d.OOMEvents(ctx)
+	evs, _ := r.d.api().OOMEvents(ctx)
 	if len(evs) != 1 || evs[0].Seq != ev.Seq || evs[0].Headline != ev.Headline {
 		t.Errorf("events %+v", evs)
 	}
@@ -76,11 +76,11 @@ func TestRecordOOM(t *testing.T) {
 		t.Errorf("history %+v", hist)
 	}
 	for i := 1; i < oomBurst; i++ {
-		if _, err := r.d.RecordOOM(ctx, refOf("k1"), req); err != nil {
+		if _, err := r.d.api().RecordOOM(ctx, refOf("k1"), req); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := r.d.RecordOOM(ctx, refOf("k1"), req); !errors.Is(err, api.ErrTooMany) {
+	if _, err := r.d.api().RecordOOM(ctx, refOf("k1"), req); !errors.Is(err, api.ErrTooMany) {
 		t.Errorf("the %d-th report in a minute: %v", oomBurst+1, err)
 	}
 	r.waitLog("out-of-memory error in a kernel", `"kernel_id":"k1"`)
