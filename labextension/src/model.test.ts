@@ -18,9 +18,49 @@ import { GiB, nb, state } from './test-fixtures';
 describe('History', () => {
   it('merges incremental replies and keeps 15 minutes', () => {
     const h = new History();
-    h.merge(state({ now: 1000, series: { gpus: [], notebooks: [{ id: 'a', peak_bytes: 0, peak_at: 0, points: [[999, 1], [1000, 2]] }] } }));
-    h.merge(state({ now: 1001, series: { gpus: [], notebooks: [{ id: 'a', peak_bytes: 0, peak_at: 0, points: [[1000, 2], [1001, 3]] }] } }));
-    expect([...h.notebooks.get('a')!.entries()]).toEqual([[999, 1], [1000, 2], [1001, 3]]);
+    h.merge(
+      state({
+        now: 1000,
+        series: {
+          gpus: [],
+          notebooks: [
+            {
+              id: 'a',
+              peak_bytes: 0,
+              peak_at: 0,
+              points: [
+                [999, 1],
+                [1000, 2]
+              ]
+            }
+          ]
+        }
+      })
+    );
+    h.merge(
+      state({
+        now: 1001,
+        series: {
+          gpus: [],
+          notebooks: [
+            {
+              id: 'a',
+              peak_bytes: 0,
+              peak_at: 0,
+              points: [
+                [1000, 2],
+                [1001, 3]
+              ]
+            }
+          ]
+        }
+      })
+    );
+    expect([...h.notebooks.get('a')!.entries()]).toEqual([
+      [999, 1],
+      [1000, 2],
+      [1001, 3]
+    ]);
     h.merge(state({ now: 1001 + 15 * 60, series: { gpus: [], notebooks: [] } }));
     expect(h.notebooks.has('a')).toBe(false);
   });
@@ -29,9 +69,14 @@ describe('History', () => {
 const pts = (id: string, points: [number, number][], gpu?: number) => ({ id, gpu, peak_bytes: 0, peak_at: 0, points });
 
 describe('History per GPU', () => {
-  it('keeps a notebook\'s total apart from its bytes on each GPU', () => {
+  it("keeps a notebook's total apart from its bytes on each GPU", () => {
     const h = new History();
-    h.merge(state({ now: 1000, series: { gpus: [], notebooks: [pts('two', [[1000, 61]]), pts('two', [[1000, 20]], 0), pts('two', [[1000, 41]], 1)] } }));
+    h.merge(
+      state({
+        now: 1000,
+        series: { gpus: [], notebooks: [pts('two', [[1000, 61]]), pts('two', [[1000, 20]], 0), pts('two', [[1000, 41]], 1)] }
+      })
+    );
     expect(h.notebooks.get('two')?.get(1000)).toBe(61);
     expect(h.notebookGpus.get('two/0')?.get(1000)).toBe(20);
     expect(h.notebookGpus.get('two/1')?.get(1000)).toBe(41);
@@ -40,14 +85,38 @@ describe('History per GPU', () => {
 });
 
 describe('stackNotebooks', () => {
-  it('stacks each notebook\'s bytes on this GPU, the biggest at the bottom, gaps as 0', () => {
+  it("stacks each notebook's bytes on this GPU, the biggest at the bottom, gaps as 0", () => {
     const h = new History();
     h.merge(
       state({
         now: 1003,
         series: {
-          gpus: [pts('0', [[1001, 9], [1002, 9], [1003, 12]])],
-          notebooks: [pts('small', [[1002, 1], [1003, 1]], 0), pts('big', [[1001, 5], [1003, 6]], 0), pts('elsewhere', [[1003, 9]], 1)]
+          gpus: [
+            pts('0', [
+              [1001, 9],
+              [1002, 9],
+              [1003, 12]
+            ])
+          ],
+          notebooks: [
+            pts(
+              'small',
+              [
+                [1002, 1],
+                [1003, 1]
+              ],
+              0
+            ),
+            pts(
+              'big',
+              [
+                [1001, 5],
+                [1003, 6]
+              ],
+              0
+            ),
+            pts('elsewhere', [[1003, 9]], 1)
+          ]
         }
       })
     );
@@ -61,9 +130,15 @@ describe('stackNotebooks', () => {
     expect(st.top).toBe(12);
   });
 
-  it('draws a two-GPU notebook\'s bytes on each GPU, never its total', () => {
+  it("draws a two-GPU notebook's bytes on each GPU, never its total", () => {
     const h = new History();
-    const two: Notebook = { ...nb('two', 61 * GiB), per_gpu: [{ index: 0, bytes: 20 * GiB }, { index: 1, bytes: 41 * GiB }] };
+    const two: Notebook = {
+      ...nb('two', 61 * GiB),
+      per_gpu: [
+        { index: 0, bytes: 20 * GiB },
+        { index: 1, bytes: 41 * GiB }
+      ]
+    };
     h.merge(
       state({
         now: 1000,
@@ -119,11 +194,28 @@ describe('stackNotebooks', () => {
 });
 
 describe('History of SM utilization', () => {
-  it('keeps each notebook\'s SM % apart from its bytes, for the same window', () => {
+  it("keeps each notebook's SM % apart from its bytes, for the same window", () => {
     const h = new History();
     const s = (id: string, points: [number, number][]) => ({ id, peak_bytes: 0, peak_at: 0, points });
-    h.merge(state({ now: 1000, series: { gpus: [], notebooks: [s('a', [[1000, GiB]])], notebook_sm: [s('a', [[998, 95], [1000, 0]])] } }));
-    expect([...h.sm.get('a')!.entries()]).toEqual([[998, 95], [1000, 0]]);
+    h.merge(
+      state({
+        now: 1000,
+        series: {
+          gpus: [],
+          notebooks: [s('a', [[1000, GiB]])],
+          notebook_sm: [
+            s('a', [
+              [998, 95],
+              [1000, 0]
+            ])
+          ]
+        }
+      })
+    );
+    expect([...h.sm.get('a')!.entries()]).toEqual([
+      [998, 95],
+      [1000, 0]
+    ]);
     expect(h.notebooks.get('a')!.get(1000)).toBe(GiB);
     // A reply without SM series (an older daemon) keeps what there is.
     h.merge(state({ now: 1001, series: { gpus: [], notebooks: [] } }));
@@ -156,7 +248,13 @@ describe('labels, frameworks, vars', () => {
 
   it('picks the GPU a notebook uses most', () => {
     const s = state({ gpus: [state().gpus[0], { ...state().gpus[0], index: 1, name: 'B' }] });
-    const n = { ...nb('k', 3), per_gpu: [{ index: 0, bytes: 1 }, { index: 1, bytes: 2 }] };
+    const n = {
+      ...nb('k', 3),
+      per_gpu: [
+        { index: 0, bytes: 1 },
+        { index: 1, bytes: 2 }
+      ]
+    };
     expect(mainGPU(s, n)?.index).toBe(1);
     expect(mainGPU(s, undefined)?.index).toBe(0);
   });

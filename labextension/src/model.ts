@@ -1,9 +1,10 @@
 // What the server extension sends (GET gpumem/api/v1/state) and the pure
-// data shaping the widgets need: history merging, stacked plot data, alert
-// and event selection. No attribution happens here: the daemon computes
-// every figure. Unit-tested in model.test.ts.
+// data shaping the widgets need: history merging, stacked plot data, which
+// of the daemon's alerts are new or gone, event selection. No attribution
+// happens here: the daemon computes every figure and sentence. Unit-tested
+// in model.test.ts.
 
-import { baseName, formatBytes, formatPercent } from './format';
+import { baseName } from './format';
 
 export interface GPUBytes {
   index: number;
