@@ -1,6 +1,8 @@
 // Package attribution is pure: it combines GPU processes (from nvml), the
 // process table (from procs) and the kernels (from discovery) into
-// per-notebook GPU memory. It does no I/O.
+// per-notebook GPU memory, and finishes that report once (Finish: pods,
+// activity, who holds each GPU, per-user totals, alerts and their text) for
+// every face to render. It does no I/O.
 package attribution
 
 import "time"

@@ -3,8 +3,11 @@
 // once per kernel process, samples GPU memory per process every interval,
 // remembers every process seen in each kernel's tree, and when a kernel
 // process restarts or shuts down ends the processes of its old tree that
-// still hold GPU memory. It serves the local API (sidecar/api) and
-// Prometheus metrics (sidecar/metrics).
+// still hold GPU memory. Each sample is a list of named, timed steps
+// (sample.go) whose report attribution.Finish completes: the daemon
+// decides culls and keeps alert state, attribution words every alert. It
+// serves the local API (sidecar/api, through apiBackend) and Prometheus
+// metrics (sidecar/metrics).
 //
 // It talks to a kernel only on attach and on demand (each request shows the
 // kernel busy and resets Jupyter's idle-cull clock); liveness comes from its
