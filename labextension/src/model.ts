@@ -385,7 +385,7 @@ export function mainGPU(state: State, nb: Notebook | undefined): GPU | undefined
  */
 export interface Alert {
   id: string;
-  kind: 'threshold' | 'cull' | 'left_running';
+  kind: 'threshold' | 'cull' | 'left_running' | 'oom';
   gpu: number;
   kernels: string[];
   user?: string;
@@ -395,7 +395,7 @@ export interface Alert {
   message: string;
 }
 
-/** The kinds a notification shows; a process left running is the events'. */
+/** The kinds a notification shows; a process left running and an out-of-memory error are the events'. */
 const TOASTED = new Set(['threshold', 'cull']);
 
 /**

@@ -19,6 +19,9 @@ const (
 	// AlertLeftRunning: reclaim left a dead kernel's process running
 	// because it computes on a GPU (or could not be judged).
 	AlertLeftRunning = "left_running"
+	// AlertOOM: a kernel's last out-of-memory error, as the daemon
+	// recorded it.
+	AlertOOM = "oom"
 )
 
 // Cull actions, as culling's warnings name them.
@@ -33,7 +36,7 @@ const (
 // report no longer holds it.
 type Alert struct {
 	ID   string `json:"id"`
-	Kind string `json:"kind"` // AlertThreshold, AlertCull or AlertLeftRunning
+	Kind string `json:"kind"` // AlertThreshold, AlertCull, AlertLeftRunning or AlertOOM
 	GPU  int    `json:"gpu"`  // -1 for a kernel's own alert (a cull warning)
 	// Kernels are the kernels it concerns: those using the GPU, or the
 	// kernel warned.
@@ -50,7 +53,8 @@ type Alert struct {
 
 // InNotebook reports whether a's kind is shown in notebooks, before a
 // cell's output: a process left running is the business of the user who
-// ends it, from `gpumem ls` or JupyterLab.
+// ends it, from `gpumem ls` or JupyterLab; an out-of-memory error the
+// notebook showed itself, with its report.
 func (a Alert) InNotebook() bool { return a.Kind == AlertThreshold || a.Kind == AlertCull }
 
 // AlertConfig is how threshold alerts are raised.
@@ -117,7 +121,8 @@ func thresholdMessage(g GPU, biggest []Holder) string {
 }
 
 // addAlerts sets the alerts that stand: the cull warnings, each GPU at or
-// over the threshold, and each process reclaim left running.
+// over the threshold, each process reclaim left running, and each
+// kernel's last out-of-memory error.
 func addAlerts(r *Report, in FinishInput) {
 	r.Alerts = nil
 	for _, c := range in.Culls {
@@ -145,6 +150,18 @@ func addAlerts(r *Report, in FinishInput) {
 		}
 		r.Alerts = append(r.Alerts, Alert{ID: fmt.Sprintf("left-%d-%d", lr.PID, lr.StartTime), Kind: AlertLeftRunning,
 			GPU: gpu, Kernels: []string{lr.KernelID}, User: lr.User, Bytes: lr.Bytes, Message: lr.Message})
+	}
+	for _, nb := range r.Notebooks {
+		s := nb.OOM
+		if s == nil || s.LastHeadline == "" {
+			continue
+		}
+		gpu := -1
+		if s.LastGPU != nil {
+			gpu = *s.LastGPU
+		}
+		r.Alerts = append(r.Alerts, Alert{ID: fmt.Sprintf("oom-%s-%d", nb.KernelID, s.LastEvent), Kind: AlertOOM, GPU: gpu,
+			Kernels: []string{nb.KernelID}, User: nb.User, Bytes: s.LastRequestedBytes, Message: s.LastHeadline})
 	}
 }
 

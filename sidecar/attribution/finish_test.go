@@ -175,9 +175,18 @@ func TestFinishActivity(t *testing.T) {
 
 func TestFinishOOM(t *testing.T) {
 	rep := finishReport()
-	Finish(&rep, FinishInput{OOM: map[string]OOMSummary{"/b.json": {Count: 2, LastEvent: 9}}})
+	gpu := 0
+	Finish(&rep, FinishInput{OOM: map[string]OOMSummary{
+		"/b.json": {Count: 2, LastEvent: 9, LastGPU: &gpu, LastRequestedBytes: 7, LastHeadline: "Out of memory in b.ipynb on GPU 0"},
+		"/c.json": {Count: 1, LastEvent: 4}, // no headline (an older daemon's record): no alert
+	}})
 	if s := rep.Notebooks[1].OOM; s == nil || s.Count != 2 || rep.Notebooks[0].OOM != nil {
 		t.Errorf("oom %+v %+v", rep.Notebooks[0].OOM, rep.Notebooks[1].OOM)
+	}
+	want := []Alert{{ID: "oom-b-9", Kind: AlertOOM, GPU: 0, Kernels: []string{"b"}, User: "alice", Bytes: 7,
+		Message: "Out of memory in b.ipynb on GPU 0"}}
+	if !reflect.DeepEqual(rep.Alerts, want) || rep.Alerts[0].InNotebook() {
+		t.Errorf("alerts %+v", rep.Alerts)
 	}
 }
 

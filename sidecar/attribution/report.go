@@ -124,6 +124,8 @@ type OOMSummary struct {
 	LastGPU            *int   `json:"last_gpu,omitempty"`
 	LastRequestedBytes uint64 `json:"last_requested_bytes"`
 	LastEvent          uint64 `json:"last_event"`
+	// LastHeadline is the last event's one line (the OOM alert's text).
+	LastHeadline string `json:"last_headline,omitempty"`
 }
 
 // Compute states.

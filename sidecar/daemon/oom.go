@@ -61,7 +61,7 @@ func (l *oomLog) record(ev oom.Event) {
 		l.summary[ev.ConnectionFile] = s
 	}
 	s.Count++
-	s.LastTime, s.LastRequestedBytes, s.LastEvent, s.LastGPU = ev.Time, ev.RequestedBytes, ev.Seq, nil
+	s.LastTime, s.LastRequestedBytes, s.LastEvent, s.LastGPU, s.LastHeadline = ev.Time, ev.RequestedBytes, ev.Seq, nil, ev.Headline
 	if ev.GPU != nil {
 		g := ev.GPU.Index
 		s.LastGPU = &g
