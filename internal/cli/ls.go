@@ -296,18 +296,14 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 		return attribution.Report{}, err
 	}
 	rep := obs.Report
-	now := time.Now()
-	for i := range rep.Notebooks {
-		for _, k := range res.Kernels {
-			if k.ConnectionFile == rep.Notebooks[i].ConnectionFile && k.Server.URL != "" && !k.LastActivity.IsZero() {
-				a := &attribution.Activity{ExecutionState: k.ExecutionState, LastActivity: k.LastActivity}
-				if k.ExecutionState == "idle" {
-					a.IdleSeconds = now.Sub(k.LastActivity).Seconds()
-				}
-				rep.Notebooks[i].Activity = a
-			}
+	// What each kernel's server says of it: Finish makes its activity.
+	activity := map[string]attribution.KernelActivity{}
+	for _, k := range res.Kernels {
+		if k.Server.URL != "" && !k.LastActivity.IsZero() {
+			activity[k.ConnectionFile] = attribution.KernelActivity{ExecutionState: k.ExecutionState, LastActivity: k.LastActivity}
 		}
 	}
+	attribution.Finish(&rep, attribution.FinishInput{Now: time.Now(), Table: obs.Table, Kernels: activity})
 	for _, p := range res.Problems {
 		rep.Warnings = append(rep.Warnings, p.Error())
 	}

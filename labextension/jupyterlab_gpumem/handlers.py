@@ -116,10 +116,13 @@ class StateHandler(_Base):
         self.reply(status, body)
 
     async def _state(self, params):
+        own = self.own_kernel_ids()
+        # The daemon totals everyone else per user: this server's kernels
+        # are the ones it leaves out.
+        params = dict(params, kernels=",".join(sorted(own)))
         hist, failed = await self.daemon_json("GET", "/api/v1/history", params=params)
         if failed:
             return failed
-        own = self.own_kernel_ids()
         paths = {}
         for s in await self.session_manager.list_sessions():
             k = (s.get("kernel") or {}).get("id")

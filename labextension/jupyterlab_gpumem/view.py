@@ -1,9 +1,7 @@
 """What this server's users may see of the daemon's history reply: this
-server's kernels in full, everyone else only as per-user totals. Pure."""
-
-
-def _bytes_on(per_gpu):
-    return {int(g.get("index", 0)): int(g.get("bytes", 0)) for g in per_gpu or []}
+server's kernels in full, everyone else only as the daemon's per-user
+totals. A filter by identity, pure: every figure and sentence is gpumem
+serve's."""
 
 
 def server_view(history, own_kernels, paths, known_kernels=()):
@@ -17,58 +15,25 @@ def server_view(history, own_kernels, paths, known_kernels=()):
     to hear about and end.
     """
     report = history.get("report") or {}
-    notebooks, others = [], {}
-
-    def other(user):
-        u = others.get(user)
-        if u is None:
-            u = others[user] = {
-                "user": user,
-                "notebooks": 0,
-                "processes": 0,
-                "bytes": 0,
-                "per_gpu": {},
-            }
-        return u
-
+    notebooks = []
     for nb in report.get("notebooks") or []:
         kid = nb.get("kernel_id", "")
         if kid in own_kernels:
             nb = dict(nb)
             nb["path"] = paths.get(kid, "")
             notebooks.append(nb)
-            continue
-        u = other(nb.get("user") or "unknown")
-        u["notebooks"] += 1
-        u["bytes"] += int(nb.get("gpu_memory_bytes", 0))
-        for idx, b in _bytes_on(nb.get("per_gpu")).items():
-            u["per_gpu"][idx] = u["per_gpu"].get(idx, 0) + b
-    for p in report.get("other") or []:
-        u = other(p.get("user") or "unknown")
-        u["processes"] += 1
-        for idx, b in _bytes_on(p.get("per_gpu")).items():
-            u["bytes"] += b
-            u["per_gpu"][idx] = u["per_gpu"].get(idx, 0) + b
-    # Other users' totals, when the daemon shows this server's user only
-    # their own notebooks (shared mode).
-    for t in history.get("users") or []:
-        u = other(t.get("user") or "unknown")
-        u["notebooks"] += int(t.get("notebooks", 0))
-        u["processes"] += int(t.get("other_processes", 0))
-        u["bytes"] += int(t.get("gpu_memory_bytes", 0))
-        for idx, b in _bytes_on(t.get("per_gpu")).items():
-            u["per_gpu"][idx] = u["per_gpu"].get(idx, 0) + b
-    users = sorted(others.values(), key=lambda u: (-u["bytes"], u["user"]))
-    for u in users:
-        u["per_gpu"] = [{"index": i, "bytes": b} for i, b in sorted(u["per_gpu"].items())]
     return {
         "status": "ok",
         "now": history.get("now", 0),
         "step_seconds": history.get("step_seconds", 1),
         "alert_threshold": history.get("alert_threshold", 0),
-        "gpus": report.get("gpus") or [],
+        # Who holds each GPU names other servers' notebooks and processes'
+        # commands: the alerts carry what this server shows of them.
+        "gpus": [{k: v for k, v in g.items() if k not in ("holders", "holders_by_user")} for g in report.get("gpus") or []],
         "notebooks": notebooks,
-        "others": users,
+        # Asked with kernels= (this server's): the daemon totals the rest.
+        "others": history.get("others") or [],
+        "alerts": own_alerts(report.get("alerts"), own_kernels, known_kernels),
         "warnings": report.get("warnings") or [],
         "series": {
             "gpus": history.get("gpus") or [],
@@ -87,6 +52,19 @@ def server_view(history, own_kernels, paths, known_kernels=()):
         ],
         "last_event": history.get("last_event", 0),
     }
+
+
+def own_alerts(alerts, own_kernels, known_kernels=()):
+    """The daemon's alerts this server shows: every GPU's (listing only this
+    server's kernels, which its "free cache" action frees), and a kernel's
+    own when the kernel is this server's (or was: a process left running)."""
+    out = []
+    for a in alerts or []:
+        mine = [k for k in a.get("kernels") or [] if k in own_kernels]
+        ran = [k for k in a.get("kernels") or [] if k in known_kernels]
+        if a.get("kind") == "threshold" or mine or (a.get("kind") == "left_running" and ran):
+            out.append(dict(a, kernels=mine))
+    return out
 
 
 def no_daemon(daemon_status):

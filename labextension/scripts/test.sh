@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The extension's tests: build from the lock files and install, then the
-# front-end unit tests (vitest), the server extension's tests and the
-# browser tests (pytest; Debian's chromium driven by Playwright). Under
-# CI=true a missing part (chromium, go) fails.
+# lint of the TypeScript and CSS (npm run lint:check: eslint, prettier and
+# stylelint from the lock file), the front-end unit tests (vitest), the
+# server extension's tests and the browser tests (pytest; Debian's chromium
+# driven by Playwright). Under CI=true a missing part (chromium, go) fails.
 #
 #   bash labextension/scripts/test.sh          build, then every test
 #   GPUMEM_EXT_SKIP_BUILD=1 bash ...           tests only
@@ -14,6 +15,8 @@ install_missing chromium   # Debian's: Playwright's own browser download is not 
 if [ -z "${GPUMEM_EXT_SKIP_BUILD:-}" ]; then
   bash scripts/build.sh "$py"
 fi
+[ -d node_modules ] || npm ci --no-audit --no-fund --loglevel=error
+npm run --silent lint:check
 npx vitest run
 export GPUMEM_ARTIFACTS=${GPUMEM_ARTIFACTS:-$(mktemp -d /tmp/gpumem-ext-artifacts.XXXXXX)}
 echo "screenshots and logs: $GPUMEM_ARTIFACTS"

@@ -91,5 +91,15 @@ export function fetchSnapshot(kernelId: string, id: string): Promise<KernelReply
 
 /** Where the browser downloads the snapshot's raw pickle. */
 export function snapshotRawUrl(kernelId: string, id: string): string {
-  return URLExt.join(settings.baseUrl, 'gpumem', 'api', 'v1', 'kernels', encodeURIComponent(kernelId), 'snapshots', encodeURIComponent(id), 'raw');
+  return URLExt.join(
+    settings.baseUrl,
+    'gpumem',
+    'api',
+    'v1',
+    'kernels',
+    encodeURIComponent(kernelId),
+    'snapshots',
+    encodeURIComponent(id),
+    'raw'
+  );
 }

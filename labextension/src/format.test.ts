@@ -1,6 +1,17 @@
 import { describe, expect, it } from 'vitest';
 
-import { baseName, binaryTicks, formatBytes, formatPercent, formatTick, formatUtil, levelFor, plainTrans, reclaimMessage, timeTick } from './format';
+import {
+  baseName,
+  binaryTicks,
+  formatBytes,
+  formatPercent,
+  formatTick,
+  formatUtil,
+  levelFor,
+  plainTrans,
+  reclaimMessage,
+  timeTick
+} from './format';
 
 describe('formatBytes', () => {
   it.each([
@@ -52,10 +63,14 @@ describe('baseName and reclaimMessage', () => {
     expect(baseName('train.ipynb')).toBe('train.ipynb');
   });
   it.each([
-    [{ processes: 2, bytes: 3.2 * 1024 ** 3, notebook: '/w/train.ipynb', kernel_id: 'abcdef0123', reason: 'restart' },
-      'Ended 2 orphans of train.ipynb holding 3.2 GiB after the restart'],
-    [{ processes: 1, bytes: 1024 ** 3, notebook: '', kernel_id: 'abcdef0123', reason: 'shutdown' },
-      'Ended 1 orphan of kernel abcdef01 holding 1.0 GiB after the shutdown']
+    [
+      { processes: 2, bytes: 3.2 * 1024 ** 3, notebook: '/w/train.ipynb', kernel_id: 'abcdef0123', reason: 'restart' },
+      'Ended 2 orphans of train.ipynb holding 3.2 GiB after the restart'
+    ],
+    [
+      { processes: 1, bytes: 1024 ** 3, notebook: '', kernel_id: 'abcdef0123', reason: 'shutdown' },
+      'Ended 1 orphan of kernel abcdef01 holding 1.0 GiB after the shutdown'
+    ]
   ])('%o', (ev, want) => {
     expect(reclaimMessage(ev)).toBe(want);
   });

@@ -65,13 +65,7 @@ export function baseName(path: string): string {
 }
 
 /** "N orphans of train.ipynb holding 3.2 GiB after the restart". */
-export function reclaimMessage(ev: {
-  processes: number;
-  bytes: number;
-  notebook: string;
-  kernel_id: string;
-  reason: string;
-}): string {
+export function reclaimMessage(ev: { processes: number; bytes: number; notebook: string; kernel_id: string; reason: string }): string {
   const what = ev.processes === 1 ? '1 orphan' : `${ev.processes} orphans`;
   const of = ev.notebook ? baseName(ev.notebook) : `kernel ${ev.kernel_id.slice(0, 8)}`;
   const after = ev.reason === 'shutdown' ? 'the shutdown' : 'the restart';

@@ -5,7 +5,7 @@
 // and from its sidebar icon. Settings (refresh, plot window, the status
 // item) are edited in the Settings Editor (schema/plugin.json).
 
-import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette, ISessionContextDialogs, Notification, SessionContextDialogs } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
@@ -16,7 +16,7 @@ import { Signal } from '@lumino/signaling';
 
 import { endOrphans, freeCache } from './api';
 import { baseName, formatBytes, formatPercent, reclaimMessage, Trans } from './format';
-import { alerts, cullWarnings, newAlerts, WINDOWS } from './model';
+import { Alert, alertChanges, WINDOWS } from './model';
 import { LogEvent, newOOMs } from './oom';
 import { GpuPanel } from './panel';
 import { StateSource } from './source';
@@ -51,12 +51,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description: 'GPU memory by notebook, from gpumem serve.',
   autoStart: true,
   requires: [INotebookTracker],
-  optional: [IStatusBar, ILabShell, ISessionContextDialogs, ICommandPalette, ISettingRegistry, ITranslator],
+  optional: [IStatusBar, ISessionContextDialogs, ICommandPalette, ISettingRegistry, ITranslator],
   activate: (
     app: JupyterFrontEnd,
     tracker: INotebookTracker,
     statusBar: IStatusBar | null,
-    labShell: ILabShell | null,
     dialogs: ISessionContextDialogs | null,
     palette: ICommandPalette | null,
     settingRegistry: ISettingRegistry | null,
@@ -80,7 +79,6 @@ const plugin: JupyterFrontEndPlugin<void> = {
     panel.title.icon = gpuIcon;
     panel.title.label = trans.__('GPU');
     app.shell.add(panel, 'right', { rank: 900 });
-    void labShell; // the panel lives in the right area of the lab shell when there is one
 
     app.commands.addCommand(CommandIDs.open, {
       label: trans.__('GPU memory: Open panel'),
@@ -163,36 +161,44 @@ const plugin: JupyterFrontEndPlugin<void> = {
         });
     }
 
-    // GPU alerts: each shown once per crossing of the threshold, and
-    // updated when its GPU drops back under it (then closed).
-    const shown = new Set<string>();
-    const alertToasts = new Map<string, { id: string; gpu: number }>();
+    // The daemon's alerts (its sentences): each shown once by id. A GPU's
+    // alert, when its GPU drops back under the threshold, is updated to say
+    // so and then closes; a cull warning that no longer stands (a cell
+    // ran) closes.
+    const shown = new Map<string, Alert>();
+    const toasts = new Map<string, string>();
     source.changed.connect(() => {
       const state = source.state;
       if (!state) {
         return;
       }
-      const current = alerts(state);
-      for (const a of newAlerts(current, shown)) {
-        const actions = a.ownKernels.length
-          ? [
-              {
-                label: trans.__('Free cache in my notebooks'),
-                caption: trans.__("gc and empty the frameworks' caches in this server's notebooks on that GPU"),
-                callback: () => {
-                  void Promise.allSettled(a.ownKernels.map(k => freeCache(k))).then(() => source.refresh());
+      const { fresh, gone } = alertChanges(state.alerts, shown);
+      for (const a of fresh) {
+        const actions =
+          a.kind === 'threshold' && a.kernels.length
+            ? [
+                {
+                  label: trans.__('Free cache in my notebooks'),
+                  caption: trans.__("gc and empty the frameworks' caches in this server's notebooks on that GPU"),
+                  callback: () => {
+                    void Promise.allSettled(a.kernels.map(k => freeCache(k))).then(() => source.refresh());
+                  }
                 }
-              }
-            ]
-          : [];
-        alertToasts.set(a.key, { id: Notification.warning(a.message, { autoClose: false, actions }), gpu: a.gpu.index });
+              ]
+            : [];
+        toasts.set(a.id, Notification.warning(a.message, { autoClose: false, actions }));
       }
-      for (const [key, toast] of alertToasts) {
-        if (current.some(a => a.key === key)) {
+      for (const a of gone) {
+        const id = toasts.get(a.id);
+        toasts.delete(a.id);
+        if (id === undefined) {
           continue;
         }
-        alertToasts.delete(key);
-        const g = state.gpus.find(x => x.index === toast.gpu);
+        if (a.kind !== 'threshold') {
+          Notification.dismiss(id);
+          continue;
+        }
+        const g = state.gpus.find(x => x.index === a.gpu);
         const message = g
           ? trans.__(
               'GPU %1 is back under the alert threshold: %2 of %3 used (%4).',
@@ -201,30 +207,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
               formatBytes(g.memory_total_bytes),
               formatPercent(g.memory_used_bytes, g.memory_total_bytes)
             )
-          : trans.__('GPU %1 is no longer listed.', toast.gpu);
-        if (!Notification.update({ id: toast.id, message, type: 'success', autoClose: 5000, actions: [] })) {
-          Notification.dismiss(toast.id);
-        }
-      }
-    });
-    // GPU-aware culling's warnings for this server's idle notebooks: each
-    // shown once, and closed when it no longer stands (a cell ran: the
-    // daemon dropped it).
-    const warned = new Map<string, string>();
-    source.changed.connect(() => {
-      const state = source.state;
-      if (!state) {
-        return;
-      }
-      const current = cullWarnings(state);
-      for (const w of current) {
-        if (!warned.has(w.key)) {
-          warned.set(w.key, Notification.warning(w.message, { autoClose: false }));
-        }
-      }
-      for (const [key, id] of warned) {
-        if (!current.some(w => w.key === key)) {
-          warned.delete(key);
+          : trans.__('GPU %1 is no longer listed.', a.gpu);
+        if (!Notification.update({ id, message, type: 'success', autoClose: 5000, actions: [] })) {
           Notification.dismiss(id);
         }
       }

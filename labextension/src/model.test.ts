@@ -1,12 +1,11 @@
 import { describe, expect, it } from 'vitest';
 
 import {
-  alerts,
-  cullWarnings,
+  alertChanges,
+  Alert,
   formatDuration,
   History,
   mainGPU,
-  newAlerts,
   Notebook,
   notebookLabel,
   plotRange,
@@ -19,9 +18,49 @@ import { GiB, nb, state } from './test-fixtures';
 describe('History', () => {
   it('merges incremental replies and keeps 15 minutes', () => {
     const h = new History();
-    h.merge(state({ now: 1000, series: { gpus: [], notebooks: [{ id: 'a', peak_bytes: 0, peak_at: 0, points: [[999, 1], [1000, 2]] }] } }));
-    h.merge(state({ now: 1001, series: { gpus: [], notebooks: [{ id: 'a', peak_bytes: 0, peak_at: 0, points: [[1000, 2], [1001, 3]] }] } }));
-    expect([...h.notebooks.get('a')!.entries()]).toEqual([[999, 1], [1000, 2], [1001, 3]]);
+    h.merge(
+      state({
+        now: 1000,
+        series: {
+          gpus: [],
+          notebooks: [
+            {
+              id: 'a',
+              peak_bytes: 0,
+              peak_at: 0,
+              points: [
+                [999, 1],
+                [1000, 2]
+              ]
+            }
+          ]
+        }
+      })
+    );
+    h.merge(
+      state({
+        now: 1001,
+        series: {
+          gpus: [],
+          notebooks: [
+            {
+              id: 'a',
+              peak_bytes: 0,
+              peak_at: 0,
+              points: [
+                [1000, 2],
+                [1001, 3]
+              ]
+            }
+          ]
+        }
+      })
+    );
+    expect([...h.notebooks.get('a')!.entries()]).toEqual([
+      [999, 1],
+      [1000, 2],
+      [1001, 3]
+    ]);
     h.merge(state({ now: 1001 + 15 * 60, series: { gpus: [], notebooks: [] } }));
     expect(h.notebooks.has('a')).toBe(false);
   });
@@ -30,9 +69,14 @@ describe('History', () => {
 const pts = (id: string, points: [number, number][], gpu?: number) => ({ id, gpu, peak_bytes: 0, peak_at: 0, points });
 
 describe('History per GPU', () => {
-  it('keeps a notebook\'s total apart from its bytes on each GPU', () => {
+  it("keeps a notebook's total apart from its bytes on each GPU", () => {
     const h = new History();
-    h.merge(state({ now: 1000, series: { gpus: [], notebooks: [pts('two', [[1000, 61]]), pts('two', [[1000, 20]], 0), pts('two', [[1000, 41]], 1)] } }));
+    h.merge(
+      state({
+        now: 1000,
+        series: { gpus: [], notebooks: [pts('two', [[1000, 61]]), pts('two', [[1000, 20]], 0), pts('two', [[1000, 41]], 1)] }
+      })
+    );
     expect(h.notebooks.get('two')?.get(1000)).toBe(61);
     expect(h.notebookGpus.get('two/0')?.get(1000)).toBe(20);
     expect(h.notebookGpus.get('two/1')?.get(1000)).toBe(41);
@@ -41,14 +85,38 @@ describe('History per GPU', () => {
 });
 
 describe('stackNotebooks', () => {
-  it('stacks each notebook\'s bytes on this GPU, the biggest at the bottom, gaps as 0', () => {
+  it("stacks each notebook's bytes on this GPU, the biggest at the bottom, gaps as 0", () => {
     const h = new History();
     h.merge(
       state({
         now: 1003,
         series: {
-          gpus: [pts('0', [[1001, 9], [1002, 9], [1003, 12]])],
-          notebooks: [pts('small', [[1002, 1], [1003, 1]], 0), pts('big', [[1001, 5], [1003, 6]], 0), pts('elsewhere', [[1003, 9]], 1)]
+          gpus: [
+            pts('0', [
+              [1001, 9],
+              [1002, 9],
+              [1003, 12]
+            ])
+          ],
+          notebooks: [
+            pts(
+              'small',
+              [
+                [1002, 1],
+                [1003, 1]
+              ],
+              0
+            ),
+            pts(
+              'big',
+              [
+                [1001, 5],
+                [1003, 6]
+              ],
+              0
+            ),
+            pts('elsewhere', [[1003, 9]], 1)
+          ]
         }
       })
     );
@@ -62,9 +130,15 @@ describe('stackNotebooks', () => {
     expect(st.top).toBe(12);
   });
 
-  it('draws a two-GPU notebook\'s bytes on each GPU, never its total', () => {
+  it("draws a two-GPU notebook's bytes on each GPU, never its total", () => {
     const h = new History();
-    const two: Notebook = { ...nb('two', 61 * GiB), per_gpu: [{ index: 0, bytes: 20 * GiB }, { index: 1, bytes: 41 * GiB }] };
+    const two: Notebook = {
+      ...nb('two', 61 * GiB),
+      per_gpu: [
+        { index: 0, bytes: 20 * GiB },
+        { index: 1, bytes: 41 * GiB }
+      ]
+    };
     h.merge(
       state({
         now: 1000,
@@ -120,11 +194,28 @@ describe('stackNotebooks', () => {
 });
 
 describe('History of SM utilization', () => {
-  it('keeps each notebook\'s SM % apart from its bytes, for the same window', () => {
+  it("keeps each notebook's SM % apart from its bytes, for the same window", () => {
     const h = new History();
     const s = (id: string, points: [number, number][]) => ({ id, peak_bytes: 0, peak_at: 0, points });
-    h.merge(state({ now: 1000, series: { gpus: [], notebooks: [s('a', [[1000, GiB]])], notebook_sm: [s('a', [[998, 95], [1000, 0]])] } }));
-    expect([...h.sm.get('a')!.entries()]).toEqual([[998, 95], [1000, 0]]);
+    h.merge(
+      state({
+        now: 1000,
+        series: {
+          gpus: [],
+          notebooks: [s('a', [[1000, GiB]])],
+          notebook_sm: [
+            s('a', [
+              [998, 95],
+              [1000, 0]
+            ])
+          ]
+        }
+      })
+    );
+    expect([...h.sm.get('a')!.entries()]).toEqual([
+      [998, 95],
+      [1000, 0]
+    ]);
     expect(h.notebooks.get('a')!.get(1000)).toBe(GiB);
     // A reply without SM series (an older daemon) keeps what there is.
     h.merge(state({ now: 1001, series: { gpus: [], notebooks: [] } }));
@@ -134,31 +225,19 @@ describe('History of SM utilization', () => {
   });
 });
 
-describe('alerts', () => {
-  const over = state({
-    gpus: [{ ...state().gpus[0], memory_used_bytes: 70 * GiB }],
-    notebooks: [nb('k1', 40 * GiB, 0, 'train.ipynb'), nb('k2', 5 * GiB, 0, 'eval.ipynb')],
-    others: [{ user: 'bob', notebooks: 1, processes: 0, bytes: 25 * GiB, per_gpu: [{ index: 0, bytes: 25 * GiB }] }]
-  });
+describe('alertChanges', () => {
+  const threshold: Alert = { id: 'gpu0-1', kind: 'threshold', gpu: 0, kernels: ['k1'], bytes: 70 * GiB, message: 'GPU 0 is 88% full' };
+  const cull: Alert = { id: 'cull-k1-1', kind: 'cull', gpu: -1, kernels: ['k1'], bytes: GiB, message: 'will be shut down' };
+  const left: Alert = { id: 'left-5-9', kind: 'left_running', gpu: 0, kernels: ['k1'], bytes: GiB, message: 'left running' };
 
-  it('names the biggest holders, other users by user', () => {
-    const as = alerts(over, 2);
-    expect(as).toHaveLength(1);
-    expect(as[0].message).toBe('GPU 0 (Simulated H200) is 88% full: 70.0 GiB of 80.0 GiB. Biggest: train.ipynb 40.0 GiB, user bob 25.0 GiB.');
-    expect(as[0].ownKernels).toEqual(['k1', 'k2']);
-  });
-
-  it('is quiet under the threshold and with alerts off', () => {
-    expect(alerts(state())).toEqual([]);
-    expect(alerts({ ...over, alert_threshold: 0 })).toEqual([]);
-  });
-
-  it('shows each crossing once', () => {
-    const shown = new Set<string>();
-    expect(newAlerts(alerts(over), shown)).toHaveLength(1);
-    expect(newAlerts(alerts(over), shown)).toHaveLength(0);
-    expect(newAlerts(alerts(state()), shown)).toHaveLength(0); // back under
-    expect(newAlerts(alerts(over), shown)).toHaveLength(1); // a new crossing
+  it('shows each alert once by id, and says which went', () => {
+    const shown = new Map<string, Alert>();
+    expect(alertChanges([threshold, cull, left], shown).fresh).toEqual([threshold, cull]);
+    expect(alertChanges([threshold, cull], shown)).toEqual({ fresh: [], gone: [] });
+    expect(alertChanges([cull], shown)).toEqual({ fresh: [], gone: [threshold] }); // back under
+    expect(alertChanges(undefined, shown)).toEqual({ fresh: [], gone: [cull] });
+    const again = { ...threshold, id: 'gpu0-2' }; // a new crossing
+    expect(alertChanges([again], shown).fresh).toEqual([again]);
   });
 });
 
@@ -169,7 +248,13 @@ describe('labels, frameworks, vars', () => {
 
   it('picks the GPU a notebook uses most', () => {
     const s = state({ gpus: [state().gpus[0], { ...state().gpus[0], index: 1, name: 'B' }] });
-    const n = { ...nb('k', 3), per_gpu: [{ index: 0, bytes: 1 }, { index: 1, bytes: 2 }] };
+    const n = {
+      ...nb('k', 3),
+      per_gpu: [
+        { index: 0, bytes: 1 },
+        { index: 1, bytes: 2 }
+      ]
+    };
     expect(mainGPU(s, n)?.index).toBe(1);
     expect(mainGPU(s, undefined)?.index).toBe(0);
   });
@@ -187,26 +272,7 @@ describe('labels, frameworks, vars', () => {
   });
 });
 
-describe('cullWarnings', () => {
-  it('names the notebook, its memory, its idle time and the plan; keyed per warning', () => {
-    const a = nb('train', 12 * GiB);
-    a.activity = {
-      execution_state: 'idle',
-      last_activity: '2026-11-30T11:00:00Z',
-      idle_seconds: 3 * 3600 + 300,
-      cull_at: '2026-11-30T14:05:00Z',
-      cull_action: 'shutdown'
-    };
-    const b = nb('busy', 4 * GiB);
-    b.activity = { execution_state: 'busy', last_activity: '2026-11-30T14:00:00Z', idle_seconds: 0 };
-    const w = cullWarnings(state({ notebooks: [a, b] }));
-    expect(w).toHaveLength(1);
-    expect(w[0].kernelId).toBe('train');
-    expect(w[0].key).toBe('train@2026-11-30T14:05:00Z');
-    expect(w[0].message).toContain('holds 12');
-    expect(w[0].message).toContain('idle 3 h 5 min');
-    expect(w[0].message).toContain('will be shut down at');
-  });
+describe('formatDuration', () => {
   it('formats durations', () => {
     expect(formatDuration(40)).toBe('40 s');
     expect(formatDuration(720)).toBe('12 min');

@@ -1,9 +1,10 @@
 // What the server extension sends (GET gpumem/api/v1/state) and the pure
-// data shaping the widgets need: history merging, stacked plot data, alert
-// and event selection. No attribution happens here: the daemon computes
-// every figure. Unit-tested in model.test.ts.
+// data shaping the widgets need: history merging, stacked plot data, which
+// of the daemon's alerts are new or gone, event selection. No attribution
+// happens here: the daemon computes every figure and sentence. Unit-tested
+// in model.test.ts.
 
-import { baseName, formatBytes, formatPercent } from './format';
+import { baseName } from './format';
 
 export interface GPUBytes {
   index: number;
@@ -82,11 +83,12 @@ export interface Activity {
   cull_action?: string;
 }
 
+/** One user's totals beyond this server's kernels, as gpumem serve totals them. */
 export interface OtherUser {
   user: string;
   notebooks: number;
-  processes: number;
-  bytes: number;
+  other_processes: number;
+  gpu_memory_bytes: number;
   per_gpu: GPUBytes[];
 }
 
@@ -143,6 +145,8 @@ export interface State {
   events: ReclaimEvent[];
   last_event: number;
   left_running?: LeftRunning[];
+  /** The alerts that stand (gpumem serve's), this server's kernels' only. */
+  alerts?: Alert[];
 }
 
 export interface Unavailable {
@@ -373,79 +377,44 @@ export function mainGPU(state: State, nb: Notebook | undefined): GPU | undefined
   return state.gpus[0];
 }
 
-/** A GPU over the alert threshold, with the holders a notification names. */
+/**
+ * An alert that stands, as gpumem serve wrote it (its id, kind and
+ * sentence): the threshold's per GPU, culling's per kernel. The server
+ * extension keeps those of this server's kernels, and lists only them in
+ * kernels.
+ */
 export interface Alert {
-  key: string;
-  gpu: GPU;
+  id: string;
+  kind: 'threshold' | 'cull' | 'left_running' | 'oom';
+  gpu: number;
+  kernels: string[];
+  user?: string;
+  bytes: number;
+  deadline?: string;
+  action?: string;
   message: string;
-  /** This server's notebooks on that GPU: the "free cache" button frees these. */
-  ownKernels: string[];
 }
 
-/**
- * The GPUs at or over the threshold, each with a message naming the biggest
- * holders (this server's notebooks by name, other users by user). key is
- * per GPU: a caller shows an alert once until its GPU falls back under.
- */
-export function alerts(state: State, holders = 3): Alert[] {
-  const out: Alert[] = [];
-  if (!(state.alert_threshold > 0)) {
-    return out;
-  }
-  for (const g of state.gpus) {
-    if (!(g.memory_total_bytes > 0) || g.memory_used_bytes < state.alert_threshold * g.memory_total_bytes) {
-      continue;
-    }
-    const hs: { name: string; bytes: number }[] = [];
-    const own: string[] = [];
-    for (const nb of state.notebooks) {
-      const b = nb.per_gpu.find(p => p.index === g.index)?.bytes ?? 0;
-      if (b > 0) {
-        hs.push({ name: notebookLabel(nb), bytes: b });
-        own.push(nb.kernel_id);
-      }
-    }
-    for (const u of state.others) {
-      const b = u.per_gpu.find(p => p.index === g.index)?.bytes ?? 0;
-      if (b > 0) {
-        hs.push({ name: `user ${u.user}`, bytes: b });
-      }
-    }
-    hs.sort((a, b) => b.bytes - a.bytes || a.name.localeCompare(b.name));
-    const names = hs
-      .slice(0, holders)
-      .map(h => `${h.name} ${formatBytes(h.bytes)}`)
-      .join(', ');
-    out.push({
-      key: `gpu-${g.index}`,
-      gpu: g,
-      ownKernels: own,
-      message:
-        `GPU ${g.index} (${g.name}) is ${formatPercent(g.memory_used_bytes, g.memory_total_bytes)} full: ` +
-        `${formatBytes(g.memory_used_bytes)} of ${formatBytes(g.memory_total_bytes)}` +
-        (names ? `. Biggest: ${names}.` : '.')
-    });
-  }
-  return out;
-}
+/** The kinds a notification shows; a process left running and an out-of-memory error are the events'. */
+const TOASTED = new Set(['threshold', 'cull']);
 
 /**
- * Which alerts to show now: those whose GPU was not already alerting in the
- * previous reply. shown is updated: a GPU that falls back under the
- * threshold may alert again later.
+ * What changed in the alerts since the last reply: fresh are the alerts
+ * not shown yet (each id once), gone the ids shown that the daemon no
+ * longer holds. shown (id -> alert) is updated.
  */
-export function newAlerts(current: Alert[], shown: Set<string>): Alert[] {
-  const now = new Set(current.map(a => a.key));
-  for (const k of [...shown]) {
-    if (!now.has(k)) {
-      shown.delete(k);
-    }
+export function alertChanges(alerts: Alert[] | undefined, shown: Map<string, Alert>): { fresh: Alert[]; gone: Alert[] } {
+  const current = (alerts ?? []).filter(a => TOASTED.has(a.kind));
+  const ids = new Set(current.map(a => a.id));
+  const gone = [...shown.values()].filter(a => !ids.has(a.id));
+  for (const a of gone) {
+    shown.delete(a.id);
   }
-  const fresh = current.filter(a => !shown.has(a.key));
+  const fresh = current.filter(a => !shown.has(a.id));
   for (const a of fresh) {
-    shown.add(a.key);
+    shown.set(a.id, a);
   }
-  return fresh;
+  return { fresh, gone };
 }
 
 /** One row of the Variables table. */
@@ -472,44 +441,6 @@ export function varRows(vars: unknown): VarRow[] {
       hidden: Boolean(r.hidden)
     }))
     .sort((a, b) => b.bytes - a.bytes);
-}
-
-export interface CullWarning {
-  key: string;
-  kernelId: string;
-  message: string;
-}
-
-const cullVerbs: Record<string, string> = {
-  report: 'be reported as an idle GPU holder',
-  free: 'have its GPU caches freed',
-  shutdown: 'be shut down'
-};
-
-/**
- * The warnings gpumem serve's GPU-aware culling stands for this server's
- * notebooks: idle kernels holding GPU memory, and what will be done when.
- * key changes with each warning, so a caller shows each one once.
- */
-export function cullWarnings(state: State): CullWarning[] {
-  const out: CullWarning[] = [];
-  for (const nb of state.notebooks) {
-    const a = nb.activity;
-    if (!a?.cull_at) {
-      continue;
-    }
-    const at = new Date(a.cull_at);
-    const idle = formatDuration(a.idle_seconds);
-    const verb = cullVerbs[a.cull_action ?? ''] ?? 'be culled';
-    out.push({
-      key: `${nb.kernel_id}@${a.cull_at}`,
-      kernelId: nb.kernel_id,
-      message:
-        `${notebookLabel(nb)} holds ${formatBytes(nb.gpu_memory_bytes)} and has been idle ${idle}; ` +
-        `it will ${verb} at ${at.toLocaleTimeString()} unless used.`
-    });
-  }
-  return out;
 }
 
 /** A duration for people: "3 h 5 min", "12 min", "40 s". */

@@ -94,7 +94,9 @@ export function reportLines(ev: OOMEvent, trans: Trans = plainTrans): string[] {
   const c = ev.cell || {};
   let where = ev.notebook ? ev.notebook.slice(ev.notebook.lastIndexOf('/') + 1) : trans.__('kernel %1', ev.kernel_id.slice(0, 8));
   if (c.execution_count) {
-    where = c.line ? trans.__('%1, cell [%2], line %3', where, c.execution_count, c.line) : trans.__('%1, cell [%2]', where, c.execution_count);
+    where = c.line
+      ? trans.__('%1, cell [%2], line %3', where, c.execution_count, c.line)
+      : trans.__('%1, cell [%2]', where, c.execution_count);
   }
   const asked = ev.requested_bytes ? formatBytes(ev.requested_bytes) : trans.__('an unknown amount');
   lines.push(trans.__('%1: asked for %2 (%3)', where, asked, ev.error));
@@ -289,7 +291,11 @@ export async function drawSnapshot(
     box.appendChild(table);
     for (const o of d.ooms) {
       box.appendChild(
-        el('div', 'jp-gpumem-report-advice', trans.__('out of memory asking %1 at %2', formatBytes(o.requested_bytes), stackLine(stacks.get(o.stack))))
+        el(
+          'div',
+          'jp-gpumem-report-advice',
+          trans.__('out of memory asking %1 at %2', formatBytes(o.requested_bytes), stackLine(stacks.get(o.stack)))
+        )
       );
     }
   }

@@ -306,7 +306,11 @@ export class GpuPanel extends Widget {
     box.replaceChildren(el('h3', '', trans.__('Notebooks of this server')));
     if (!state.notebooks.length) {
       box.appendChild(
-        el('div', 'jp-gpumem-empty', trans.__('No kernel of this server is followed by gpumem serve yet: open a notebook and start its kernel.'))
+        el(
+          'div',
+          'jp-gpumem-empty',
+          trans.__('No kernel of this server is followed by gpumem serve yet: open a notebook and start its kernel.')
+        )
       );
       return;
     }
@@ -332,7 +336,14 @@ export class GpuPanel extends Widget {
     box.appendChild(list);
   }
 
-  private _notebookRow(nb: Notebook, orphans: number, points: Map<number, number> | undefined, from: number, to: number, max: number): HTMLLIElement {
+  private _notebookRow(
+    nb: Notebook,
+    orphans: number,
+    points: Map<number, number> | undefined,
+    from: number,
+    to: number,
+    max: number
+  ): HTMLLIElement {
     const trans = this._trans;
     const label = notebookLabel(nb);
     const row = el('li', 'jp-gpumem-row');
@@ -383,7 +394,11 @@ export class GpuPanel extends Widget {
         trans.__('peak %1', formatBytes(nb.peak_bytes ?? 0)),
         trans.__('The highest figure since the kernel started')
       ),
-      field('procs', trans._n('%1 process', '%1 processes', procs), trans.__('Processes of the kernel holding GPU memory, the kernel included')),
+      field(
+        'procs',
+        trans._n('%1 process', '%1 processes', procs),
+        trans.__('Processes of the kernel holding GPU memory, the kernel included')
+      ),
       field(
         'orphans',
         trans._n('%1 orphan ended', '%1 orphans ended', orphans),
@@ -415,7 +430,14 @@ export class GpuPanel extends Widget {
    * where the GPU cannot say, never 0), the daemon's verdict on hover, and
    * a sparkline of SM % over the plot's window with a gap where unknown.
    */
-  private _workLine(row: HTMLLIElement, nb: Notebook, points: Map<number, number> | undefined, from: number, to: number, step: number): void {
+  private _workLine(
+    row: HTMLLIElement,
+    nb: Notebook,
+    points: Map<number, number> | undefined,
+    from: number,
+    to: number,
+    step: number
+  ): void {
     const trans = this._trans;
     const work = el('span', 'jp-gpumem-work', formatUtil(nb.utilization, trans));
     work.dataset.gpumem = 'gpu-work';
@@ -521,7 +543,12 @@ export class GpuPanel extends Widget {
       const tr = el('tr');
       const name = el('td', r.hidden ? 'jp-gpumem-hidden jp-gpumem-cut' : 'jp-gpumem-cut', r.name);
       name.title = r.name;
-      tr.append(name, el('td', 'jp-gpumem-cut', r.type), el('td', 'jp-gpumem-cut', r.device), el('td', 'jp-gpumem-num', formatBytes(r.bytes)));
+      tr.append(
+        name,
+        el('td', 'jp-gpumem-cut', r.type),
+        el('td', 'jp-gpumem-cut', r.device),
+        el('td', 'jp-gpumem-num', formatBytes(r.bytes))
+      );
       table.appendChild(tr);
     }
     box.appendChild(table);
@@ -665,10 +692,18 @@ export class GpuPanel extends Widget {
     for (const u of state.others) {
       const row = el('li', 'jp-gpumem-row jp-gpumem-user');
       const name = el('span', 'jp-gpumem-name', u.user);
-      const what = [trans._n('%1 notebook', '%1 notebooks', u.notebooks), trans._n('%1 other process', '%1 other processes', u.processes)].join(', ');
+      const what = [
+        trans._n('%1 notebook', '%1 notebooks', u.notebooks),
+        trans._n('%1 other process', '%1 other processes', u.other_processes)
+      ].join(', ');
       name.title = trans.__('user %1: %2', u.user, what);
       const details = el('span', 'jp-gpumem-details', what);
-      row.append(el('span', 'jp-gpumem-swatch jp-gpumem-swatch-other'), name, el('span', 'jp-gpumem-figure', formatBytes(u.bytes)), details);
+      row.append(
+        el('span', 'jp-gpumem-swatch jp-gpumem-swatch-other'),
+        name,
+        el('span', 'jp-gpumem-figure', formatBytes(u.gpu_memory_bytes)),
+        details
+      );
       list.appendChild(row);
     }
     box.appendChild(list);

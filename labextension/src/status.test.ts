@@ -15,7 +15,10 @@ describe('statusView', () => {
   it('says GPU n/a and why when there is no figure', () => {
     const cases: [ReturnType<typeof statusView>, RegExp][] = [
       [statusView(null, 'gpumem serve is not running: start it', 'k'), /not running/],
-      [statusView(state({ gpus: [], warnings: ['no NVIDIA driver found (libnvidia-ml.so.1): GPU figures unavailable'] }), null, 'k'), /no NVIDIA driver/],
+      [
+        statusView(state({ gpus: [], warnings: ['no NVIDIA driver found (libnvidia-ml.so.1): GPU figures unavailable'] }), null, 'k'),
+        /no NVIDIA driver/
+      ],
       [statusView(withNb, null, undefined), /no running kernel/],
       [statusView(withNb, null, 'other'), /does not follow this kernel/]
     ];
@@ -45,5 +48,4 @@ describe('frameworkLines', () => {
     expect(frameworkLines(summary)).toEqual(['PyTorch on cuda:0: uses 1.0 GiB, holds 2.0 GiB', 'CuPy: memory pool empty']);
     expect(frameworkLines(null)).toEqual([]);
   });
-
 });

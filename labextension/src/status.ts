@@ -55,7 +55,7 @@ export function statusView(
   const mine = nb.per_gpu.find(g => g.index === gpu.index)?.bytes ?? 0;
   const total = gpu.memory_total_bytes;
   const lines = [
-    trans.__('%1: %2 on the GPU (the driver\'s figure, children included)', notebookLabel(nb), formatBytes(nb.gpu_memory_bytes)),
+    trans.__("%1: %2 on the GPU (the driver's figure, children included)", notebookLabel(nb), formatBytes(nb.gpu_memory_bytes)),
     trans.__(
       'The bar is GPU %1: this notebook %2 (dark), everyone %3 of %4 (%5)',
       gpu.index,

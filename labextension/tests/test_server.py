@@ -64,7 +64,7 @@ def test_only_this_servers_kernels(stack):
     assert st["notebooks"][0]["path"] == "mine.ipynb"
     assert st["notebooks"][0]["peak_bytes"] == 2 * GiB
     # The other server's kernel is only part of its user's total.
-    assert len(st["others"]) == 1 and st["others"][0]["notebooks"] == 1 and st["others"][0]["bytes"] == 5 * GiB
+    assert len(st["others"]) == 1 and st["others"][0]["notebooks"] == 1 and st["others"][0]["gpu_memory_bytes"] == 5 * GiB
     assert theirs not in str(st), "the other server's kernel id must not reach this server's browser"
     # Its total, and its bytes on each GPU it uses: this server's kernel only.
     assert {s["id"] for s in st["series"]["notebooks"]} == {mine}

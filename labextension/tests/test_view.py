@@ -11,7 +11,14 @@ def history(**over):
         "step_seconds": 1,
         "alert_threshold": 0.8,
         "report": {
-            "gpus": [{"index": 0, "memory_total_bytes": 80 * GiB, "memory_used_bytes": 9 * GiB}],
+            "gpus": [
+                {
+                    "index": 0,
+                    "memory_total_bytes": 80 * GiB,
+                    "memory_used_bytes": 9 * GiB,
+                    "holders": [{"kind": "process", "name": "pid 9 (bob)", "command": "secret --token x"}],
+                }
+            ],
             "notebooks": [
                 {
                     "kernel_id": "mine",
@@ -34,6 +41,23 @@ def history(**over):
         "notebooks": [{"id": "mine", "points": [[100, 2 * GiB]]}, {"id": "other-server", "points": [[100, 3 * GiB]]}],
         "events": [{"seq": 1, "kernel_id": "other-server"}, {"seq": 2, "kernel_id": "mine"}],
         "last_event": 2,
+        # What the daemon totals beyond kernels=mine.
+        "others": [
+            {
+                "user": "ann",
+                "notebooks": 1,
+                "other_processes": 0,
+                "gpu_memory_bytes": 3 * GiB,
+                "per_gpu": [{"index": 0, "bytes": 3 * GiB}],
+            },
+            {
+                "user": "bob",
+                "notebooks": 0,
+                "other_processes": 1,
+                "gpu_memory_bytes": GiB,
+                "per_gpu": [{"index": 0, "bytes": GiB}],
+            },
+        ],
     }
     h.update(over)
     return h
@@ -43,36 +67,31 @@ def test_own_kernels_in_full_others_as_totals():
     v = server_view(history(), {"mine"}, {"mine": "a.ipynb"})
     assert [nb["kernel_id"] for nb in v["notebooks"]] == ["mine"]
     assert v["notebooks"][0]["path"] == "a.ipynb"
-    assert v["others"] == [
-        {"user": "ann", "notebooks": 1, "processes": 0, "bytes": 3 * GiB, "per_gpu": [{"index": 0, "bytes": 3 * GiB}]},
-        {"user": "bob", "notebooks": 0, "processes": 1, "bytes": GiB, "per_gpu": [{"index": 0, "bytes": GiB}]},
-    ]
+    assert v["others"] == history()["others"]  # the daemon's totals, as they came
+    assert "holders" not in v["gpus"][0]
     assert [s["id"] for s in v["series"]["notebooks"]] == ["mine"]
     assert [e["seq"] for e in v["events"]] == [2]
     text = str(v)
     assert "other-server" not in text and "secret" not in text and "/r/b.ipynb" not in text
 
 
-def test_shared_mode_users_totals():
-    h = history(
-        users=[
-            {
-                "user": "carol",
-                "notebooks": 2,
-                "other_processes": 1,
-                "gpu_memory_bytes": 5 * GiB,
-                "per_gpu": [{"index": 0, "bytes": 5 * GiB}],
-            }
-        ]
-    )
-    v = server_view(h, {"mine"}, {})
-    assert v["others"][0]["user"] == "carol" and v["others"][0]["bytes"] == 5 * GiB
-    assert v["others"][0]["notebooks"] == 2 and v["others"][0]["processes"] == 1
+def test_alerts_of_this_server():
+    alerts = [
+        {"id": "gpu0-1", "kind": "threshold", "gpu": 0, "kernels": ["mine", "other-server"], "message": "GPU 0 is 90% full"},
+        {"id": "cull-mine-1", "kind": "cull", "gpu": -1, "kernels": ["mine"], "message": "will be shut down"},
+        {"id": "cull-other-server-1", "kind": "cull", "gpu": -1, "kernels": ["other-server"], "message": "not ours"},
+        {"id": "left-4-1", "kind": "left_running", "gpu": 0, "kernels": ["gone"], "message": "left running"},
+    ]
+    h = history()
+    h["report"]["alerts"] = alerts
+    v = server_view(h, {"mine"}, {}, known_kernels={"mine", "gone"})
+    assert [(a["id"], a["kernels"]) for a in v["alerts"]] == [("gpu0-1", ["mine"]), ("cull-mine-1", ["mine"]), ("left-4-1", [])]
+    assert "not ours" not in str(v)
 
 
 def test_empty_history():
     v = server_view({}, set(), {})
-    assert v["status"] == "ok" and v["notebooks"] == [] and v["others"] == [] and v["gpus"] == []
+    assert v["status"] == "ok" and v["notebooks"] == [] and v["others"] == [] and v["gpus"] == [] and v["alerts"] == []
 
 
 def test_gpu_work_series_and_processes_left_running():

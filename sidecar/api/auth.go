@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"os/user"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -199,11 +200,36 @@ func pickKernel(c caller, id, file string, notebooks []attribution.Notebook) (Ke
 // other processes, the GPUs, and no warnings (they name others' files).
 // Others appear only as per-user totals (GET /api/v1/users).
 func ownView(rep attribution.Report, user string) attribution.Report {
-	out := attribution.Report{GPUs: rep.GPUs, Notebooks: []attribution.Notebook{}, Other: []attribution.OtherProcess{}, View: "own"}
+	out := attribution.Report{GPUs: slices.Clone(rep.GPUs), Notebooks: []attribution.Notebook{}, Other: []attribution.OtherProcess{},
+		View: "own", Users: rep.Users}
+	// Other users' notebooks and processes are theirs: on each GPU they
+	// are shown as one holder per user.
+	for i := range out.GPUs {
+		out.GPUs[i].Holders = attribution.HoldersFor(out.GPUs[i], user)
+		out.GPUs[i].HoldersByUser = rep.GPUs[i].HoldersByUser
+	}
+	own := map[string]bool{} // kernel ids
 	for _, nb := range rep.Notebooks {
 		if nb.User == user {
 			out.Notebooks = append(out.Notebooks, nb)
+			own[nb.KernelID] = true
 		}
+	}
+	// A GPU's alert names users (the daemon writes it so in shared mode),
+	// and lists the user's own kernels only; a kernel's alert is its
+	// user's.
+	for _, a := range rep.Alerts {
+		if a.User != "" && a.User != user {
+			continue
+		}
+		kernels := []string{}
+		for _, k := range a.Kernels {
+			if own[k] {
+				kernels = append(kernels, k)
+			}
+		}
+		a.Kernels = kernels
+		out.Alerts = append(out.Alerts, a)
 	}
 	for _, o := range rep.Other {
 		if o.User == user {

@@ -2,7 +2,8 @@
 // serves (creation, permissions, one daemon per socket), the authorization
 // of every request from the caller's peer credentials, and the Go client the
 // CLI uses. It must not sample GPUs, read /proc or talk to kernels: all of
-// that comes through the consumer-side Backend interface.
+// that comes through the consumer-side Backend interface, one for every
+// endpoint (a method a backend does not serve answers ErrNotServed: 404).
 //
 // The API is a security boundary: through POST .../free it runs code in
 // kernels. It is served on a unix socket only, never on TCP.
@@ -12,21 +13,29 @@
 //	GET  /healthz                     {"status":"ok"}
 //	GET  /api/v1/gpus                 {"gpus":[attribution.GPU...]}
 //	GET  /api/v1/users                {"users":[UserUsage...]}  per-user totals
-//	GET  /api/v1/notebooks            attribution.Report (same JSON as `gpumem ls --json`)
+//	GET  /api/v1/notebooks            attribution.Report, finished (same JSON as `gpumem ls --json`)
+//	GET  /api/v1/history              HistoryResponse (?since=&events_after=&wait=1&kernels=ID,...)
+//	GET  /api/v1/kernels              {"kernels":[KernelStatus...]}
 //	GET  /api/v1/kernels/{id}         attribution.Notebook of one kernel (?fresh=1: read now)
 //	POST /api/v1/kernels/{id}/free    body: optional FreeRequest; reply: the backend's JSON
-//	GET  /api/v1/kernels              {"kernels":[KernelStatus...]}
-//	GET  /api/v1/kernels/{id}/vars, /summary  the kernel's %gpumem vars / %gpumem data
-//	GET  /api/v1/history              HistoryResponse (history.go)
+//	GET  /api/v1/kernels/{id}/vars    the kernel's %gpumem vars data (?all_devices=1)
+//	GET  /api/v1/kernels/{id}/summary the kernel's %gpumem data
 //	GET  /api/v1/kernels/{id}/why     %gpumem why joined with the driver's figures (?device=&all_devices=1&budget=)
 //	POST /api/v1/kernels/{id}/why     body: a kernel's own why data; reply: it joined
 //	POST /api/v1/kernels/{id}/children/free  end the kernel's GPU-holding workers, never the kernel
+//	POST /api/v1/kernels/{id}/orphans/end    body: optional EndOrphansRequest; end processes reclaim left running
 //	POST /api/v1/oom                  body: oom.Request; reply: oom.Event (oom.go)
 //	GET  /api/v1/oom                  {"events":[oom.Event...]}
 //	POST /api/v1/snapshots            body: SnapshotRequest; reply 202: SnapshotInfo (snapshots.go)
 //	GET  /api/v1/kernels/{id}/snapshots            {"snapshots":[SnapshotInfo...]}
 //	GET  /api/v1/kernels/{id}/snapshots/{sid}      SnapshotResponse
 //	GET  /api/v1/kernels/{id}/snapshots/{sid}/raw  the pickle
+//
+// The routes are one table (routes.go); a test keeps this list equal to it.
+// The report is finished (attribution.Finish): its GPUs' holders, per-user
+// totals and alerts with their text are the daemon's; history's kernels=
+// (a Jupyter server's kernels) adds "others", everything else the caller
+// may see, totalled per user.
 //
 // Every endpoint of one kernel (/api/v1/kernels/{id}/...) takes
 // ?connection_file=PATH to choose among kernels sharing an id.

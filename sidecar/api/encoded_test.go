@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-// encodingBackend hands out its report pre-encoded (ReportEncoder).
+// encodingBackend hands out its report pre-encoded (Backend.ReportJSON).
 type encodingBackend struct {
 	*fakeBackend
 	body []byte
@@ -18,7 +18,7 @@ type encodingBackend struct {
 
 func (b *encodingBackend) ReportJSON(context.Context) ([]byte, error) { return b.body, b.err }
 
-// /api/v1/notebooks sends a ReportEncoder's bytes as they are, with the
+// /api/v1/notebooks sends a Backend's ReportJSON bytes as they are, with the
 // newline every reply ends with, and a 503 when it has no report.
 func TestNotebooksServesEncodedReport(t *testing.T) {
 	fb := &fakeBackend{report: testReport()}

@@ -7,18 +7,11 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/history"
 )
-
-// HistoryBackend is what GET /api/v1/history needs. A Backend that does
-// not implement it answers 404 there.
-type HistoryBackend interface {
-	// History is every series since q.Since (unix seconds), the events
-	// after q.EventsAfter, and the current report.
-	History(ctx context.Context, q HistoryQuery) (HistoryResponse, error)
-}
 
 // HistoryQuery is GET /api/v1/history's parameters.
 type HistoryQuery struct {
@@ -28,16 +21,6 @@ type HistoryQuery struct {
 	// next one (or a few intervals at most). A client that polls this way
 	// sees each sample as soon as it is taken, at one request a sample.
 	Wait bool
-}
-
-// KernelQueryBackend answers the read-only kernel queries the JupyterLab
-// panel uses. Errors follow Backend.Free's rules (ErrKernelNotFound: 404).
-type KernelQueryBackend interface {
-	// KernelVars is the %gpumem vars data of the kernel, as JSON;
-	// allDevices adds tensors on other devices than GPUs.
-	KernelVars(ctx context.Context, k KernelRef, allDevices bool) (json.RawMessage, error)
-	// KernelSummary is the %gpumem data (per-framework figures), as JSON.
-	KernelSummary(ctx context.Context, k KernelRef) (json.RawMessage, error)
 }
 
 // HistoryResponse is the reply of GET /api/v1/history.
@@ -66,6 +49,10 @@ type HistoryResponse struct {
 	// Users are the other users' totals, for a caller who may not see their
 	// notebooks (shared mode); absent for admins, whose Report has them all.
 	Users []UserUsage `json:"users,omitempty"`
+	// Others, when the request names its kernels (kernels=: a Jupyter
+	// server's), totals per user everything else the caller may see:
+	// what JupyterLab's panel lists as everyone else.
+	Others []UserUsage `json:"others,omitempty"`
 }
 
 // HistorySeries is one series' points, [unix seconds, bytes] each.
@@ -80,29 +67,7 @@ type HistorySeries struct {
 	Points [][2]uint64 `json:"points"`
 }
 
-// extraRoutes adds the endpoints of the optional backend interfaces.
-func (s *Server) extraRoutes(route func(string, access, func(http.ResponseWriter, *http.Request, caller)), allow map[string]string) {
-	route("GET /api/v1/history", accessUser, s.serveHistory)
-	route("GET /api/v1/kernels/{id}/vars", accessOwnKernel, s.kernelQuery(func(b KernelQueryBackend, ctx context.Context, k KernelRef, r *http.Request) (json.RawMessage, error) {
-		return b.KernelVars(ctx, k, r.URL.Query().Get("all_devices") == "1")
-	}))
-	route("GET /api/v1/kernels/{id}/summary", accessOwnKernel, s.kernelQuery(func(b KernelQueryBackend, ctx context.Context, k KernelRef, _ *http.Request) (json.RawMessage, error) {
-		return b.KernelSummary(ctx, k)
-	}))
-	allow["/api/v1/history"] = "GET, HEAD"
-	allow["/api/v1/kernels/{id}/vars"] = "GET, HEAD"
-	allow["/api/v1/kernels/{id}/summary"] = "GET, HEAD"
-	s.whyRoutes(route, allow)      // why.go
-	s.oomRoutes(route, allow)      // out-of-memory errors: oom.go
-	s.snapshotRoutes(route, allow) // memory snapshots: snapshots.go
-}
-
 func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, c caller) {
-	hb, ok := s.backend.(HistoryBackend)
-	if !ok {
-		s.writeError(w, r, http.StatusNotFound, "this daemon keeps no history")
-		return
-	}
 	q := r.URL.Query()
 	var hq HistoryQuery
 	var err error
@@ -119,13 +84,25 @@ func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, c caller) 
 		}
 	}
 	hq.Wait = q.Get("wait") == "1"
-	resp, err := hb.History(r.Context(), hq)
+	resp, err := s.backend.History(r.Context(), hq)
+	if s.notServed(w, r, err, "this daemon keeps no history") {
+		return
+	}
 	if err != nil {
 		s.writeError(w, r, http.StatusServiceUnavailable, fmt.Sprintf("history: %v", err))
 		return
 	}
 	if c.role == roleUser {
 		resp = userHistory(resp, c.user)
+	}
+	if q.Has("kernels") {
+		own := map[string]bool{}
+		for _, id := range strings.Split(q.Get("kernels"), ",") {
+			if id != "" {
+				own[id] = true
+			}
+		}
+		resp.Others = attribution.EveryoneElse(resp.Report, own, resp.Users)
 	}
 	s.writeJSON(w, r, http.StatusOK, resp)
 }
@@ -134,7 +111,7 @@ func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request, c caller) 
 // their own notebooks, series and events, the GPUs, and every other user
 // only as a total (as GET /api/v1/users gives).
 func userHistory(resp HistoryResponse, user string) HistoryResponse {
-	for _, u := range SummarizeUsers(resp.Report) {
+	for _, u := range usersOf(resp.Report) {
 		if u.User != user {
 			resp.Users = append(resp.Users, u)
 		}
@@ -171,29 +148,37 @@ func userHistory(resp HistoryResponse, user string) HistoryResponse {
 	return resp
 }
 
-func (s *Server) kernelQuery(f func(KernelQueryBackend, context.Context, KernelRef, *http.Request) (json.RawMessage, error)) func(http.ResponseWriter, *http.Request, caller) {
-	return func(w http.ResponseWriter, r *http.Request, c caller) {
-		qb, ok := s.backend.(KernelQueryBackend)
-		if !ok {
-			s.writeError(w, r, http.StatusNotFound, "this daemon answers no kernel queries")
-			return
-		}
-		id := c.kernel.ID
-		reply, err := f(qb, r.Context(), c.kernel, r)
-		switch {
-		case errors.Is(err, ErrKernelNotFound):
-			s.writeError(w, r, http.StatusNotFound, err.Error())
-			return
-		case errors.Is(err, context.DeadlineExceeded):
-			s.writeError(w, r, http.StatusGatewayTimeout, err.Error())
-			return
-		case err != nil:
-			s.writeError(w, r, http.StatusBadGateway, fmt.Sprintf("kernel %s: %v", id, err))
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		setNoCache(w)
-		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(reply)
+// serveKernelVars is %gpumem vars's data of a kernel.
+func (s *Server) serveKernelVars(w http.ResponseWriter, r *http.Request, c caller) {
+	s.kernelQuery(w, r, c, func(ctx context.Context, k KernelRef) (json.RawMessage, error) {
+		return s.backend.KernelVars(ctx, k, r.URL.Query().Get("all_devices") == "1")
+	})
+}
+
+// serveKernelSummary is %gpumem's data of a kernel.
+func (s *Server) serveKernelSummary(w http.ResponseWriter, r *http.Request, c caller) {
+	s.kernelQuery(w, r, c, s.backend.KernelSummary)
+}
+
+// kernelQuery answers a read-only query of one kernel with f's JSON.
+func (s *Server) kernelQuery(w http.ResponseWriter, r *http.Request, c caller, f func(context.Context, KernelRef) (json.RawMessage, error)) {
+	reply, err := f(r.Context(), c.kernel)
+	switch {
+	case errors.Is(err, ErrNotServed):
+		s.writeError(w, r, http.StatusNotFound, "this daemon answers no kernel queries")
+		return
+	case errors.Is(err, ErrKernelNotFound):
+		s.writeError(w, r, http.StatusNotFound, err.Error())
+		return
+	case errors.Is(err, context.DeadlineExceeded):
+		s.writeError(w, r, http.StatusGatewayTimeout, err.Error())
+		return
+	case err != nil:
+		s.writeError(w, r, http.StatusBadGateway, fmt.Sprintf("kernel %s: %v", c.kernel.ID, err))
+		return
 	}
+	w.Header().Set("Content-Type", "application/json")
+	setNoCache(w)
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(reply)
 }

@@ -7,10 +7,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/history"
 )
 
@@ -155,5 +157,31 @@ func TestUserHistory(t *testing.T) {
 	}
 	if strings.Contains(fmt.Sprint(got.Report), them.KernelID) {
 		t.Errorf("another user's kernel id %s reached the caller", them.KernelID)
+	}
+}
+
+// kernels= (a Jupyter server's own kernels): everyone else, per user, is
+// in the reply; the kernels named are not.
+func TestHistoryOthers(t *testing.T) {
+	b := &historyBackend{fakeBackend: fakeBackend{report: testReport()}}
+	ts := startServer(t, "", ModePrivate, b)
+	status, body := rawGet(t, ts.path, "GET", "/api/v1/history?kernels=kernel-a,kernel-zz")
+	if status != 200 {
+		t.Fatalf("GET history = %d %s", status, body)
+	}
+	var resp HistoryResponse
+	if err := json.Unmarshal([]byte(body), &resp); err != nil {
+		t.Fatal(err)
+	}
+	want := []UserUsage{
+		{User: "bob", Notebooks: 1, OtherProcesses: 1, NotebookBytes: 15 << 30, OtherBytes: 5 << 30, GPUMemoryBytes: 20 << 30,
+			PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 10 << 30}, {Index: 1, Bytes: 10 << 30}}},
+		{User: "alice", Notebooks: 1, PerGPU: []attribution.GPUBytes{}},
+	}
+	if !reflect.DeepEqual(resp.Others, want) {
+		t.Errorf("others\n%+v\nwant\n%+v", resp.Others, want)
+	}
+	if _, body := rawGet(t, ts.path, "GET", "/api/v1/history"); strings.Contains(body, `"others"`) {
+		t.Errorf("others without kernels=: %s", body)
 	}
 }

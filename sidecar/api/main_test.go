@@ -264,9 +264,10 @@ func (b *fakeBackend) freeCalls() []freeCall {
 	return append([]freeCall(nil), b.frees...)
 }
 
-// testReport has two users, three kernels on two GPUs and one other process.
+// testReport has two users, three kernels on two GPUs and one other
+// process, finished as the daemon finishes its reports.
 func testReport() attribution.Report {
-	return attribution.Report{
+	rep := attribution.Report{
 		GPUs: []attribution.GPU{
 			{Index: 0, UUID: "GPU-aaaa", Name: "NVIDIA H200", MemoryTotalBytes: 100 << 30, MemoryUsedBytes: 30 << 30, Simulated: true, NotebookBytes: 25 << 30, OtherBytes: 5 << 30, FreeBytes: 70 << 30},
 			{Index: 1, UUID: "GPU-bbbb", Name: "NVIDIA H200", MemoryTotalBytes: 100 << 30, MemoryUsedBytes: 10 << 30, Simulated: true, NotebookBytes: 10 << 30, FreeBytes: 90 << 30},
@@ -280,6 +281,8 @@ func testReport() attribution.Report {
 			{PID: 401, User: "bob", Command: "python train.py", PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 5 << 30}}},
 		},
 	}
+	attribution.Finish(&rep, attribution.FinishInput{})
+	return rep
 }
 
 type testServer struct {

@@ -9,17 +9,6 @@ import (
 	"github.com/gpumem/gpumem/sidecar/oom"
 )
 
-// OOMBackend is what the out-of-memory endpoints need. A Backend that does
-// not implement it answers 404 there.
-type OOMBackend interface {
-	// RecordOOM records an out-of-memory error of kernel k (the caller is
-	// one of its processes) and returns the whole event. Errors wrapping
-	// ErrTooMany are answered 429.
-	RecordOOM(ctx context.Context, k KernelRef, req oom.Request) (oom.Event, error)
-	// OOMEvents is every event recorded and still kept, oldest first.
-	OOMEvents(ctx context.Context) ([]oom.Event, error)
-}
-
 // ErrTooMany is wrapped by an OOMBackend's error for a kernel that reports
 // more errors than any cell could raise.
 var ErrTooMany = errors.New("too many reports")
@@ -27,14 +16,6 @@ var ErrTooMany = errors.New("too many reports")
 // OOMEventsResponse is the reply of GET /api/v1/oom.
 type OOMEventsResponse struct {
 	Events []oom.Event `json:"events"`
-}
-
-// oomRoutes adds POST /api/v1/oom (a kernel reports its own error) and
-// GET /api/v1/oom (the events the caller may see).
-func (s *Server) oomRoutes(route func(string, access, func(http.ResponseWriter, *http.Request, caller)), allow map[string]string) {
-	route("POST /api/v1/oom", accessAnyone, s.serveRecordOOM)
-	route("GET /api/v1/oom", accessUser, s.serveOOMEvents)
-	allow["/api/v1/oom"] = "GET, HEAD, POST"
 }
 
 // callerKernel is the kernel the caller's process belongs to, for the
@@ -64,11 +45,6 @@ func (s *Server) callerKernel(ctx context.Context, c caller) (KernelRef, error) 
 }
 
 func (s *Server) serveRecordOOM(w http.ResponseWriter, r *http.Request, c caller) {
-	ob, ok := s.backend.(OOMBackend)
-	if !ok {
-		s.writeError(w, r, http.StatusNotFound, "this daemon records no out-of-memory errors")
-		return
-	}
 	k, err := s.callerKernel(r.Context(), c)
 	if err != nil {
 		s.writeCallerKernelError(w, r, err)
@@ -83,8 +59,11 @@ func (s *Server) serveRecordOOM(w http.ResponseWriter, r *http.Request, c caller
 		s.writeError(w, r, http.StatusBadRequest, "out-of-memory report: "+err.Error())
 		return
 	}
-	ev, err := ob.RecordOOM(r.Context(), k, req)
+	ev, err := s.backend.RecordOOM(r.Context(), k, req)
 	switch {
+	case errors.Is(err, ErrNotServed):
+		s.writeError(w, r, http.StatusNotFound, "this daemon records no out-of-memory errors")
+		return
 	case errors.Is(err, ErrTooMany):
 		s.writeError(w, r, http.StatusTooManyRequests, err.Error())
 		return
@@ -102,12 +81,10 @@ func (s *Server) serveRecordOOM(w http.ResponseWriter, r *http.Request, c caller
 }
 
 func (s *Server) serveOOMEvents(w http.ResponseWriter, r *http.Request, c caller) {
-	ob, ok := s.backend.(OOMBackend)
-	if !ok {
-		s.writeError(w, r, http.StatusNotFound, "this daemon records no out-of-memory errors")
+	evs, err := s.backend.OOMEvents(r.Context())
+	if s.notServed(w, r, err, "this daemon records no out-of-memory errors") {
 		return
 	}
-	evs, err := ob.OOMEvents(r.Context())
 	if err != nil {
 		s.writeError(w, r, http.StatusServiceUnavailable, err.Error())
 		return

@@ -22,7 +22,7 @@ type oomBackend struct {
 	err    error
 }
 
-var _ OOMBackend = (*oomBackend)(nil)
+var _ Backend = (*oomBackend)(nil)
 
 func (b *oomBackend) RecordOOM(_ context.Context, k KernelRef, req oom.Request) (oom.Event, error) {
 	b.mu.Lock()

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -9,19 +8,6 @@ import (
 
 	"github.com/gpumem/gpumem/sidecar/attribution"
 )
-
-// OrphanBackend ends, on request, the processes of a dead kernel's tree
-// that reclaim left running (they were computing on a GPU). A Backend that
-// does not implement it answers 404 there.
-type OrphanBackend interface {
-	// EndOrphans ends the processes left running of the kernel of
-	// k.ConnectionFile (those of req.PIDs, or all) whose recorded owner is
-	// user ("": any, for an admin), each checked as reclaim checks (the
-	// recorded tree, pid and start time through a pidfd, the user, no live
-	// kernel's tree). The error wraps ErrKernelNotFound when none is left
-	// running.
-	EndOrphans(ctx context.Context, k KernelRef, user string, req EndOrphansRequest) (EndOrphansReply, error)
-}
 
 // EndOrphansRequest is the optional body of POST
 // /api/v1/kernels/{id}/orphans/end: which processes left running to end;
@@ -62,17 +48,7 @@ type EndedProcess struct {
 	Reason string `json:"reason,omitempty"`
 }
 
-func (s *Server) orphanRoutes(route func(string, access, func(http.ResponseWriter, *http.Request, caller)), allow map[string]string) {
-	route("POST /api/v1/kernels/{id}/orphans/end", accessOwnOrphans, s.serveEndOrphans)
-	allow["/api/v1/kernels/{id}/orphans/end"] = "POST"
-}
-
 func (s *Server) serveEndOrphans(w http.ResponseWriter, r *http.Request, c caller) {
-	ob, ok := s.backend.(OrphanBackend)
-	if !ok {
-		s.writeError(w, r, http.StatusNotFound, "this daemon leaves no process running")
-		return
-	}
 	id := c.kernel.ID
 	var req EndOrphansRequest
 	if status, err := (jsonBody{limit: maxFreeBody, optional: true, strict: true}).decode(w, r, &req); err != nil {
@@ -88,8 +64,11 @@ func (s *Server) serveEndOrphans(w http.ResponseWriter, r *http.Request, c calle
 	if c.role == roleUser {
 		user = c.user
 	}
-	reply, err := ob.EndOrphans(r.Context(), c.kernel, user, req)
+	reply, err := s.backend.EndOrphans(r.Context(), c.kernel, user, req)
 	switch {
+	case errors.Is(err, ErrNotServed):
+		s.writeError(w, r, http.StatusNotFound, "this daemon leaves no process running")
+		return
 	case errors.Is(err, ErrKernelNotFound):
 		s.writeError(w, r, http.StatusNotFound, err.Error())
 		return

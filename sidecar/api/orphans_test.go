@@ -25,7 +25,7 @@ type orphanBackend struct {
 	who  []string // connection file and user of each ask
 }
 
-var _ OrphanBackend = (*orphanBackend)(nil)
+var _ Backend = (*orphanBackend)(nil)
 
 func (b *orphanBackend) EndOrphans(_ context.Context, k KernelRef, user string, req EndOrphansRequest) (EndOrphansReply, error) {
 	b.mu.Lock()

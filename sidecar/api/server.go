@@ -18,30 +18,6 @@ import (
 	"github.com/gpumem/gpumem/sidecar/attribution"
 )
 
-// Backend is what the API needs from the daemon. Its methods are called
-// concurrently, one call per request.
-type Backend interface {
-	// Report is the current snapshot. The server does not modify it.
-	Report(ctx context.Context) (attribution.Report, error)
-	// KernelOfPID says which kernel's process tree pid belongs to (its
-	// connection file), and the uid owning that kernel: a free asked from
-	// inside the kernel it frees gets a short deadline.
-	KernelOfPID(ctx context.Context, pid int) (connectionFile string, ownerUID uint32, ok bool)
-	// Free frees GPU memory in the kernel of k.ConnectionFile; req has been
-	// validated, and the caller authorized for that kernel. It returns the
-	// JSON reply to send, or an error wrapping ErrKernelNotFound for an
-	// unknown kernel. The error's text is sent to the caller: it must not
-	// hold a kernel key or a server token.
-	Free(ctx context.Context, k KernelRef, req FreeRequest) (json.RawMessage, error)
-	// Kernels lists the kernels the daemon follows, as `gpumem kernels`
-	// prints them.
-	Kernels(ctx context.Context) ([]KernelStatus, error)
-	// KernelNow is a kernel's figures sampled now (NVML and /proc), not
-	// from the last sample: what a report after a free must show. The
-	// error wraps ErrKernelNotFound for an unknown kernel.
-	KernelNow(ctx context.Context, k KernelRef) (attribution.Notebook, error)
-}
-
 // Free deadlines. A free runs after the kernel's current cell, which may
 // take hours, so the caller's own deadline normally rules; the server caps
 // it. A free asked from inside the kernel itself can only be answered once
@@ -142,28 +118,12 @@ func (s *Server) Serve(ctx context.Context, ln *Listener) error {
 // handler is the whole API: browser checks, peer check, routes.
 func (s *Server) handler(mode Mode) http.Handler {
 	mux := http.NewServeMux()
-	route := func(pattern string, a access, h func(http.ResponseWriter, *http.Request, caller)) {
-		mux.Handle(pattern, s.authorized(mode, a, h))
+	for _, rt := range routes {
+		mux.Handle(rt.method+" "+rt.path, s.authorized(mode, rt.access, func(w http.ResponseWriter, r *http.Request, c caller) {
+			rt.serve(s, w, r, c)
+		}))
 	}
-	route("GET /healthz", accessAnyone, s.serveHealthz)
-	route("GET /api/v1/gpus", accessUser, s.serveGPUs)
-	route("GET /api/v1/users", accessUser, s.serveUsers)
-	route("GET /api/v1/notebooks", accessUser, s.serveNotebooks)
-	route("GET /api/v1/kernels", accessUser, s.serveKernels)
-	route("GET /api/v1/kernels/{id}", accessOwnKernel, s.serveKernel)
-	route("POST /api/v1/kernels/{id}/free", accessOwnKernel, s.serveFree)
-
-	allows := map[string]string{
-		"/healthz":                  "GET, HEAD",
-		"/api/v1/gpus":              "GET, HEAD",
-		"/api/v1/users":             "GET, HEAD",
-		"/api/v1/notebooks":         "GET, HEAD",
-		"/api/v1/kernels":           "GET, HEAD",
-		"/api/v1/kernels/{id}":      "GET, HEAD",
-		"/api/v1/kernels/{id}/free": "POST",
-	}
-	s.extraRoutes(route, allows)  // history and kernel queries: history.go
-	s.orphanRoutes(route, allows) // ending processes left running: orphans.go
+	allows := allowed()
 	// The same paths without a method: any other method gets 405.
 	for path, allow := range allows {
 		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
@@ -254,22 +214,23 @@ func (s *Server) serveUsers(w http.ResponseWriter, r *http.Request, _ caller) {
 	if !ok {
 		return
 	}
-	s.writeJSON(w, r, http.StatusOK, UsersResponse{Users: SummarizeUsers(rep)})
+	s.writeJSON(w, r, http.StatusOK, UsersResponse{Users: usersOf(rep)})
 }
 
-// ReportEncoder is a Backend that also hands out its report already
-// encoded as JSON (exactly json.Marshal of Report's value), encoding it once
-// per sample: with a thousand kernels the encoding costs milliseconds, and
-// every poll of /api/v1/notebooks (a dashboard, each user's `gpumem ls`)
-// would pay it again. The bytes are shared: the server does not modify
-// them.
-type ReportEncoder interface {
-	ReportJSON(ctx context.Context) ([]byte, error)
+// usersOf is the report's per-user totals (attribution.Finish made them).
+func usersOf(rep attribution.Report) []UserUsage {
+	if rep.Users == nil {
+		return []UserUsage{}
+	}
+	return rep.Users
 }
 
 func (s *Server) serveNotebooks(w http.ResponseWriter, r *http.Request, c caller) {
-	if enc, ok := s.backend.(ReportEncoder); ok && c.role != roleUser {
-		body, err := enc.ReportJSON(r.Context())
+	if c.role != roleUser {
+		body, err := s.backend.ReportJSON(r.Context())
+		if errors.Is(err, ErrNotServed) {
+			body, err = s.encodedReport(r.Context())
+		}
 		if err != nil {
 			s.writeError(w, r, http.StatusServiceUnavailable, fmt.Sprintf("no GPU memory snapshot: %v", err))
 			return
@@ -285,6 +246,16 @@ func (s *Server) serveNotebooks(w http.ResponseWriter, r *http.Request, c caller
 		rep = ownView(rep, c.user)
 	}
 	s.writeJSON(w, r, http.StatusOK, rep)
+}
+
+// encodedReport encodes the backend's report, for one that does not
+// encode it itself.
+func (s *Server) encodedReport(ctx context.Context) ([]byte, error) {
+	rep, err := s.backend.Report(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(rep)
 }
 
 func (s *Server) serveKernels(w http.ResponseWriter, r *http.Request, c caller) {

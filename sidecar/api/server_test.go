@@ -39,7 +39,7 @@ func TestEndpoints(t *testing.T) {
 	_, err = c.Kernel(ctx, "kernel-zz")
 	wantStatus(t, err, http.StatusNotFound)
 	users, err := c.Users(ctx)
-	if err != nil || !reflect.DeepEqual(users, SummarizeUsers(testReport())) {
+	if err != nil || !reflect.DeepEqual(users, attribution.SummarizeUsers(testReport())) {
 		t.Errorf("Users = %+v, %v", users, err)
 	}
 
@@ -374,7 +374,7 @@ func TestSummarizeUsers(t *testing.T) {
 			[]UserUsage{{User: "carol", Notebooks: 1, PerGPU: []attribution.GPUBytes{}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := SummarizeUsers(tc.in); !reflect.DeepEqual(got, tc.want) {
+			if got := attribution.SummarizeUsers(tc.in); !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("SummarizeUsers =\n%+v\nwant\n%+v", got, tc.want)
 			}
 		})

@@ -1,30 +1,12 @@
 package api
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 )
-
-// SnapshotBackend keeps the PyTorch memory snapshots kernels hand over and
-// their reductions. A Backend that does not implement it answers 404 on
-// the snapshot endpoints.
-type SnapshotBackend interface {
-	// AddSnapshot takes the snapshot file of kernel k (the caller, of uid,
-	// is one of its processes) and starts reducing it.
-	AddSnapshot(ctx context.Context, k KernelRef, uid uint32, req SnapshotRequest) (SnapshotInfo, error)
-	// Snapshots lists the snapshots of k's connection file, oldest first.
-	Snapshots(ctx context.Context, k KernelRef) ([]SnapshotInfo, error)
-	// MemorySnapshot is one of them and, once reduced, its reduction's JSON.
-	// Errors wrap ErrKernelNotFound for an unknown kernel or snapshot.
-	MemorySnapshot(ctx context.Context, k KernelRef, id string) (SnapshotInfo, json.RawMessage, error)
-	// SnapshotFile is the raw pickle, to download.
-	SnapshotFile(ctx context.Context, k KernelRef, id string) (io.ReadSeeker, SnapshotInfo, error)
-}
 
 // SnapshotRequest is the body of POST /api/v1/snapshots.
 type SnapshotRequest struct {
@@ -70,30 +52,7 @@ type SnapshotsResponse struct {
 
 const maxSnapshotBody = 8 << 10
 
-func (s *Server) snapshotRoutes(route func(string, access, func(http.ResponseWriter, *http.Request, caller)), allow map[string]string) {
-	route("POST /api/v1/snapshots", accessAnyone, s.serveAddSnapshot)
-	route("GET /api/v1/kernels/{id}/snapshots", accessOwnKernel, s.serveSnapshots)
-	route("GET /api/v1/kernels/{id}/snapshots/{sid}", accessOwnKernel, s.serveSnapshot)
-	route("GET /api/v1/kernels/{id}/snapshots/{sid}/raw", accessOwnKernel, s.serveSnapshotFile)
-	allow["/api/v1/snapshots"] = "POST"
-	allow["/api/v1/kernels/{id}/snapshots"] = "GET, HEAD"
-	allow["/api/v1/kernels/{id}/snapshots/{sid}"] = "GET, HEAD"
-	allow["/api/v1/kernels/{id}/snapshots/{sid}/raw"] = "GET, HEAD"
-}
-
-func (s *Server) snapshotBackend(w http.ResponseWriter, r *http.Request) (SnapshotBackend, bool) {
-	sb, ok := s.backend.(SnapshotBackend)
-	if !ok {
-		s.writeError(w, r, http.StatusNotFound, "this daemon keeps no memory snapshots")
-	}
-	return sb, ok
-}
-
 func (s *Server) serveAddSnapshot(w http.ResponseWriter, r *http.Request, c caller) {
-	sb, ok := s.snapshotBackend(w, r)
-	if !ok {
-		return
-	}
 	k, err := s.callerKernel(r.Context(), c)
 	if err != nil {
 		s.writeCallerKernelError(w, r, err)
@@ -108,7 +67,10 @@ func (s *Server) serveAddSnapshot(w http.ResponseWriter, r *http.Request, c call
 		s.writeError(w, r, http.StatusBadRequest, fmt.Sprintf("snapshot: reason %q: want \"manual\" or \"oom\"", req.Reason))
 		return
 	}
-	info, err := sb.AddSnapshot(r.Context(), k, c.peer.UID, req)
+	info, err := s.backend.AddSnapshot(r.Context(), k, c.peer.UID, req)
+	if s.notServed(w, r, err, noSnapshots) {
+		return
+	}
 	if err != nil {
 		if errors.Is(err, ErrTooMany) {
 			s.writeError(w, r, http.StatusTooManyRequests, err.Error())
@@ -121,11 +83,10 @@ func (s *Server) serveAddSnapshot(w http.ResponseWriter, r *http.Request, c call
 }
 
 func (s *Server) serveSnapshots(w http.ResponseWriter, r *http.Request, c caller) {
-	sb, ok := s.snapshotBackend(w, r)
-	if !ok {
+	list, err := s.backend.Snapshots(r.Context(), c.kernel)
+	if s.notServed(w, r, err, noSnapshots) {
 		return
 	}
-	list, err := sb.Snapshots(r.Context(), c.kernel)
 	if err != nil {
 		s.writeError(w, r, http.StatusServiceUnavailable, err.Error())
 		return
@@ -137,11 +98,7 @@ func (s *Server) serveSnapshots(w http.ResponseWriter, r *http.Request, c caller
 }
 
 func (s *Server) serveSnapshot(w http.ResponseWriter, r *http.Request, c caller) {
-	sb, ok := s.snapshotBackend(w, r)
-	if !ok {
-		return
-	}
-	info, red, err := sb.MemorySnapshot(r.Context(), c.kernel, r.PathValue("sid"))
+	info, red, err := s.backend.MemorySnapshot(r.Context(), c.kernel, r.PathValue("sid"))
 	if err != nil {
 		s.snapshotError(w, r, err)
 		return
@@ -153,11 +110,7 @@ func (s *Server) serveSnapshot(w http.ResponseWriter, r *http.Request, c caller)
 }
 
 func (s *Server) serveSnapshotFile(w http.ResponseWriter, r *http.Request, c caller) {
-	sb, ok := s.snapshotBackend(w, r)
-	if !ok {
-		return
-	}
-	f, info, err := sb.SnapshotFile(r.Context(), c.kernel, r.PathValue("sid"))
+	f, info, err := s.backend.SnapshotFile(r.Context(), c.kernel, r.PathValue("sid"))
 	if err != nil {
 		s.snapshotError(w, r, err)
 		return
@@ -168,7 +121,13 @@ func (s *Server) serveSnapshotFile(w http.ResponseWriter, r *http.Request, c cal
 	http.ServeContent(w, r, "", time.Unix(info.Time, 0), f)
 }
 
+// noSnapshots is the answer of a backend that keeps no snapshots.
+const noSnapshots = "this daemon keeps no memory snapshots"
+
 func (s *Server) snapshotError(w http.ResponseWriter, r *http.Request, err error) {
+	if s.notServed(w, r, err, noSnapshots) {
+		return
+	}
 	if errors.Is(err, ErrKernelNotFound) {
 		s.writeError(w, r, http.StatusNotFound, err.Error())
 		return

@@ -1,9 +1,7 @@
 package api
 
 import (
-	"cmp"
 	"fmt"
-	"slices"
 	"unicode"
 
 	"github.com/gpumem/gpumem/sidecar/attribution"
@@ -123,74 +121,5 @@ type UsersResponse struct {
 	Users []UserUsage `json:"users"`
 }
 
-// UserUsage is one user's GPU memory: what a kernel caller in shared mode may
-// learn about other users.
-type UserUsage struct {
-	User           string `json:"user"`
-	Notebooks      int    `json:"notebooks"`
-	OtherProcesses int    `json:"other_processes"`
-	NotebookBytes  uint64 `json:"notebook_bytes"`
-	OtherBytes     uint64 `json:"other_bytes"`
-	// GPUMemoryBytes = NotebookBytes + OtherBytes.
-	GPUMemoryBytes uint64 `json:"gpu_memory_bytes"`
-	// PerGPU sums notebooks and other processes, by GPU index, ascending.
-	PerGPU []attribution.GPUBytes `json:"per_gpu"`
-	// HoardedGiBHours is the GPU memory the user's notebooks held while
-	// computing nothing, over the daemon's history window; absent when
-	// none of their readings could be judged.
-	HoardedGiBHours *float64 `json:"hoarded_gib_hours,omitempty"`
-}
-
-// SummarizeUsers totals a report per user, biggest user first (ties by
-// name). Notebooks without GPU memory count in Notebooks.
-func SummarizeUsers(r attribution.Report) []UserUsage {
-	byUser := map[string]*UserUsage{}
-	perGPU := map[string]map[int]uint64{}
-	get := func(user string) *UserUsage {
-		u, ok := byUser[user]
-		if !ok {
-			u = &UserUsage{User: user}
-			byUser[user] = u
-			perGPU[user] = map[int]uint64{}
-		}
-		return u
-	}
-	for _, nb := range r.Notebooks {
-		u := get(nb.User)
-		u.Notebooks++
-		u.NotebookBytes += nb.GPUMemoryBytes
-		for _, g := range nb.PerGPU {
-			perGPU[nb.User][g.Index] += g.Bytes
-		}
-	}
-	for _, p := range r.Other {
-		u := get(p.User)
-		u.OtherProcesses++
-		for _, g := range p.PerGPU {
-			u.OtherBytes += g.Bytes
-			perGPU[p.User][g.Index] += g.Bytes
-		}
-	}
-	for _, h := range r.Hoarding {
-		if u, ok := byUser[h.User]; ok {
-			u.HoardedGiBHours = &h.GiBHours
-		}
-	}
-	users := make([]UserUsage, 0, len(byUser))
-	for name, u := range byUser {
-		u.GPUMemoryBytes = u.NotebookBytes + u.OtherBytes
-		u.PerGPU = []attribution.GPUBytes{}
-		for idx, b := range perGPU[name] {
-			u.PerGPU = append(u.PerGPU, attribution.GPUBytes{Index: idx, Bytes: b})
-		}
-		slices.SortFunc(u.PerGPU, func(a, b attribution.GPUBytes) int { return cmp.Compare(a.Index, b.Index) })
-		users = append(users, *u)
-	}
-	slices.SortFunc(users, func(a, b UserUsage) int {
-		if c := cmp.Compare(b.GPUMemoryBytes, a.GPUMemoryBytes); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.User, b.User)
-	})
-	return users
-}
+// UserUsage is one user's GPU memory (attribution.Finish totals them).
+type UserUsage = attribution.UserUsage

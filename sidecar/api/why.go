@@ -9,25 +9,6 @@ import (
 	"strconv"
 )
 
-// WhyBackend answers %gpumem why for a kernel. Errors follow Backend.Free's
-// rules (ErrKernelNotFound: 404, ErrRefused: 422).
-type WhyBackend interface {
-	// KernelWhy asks the kernel for its why data, joins the driver's
-	// figures and returns it rendered (text, html).
-	KernelWhy(ctx context.Context, k KernelRef, q WhyQuery) (json.RawMessage, error)
-	// JoinWhy joins why data the kernel computed itself with the driver's
-	// figures; the kernel renders the reply.
-	JoinWhy(ctx context.Context, k KernelRef, data json.RawMessage) (json.RawMessage, error)
-}
-
-// ChildrenBackend ends the GPU-holding worker processes of a live kernel,
-// never the kernel. fromKernel says the request came from inside the
-// kernel (the caller's process is in its tree), which has run the
-// frameworks' teardown itself.
-type ChildrenBackend interface {
-	FreeChildren(ctx context.Context, k KernelRef, fromKernel bool) (json.RawMessage, error)
-}
-
 // WhyQuery is GET /api/v1/kernels/{id}/why's parameters.
 type WhyQuery struct {
 	Device     *int    // device=N: only this CUDA device
@@ -37,21 +18,7 @@ type WhyQuery struct {
 
 const maxWhyBody = 4 << 20
 
-// whyRoutes adds the why and children endpoints.
-func (s *Server) whyRoutes(route func(string, access, func(http.ResponseWriter, *http.Request, caller)), allow map[string]string) {
-	route("GET /api/v1/kernels/{id}/why", accessOwnKernel, s.serveWhy)
-	route("POST /api/v1/kernels/{id}/why", accessOwnKernel, s.serveWhyJoin)
-	route("POST /api/v1/kernels/{id}/children/free", accessOwnKernel, s.serveFreeChildren)
-	allow["/api/v1/kernels/{id}/why"] = "GET, HEAD, POST"
-	allow["/api/v1/kernels/{id}/children/free"] = "POST"
-}
-
 func (s *Server) serveWhy(w http.ResponseWriter, r *http.Request, c caller) {
-	wb, ok := s.backend.(WhyBackend)
-	if !ok {
-		s.writeError(w, r, http.StatusNotFound, "this daemon answers no why queries")
-		return
-	}
 	q := r.URL.Query()
 	opts := WhyQuery{AllDevices: q.Get("all_devices") == "1"}
 	if v := q.Get("device"); v != "" {
@@ -76,36 +43,35 @@ func (s *Server) serveWhy(w http.ResponseWriter, r *http.Request, c caller) {
 			"(it runs after that cell): use %%gpumem why in the notebook instead", id))
 		return
 	}
-	reply, err := wb.KernelWhy(r.Context(), c.kernel, opts)
+	reply, err := s.backend.KernelWhy(r.Context(), c.kernel, opts)
+	if s.notServed(w, r, err, "this daemon answers no why queries") {
+		return
+	}
 	s.writeKernelReply(w, r, id, reply, err)
 }
 
 func (s *Server) serveWhyJoin(w http.ResponseWriter, r *http.Request, c caller) {
-	wb, ok := s.backend.(WhyBackend)
-	if !ok {
-		s.writeError(w, r, http.StatusNotFound, "this daemon answers no why queries")
-		return
-	}
 	var body json.RawMessage
 	if status, err := (jsonBody{limit: maxWhyBody}).decode(w, r, &body); err != nil {
 		s.writeError(w, r, status, "why data: "+err.Error())
 		return
 	}
-	reply, err := wb.JoinWhy(r.Context(), c.kernel, body)
+	reply, err := s.backend.JoinWhy(r.Context(), c.kernel, body)
+	if s.notServed(w, r, err, "this daemon answers no why queries") {
+		return
+	}
 	s.writeKernelReply(w, r, c.kernel.ID, reply, err)
 }
 
 func (s *Server) serveFreeChildren(w http.ResponseWriter, r *http.Request, c caller) {
-	cb, ok := s.backend.(ChildrenBackend)
-	if !ok {
-		s.writeError(w, r, http.StatusNotFound, "this daemon cannot end a kernel's workers")
-		return
-	}
 	id := c.kernel.ID
 	fromKernel := s.fromKernel(r, c)
 	ctx, cancel := context.WithTimeout(r.Context(), maxFreeWait)
 	defer cancel()
-	reply, err := cb.FreeChildren(ctx, c.kernel, fromKernel)
+	reply, err := s.backend.FreeChildren(ctx, c.kernel, fromKernel)
+	if s.notServed(w, r, err, "this daemon cannot end a kernel's workers") {
+		return
+	}
 	if err == nil {
 		s.log.Info().Str("kernel_id", id).Str("connection_file", c.kernel.ConnectionFile).Int("pid", c.peer.PID).
 			Uint32("uid", c.peer.UID).Bool("from_kernel", fromKernel).Msg("ended a kernel's worker processes on request")

@@ -31,8 +31,7 @@ func (b *whyBackend) got() string {
 }
 
 var (
-	_ WhyBackend      = (*whyBackend)(nil)
-	_ ChildrenBackend = (*whyBackend)(nil)
+	_ Backend = (*whyBackend)(nil)
 )
 
 // known checks that the server handed over the connection file of the

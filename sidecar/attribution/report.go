@@ -1,6 +1,8 @@
 // Package attribution is pure: it combines GPU processes (from nvml), the
 // process table (from procs) and the kernels (from discovery) into
-// per-notebook GPU memory. It does no I/O.
+// per-notebook GPU memory, and finishes that report once (Finish: pods,
+// activity, who holds each GPU, per-user totals, alerts and their text) for
+// every face to render. It does no I/O.
 package attribution
 
 import "time"
@@ -24,6 +26,10 @@ type Report struct {
 	// computing nothing, over the daemon's history window; absent without
 	// gpumem serve.
 	Hoarding []UserHoarding `json:"hoarding,omitempty"`
+	// Users totals the report per user, biggest first (Finish).
+	Users []UserUsage `json:"users,omitempty"`
+	// Alerts are the alerts that stand, with their text (Finish).
+	Alerts []Alert `json:"alerts,omitempty"`
 }
 
 // GPU is one physical device with its memory totals. With MIG on, the
@@ -43,6 +49,10 @@ type GPU struct {
 	// the GPU cannot say, and UtilizationMissing says why.
 	Utilization        *Utilization `json:"utilization,omitempty"`
 	UtilizationMissing string       `json:"utilization_missing,omitempty"`
+	// Holders are the notebooks and other processes holding memory on the
+	// GPU, biggest first; HoldersByUser the same by user (Finish).
+	Holders       []Holder `json:"holders,omitempty"`
+	HoldersByUser []Holder `json:"holders_by_user,omitempty"`
 }
 
 // GPUBytes is a byte count on one GPU.
@@ -114,6 +124,8 @@ type OOMSummary struct {
 	LastGPU            *int   `json:"last_gpu,omitempty"`
 	LastRequestedBytes uint64 `json:"last_requested_bytes"`
 	LastEvent          uint64 `json:"last_event"`
+	// LastHeadline is the last event's one line (the OOM alert's text).
+	LastHeadline string `json:"last_headline,omitempty"`
 }
 
 // Compute states.

@@ -14,6 +14,16 @@ import (
 	"github.com/gpumem/gpumem/sidecar/metrics"
 )
 
+// apiBackend is the daemon as the local API sees it (api.Backend): the
+// methods that exist only for the API live on it, not on Daemon, whose
+// exported surface is what the composition root needs (New, Run, Settle).
+type apiBackend struct{ d *Daemon }
+
+var _ api.Backend = apiBackend{}
+
+// api is d's api.Backend.
+func (d *Daemon) api() apiBackend { return apiBackend{d} }
+
 // Snapshot implements metrics.Source.
 func (d *Daemon) Snapshot() metrics.Snapshot {
 	d.mu.Lock()
@@ -22,7 +32,8 @@ func (d *Daemon) Snapshot() metrics.Snapshot {
 }
 
 // Report implements api.Backend: the last sample's report.
-func (d *Daemon) Report(ctx context.Context) (attribution.Report, error) {
+func (a apiBackend) Report(ctx context.Context) (attribution.Report, error) {
+	d := a.d
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.last.SampledAt.IsZero() {
@@ -31,10 +42,11 @@ func (d *Daemon) Report(ctx context.Context) (attribution.Report, error) {
 	return d.last.Report, nil
 }
 
-// ReportJSON implements api.ReportEncoder: the last sample's report,
+// ReportJSON implements api.Backend: the last sample's report,
 // encoded once per sample (outside d.mu: encoding a thousand notebooks
 // takes milliseconds, and a sample must not wait for it).
-func (d *Daemon) ReportJSON(ctx context.Context) ([]byte, error) {
+func (a apiBackend) ReportJSON(ctx context.Context) ([]byte, error) {
+	d := a.d
 	d.mu.Lock()
 	if d.last.SampledAt.IsZero() {
 		d.mu.Unlock()
@@ -61,7 +73,8 @@ func (d *Daemon) ReportJSON(ctx context.Context) ([]byte, error) {
 
 // KernelOfPID implements api.Backend: the kernel (its connection file)
 // whose live process tree holds pid.
-func (d *Daemon) KernelOfPID(ctx context.Context, pid int) (string, uint32, bool) {
+func (a apiBackend) KernelOfPID(ctx context.Context, pid int) (string, uint32, bool) {
+	d := a.d
 	table, err := d.fs.ScanTree([]int{pid})
 	if err != nil {
 		return "", 0, false
@@ -87,7 +100,8 @@ func (d *Daemon) KernelOfPID(ctx context.Context, pid int) (string, uint32, bool
 
 // KernelNow implements api.Backend: the kernel's figures from a reading
 // taken now.
-func (d *Daemon) KernelNow(ctx context.Context, k api.KernelRef) (attribution.Notebook, error) {
+func (a apiBackend) KernelNow(ctx context.Context, k api.KernelRef) (attribution.Notebook, error) {
+	d := a.d
 	obs, err := d.observe(ctx)
 	if err != nil {
 		return attribution.Notebook{}, err
@@ -104,7 +118,8 @@ func (d *Daemon) KernelNow(ctx context.Context, k api.KernelRef) (attribution.No
 // cell; cache-only unless req names variables or All. The report carries the
 // driver's figure for the kernel's processes before and after, each read
 // when it is reported (the last sample may be a second old).
-func (d *Daemon) Free(ctx context.Context, k api.KernelRef, req api.FreeRequest) (json.RawMessage, error) {
+func (a apiBackend) Free(ctx context.Context, k api.KernelRef, req api.FreeRequest) (json.RawMessage, error) {
+	d := a.d
 	client, err := d.attachedClient(k)
 	if err != nil {
 		return nil, err
@@ -112,7 +127,7 @@ func (d *Daemon) Free(ctx context.Context, k api.KernelRef, req api.FreeRequest)
 	// The driver's figure, read now before and after: the report's JSON
 	// and the kernel's text show the same two readings.
 	driverNow := func(ctx context.Context) *uint64 {
-		nb, err := d.KernelNow(ctx, k)
+		nb, err := a.KernelNow(ctx, k)
 		if err != nil {
 			return nil
 		}
@@ -131,7 +146,8 @@ func (d *Daemon) Free(ctx context.Context, k api.KernelRef, req api.FreeRequest)
 
 // Kernels implements api.Backend: the kernels followed, alive while the
 // attached client's connection stands (its iopub socket).
-func (d *Daemon) Kernels(ctx context.Context) ([]api.KernelStatus, error) {
+func (a apiBackend) Kernels(ctx context.Context) ([]api.KernelStatus, error) {
+	d := a.d
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := make([]api.KernelStatus, 0, len(d.kernels))

@@ -13,7 +13,7 @@ import (
 	"github.com/gpumem/gpumem/sidecar/attribution"
 )
 
-// FreeChildren implements api.ChildrenBackend: it ends the processes of a
+// FreeChildren implements api.Backend: it ends the processes of a
 // live kernel's tree that hold GPU memory, never the kernel itself. First
 // the kernel runs the frameworks' own teardown (DataLoader workers, pools,
 // ray, inference engines), unless the request came from inside the kernel,
@@ -22,7 +22,8 @@ import (
 // same start time (signalled through a pidfd), of the kernel's user, in
 // its pod, and in no other live kernel's tree. The report says what ended,
 // how, what was left and why, and the driver's figure before and after.
-func (d *Daemon) FreeChildren(ctx context.Context, k api.KernelRef, fromKernel bool) (json.RawMessage, error) {
+func (a apiBackend) FreeChildren(ctx context.Context, k api.KernelRef, fromKernel bool) (json.RawMessage, error) {
+	d := a.d
 	kernelID := k.ID
 	client, err := d.attachedClient(k)
 	if err != nil {
@@ -32,7 +33,7 @@ func (d *Daemon) FreeChildren(ctx context.Context, k api.KernelRef, fromKernel b
 	// its teardown before asking, the last sample's.
 	var before attribution.Notebook
 	if fromKernel {
-		rep, err := d.Report(ctx)
+		rep, err := a.Report(ctx)
 		if err != nil {
 			return nil, err
 		}

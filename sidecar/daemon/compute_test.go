@@ -93,17 +93,17 @@ func TestReclaimLeavesAComputingSurvivorRunning(t *testing.T) {
 	// named after it), nor for a user the process is not recorded as.
 	ref := api.KernelRef{ID: "k1", ConnectionFile: k1}
 	twin := api.KernelRef{ID: "k1", ConnectionFile: "/home/other/kernel-k1.json"}
-	if _, err := r.d.EndOrphans(r.ctx, twin, "", api.EndOrphansRequest{}); !errors.Is(err, api.ErrKernelNotFound) {
+	if _, err := r.d.api().EndOrphans(r.ctx, twin, "", api.EndOrphansRequest{}); !errors.Is(err, api.ErrKernelNotFound) {
 		t.Errorf("ending through another file of the same id: %v, want ErrKernelNotFound", err)
 	}
-	if _, err := r.d.EndOrphans(r.ctx, ref, "not-"+lr.User, api.EndOrphansRequest{}); !errors.Is(err, api.ErrKernelNotFound) {
+	if _, err := r.d.api().EndOrphans(r.ctx, ref, "not-"+lr.User, api.EndOrphansRequest{}); !errors.Is(err, api.ErrKernelNotFound) {
 		t.Errorf("ending as a user the process is not recorded as: %v, want ErrKernelNotFound", err)
 	}
 	if got := r.kills(); !slices.Equal(got, []int{101}) {
 		t.Fatalf("ended %v, want only [101]", got)
 	}
 	// The explicit end: a pid never left running is refused, 104 is ended.
-	reply, err := r.d.EndOrphans(r.ctx, ref, lr.User, api.EndOrphansRequest{PIDs: []int{101, 104}})
+	reply, err := r.d.api().EndOrphans(r.ctx, ref, lr.User, api.EndOrphansRequest{PIDs: []int{101, 104}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func TestReclaimLeavesAComputingSurvivorRunning(t *testing.T) {
 	if got := r.kills(); !slices.Equal(got, []int{101, 104}) {
 		t.Errorf("ended %v, want [101 104]", got)
 	}
-	if _, err := r.d.EndOrphans(r.ctx, ref, "", api.EndOrphansRequest{}); !errors.Is(err, api.ErrKernelNotFound) {
+	if _, err := r.d.api().EndOrphans(r.ctx, ref, "", api.EndOrphansRequest{}); !errors.Is(err, api.ErrKernelNotFound) {
 		t.Errorf("nothing left running: %v, want ErrKernelNotFound", err)
 	}
 }

@@ -21,11 +21,11 @@ import (
 // touches a busy kernel, one whose server cannot be asked, or one used
 // since the warning.
 
-// Cull actions.
+// Cull actions: attribution's, whose warnings name them.
 const (
-	CullReport   = "report"   // log and count only
-	CullFree     = "free"     // cache-only free through the magics
-	CullShutdown = "shutdown" // DELETE /api/kernels/{id} on its server
+	CullReport   = attribution.CullReport
+	CullFree     = attribution.CullFree
+	CullShutdown = attribution.CullShutdown
 )
 
 // CullConfig is `gpumem serve --cull-*`.
@@ -101,10 +101,7 @@ type cullInput struct {
 // used is when the kernel was last used: its server's last activity, or
 // its processes' last work on a GPU, whichever is later.
 func (in cullInput) used() time.Time {
-	if in.computedAt.After(in.lastActivity) {
-		return in.computedAt
-	}
-	return in.lastActivity
+	return attribution.KernelActivity{LastActivity: in.lastActivity, ComputedAt: in.computedAt}.Used()
 }
 
 // decide is the culling policy, pure.
@@ -146,18 +143,11 @@ func (c CullConfig) decide(in cullInput) (cullVerdict, string) {
 	return cullAct, "idle through its warning period"
 }
 
-// cullMessage is the warning shown in the notebook and JupyterLab.
-func cullMessage(action string, bytes uint64, idle time.Duration, at time.Time) string {
-	verb := map[string]string{CullReport: "reported as an idle GPU holder", CullFree: "have its GPU caches freed",
-		CullShutdown: "be shut down"}[action]
-	return fmt.Sprintf("gpumem: this kernel holds %s and has been idle %s; it will %s at %s unless used.",
-		units.Bytes(bytes), idle.Round(time.Second), verb, at.Format("15:04:05"))
-}
-
-// cull runs the policy over the kernels of rep (the sample just taken),
-// decorates rep's notebooks with their activity, starts the actions due,
-// and returns the warnings that stand, for the notebook alert file.
-func (d *Daemon) cull(ctx context.Context, rep *attribution.Report) []notebookAlert {
+// cull runs the policy over the kernels of rep (the sample just taken)
+// and starts the actions due. It returns the warnings that stand and what
+// each kernel's server says of it (by connection file), for
+// attribution.Finish: it changes nothing in rep.
+func (d *Daemon) cull(ctx context.Context, rep attribution.Report) ([]attribution.CullWarning, map[string]attribution.KernelActivity) {
 	now := time.Now()
 	// By connection file: another user's kernel may share an id.
 	bytes := map[string]uint64{}
@@ -171,22 +161,18 @@ func (d *Daemon) cull(ctx context.Context, rep *attribution.Report) []notebookAl
 		server discovery.Server
 	}
 	var jobs []job
-	var alerts []notebookAlert
-	activity := map[string]*attribution.Activity{}
+	var warnings []attribution.CullWarning
+	activity := map[string]attribution.KernelActivity{}
 	d.mu.Lock()
 	for _, ks := range d.kernels {
 		hasServer := ks.server.URL != "" && !ks.lastActivity.IsZero()
-		var act *attribution.Activity
 		computedAt := d.compute.kernelComputedAt(ks.connFile)
-		used := cullInput{lastActivity: ks.lastActivity, computedAt: computedAt}.used()
-		if hasServer {
-			act = &attribution.Activity{ExecutionState: ks.execState, LastActivity: ks.lastActivity}
-			if ks.execState == "idle" {
-				act.IdleSeconds = now.Sub(used).Seconds()
-			}
-			activity[ks.connFile] = act
-		}
+		act := attribution.KernelActivity{ExecutionState: ks.execState, LastActivity: ks.lastActivity, ComputedAt: computedAt}
+		used := act.Used()
 		if !d.cfg.Cull.Enabled() {
+			if hasServer {
+				activity[ks.connFile] = act
+			}
 			continue
 		}
 		// The server's execution_state follows every status message, those
@@ -194,7 +180,10 @@ func (d *Daemon) cull(ctx context.Context, rep *attribution.Report) []notebookAl
 		// daemon's own view of the shell wins when it sees a cell running.
 		state := ks.execState
 		if hasServer && ks.shellBusy(now) {
-			state, act.ExecutionState, act.IdleSeconds = "busy", "busy", 0
+			state, act.ShellBusy = "busy", true
+		}
+		if hasServer {
+			activity[ks.connFile] = act
 		}
 		in := cullInput{now: now, hasServer: hasServer, execState: state, lastActivity: ks.lastActivity,
 			bytes: bytes[ks.connFile], user: users[ks.connFile], state: ks.cull, computedAt: computedAt,
@@ -227,24 +216,17 @@ func (d *Daemon) cull(ctx context.Context, rep *attribution.Report) []notebookAl
 			jobs = append(jobs, job{ks, bytes[ks.connFile], ks.server})
 		}
 		if !ks.cull.warnedAt.IsZero() {
-			act.CullAt, act.CullAction = ks.cull.deadline, d.cfg.Cull.Action
-			alerts = append(alerts, notebookAlert{
-				ID:      fmt.Sprintf("cull-%s-%d", ks.id, ks.cull.warnings),
-				GPU:     -1,
-				Message: cullMessage(d.cfg.Cull.Action, bytes[ks.connFile], now.Sub(used), ks.cull.deadline),
-				Kernels: []string{ks.id},
-			})
+			warnings = append(warnings, attribution.CullWarning{KernelID: ks.id, ConnectionFile: ks.connFile,
+				User: users[ks.connFile], Warning: ks.cull.warnings, Deadline: ks.cull.deadline, Action: d.cfg.Cull.Action,
+				Bytes: bytes[ks.connFile], Idle: now.Sub(used)})
 		}
 	}
 	d.mu.Unlock()
-	for i := range rep.Notebooks {
-		rep.Notebooks[i].Activity = activity[rep.Notebooks[i].ConnectionFile]
-	}
 	for _, j := range jobs {
 		d.wg.Add(1)
 		go func() { defer d.wg.Done(); d.cullKernel(ctx, j.ks, j.server, j.bytes) }()
 	}
-	return alerts
+	return warnings, activity
 }
 
 // cullFreeTimeout bounds the cull's free: the kernel was idle a moment ago,

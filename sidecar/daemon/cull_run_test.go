@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"encoding/json"
+	"github.com/gpumem/gpumem/sidecar/attribution"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -72,11 +73,13 @@ func TestCullRunner(t *testing.T) {
 		ks.server, ks.execState, ks.lastActivity = discovery.Server{URL: srv.URL + "/", Token: "t", FileUID: uint32(os.Geteuid())}, state, last
 		r.d.mu.Unlock()
 	}
-	report := func() []notebookAlert {
+	report := func() []attribution.Alert {
 		r.d.mu.Lock()
 		rep := r.d.last.Report
 		r.d.mu.Unlock()
-		alerts := r.d.cull(r.ctx, &rep)
+		culls, activity := r.d.cull(r.ctx, rep)
+		attribution.Finish(&rep, attribution.FinishInput{Now: time.Now(), Kernels: activity, Culls: culls})
+		alerts := rep.Alerts
 		for _, nb := range rep.Notebooks {
 			if nb.KernelID == "k1" && nb.Activity == nil {
 				t.Errorf("no activity for k1 in the report")
@@ -121,7 +124,7 @@ func TestCullWithoutServer(t *testing.T) {
 	r.d.mu.Lock()
 	rep := r.d.last.Report
 	r.d.mu.Unlock()
-	if a := r.d.cull(r.ctx, &rep); len(a) != 0 {
+	if a, _ := r.d.cull(r.ctx, rep); len(a) != 0 {
 		t.Fatalf("warned without a server: %+v", a)
 	}
 	r.waitLog("no Jupyter server reports its activity: never culled")

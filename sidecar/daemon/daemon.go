@@ -3,8 +3,11 @@
 // once per kernel process, samples GPU memory per process every interval,
 // remembers every process seen in each kernel's tree, and when a kernel
 // process restarts or shuts down ends the processes of its old tree that
-// still hold GPU memory. It serves the local API (sidecar/api) and
-// Prometheus metrics (sidecar/metrics).
+// still hold GPU memory. Each sample is a list of named, timed steps
+// (sample.go) whose report attribution.Finish completes: the daemon
+// decides culls and keeps alert state, attribution words every alert. It
+// serves the local API (sidecar/api, through apiBackend) and Prometheus
+// metrics (sidecar/metrics).
 //
 // It talks to a kernel only on attach and on demand (each request shows the
 // kernel busy and resets Jupyter's idle-cull clock); liveness comes from its
@@ -295,7 +298,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	var parts sync.WaitGroup
 	errc := make(chan error, 3)
 	sock := &socketKeeper{path: d.socket, mode: d.cfg.SocketMode, errc: errc,
-		srv: api.NewServer(d, api.Options{Logger: d.log})}
+		srv: api.NewServer(d.api(), api.Options{Logger: d.log})}
 	sock.serve(ctx, ln)
 	if ms != nil {
 		parts.Add(1)

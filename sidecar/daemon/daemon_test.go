@@ -204,11 +204,11 @@ func TestKernelNowAndKernelOfPID(t *testing.T) {
 	r, _, _ := twoKernels(t, Config{})
 	r.setGPU(100, 1<<30)
 	k1Ref := api.KernelRef{ID: "k1", ConnectionFile: filepath.Join(r.dir, "kernel-k1.json")}
-	nb, err := r.d.KernelNow(r.ctx, k1Ref)
+	nb, err := r.d.api().KernelNow(r.ctx, k1Ref)
 	if err != nil || nb.GPUMemoryBytes != 1<<30 {
 		t.Errorf("KernelNow = %d, %v; want 1 GiB", nb.GPUMemoryBytes, err)
 	}
-	rep, err := r.d.Report(r.ctx)
+	rep, err := r.d.api().Report(r.ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,24 +217,24 @@ func TestKernelNowAndKernelOfPID(t *testing.T) {
 			t.Errorf("last sample for k1 = %d, want 10 GiB", n.GPUMemoryBytes)
 		}
 	}
-	if _, err := r.d.KernelNow(r.ctx, api.KernelRef{ID: "k1", ConnectionFile: "/elsewhere/kernel-k1.json"}); err == nil || !strings.Contains(err.Error(), "kernel not found") {
+	if _, err := r.d.api().KernelNow(r.ctx, api.KernelRef{ID: "k1", ConnectionFile: "/elsewhere/kernel-k1.json"}); err == nil || !strings.Contains(err.Error(), "kernel not found") {
 		t.Errorf("KernelNow(nope) = %v", err)
 	}
-	if file, _, ok := r.d.KernelOfPID(r.ctx, 201); !ok || file != filepath.Join(r.dir, "kernel-k2.json") {
+	if file, _, ok := r.d.api().KernelOfPID(r.ctx, 201); !ok || file != filepath.Join(r.dir, "kernel-k2.json") {
 		t.Errorf("KernelOfPID(201) = %q, %v", file, ok)
 	}
-	if _, _, ok := r.d.KernelOfPID(r.ctx, 1); ok {
+	if _, _, ok := r.d.api().KernelOfPID(r.ctx, 1); ok {
 		t.Error("init belongs to no kernel")
 	}
-	ks, err := r.d.Kernels(r.ctx)
+	ks, err := r.d.api().Kernels(r.ctx)
 	if err != nil || len(ks) != 2 || ks[0].PID == 0 {
 		t.Errorf("Kernels = %+v, %v", ks, err)
 	}
 	// Another file of the same id is another kernel.
-	if _, err := r.d.Free(r.ctx, api.KernelRef{ID: "k1", ConnectionFile: "/elsewhere/kernel-k1.json"}, api.FreeRequest{}); !errors.Is(err, api.ErrKernelNotFound) {
+	if _, err := r.d.api().Free(r.ctx, api.KernelRef{ID: "k1", ConnectionFile: "/elsewhere/kernel-k1.json"}, api.FreeRequest{}); !errors.Is(err, api.ErrKernelNotFound) {
 		t.Errorf("Free of an unknown kernel: %v", err)
 	}
-	if _, err := r.d.Free(r.ctx, k1Ref, api.FreeRequest{}); err == nil || !strings.Contains(err.Error(), "not attached") {
+	if _, err := r.d.api().Free(r.ctx, k1Ref, api.FreeRequest{}); err == nil || !strings.Contains(err.Error(), "not attached") {
 		t.Errorf("Free of an unattached kernel: %v", err)
 	}
 }
@@ -395,12 +395,12 @@ func TestReportJSONCachedPerSample(t *testing.T) {
 	r, _, _ := twoKernels(t, Config{})
 	same := func() []byte {
 		t.Helper()
-		rep, err := r.d.Report(r.ctx)
+		rep, err := r.d.api().Report(r.ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		want, _ := json.Marshal(rep)
-		got, err := r.d.ReportJSON(r.ctx)
+		got, err := r.d.api().ReportJSON(r.ctx)
 		if err != nil || !bytes.Equal(got, want) {
 			t.Fatalf("ReportJSON = %s, %v\nwant %s", got, err, want)
 		}

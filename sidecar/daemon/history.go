@@ -130,13 +130,14 @@ func (d *Daemon) recordReclaim(ks *kernelState, notebook, why string, processes 
 		ConnectionFile: ks.connFile, Notebook: notebook, User: user, Reason: why, Processes: processes, Bytes: bytes})
 }
 
-// History implements api.HistoryBackend.
-func (d *Daemon) History(ctx context.Context, q api.HistoryQuery) (api.HistoryResponse, error) {
+// History implements api.Backend.
+func (a apiBackend) History(ctx context.Context, q api.HistoryQuery) (api.HistoryResponse, error) {
+	d := a.d
 	since, eventsAfter := q.Since, q.EventsAfter
 	if q.Wait && since > 0 {
 		d.hist.waitSample(ctx, since, 2*d.cfg.Interval+time.Second)
 	}
-	rep, err := d.Report(ctx)
+	rep, err := a.Report(ctx)
 	if err != nil {
 		return api.HistoryResponse{}, err
 	}
@@ -187,15 +188,17 @@ func historySeries(srs []history.Series) (gpus, notebooks, notebookSM []api.Hist
 	return gpus, notebooks, notebookSM, step
 }
 
-// KernelVars implements api.KernelQueryBackend: %gpumem vars's data.
-func (d *Daemon) KernelVars(ctx context.Context, k api.KernelRef, allDevices bool) (json.RawMessage, error) {
+// KernelVars implements api.Backend: %gpumem vars's data.
+func (a apiBackend) KernelVars(ctx context.Context, k api.KernelRef, allDevices bool) (json.RawMessage, error) {
+	d := a.d
 	return d.kernelQuery(ctx, k, func(ctx context.Context, ex magics.Executor) (json.RawMessage, error) {
 		return magics.Vars(ctx, ex, allDevices)
 	})
 }
 
-// KernelSummary implements api.KernelQueryBackend: %gpumem's data.
-func (d *Daemon) KernelSummary(ctx context.Context, k api.KernelRef) (json.RawMessage, error) {
+// KernelSummary implements api.Backend: %gpumem's data.
+func (a apiBackend) KernelSummary(ctx context.Context, k api.KernelRef) (json.RawMessage, error) {
+	d := a.d
 	return d.kernelQuery(ctx, k, magics.Summary)
 }
 

@@ -87,13 +87,14 @@ func leftRunningMessage(lr attribution.LeftRunning, why string) string {
 	return fmt.Sprintf("%s holds %s on %s and whether it computes is unknown (%s): left running", job, units.Bytes(lr.Bytes), on, why)
 }
 
-// EndOrphans implements api.OrphanBackend: processes left running of the
+// EndOrphans implements api.Backend: processes left running of the
 // kernel of k's connection file (never another of the same id), recorded
 // as user's (any for ""), ended on request (the API checked who asks),
 // each checked as reclaim checks it now: alive with its recorded start
 // time (through a pidfd), holding GPU memory, in no live kernel's tree, of
 // a user the daemon may end, in the kernel's pod.
-func (d *Daemon) EndOrphans(ctx context.Context, k api.KernelRef, user string, req api.EndOrphansRequest) (api.EndOrphansReply, error) {
+func (a apiBackend) EndOrphans(ctx context.Context, k api.KernelRef, user string, req api.EndOrphansRequest) (api.EndOrphansReply, error) {
+	d := a.d
 	kernelID := k.ID
 	reply := api.EndOrphansReply{KernelID: kernelID, Processes: []api.EndedProcess{}}
 	var left []leftRunning

@@ -61,25 +61,24 @@ func (l *oomLog) record(ev oom.Event) {
 		l.summary[ev.ConnectionFile] = s
 	}
 	s.Count++
-	s.LastTime, s.LastRequestedBytes, s.LastEvent, s.LastGPU = ev.Time, ev.RequestedBytes, ev.Seq, nil
+	s.LastTime, s.LastRequestedBytes, s.LastEvent, s.LastGPU, s.LastHeadline = ev.Time, ev.RequestedBytes, ev.Seq, nil, ev.Headline
 	if ev.GPU != nil {
 		g := ev.GPU.Index
 		s.LastGPU = &g
 	}
 }
 
-// annotate sets each notebook's OOM summary in rep and forgets kernels no
-// longer in it.
-func (l *oomLog) annotate(rep *attribution.Report) {
+// summaries are the OOM summaries of rep's notebooks (by connection
+// file, for attribution.Finish); kernels no longer in rep are forgotten.
+func (l *oomLog) summaries(rep attribution.Report) map[string]attribution.OOMSummary {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	out := map[string]attribution.OOMSummary{}
 	present := map[string]bool{}
-	for i := range rep.Notebooks {
-		file := rep.Notebooks[i].ConnectionFile
-		present[file] = true
-		if s := l.summary[file]; s != nil {
-			c := *s
-			rep.Notebooks[i].OOM = &c
+	for _, nb := range rep.Notebooks {
+		present[nb.ConnectionFile] = true
+		if s := l.summary[nb.ConnectionFile]; s != nil {
+			out[nb.ConnectionFile] = *s
 		}
 	}
 	for file := range l.summary {
@@ -92,12 +91,14 @@ func (l *oomLog) annotate(rep *attribution.Report) {
 			delete(l.recent, file)
 		}
 	}
+	return out
 }
 
-// RecordOOM implements api.OOMBackend: the event of an out-of-memory error
+// RecordOOM implements api.Backend: the event of an out-of-memory error
 // that a process of kernel k reported, assessed against the last sample,
 // kept in the event log, counted and logged.
-func (d *Daemon) RecordOOM(ctx context.Context, k api.KernelRef, req oom.Request) (oom.Event, error) {
+func (a apiBackend) RecordOOM(ctx context.Context, k api.KernelRef, req oom.Request) (oom.Event, error) {
+	d := a.d
 	now := time.Now()
 	d.mu.Lock()
 	rep, sampledAt := d.last.Report, d.last.SampledAt
@@ -123,9 +124,10 @@ func (d *Daemon) RecordOOM(ctx context.Context, k api.KernelRef, req oom.Request
 	return ev, nil
 }
 
-// OOMEvents implements api.OOMBackend: the out-of-memory events still in
+// OOMEvents implements api.Backend: the out-of-memory events still in
 // the event log, oldest first.
-func (d *Daemon) OOMEvents(ctx context.Context) ([]oom.Event, error) {
+func (a apiBackend) OOMEvents(ctx context.Context) ([]oom.Event, error) {
+	d := a.d
 	evs, _ := d.hist.events.After(0)
 	out := []oom.Event{}
 	for _, e := range evs {
@@ -135,8 +137,3 @@ func (d *Daemon) OOMEvents(ctx context.Context) ([]oom.Event, error) {
 	}
 	return out, nil
 }
-
-var (
-	_ api.OOMBackend      = (*Daemon)(nil)
-	_ api.SnapshotBackend = (*Daemon)(nil)
-)

@@ -35,14 +35,14 @@ func TestOOMLogAllowAndAnnotate(t *testing.T) {
 	// The third notebook shares k1's id through another file: not k1's.
 	rep := attribution.Report{Notebooks: []attribution.Notebook{{KernelID: "k1", ConnectionFile: cfOf("k1")},
 		{KernelID: "k3", ConnectionFile: cfOf("k3")}, {KernelID: "k1", ConnectionFile: "/home/other/kernel-k1.json"}}}
-	l.annotate(&rep)
+	attribution.Finish(&rep, attribution.FinishInput{OOM: l.summaries(rep)})
 	s := rep.Notebooks[0].OOM
 	if s == nil || s.Count != 2 || s.LastEvent != 9 || s.LastRequestedBytes != 3 || s.LastGPU != nil || s.LastTime != 6 ||
 		rep.Notebooks[1].OOM != nil || rep.Notebooks[2].OOM != nil {
 		t.Errorf("summary %+v, others %+v %+v", s, rep.Notebooks[1].OOM, rep.Notebooks[2].OOM)
 	}
 	// A kernel gone from the report is forgotten.
-	l.annotate(&attribution.Report{})
+	l.summaries(attribution.Report{})
 	if len(l.summary) != 0 || len(l.recent) != 0 {
 		t.Errorf("kept %v %v", l.summary, l.recent)
 	}
@@ -52,7 +52,7 @@ func TestRecordOOM(t *testing.T) {
 	r := newRig(t, Config{})
 	ctx := context.Background()
 	req := oom.Request{Framework: "torch", RequestedBytes: 1 << 30}
-	if _, err := r.d.RecordOOM(ctx, refOf("k1"), req); err == nil {
+	if _, err := r.d.api().RecordOOM(ctx, refOf("k1"), req); err == nil {
 		t.Fatal("recorded before any sample")
 	}
 	g := 0
@@ -62,11 +62,11 @@ func TestRecordOOM(t *testing.T) {
 		Notebooks: []attribution.Notebook{{KernelID: "k1", ConnectionFile: cfOf("k1"), Notebook: "/n/a.ipynb", User: "u", PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 2 << 30}}}},
 	}}
 	r.d.mu.Unlock()
-	ev, err := r.d.RecordOOM(ctx, refOf("k1"), req)
+	ev, err := r.d.api().RecordOOM(ctx, refOf("k1"), req)
 	if err != nil || ev.Seq == 0 || ev.GPU == nil || ev.GPU.Index != g || ev.Notebook != "/n/a.ipynb" {
 		t.Fatalf("event %+v, %v", ev, err)
 	}
-	evs, _ := r.d.OOMEvents(ctx)
+	evs, _ := r.d.api().OOMEvents(ctx)
 	if len(evs) != 1 || evs[0].Seq != ev.Seq || evs[0].Headline != ev.Headline {
 		t.Errorf("events %+v", evs)
 	}
@@ -76,11 +76,11 @@ func TestRecordOOM(t *testing.T) {
 		t.Errorf("history %+v", hist)
 	}
 	for i := 1; i < oomBurst; i++ {
-		if _, err := r.d.RecordOOM(ctx, refOf("k1"), req); err != nil {
+		if _, err := r.d.api().RecordOOM(ctx, refOf("k1"), req); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := r.d.RecordOOM(ctx, refOf("k1"), req); !errors.Is(err, api.ErrTooMany) {
+	if _, err := r.d.api().RecordOOM(ctx, refOf("k1"), req); !errors.Is(err, api.ErrTooMany) {
 		t.Errorf("the %d-th report in a minute: %v", oomBurst+1, err)
 	}
 	r.waitLog("out-of-memory error in a kernel", `"kernel_id":"k1"`)

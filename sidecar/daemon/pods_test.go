@@ -49,7 +49,7 @@ func TestSampleAddsPods(t *testing.T) {
 	defer func() { cancel(); d.wg.Wait() }()
 
 	d.sample(ctx)
-	rep, err := d.Report(ctx)
+	rep, err := d.api().Report(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
@@ -204,23 +203,6 @@ func TestObserveRecordsTreeAndForgetsExited(t *testing.T) {
 	reused := procs.NewTable([]procs.Proc{{PID: 100, PPID: 1, StartTime: 5000}})
 	if ks.observe(reused) {
 		t.Error("a reused kernel pid was taken for the kernel")
-	}
-}
-
-func TestAlertHolders(t *testing.T) {
-	rep := attribution.Report{
-		Notebooks: []attribution.Notebook{
-			{KernelID: "a", Notebook: "/home/alice/secret.ipynb", User: "alice", PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 3 << 30}}},
-			{KernelID: "b", Notebook: "/home/alice/b.ipynb", User: "alice", PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 1 << 30}}},
-			{KernelID: "c", Notebook: "/home/bob/c.ipynb", User: "bob", PerGPU: []attribution.GPUBytes{{Index: 1, Bytes: 9 << 30}}},
-		},
-		Other: []attribution.OtherProcess{{PID: 7, User: "carol", Command: "serve", PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 2 << 30}}}},
-	}
-	if got, want := biggestHolders(rep, 0, 2), "/home/alice/secret.ipynb 3.0 GiB, pid 7 (carol) 2.0 GiB"; got != want {
-		t.Errorf("biggestHolders = %q, want %q", got, want)
-	}
-	if got, want := biggestUsers(rep, 0, 3), "user alice 4.0 GiB, user carol 2.0 GiB"; got != want {
-		t.Errorf("biggestUsers = %q, want %q", got, want)
 	}
 }
 

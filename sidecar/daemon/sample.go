@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gpumem/gpumem/protocol"
+	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/discovery"
 	"github.com/gpumem/gpumem/sidecar/metrics"
@@ -31,52 +32,121 @@ func (d *Daemon) observe(ctx context.Context) (attribution.Observation, error) {
 	d.mu.Unlock()
 	obs, err := attribution.Observe(ctx, d.gpus, d.fs, kernels)
 	if err == nil {
-		d.flagStray(&obs.Report)
+		attribution.FlagStrayContexts(&obs.Report, d.strayEvidence(obs.Report))
 	}
 	return obs, err
 }
 
-// sample reads NVML and /proc once: it records each live kernel's tree,
-// retires kernel processes that have exited (reclaiming their trees),
-// keeps the report, and raises alerts.
+// tick is one sample's work in progress, handed from step to step.
+type tick struct {
+	start   time.Time
+	kernels []attribution.Kernel
+	// seen is the process each kernel had when /proc was read.
+	seen map[*kernelState]procID
+	obs  attribution.Observation
+	rep  attribution.Report
+	// retired are the kernels whose process exited, with their trees.
+	retired []retiredKernel
+	// unknown are kernels whose process is not known.
+	unknown []*kernelState
+	// culls are the cull warnings that stand, activity what each kernel's
+	// server says of it.
+	culls    []attribution.CullWarning
+	activity map[string]attribution.KernelActivity
+	// crossed are the GPUs whose used memory crossed the alert threshold
+	// (true: up, false: back down) at this sample.
+	crossed   map[int]bool
+	sampledAt int64
+	steps     []metrics.StepTiming
+}
+
+// retiredKernel is a kernel whose process exited, and the tree to reclaim.
+type retiredKernel struct {
+	ks       *kernelState
+	recorded map[procID]recordedProc
+	why      string
+}
+
+// sampleStep is one named step of a sample: run in order, each timed and
+// its failure logged (node_exporter's collectors run the same way). A
+// required step that fails ends the sample: those after it need what it
+// makes. Another's failure is reported by the step itself (d.problem,
+// which limits repeats) and the sample goes on.
+type sampleStep struct {
+	name     string
+	run      func(context.Context, *tick) error
+	required bool
+}
+
+// sampleSteps are a sample's steps, in order.
+func (d *Daemon) sampleSteps() []sampleStep {
+	return []sampleStep{
+		{name: "observe", run: d.stepObserve, required: true},
+		{name: "retire", run: d.stepRetire},
+		{name: "resolve", run: d.stepResolve},
+		{name: "compute", run: d.stepCompute},
+		{name: "cull", run: d.stepCull},
+		{name: "finish", run: d.stepFinish},
+		{name: "history", run: d.stepHistory},
+		{name: "alerts", run: d.stepAlerts},
+		{name: "publish", run: d.stepPublish},
+	}
+}
+
+// sample reads NVML and /proc once and runs every step on that reading.
 func (d *Daemon) sample(ctx context.Context) {
-	start := time.Now()
+	t := &tick{start: time.Now()}
+	for _, s := range d.sampleSteps() {
+		began := time.Now()
+		err := s.run(ctx, t)
+		t.steps = append(t.steps, metrics.StepTiming{Step: s.name, Duration: time.Since(began), Success: err == nil})
+		switch {
+		case err != nil && !s.required:
+			d.log.Debug().Err(err).Str("step", s.name).Msg("sample step failed")
+		case err != nil:
+			d.log.Warn().Err(err).Str("step", s.name).Msg("sampling failed")
+			d.mu.Lock()
+			d.last.SampleSuccess = false
+			d.last.Steps = t.steps
+			d.mu.Unlock()
+			return
+		}
+	}
+	d.mu.Lock()
+	d.last.Steps = t.steps // publish's own time too
+	d.mu.Unlock()
+}
+
+// stepObserve reads the GPUs and /proc for the kernels followed now.
+func (d *Daemon) stepObserve(ctx context.Context, t *tick) error {
 	// The process each kernel had when /proc is read: scans run beside
 	// samples, and a kernel a scan follows (or whose process it proves)
 	// after that read is judged at the next sample, not by a table that
 	// may predate its process.
 	d.mu.Lock()
-	kernels := d.kernelsLocked()
-	seen := make(map[*kernelState]procID, len(d.kernels))
+	t.kernels = d.kernelsLocked()
+	t.seen = make(map[*kernelState]procID, len(d.kernels))
 	for _, ks := range d.kernels {
-		seen[ks] = ks.cur
+		t.seen[ks] = ks.cur
 	}
 	d.mu.Unlock()
-	obs, err := d.observeSample(ctx, kernels)
+	obs, err := d.observeSample(ctx, t.kernels)
 	if d.afterObserve != nil {
 		d.afterObserve()
 	}
-	if err != nil {
-		d.log.Warn().Err(err).Msg("sampling failed")
-		d.mu.Lock()
-		d.last.SampleSuccess = false
-		d.mu.Unlock()
-		return
-	}
+	t.obs, t.rep = obs, obs.Report
+	return err
+}
 
-	type job struct {
-		ks       *kernelState
-		recorded map[procID]recordedProc
-		why      string
-	}
-	var jobs []job
-	var unknown []*kernelState
+// stepRetire retires kernel processes that have exited (only once /proc
+// confirms it) and hands their trees to reclaim.
+func (d *Daemon) stepRetire(ctx context.Context, t *tick) error {
 	d.mu.Lock()
 	for file, ks := range d.kernels {
-		if cur, ok := seen[ks]; !ok || cur != ks.cur {
+		if cur, ok := t.seen[ks]; !ok || cur != ks.cur {
 			continue
 		}
-		if !ks.cur.isZero() && !ks.observe(obs.Table) && d.confirmExitLocked(ks) {
+		if !ks.cur.isZero() && !ks.observe(t.obs.Table) && d.confirmExitLocked(ks) {
 			// The kernel process is gone: its old tree's survivors are
 			// orphans. With the file still there a new process serves it
 			// (a restart); without, the kernel was shut down.
@@ -87,36 +157,97 @@ func (d *Daemon) sample(ctx context.Context) {
 			}
 			d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Int("pid", ks.cur.PID).
 				Str("after", why).Msg("kernel process exited")
-			jobs = append(jobs, job{ks, ks.takeRecordedLocked(), why})
+			t.retired = append(t.retired, retiredKernel{ks, ks.takeRecordedLocked(), why})
 			ks.cur = procID{}
 		}
 		if ks.cur.isZero() && !ks.fileGone {
-			unknown = append(unknown, ks)
+			t.unknown = append(t.unknown, ks)
 		}
 	}
-	rep := obs.Report
-	retired := len(jobs) > 0
-	if retired { // the retired kernels' processes are no longer theirs
-		rep = attribution.MakeReport(obs.Snapshot, obs.Table, d.kernelsLocked())
+	if len(t.retired) > 0 { // the retired kernels' processes are no longer theirs
+		t.rep = attribution.MakeReport(t.obs.Snapshot, t.obs.Table, d.kernelsLocked())
 	}
 	d.mu.Unlock()
-	if retired {
-		d.flagStray(&rep)
+	for _, r := range t.retired {
+		d.startReclaim(ctx, r.ks, r.recorded, r.why)
 	}
+	return nil
+}
 
-	for _, j := range jobs {
-		d.startReclaim(ctx, j.ks, j.recorded, j.why)
+// stepResolve finds the process of the kernels whose process is not known.
+func (d *Daemon) stepResolve(ctx context.Context, t *tick) error {
+	if len(t.unknown) > 0 {
+		d.resolveKernelProcesses(ctx, t.unknown)
 	}
-	if len(unknown) > 0 {
-		d.resolveKernelProcesses(ctx, unknown)
-	}
+	return nil
+}
 
-	attribution.AddPods(&rep, obs.Table, d.pods)
-	d.finishCompute(time.Now(), &rep, obs)
-	culls := d.cull(ctx, &rep)
-	sampledAt := d.recordHistory(time.Now(), &rep)
-	d.ooms.annotate(&rep)
-	elapsed := time.Since(start)
+// stepCompute records the reading's GPU work and sets the report's
+// compute verdicts, hoarding and processes left running.
+func (d *Daemon) stepCompute(_ context.Context, t *tick) error {
+	d.finishCompute(time.Now(), &t.rep, t.obs)
+	return nil
+}
+
+// stepCull runs culling's policy over the kernels (starting the actions
+// due) and gathers what each kernel's server says of it.
+func (d *Daemon) stepCull(ctx context.Context, t *tick) error {
+	t.culls, t.activity = d.cull(ctx, t.rep)
+	return nil
+}
+
+// stepFinish finishes the report (attribution.Finish): pods, stray
+// contexts, OOM summaries, activity, holders, per-user totals, alerts.
+func (d *Daemon) stepFinish(_ context.Context, t *tick) error {
+	t.crossed = map[int]bool{}
+	episodes := map[int]int{}
+	d.mu.Lock()
+	for _, g := range t.rep.GPUs {
+		if d.cfg.AlertThreshold <= 0 {
+			break
+		}
+		over := attribution.OverThreshold(g, d.cfg.AlertThreshold)
+		was := d.alerted[g.Index]
+		d.alerted[g.Index] = over
+		if over && !was {
+			d.alertEpisode[g.Index]++
+		}
+		if over != was {
+			t.crossed[g.Index] = over
+		}
+		episodes[g.Index] = d.alertEpisode[g.Index]
+	}
+	d.mu.Unlock()
+	attribution.Finish(&t.rep, attribution.FinishInput{
+		Now: time.Now(), Table: t.obs.Table, Pods: d.pods,
+		Evidence: d.strayEvidence(t.rep), OOM: d.ooms.summaries(t.rep),
+		Kernels: t.activity, Culls: t.culls,
+		Alerts: attribution.AlertConfig{Threshold: d.cfg.AlertThreshold, Episodes: episodes,
+			NameUsers: d.cfg.SocketMode == api.ModeShared},
+	})
+	return nil
+}
+
+// stepHistory adds the report's figures to the history and sets each
+// notebook's peak.
+func (d *Daemon) stepHistory(_ context.Context, t *tick) error {
+	t.sampledAt = d.recordHistory(time.Now(), &t.rep)
+	return nil
+}
+
+// stepAlerts logs the threshold's crossings and keeps the notebook alert
+// file current.
+func (d *Daemon) stepAlerts(_ context.Context, t *tick) error {
+	d.logCrossings(t.rep, t.crossed)
+	if d.cfg.NotebookAlerts && (d.cfg.AlertThreshold > 0 || d.cfg.Cull.Enabled()) {
+		return d.writeAlerts(t.rep.Alerts)
+	}
+	return nil
+}
+
+// stepPublish makes the report the one every face reads, and wakes the
+// history requests that wait for it.
+func (d *Daemon) stepPublish(_ context.Context, t *tick) error {
 	d.mu.Lock()
 	attached := 0
 	for _, ks := range d.kernels {
@@ -124,12 +255,13 @@ func (d *Daemon) sample(ctx context.Context) {
 			attached++
 		}
 	}
+	elapsed := time.Since(t.start)
 	d.sampleSeq++ // a new report: the encoded one is stale
-	d.last = metrics.Snapshot{Report: rep, AttachedKernels: attached, SampleDuration: elapsed,
-		SampleSuccess: true, SampledAt: time.Now(), AlertThreshold: d.cfg.AlertThreshold}
+	d.last = metrics.Snapshot{Report: t.rep, AttachedKernels: attached, SampleDuration: elapsed,
+		SampleSuccess: true, SampledAt: time.Now(), AlertThreshold: d.cfg.AlertThreshold, Steps: t.steps}
 	d.mu.Unlock()
-	d.historySampled(sampledAt)
-	d.checkAlerts(rep, culls)
+	d.historySampled(t.sampledAt)
+	return nil
 }
 
 // confirmExitLocked looks at the kernel process that the sample's table

@@ -46,10 +46,11 @@ func newSnapshotStore() *snapshotStore {
 	return &snapshotStore{recent: map[string][]time.Time{}, reduce: make(chan struct{}, 1)}
 }
 
-// AddSnapshot implements api.SnapshotBackend: the file is opened now (the
+// AddSnapshot implements api.Backend: the file is opened now (the
 // caller's own regular file, no symlink on the way) and reduced in the
 // background; a "snapshot" event tells JupyterLab when it is ready.
-func (d *Daemon) AddSnapshot(ctx context.Context, k api.KernelRef, uid uint32, req api.SnapshotRequest) (api.SnapshotInfo, error) {
+func (a apiBackend) AddSnapshot(ctx context.Context, k api.KernelRef, uid uint32, req api.SnapshotRequest) (api.SnapshotInfo, error) {
+	d := a.d
 	st := d.snapshots
 	kernelID := k.ID
 	now := time.Now()
@@ -155,8 +156,9 @@ func (d *Daemon) finishSnapshot(e *snapshotEntry, body []byte, took time.Duratio
 		Notebook: info.Notebook, User: info.User, Reason: info.ID, Bytes: uint64(info.Bytes)})
 }
 
-// Snapshots implements api.SnapshotBackend: those of k's connection file.
-func (d *Daemon) Snapshots(ctx context.Context, k api.KernelRef) ([]api.SnapshotInfo, error) {
+// Snapshots implements api.Backend: those of k's connection file.
+func (a apiBackend) Snapshots(ctx context.Context, k api.KernelRef) ([]api.SnapshotInfo, error) {
+	d := a.d
 	st := d.snapshots
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -183,15 +185,17 @@ func (d *Daemon) snapshotEntry(k api.KernelRef, id string) (*snapshotEntry, api.
 	return nil, api.SnapshotInfo{}, nil, fmt.Errorf("snapshot %s of kernel %s (the daemon keeps the last %d): %w", id, k.ID, maxSnapshots, api.ErrKernelNotFound)
 }
 
-// MemorySnapshot implements api.SnapshotBackend.
-func (d *Daemon) MemorySnapshot(ctx context.Context, k api.KernelRef, id string) (api.SnapshotInfo, json.RawMessage, error) {
+// MemorySnapshot implements api.Backend.
+func (a apiBackend) MemorySnapshot(ctx context.Context, k api.KernelRef, id string) (api.SnapshotInfo, json.RawMessage, error) {
+	d := a.d
 	_, info, red, err := d.snapshotEntry(k, id)
 	return info, red, err
 }
 
-// SnapshotFile implements api.SnapshotBackend: a reader of its own over
+// SnapshotFile implements api.Backend: a reader of its own over
 // the file kept open.
-func (d *Daemon) SnapshotFile(ctx context.Context, k api.KernelRef, id string) (io.ReadSeeker, api.SnapshotInfo, error) {
+func (a apiBackend) SnapshotFile(ctx context.Context, k api.KernelRef, id string) (io.ReadSeeker, api.SnapshotInfo, error) {
+	d := a.d
 	e, info, _, err := d.snapshotEntry(k, id)
 	if err != nil {
 		return nil, info, err

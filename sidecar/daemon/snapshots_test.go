@@ -39,30 +39,30 @@ func TestSnapshotsReduceAndKeep(t *testing.T) {
 	path := filepath.Join(dir, "s.pickle")
 	writeSnapshot(t, path)
 	uid := uint32(os.Geteuid())
-	info, err := r.d.AddSnapshot(ctx, refOf("k1"), uid, api.SnapshotRequest{Path: path, Reason: "manual"})
+	info, err := r.d.api().AddSnapshot(ctx, refOf("k1"), uid, api.SnapshotRequest{Path: path, Reason: "manual"})
 	if err != nil || info.ID != "s1" || info.Status != "reducing" {
 		t.Fatalf("%+v %v", info, err)
 	}
 	testenv.Poll(t, 10*time.Second, "the reduction", func() bool {
-		got, _, _ := r.d.MemorySnapshot(ctx, refOf("k1"), "s1")
+		got, _, _ := r.d.api().MemorySnapshot(ctx, refOf("k1"), "s1")
 		return got.Status != "reducing"
 	})
-	got, red, err := r.d.MemorySnapshot(ctx, refOf("k1"), "s1")
+	got, red, err := r.d.api().MemorySnapshot(ctx, refOf("k1"), "s1")
 	if err != nil || got.Status != "ready" || !strings.Contains(string(red), `"where":{"filename":"/tmp/ipykernel_1/7.py","line":3`) {
 		t.Fatalf("%+v %s %v", got, red, err)
 	}
 	// Another kernel's, and another file's of the same kernel id.
 	twin := api.KernelRef{ID: "k1", ConnectionFile: "/home/other/kernel-k1.json"}
-	if _, _, err := r.d.MemorySnapshot(ctx, refOf("k2"), "s1"); !errors.Is(err, api.ErrKernelNotFound) {
+	if _, _, err := r.d.api().MemorySnapshot(ctx, refOf("k2"), "s1"); !errors.Is(err, api.ErrKernelNotFound) {
 		t.Errorf("another kernel's snapshot: %v", err)
 	}
-	if _, _, err := r.d.SnapshotFile(ctx, twin, "s1"); !errors.Is(err, api.ErrKernelNotFound) {
+	if _, _, err := r.d.api().SnapshotFile(ctx, twin, "s1"); !errors.Is(err, api.ErrKernelNotFound) {
 		t.Errorf("a snapshot through another file of the same id: %v", err)
 	}
 	// The file goes; the download still reads what was handed over.
 	want, _ := os.ReadFile(path)
 	os.Remove(path)
-	rd, _, err := r.d.SnapshotFile(ctx, refOf("k1"), "s1")
+	rd, _, err := r.d.api().SnapshotFile(ctx, refOf("k1"), "s1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,29 +80,29 @@ func TestSnapshotsReduceAndKeep(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("\x80\x04K\x01."), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.d.AddSnapshot(ctx, refOf("k1"), uid, api.SnapshotRequest{Path: bad, Reason: "manual"}); err != nil {
+	if _, err := r.d.api().AddSnapshot(ctx, refOf("k1"), uid, api.SnapshotRequest{Path: bad, Reason: "manual"}); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Poll(t, 10*time.Second, "the failed reduction", func() bool {
-		got, _, _ := r.d.MemorySnapshot(ctx, refOf("k1"), "s2")
+		got, _, _ := r.d.api().MemorySnapshot(ctx, refOf("k1"), "s2")
 		return got.Status == "failed" && strings.Contains(got.Error, "not a PyTorch memory snapshot")
 	})
 	// At most snapshotBurst a minute per kernel.
 	writeSnapshot(t, path)
 	var last error
 	for i := 0; i < snapshotBurst; i++ {
-		_, last = r.d.AddSnapshot(ctx, refOf("k1"), uid, api.SnapshotRequest{Path: path, Reason: "manual"})
+		_, last = r.d.api().AddSnapshot(ctx, refOf("k1"), uid, api.SnapshotRequest{Path: path, Reason: "manual"})
 	}
 	if !errors.Is(last, api.ErrTooMany) {
 		t.Errorf("a flood of snapshots: %v", last)
 	}
 	// The store keeps the last maxSnapshots.
 	for i := 0; i < maxSnapshots; i++ {
-		if _, err := r.d.AddSnapshot(ctx, refOf("k"+string(rune('a'+i))), uid, api.SnapshotRequest{Path: path, Reason: "manual"}); err != nil {
+		if _, err := r.d.api().AddSnapshot(ctx, refOf("k"+string(rune('a'+i))), uid, api.SnapshotRequest{Path: path, Reason: "manual"}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if list, _ := r.d.Snapshots(ctx, refOf("k1")); len(list) != 0 {
+	if list, _ := r.d.api().Snapshots(ctx, refOf("k1")); len(list) != 0 {
 		t.Errorf("k1's snapshots after %d others: %+v", maxSnapshots, list)
 	}
 	r.d.wg.Wait()
@@ -116,12 +116,12 @@ func TestSnapshotOfAnotherUsersFile(t *testing.T) {
 	path := filepath.Join(dir, "s.pickle")
 	writeSnapshot(t, path)
 	// The caller is uid 4242; the file is root's.
-	_, err := r.d.AddSnapshot(context.Background(), refOf("k1"), 4242, api.SnapshotRequest{Path: path, Reason: "manual"})
+	_, err := r.d.api().AddSnapshot(context.Background(), refOf("k1"), 4242, api.SnapshotRequest{Path: path, Reason: "manual"})
 	if err == nil || strings.Contains(err.Error(), "uid 0") || !strings.Contains(err.Error(), "is not a regular file of yours") {
 		t.Errorf("another user's file: %v", err)
 	}
 	missing := filepath.Join(dir, "nope.pickle")
-	_, err2 := r.d.AddSnapshot(context.Background(), refOf("k1"), 4242, api.SnapshotRequest{Path: missing, Reason: "manual"})
+	_, err2 := r.d.api().AddSnapshot(context.Background(), refOf("k1"), 4242, api.SnapshotRequest{Path: missing, Reason: "manual"})
 	if err2 == nil || strings.Replace(err2.Error(), missing, path, 1) != err.Error() {
 		t.Errorf("a missing file and another user's differ: %v / %v", err2, err)
 	}

@@ -12,10 +12,11 @@ import (
 	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
-// KernelWhy implements api.WhyBackend: %gpumem why's rows for a kernel,
+// KernelWhy implements api.Backend: %gpumem why's rows for a kernel,
 // read after its current cell, joined with the driver's figures read now,
 // and rendered by the kernel (the data carries its text and html).
-func (d *Daemon) KernelWhy(ctx context.Context, k api.KernelRef, q api.WhyQuery) (json.RawMessage, error) {
+func (a apiBackend) KernelWhy(ctx context.Context, k api.KernelRef, q api.WhyQuery) (json.RawMessage, error) {
+	d := a.d
 	client, err := d.attachedClient(k)
 	if err != nil {
 		return nil, err
@@ -33,10 +34,11 @@ func (d *Daemon) KernelWhy(ctx context.Context, k api.KernelRef, q api.WhyQuery)
 	return magics.Render(ctx, client, joined)
 }
 
-// JoinWhy implements api.WhyBackend: the why data a kernel computed itself
+// JoinWhy implements api.Backend: the why data a kernel computed itself
 // (%gpumem why in the notebook), joined with the driver's figures read
 // now. The kernel renders the reply.
-func (d *Daemon) JoinWhy(ctx context.Context, k api.KernelRef, raw json.RawMessage) (json.RawMessage, error) {
+func (a apiBackend) JoinWhy(ctx context.Context, k api.KernelRef, raw json.RawMessage) (json.RawMessage, error) {
+	d := a.d
 	joined, err := d.joinWhy(ctx, k, raw)
 	if err != nil {
 		return nil, err
@@ -93,10 +95,12 @@ func (d *Daemon) joinWhy(ctx context.Context, ref api.KernelRef, raw json.RawMes
 	return data, nil
 }
 
-// flagStray sets the report's stray-context flags with the evidence the
-// kernels' magics gave, forgetting the evidence of kernels no longer in it.
-func (d *Daemon) flagStray(rep *attribution.Report) {
+// strayEvidence is the evidence the kernels' magics gave (for
+// attribution.FlagStrayContexts), forgetting that of kernels no longer in
+// rep.
+func (d *Daemon) strayEvidence(rep attribution.Report) map[string]attribution.FrameworkEvidence {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	for file := range d.evidence {
 		found := false
 		for _, nb := range rep.Notebooks {
@@ -106,7 +110,5 @@ func (d *Daemon) flagStray(rep *attribution.Report) {
 			delete(d.evidence, file)
 		}
 	}
-	ev := maps.Clone(d.evidence)
-	d.mu.Unlock()
-	attribution.FlagStrayContexts(rep, ev)
+	return maps.Clone(d.evidence)
 }

@@ -32,8 +32,19 @@ type Snapshot struct {
 	// SampledAt is when the last successful sample was taken; zero before the first.
 	SampledAt time.Time
 	// AlertThreshold is the alert level as a fraction of a GPU's memory
-	// (0.8 = 80%); 0 or less disables alerts.
+	// (0.8 = 80%); 0 or less disables alerts. Which GPUs are over it is
+	// the report's (its threshold alerts).
 	AlertThreshold float64
+	// Steps are the last sample's steps, in order, each timed.
+	Steps []StepTiming
+}
+
+// StepTiming is how long one step of a sample took, and whether it
+// succeeded.
+type StepTiming struct {
+	Step     string
+	Duration time.Duration
+	Success  bool
 }
 
 // Source gives the current snapshot. It is called on every scrape, from the
@@ -41,16 +52,6 @@ type Snapshot struct {
 // the Report it returns must not be modified afterwards.
 type Source interface {
 	Snapshot() Snapshot
-}
-
-// OverThreshold reports whether g's used memory is at or above threshold (a
-// fraction of its total). The daemon's log and notebook alerts use it too, so
-// that all three agree.
-func OverThreshold(g attribution.GPU, threshold float64) bool {
-	if threshold <= 0 || g.MemoryTotalBytes == 0 {
-		return false
-	}
-	return float64(g.MemoryUsedBytes) >= threshold*float64(g.MemoryTotalBytes)
 }
 
 var (
@@ -87,6 +88,11 @@ var (
 		"GPU memory held by an idle kernel (its server reports it idle and none of its processes computes on a GPU), in bytes.", idleLabels, nil)
 	descIdleSeconds = prometheus.NewDesc("gpumem_kernel_idle_seconds",
 		"How long a kernel that holds GPU memory has been idle, by its server's last_activity and its processes' last work on a GPU, in seconds.", idleLabels, nil)
+	descStepDuration = prometheus.NewDesc("gpumem_sample_step_duration_seconds",
+		"Duration of each step of the last sample (observe, retire, resolve, compute, cull, finish, history, alerts, publish), in seconds.",
+		[]string{"step"}, nil)
+	descStepSuccess = prometheus.NewDesc("gpumem_sample_step_success",
+		"1 when the step of the last sample succeeded, else 0.", []string{"step"}, nil)
 	descSimulated = prometheus.NewDesc("gpumem_simulated",
 		"1 when the GPU figures come from a simulated-GPU file, not from the driver.", nil, nil)
 )
@@ -104,7 +110,8 @@ type snapshotCollector struct {
 
 func (c snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descGPUTotal, descGPUUsed, descUser, descOther, descAlert,
-		descThreshold, descAttached, descSampleDuration, descSampleSuccess, descSampleTime, descSimulated} {
+		descThreshold, descAttached, descSampleDuration, descSampleSuccess, descSampleTime, descSimulated,
+		descStepDuration, descStepSuccess} {
 		ch <- d
 	}
 	if c.perNotebook {
@@ -121,6 +128,12 @@ func (c snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 
 	gauge := newSeries(ch).gauge
 
+	alerting := map[int]bool{}
+	for _, a := range rep.Alerts {
+		if a.Kind == attribution.AlertThreshold {
+			alerting[a.GPU] = true
+		}
+	}
 	simulated := false
 	seenGPU := map[int]bool{}
 	for _, g := range rep.GPUs {
@@ -133,7 +146,7 @@ func (c snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descGPUTotal, float64(g.MemoryTotalBytes), idx, g.UUID, g.Name)
 		gauge(descGPUUsed, float64(g.MemoryUsedBytes), idx, g.UUID, g.Name)
 		gauge(descOther, float64(g.OtherBytes), idx)
-		gauge(descAlert, boolFloat(OverThreshold(g, snap.AlertThreshold)), idx)
+		gauge(descAlert, boolFloat(alerting[g.Index]), idx)
 		simulated = simulated || g.Simulated
 	}
 
@@ -212,6 +225,14 @@ func (c snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descSampleTime, float64(snap.SampledAt.UnixNano())/1e9)
 	}
 	gauge(descSimulated, boolFloat(simulated))
+	seenStep := map[string]bool{}
+	for _, st := range snap.Steps {
+		if !seenStep[st.Step] {
+			seenStep[st.Step] = true
+			gauge(descStepDuration, st.Duration.Seconds(), st.Step)
+			gauge(descStepSuccess, boolFloat(st.Success), st.Step)
+		}
+	}
 }
 
 func boolFloat(b bool) float64 {

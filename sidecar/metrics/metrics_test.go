@@ -60,7 +60,7 @@ func util(sm, mem uint32) *attribution.Utilization {
 func hours(h float64) *float64 { return &h }
 
 func testSnapshot() Snapshot {
-	return Snapshot{
+	snap := Snapshot{
 		Report: attribution.Report{
 			GPUs: []attribution.GPU{
 				{Index: 0, UUID: "GPU-aaaa", Name: "NVIDIA H200", MemoryTotalBytes: 100 * gib, MemoryUsedBytes: 85 * gib, Simulated: true, NotebookBytes: 80 * gib, OtherBytes: 5 * gib, FreeBytes: 15 * gib,
@@ -90,7 +90,13 @@ func testSnapshot() Snapshot {
 		SampleSuccess:   true,
 		SampledAt:       time.Unix(1767225600, 500_000_000),
 		AlertThreshold:  0.8,
+		Steps: []StepTiming{{Step: "observe", Duration: 9 * time.Millisecond, Success: true},
+			{Step: "alerts", Duration: 500 * time.Microsecond, Success: false}},
 	}
+	// The daemon finishes each report before metrics reads it: the alert
+	// gauge reads the report's threshold alerts.
+	attribution.Finish(&snap.Report, attribution.FinishInput{Alerts: attribution.AlertConfig{Threshold: snap.AlertThreshold}})
+	return snap
 }
 
 // serve starts Listen+Serve for m on 127.0.0.1:0; Cleanup stops it and
@@ -310,27 +316,6 @@ gpumem_attached_kernels 0
 	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(expected),
 		"gpumem_sample_success", "gpumem_attached_kernels", "gpumem_gpu_memory_used_bytes", "gpumem_last_sample_timestamp_seconds"); err != nil {
 		t.Error(err)
-	}
-}
-
-func TestOverThreshold(t *testing.T) {
-	for _, tc := range []struct {
-		used, total uint64
-		threshold   float64
-		want        bool
-	}{
-		{80, 100, 0.8, true},
-		{79, 100, 0.8, false},
-		{100, 100, 0.8, true},
-		{100, 100, 0, false},
-		{100, 100, -1, false},
-		{0, 0, 0.8, false},
-		{85 * gib, 100 * gib, 0.8, true},
-	} {
-		g := attribution.GPU{MemoryUsedBytes: tc.used, MemoryTotalBytes: tc.total}
-		if got := OverThreshold(g, tc.threshold); got != tc.want {
-			t.Errorf("OverThreshold(used %d, total %d, %v) = %v, want %v", tc.used, tc.total, tc.threshold, got, tc.want)
-		}
 	}
 }
 

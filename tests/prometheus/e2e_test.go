@@ -31,8 +31,9 @@ const gib = 1 << 30
 // number more, measured here.
 const (
 	// threshold, attached, sample duration/success/timestamp, simulated,
-	// reclaimed bytes/processes, left running (computing, unknown)
-	seriesPerHost = 10
+	// reclaimed bytes/processes, left running (computing, unknown); each of
+	// the sample's 9 steps' duration and success
+	seriesPerHost = 10 + 2*9
 	seriesPerGPU  = 6 // total, used, other, alert, SM and memory utilization
 	// An idle kernel holding GPU memory: its bytes and idle seconds (with
 	// notebook labels only).

@@ -40,7 +40,14 @@ func TestServeMetrics(t *testing.T) {
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		body = string(b)
-		return strings.Contains(body, nb.sess.Kernel.ID)
+		// The notebook's own series, not only one of its other families
+		// (those of a kernel holding nothing yet come first).
+		for _, line := range strings.Split(body, "\n") {
+			if strings.HasPrefix(line, "gpumem_notebook_gpu_memory_bytes{") && strings.Contains(line, nb.sess.Kernel.ID) {
+				return true
+			}
+		}
+		return false
 	})
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(strings.NewReader(body))

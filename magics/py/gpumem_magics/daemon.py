@@ -114,54 +114,28 @@ def top_data(timeout=1.0):
     if status != 200:
         return {"kind": "top", "error": "gpumem serve answered %d: %s" % (status, api_error(body))}
     rep = json.loads(body.decode("utf-8"))
-    users, note = [], ""
+    note = ""
     if rep.get("view") == "own":
-        # A shared daemon shows a user their own notebooks, and the other
-        # users as per-user totals.
-        s2, b2 = sidecar_get("/api/v1/users", timeout)
-        if s2 != 200:
-            return {"kind": "top", "error": "gpumem serve answered %d: %s" % (s2, api_error(b2))}
-        mine_users = {nb.get("user") for nb in rep.get("notebooks") or []}
-        users = [u for u in json.loads(b2.decode("utf-8")).get("users") or [] if u.get("user") not in mine_users]
+        # A shared daemon shows a user their own holders, and the other
+        # users as one holder each.
         note = "gpumem serve runs in shared mode: other users' notebooks are shown as per-user totals."
+    # Who holds each GPU is gpumem serve's (ranked, named): this renders it.
     gpus = []
     for g in rep.get("gpus") or []:
         if g.get("index") not in my_gpus:
             continue
         holders = []
-        for nb in rep.get("notebooks") or []:
-            for pg in nb.get("per_gpu") or []:
-                if pg.get("index") == g.get("index") and pg.get("bytes"):
-                    holders.append(
-                        {
-                            "name": nb.get("notebook") or "kernel " + nb.get("kernel_id", "")[:8],
-                            "user": nb.get("user", ""),
-                            "bytes": int(pg["bytes"]),
-                            "self": nb.get("kernel_id") == state.config.get("kernel_id"),
-                        }
-                    )
-        for o in rep.get("other") or []:
-            for pg in o.get("per_gpu") or []:
-                if pg.get("index") == g.get("index") and pg.get("bytes"):
-                    holders.append(
-                        {
-                            "name": "pid %s: %s" % (o.get("pid"), (o.get("command") or "")[:60]),
-                            "user": o.get("user", ""),
-                            "bytes": int(pg["bytes"]),
-                        }
-                    )
-        for u in users:
-            for pg in u.get("per_gpu") or []:
-                if pg.get("index") == g.get("index") and pg.get("bytes"):
-                    n = u.get("notebooks", 0)
-                    holders.append(
-                        {
-                            "name": "user %s (%d notebook%s)" % (u.get("user"), n, "" if n == 1 else "s"),
-                            "user": u.get("user", ""),
-                            "bytes": int(pg["bytes"]),
-                        }
-                    )
-        holders.sort(key=lambda h: -h["bytes"])
+        for h in g.get("holders") or []:
+            name = h.get("name", "")
+            if h.get("kind") == "process" and h.get("command"):
+                name = "%s: %s" % (name, h["command"])
+            elif h.get("kind") == "user":
+                n = h.get("notebooks", 0)
+                name = "%s (%d notebook%s)" % (name, n, "" if n == 1 else "s")
+            holder = {"name": name, "user": h.get("user", ""), "bytes": int(h.get("bytes", 0))}
+            if h.get("kind") == "notebook":
+                holder["self"] = h.get("kernel_id") == state.config.get("kernel_id")
+            holders.append(holder)
         gpus.append(
             {
                 "index": g.get("index"),

@@ -68,3 +68,41 @@ def test_other_failures_keep_their_reason(tmp_path, monkeypatch):
         assert got["error"].startswith("gpumem serve did not answer on " + sock), got
     finally:
         s.close()
+
+
+def test_top_renders_the_daemons_holders(tmp_path, monkeypatch):
+    # Who holds each GPU is gpumem serve's, ranked and named: top keeps the
+    # GPUs this kernel uses and renders their holders as they came.
+    import json
+
+    with_socket(monkeypatch, str(tmp_path / "gpumem.sock"))
+    monkeypatch.setitem(state.config, "kernel_id", "k-mine")
+    monkeypatch.setattr(daemon, "driver_usage", lambda timeout=0.5, fresh=False: {"per_gpu": [{"index": 1, "bytes": 5}]})
+    report = {
+        "view": "own",
+        "gpus": [
+            {"index": 0, "name": "A", "holders": [{"kind": "notebook", "name": "/elsewhere.ipynb", "bytes": 9}]},
+            {
+                "index": 1,
+                "name": "B",
+                "memory_used_bytes": 30,
+                "memory_total_bytes": 80,
+                "holders": [
+                    {"kind": "user", "name": "user bob", "user": "bob", "bytes": 20, "notebooks": 3},
+                    {"kind": "notebook", "name": "/home/ann/a.ipynb", "user": "ann", "bytes": 5, "kernel_id": "k-mine"},
+                    {"kind": "process", "name": "pid 7 (ann)", "user": "ann", "bytes": 4, "pid": 7, "command": "/bin/sleep 600"},
+                    {"kind": "user", "name": "user cy", "user": "cy", "bytes": 1, "notebooks": 1},
+                ],
+            },
+        ],
+    }
+    monkeypatch.setattr(daemon, "sidecar_get", lambda path, timeout: (200, json.dumps(report).encode()))
+    top = daemon.top_data()
+    assert [g["index"] for g in top["gpus"]] == [1]
+    assert top["gpus"][0]["holders"] == [
+        {"name": "user bob (3 notebooks)", "user": "bob", "bytes": 20},
+        {"name": "/home/ann/a.ipynb", "user": "ann", "bytes": 5, "self": True},
+        {"name": "pid 7 (ann): /bin/sleep 600", "user": "ann", "bytes": 4},
+        {"name": "user cy (1 notebook)", "user": "cy", "bytes": 1},
+    ]
+    assert "shared mode" in top["note"]

@@ -1,0 +1,181 @@
+package attribution
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/gpumem/gpumem/internal/units"
+)
+
+// Alert kinds.
+const (
+	// AlertThreshold: a GPU's used memory is at or over the alert
+	// threshold.
+	AlertThreshold = "threshold"
+	// AlertCull: an idle kernel holding GPU memory will be culled unless
+	// used.
+	AlertCull = "cull"
+	// AlertLeftRunning: reclaim left a dead kernel's process running
+	// because it computes on a GPU (or could not be judged).
+	AlertLeftRunning = "left_running"
+	// AlertOOM: a kernel's last out-of-memory error, as the daemon
+	// recorded it.
+	AlertOOM = "oom"
+)
+
+// Cull actions, as culling's warnings name them.
+const (
+	CullReport   = "report"   // log and count only
+	CullFree     = "free"     // cache-only free through the magics
+	CullShutdown = "shutdown" // DELETE /api/kernels/{id} on its server
+)
+
+// Alert is one alert that stands: every face shows its Message, once per
+// ID (a new crossing, a new warning is a new ID), and drops it when the
+// report no longer holds it.
+type Alert struct {
+	ID   string `json:"id"`
+	Kind string `json:"kind"` // AlertThreshold, AlertCull, AlertLeftRunning or AlertOOM
+	GPU  int    `json:"gpu"`  // -1 for a kernel's own alert (a cull warning)
+	// Kernels are the kernels it concerns: those using the GPU, or the
+	// kernel warned.
+	Kernels []string `json:"kernels"`
+	// User owns a kernel's own alert; "" for a GPU's.
+	User  string `json:"user,omitempty"`
+	Bytes uint64 `json:"bytes"`
+	// Deadline and Action: what culling will do, and when, unless the
+	// kernel is used.
+	Deadline time.Time `json:"deadline,omitzero"`
+	Action   string    `json:"action,omitempty"`
+	Message  string    `json:"message"`
+}
+
+// InNotebook reports whether a's kind is shown in notebooks, before a
+// cell's output: a process left running is the business of the user who
+// ends it, from `gpumem ls` or JupyterLab; an out-of-memory error the
+// notebook showed itself, with its report.
+func (a Alert) InNotebook() bool { return a.Kind == AlertThreshold || a.Kind == AlertCull }
+
+// AlertConfig is how threshold alerts are raised.
+type AlertConfig struct {
+	// Threshold is the alert level as a fraction of a GPU's memory (0.8 =
+	// 80%); 0 or less disables threshold alerts.
+	Threshold float64
+	// Episodes counts each GPU's crossings of the threshold (by index): an
+	// alert's id is new for each. A GPU without an entry is at its first.
+	Episodes map[int]int
+	// NameUsers: the alerts name users, never notebooks or commands (every
+	// user's kernels read them: a shared daemon).
+	NameUsers bool
+}
+
+// alertHolders is how many holders a threshold alert names.
+const alertHolders = 3
+
+// CullWarning is a cull warning that stands for a kernel.
+type CullWarning struct {
+	KernelID       string
+	ConnectionFile string
+	User           string
+	// Warning counts the kernel's warnings so far: each alert id is new.
+	Warning  int
+	Deadline time.Time
+	Action   string // CullReport, CullFree or CullShutdown
+	Bytes    uint64
+	Idle     time.Duration
+}
+
+// OverThreshold reports whether g's used memory is at or above threshold
+// (a fraction of its total): the one predicate of the daemon's log, its
+// alerts and its metrics.
+func OverThreshold(g GPU, threshold float64) bool {
+	if threshold <= 0 || g.MemoryTotalBytes == 0 {
+		return false
+	}
+	return float64(g.MemoryUsedBytes) >= threshold*float64(g.MemoryTotalBytes)
+}
+
+// CullMessage is a cull warning's sentence, in the notebook and JupyterLab.
+func CullMessage(action string, bytes uint64, idle time.Duration, at time.Time) string {
+	verb, ok := map[string]string{CullReport: "be reported as an idle GPU holder", CullFree: "have its GPU caches freed",
+		CullShutdown: "be shut down"}[action]
+	if !ok {
+		verb = "be culled"
+	}
+	return fmt.Sprintf("gpumem: this kernel holds %s and has been idle %s; it will %s at %s unless used.",
+		units.Bytes(bytes), idle.Round(time.Second), verb, at.Format("15:04:05"))
+}
+
+// thresholdMessage is a threshold alert's sentence: the GPU, how full,
+// and its biggest holders.
+func thresholdMessage(g GPU, biggest []Holder) string {
+	parts := make([]string, 0, len(biggest))
+	for _, h := range biggest {
+		parts = append(parts, h.Name+" "+units.Bytes(h.Bytes))
+	}
+	return fmt.Sprintf("GPU %d (%s) is %.0f%% full: %s of %s used; biggest: %s. "+
+		"`%%gpumem free` returns this notebook's cached memory; `%%gpumem top` shows who holds the rest.",
+		g.Index, g.Name, 100*float64(g.MemoryUsedBytes)/float64(max(g.MemoryTotalBytes, 1)),
+		units.Bytes(g.MemoryUsedBytes), units.Bytes(g.MemoryTotalBytes), strings.Join(parts, ", "))
+}
+
+// addAlerts sets the alerts that stand: the cull warnings, each GPU at or
+// over the threshold, each process reclaim left running, and each
+// kernel's last out-of-memory error.
+func addAlerts(r *Report, in FinishInput) {
+	r.Alerts = nil
+	for _, c := range in.Culls {
+		r.Alerts = append(r.Alerts, Alert{ID: fmt.Sprintf("cull-%s-%d", c.KernelID, c.Warning), Kind: AlertCull, GPU: -1,
+			Kernels: []string{c.KernelID}, User: c.User, Bytes: c.Bytes, Deadline: c.Deadline, Action: c.Action,
+			Message: CullMessage(c.Action, c.Bytes, c.Idle, c.Deadline)})
+	}
+	for _, g := range r.GPUs {
+		if !OverThreshold(g, in.Alerts.Threshold) {
+			continue
+		}
+		biggest := g.Holders
+		if in.Alerts.NameUsers {
+			biggest = g.HoldersByUser
+		}
+		biggest = biggest[:min(len(biggest), alertHolders)]
+		r.Alerts = append(r.Alerts, Alert{ID: fmt.Sprintf("gpu%d-%d", g.Index, max(in.Alerts.Episodes[g.Index], 1)),
+			Kind: AlertThreshold, GPU: g.Index, Kernels: kernelsOnGPU(*r, g.Index), Bytes: g.MemoryUsedBytes,
+			Message: thresholdMessage(g, biggest)})
+	}
+	for _, lr := range r.LeftRunning {
+		gpu := -1
+		if len(lr.GPUs) > 0 {
+			gpu = lr.GPUs[0]
+		}
+		r.Alerts = append(r.Alerts, Alert{ID: fmt.Sprintf("left-%d-%d", lr.PID, lr.StartTime), Kind: AlertLeftRunning,
+			GPU: gpu, Kernels: []string{lr.KernelID}, User: lr.User, Bytes: lr.Bytes, Message: lr.Message})
+	}
+	for _, nb := range r.Notebooks {
+		s := nb.OOM
+		if s == nil || s.LastHeadline == "" {
+			continue
+		}
+		gpu := -1
+		if s.LastGPU != nil {
+			gpu = *s.LastGPU
+		}
+		r.Alerts = append(r.Alerts, Alert{ID: fmt.Sprintf("oom-%s-%d", nb.KernelID, s.LastEvent), Kind: AlertOOM, GPU: gpu,
+			Kernels: []string{nb.KernelID}, User: nb.User, Bytes: s.LastRequestedBytes, Message: s.LastHeadline})
+	}
+}
+
+// kernelsOnGPU lists the kernels holding memory (or an unknown amount) on
+// gpu.
+func kernelsOnGPU(r Report, gpu int) []string {
+	ids := []string{}
+	for _, nb := range r.Notebooks {
+		for _, pg := range nb.PerGPU {
+			if pg.Index == gpu && (pg.Bytes > 0 || pg.BytesUnknown) {
+				ids = append(ids, nb.KernelID)
+				break
+			}
+		}
+	}
+	return ids
+}
