@@ -49,7 +49,7 @@ go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 # --- end of static checks ---
 
 go vet ./...
-go vet -tags kubernetes ./internal/cli/ ./sidecar/kube/
+go vet -tags kubernetes ./cmd/gpumem/cli/ ./sidecar/kube/
 # The Helm chart: helm built from its module (once, cached), lint, template,
 # and the checked-in manifests must match; tests/kube then uses that helm.
 bash tests/kube/check.sh

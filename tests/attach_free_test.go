@@ -501,7 +501,7 @@ func TestFreeThroughDaemon(t *testing.T) {
 		for !alerted(k)() {
 			if time.Now().After(deadline) {
 				t.Fatalf("no alert line in %s, re-injected by `gpumem attach`, while %s got one: "+
-					"internal/cli/attach.go runAttach injects with InjectOptions{KernelID, SidecarSocket} but no AlertFile, "+
+					"cmd/gpumem/cli/attach.go runAttach injects with InjectOptions{KernelID, SidecarSocket} but no AlertFile, "+
 					"and the bootstrap's uninstall() of the daemon's injection unregisters alert_hook, so attach silently "+
 					"turns the daemon's notebook alerts off in that kernel (the daemon injects once per kernel process and never repairs it)",
 					k.Notebook, other.Notebook)
@@ -515,7 +515,7 @@ func TestFreeThroughDaemon(t *testing.T) {
 		res := runGpumem(t, env, "free", bare.ConnFile)
 		if res.Code != 0 || !strings.Contains(res.Stdout, "no variable was touched") {
 			t.Errorf("gpumem free on a kernel the daemon does not watch: want exit 0 and a cache-only report\n%s\n"+
-				"internal/cli/attach.go runFree falls back to a standalone free only on api.ErrNoDaemon; "+
+				"cmd/gpumem/cli/attach.go runFree falls back to a standalone free only on api.ErrNoDaemon; "+
 				"the daemon's 404 (kernel not known to it) ends the command, though the CLI resolved the kernel itself", res)
 		}
 	})

@@ -124,7 +124,7 @@ func testKernels(t *testing.T, kind testenv.ServerKind) {
 		// name is gone for every kernel started without a server.
 		if k := got[bare.ID]; k.Language != "python" {
 			t.Errorf("kernel %s (no server, %s): language %q, want \"python\": "+
-				"internal/cli/kernels.go kernelLanguage gives up when the connection file's kernel_name is empty",
+				"cmd/gpumem/cli/kernels.go kernelLanguage gives up when the connection file's kernel_name is empty",
 				bare.ID, bare.ConnectionFile, k.Language)
 		}
 	})

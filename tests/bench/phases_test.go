@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpumem/gpumem/internal/cli"
+	"github.com/gpumem/gpumem/cmd/gpumem/cli"
 	"github.com/gpumem/gpumem/internal/testenv"
 	"github.com/gpumem/gpumem/nvml/driver"
 	"github.com/gpumem/gpumem/protocol"
