@@ -392,8 +392,8 @@ func TestFreeThroughDaemon(t *testing.T) {
 	fake := filepath.Join(t.TempDir(), "gpus.json")
 	setFakeGPU := func(t *testing.T, kernelBytes uint64) {
 		t.Helper()
-		replaceFakeGPU(t, fake, []fakeGPU{{Name: "Simulated H200", UUID: "GPU-e2e-daemon", MemoryTotalBytes: 80 * gib,
-			Processes: []fakeGPUProc{{k.PID, kernelBytes}, {other.PID, gib}}}})
+		testenv.WriteSimulatedGPUs(t, fake, testenv.SimGPU{Name: "Simulated H200", UUID: "GPU-e2e-daemon", MemoryTotalBytes: 80 * gib,
+			Processes: []testenv.FakeProc{{PID: k.PID, UsedBytes: kernelBytes}, {PID: other.PID, UsedBytes: gib}}})
 	}
 	setFakeGPU(t, gib)
 	env := gpumemEnv(srv.Dir, "GPUMEM_FAKE_GPU="+fake)
@@ -696,16 +696,6 @@ func decodeFree(t testing.TB, res result) freeJSON {
 		t.Errorf("gpumem free --json lacks elapsed_ms or frameworks:\n%s", res.Stdout)
 	}
 	return rep
-}
-
-// replaceFakeGPU replaces the simulated-GPU file at path atomically, so that
-// a daemon re-reading it never sees half a file.
-func replaceFakeGPU(t testing.TB, path string, gpus []fakeGPU) {
-	t.Helper()
-	tmp := writeFakeGPU(t, t.TempDir(), gpus)
-	if err := os.Rename(tmp, path); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // serveProc is a running `gpumem serve`.

@@ -46,13 +46,13 @@ func BenchmarkCLI20Kernels(b *testing.B) {
 		}
 		return res.Code == 0 && alive == kernels
 	})
-	gpu := fakeGPU{Name: "Simulated H100", UUID: "GPU-bench-0", MemoryTotalBytes: 80 << 30}
+	gpu := testenv.SimGPU{Name: "Simulated H100", UUID: "GPU-bench-0", MemoryTotalBytes: 80 << 30}
 	for _, id := range ids {
 		k := rows[id]
 		reap.add(k.PID)
-		gpu.Processes = append(gpu.Processes, fakeGPUProc{PID: k.PID, UsedBytes: 1<<30 + uint64(k.PID)})
+		gpu.Processes = append(gpu.Processes, testenv.FakeProc{PID: k.PID, UsedBytes: 1<<30 + uint64(k.PID)})
 	}
-	env = append(env, "GPUMEM_FAKE_GPU="+writeFakeGPU(b, b.TempDir(), []fakeGPU{gpu}))
+	env = append(env, "GPUMEM_FAKE_GPU="+testenv.SimulatedGPUFile(b, gpu))
 
 	// Baseline: start and exit of the binary, no work.
 	b.Run("version", func(b *testing.B) {

@@ -78,14 +78,14 @@ print(os.getpid(), *[c.pid for c in _gpumem_children])`)
 		setsidOn1    = 300_000_007
 		evalOn1      = 400_000_009
 	)
-	fakeFile := writeFakeGPU(t, t.TempDir(), []fakeGPU{
-		{Name: "Simulated H100", UUID: "GPU-e2e-0", MemoryTotalBytes: gpu0Total, Processes: []fakeGPUProc{
-			{trainPID, trainOn0}, {childPID, childOn0}, {unrelatedPID, unrelatedOn0},
+	fakeFile := testenv.SimulatedGPUFile(t,
+		testenv.SimGPU{Name: "Simulated H100", UUID: "GPU-e2e-0", MemoryTotalBytes: gpu0Total, Processes: []testenv.FakeProc{
+			{PID: trainPID, UsedBytes: trainOn0}, {PID: childPID, UsedBytes: childOn0}, {PID: unrelatedPID, UsedBytes: unrelatedOn0},
 		}},
-		{Name: "Simulated A100", UUID: "GPU-e2e-1", MemoryTotalBytes: gpu1Total, Processes: []fakeGPUProc{
-			{trainPID, trainOn1}, {setsidPID, setsidOn1}, {kernelPIDOf["eval"], evalOn1},
+		testenv.SimGPU{Name: "Simulated A100", UUID: "GPU-e2e-1", MemoryTotalBytes: gpu1Total, Processes: []testenv.FakeProc{
+			{PID: trainPID, UsedBytes: trainOn1}, {PID: setsidPID, UsedBytes: setsidOn1}, {PID: kernelPIDOf["eval"], UsedBytes: evalOn1},
 		}},
-	})
+	)
 	env := gpumemEnv(srv.Dir, "GPUMEM_FAKE_GPU="+fakeFile)
 	me := currentUser(t)
 

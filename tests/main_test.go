@@ -155,33 +155,6 @@ func startUnrelated(t testing.TB, argv ...string) *exec.Cmd {
 	return cmd
 }
 
-// fakeGPU is one GPU of a simulated-GPU file (GPUMEM_FAKE_GPU).
-type fakeGPU struct {
-	Name             string        `json:"name"`
-	UUID             string        `json:"uuid"`
-	MemoryTotalBytes uint64        `json:"memory_total_bytes"`
-	Processes        []fakeGPUProc `json:"processes"`
-}
-
-type fakeGPUProc struct {
-	PID       int    `json:"pid"`
-	UsedBytes uint64 `json:"used_bytes"`
-}
-
-// writeFakeGPU writes a simulated-GPU file and returns its path.
-func writeFakeGPU(t testing.TB, dir string, gpus []fakeGPU) string {
-	t.Helper()
-	b, err := json.MarshalIndent(map[string]any{"gpus": gpus}, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, "fake-gpu.json")
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
 // currentUser is the name gpumem should show for our processes.
 func currentUser(t testing.TB) string {
 	t.Helper()

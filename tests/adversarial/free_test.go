@@ -33,8 +33,7 @@ func kernelWithMagics(t *testing.T, kernelBytes uint64, args ...string) (dir str
 func TestFreeReportsTheDriverFigureNow(t *testing.T) {
 	_, k, _, gpu := kernelWithMagics(t, 4<<30, "--interval=1h")
 	pid := k.Cmd.Process.Pid
-	after := fmt.Sprintf(`{"gpus":[{"name":"Simulated H200","uuid":"GPU-00000000-0000-0000-0000-000000000000",`+
-		`"memory_total_bytes":%d,"processes":[{"pid":%d,"used_bytes":%d}]}]}`, uint64(80<<30), pid, uint64(1<<30))
+	after := string(testenv.SimulatedGPUs(testenv.SimH200(0, 80<<30, testenv.FakeProc{PID: pid, UsedBytes: 1 << 30})))
 	r := testenv.RunCell(t, k.ConnectionFile, fmt.Sprintf(`
 import os
 class _Shrinks:

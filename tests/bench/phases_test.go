@@ -13,7 +13,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
@@ -63,16 +62,11 @@ func BenchmarkPhases20Kernels(b *testing.B) {
 		kernelPIDs = append(kernelPIDs, k.PID)
 	}
 	fake := filepath.Join(b.TempDir(), "gpu.json")
-	gpuJSON := `{"gpus":[{"name":"Simulated H100","memory_total_bytes":85899345920,"processes":[`
+	gpu := testenv.SimGPU{Name: "Simulated H100", MemoryTotalBytes: 80 << 30}
 	for i, pid := range kernelPIDs {
-		if i > 0 {
-			gpuJSON += ","
-		}
-		gpuJSON += fmt.Sprintf(`{"pid":%d,"used_bytes":%d}`, pid, 1<<30+i)
+		gpu.Processes = append(gpu.Processes, testenv.FakeProc{PID: pid, UsedBytes: 1<<30 + uint64(i)})
 	}
-	if err := os.WriteFile(fake, []byte(gpuJSON+"]}]}"), 0o600); err != nil {
-		b.Fatal(err)
-	}
+	testenv.WriteSimulatedGPUs(b, fake, gpu)
 	bin := filepath.Join(b.TempDir(), "gpumem")
 	if out, err := exec.Command("go", "build", "-o", bin, "github.com/gpumem/gpumem/cmd/gpumem").CombinedOutput(); err != nil {
 		b.Fatalf("go build: %v\n%s", err, out)
