@@ -35,7 +35,7 @@ func TestAttach(t *testing.T) {
 	t.Parallel()
 	testenv.Require(t, "torch")
 	srv := testenv.StartServer(t, testenv.NotebookServer())
-	reap := newReaper(t, srv)
+	reap := testenv.NewReaper(t, srv)
 
 	a := openSession(t, srv, reap, "a/x.ipynb")
 	b := openSession(t, srv, reap, "b/x.ipynb")
@@ -217,7 +217,7 @@ func TestFree(t *testing.T) {
 	t.Parallel()
 	testenv.Require(t, "torch")
 	srv := testenv.StartServer(t, testenv.NotebookServer())
-	reap := newReaper(t, srv)
+	reap := testenv.NewReaper(t, srv)
 	k := openSession(t, srv, reap, "free/f.ipynb")
 	env := gpumemEnv(srv.Dir)
 
@@ -382,7 +382,7 @@ func TestFreeThroughDaemon(t *testing.T) {
 	t.Parallel()
 	testenv.Require(t, "torch")
 	srv := testenv.StartServer(t, testenv.NotebookServer())
-	reap := newReaper(t, srv)
+	reap := testenv.NewReaper(t, srv)
 	k := openSession(t, srv, reap, "gpu/train.ipynb")
 	other := openSession(t, srv, reap, "gpu/other.ipynb")
 	cellOK(t, k, "import torch, weakref\na = torch.ones(1000)\nb = torch.ones(2000)\nwa, wb = weakref.ref(a), weakref.ref(b)")
@@ -534,12 +534,12 @@ type liveKernel struct {
 
 // openSession creates notebook path on srv with a kernel, attaches a
 // frontend, and has reap kill the kernel.
-func openSession(t *testing.T, srv *testenv.Server, reap *reaper, path string) *liveKernel {
+func openSession(t *testing.T, srv *testenv.Server, reap *testenv.Reaper, path string) *liveKernel {
 	t.Helper()
 	sess := srv.CreateSession(t, path)
 	k := &testenv.Kernel{Dir: srv.Dir, ConnectionFile: srv.ConnectionFile(sess.Kernel.ID), ID: sess.Kernel.ID}
 	lk := liveKernelOf(t, k, filepath.Join(srv.RootDir, filepath.FromSlash(path)))
-	reap.add(lk.PID)
+	reap.Add(lk.PID)
 	return lk
 }
 

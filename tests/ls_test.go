@@ -28,7 +28,7 @@ import (
 func TestLs(t *testing.T) {
 	t.Parallel()
 	srv := testenv.StartServer(t, testenv.NotebookServer())
-	reap := newReaper(t, srv)
+	reap := testenv.NewReaper(t, srv)
 
 	paths := map[string]string{ // role → notebook path under the root
 		"train": "proj/train.ipynb",
@@ -44,8 +44,8 @@ func TestLs(t *testing.T) {
 		notebookOf[role] = filepath.Join(srv.RootDir, filepath.FromSlash(p))
 	}
 	for _, role := range []string{"eval", "idle"} {
-		kernelPIDOf[role] = kernelPID(t, srv.ConnectionFile(kernelID[role]))
-		reap.add(kernelPIDOf[role])
+		kernelPIDOf[role] = testenv.KernelPID(t, srv.ConnectionFile(kernelID[role]))
+		reap.Add(kernelPIDOf[role])
 	}
 	// One cell, as a user would run it: the kernel's pid, a child, and a
 	// child that leaves the kernel's session and process group.
@@ -63,7 +63,7 @@ print(os.getpid(), *[c.pid for c in _gpumem_children])`)
 	kernelPIDOf["train"] = trainPID
 	// The setsid child survives the kernel's group kill: the reaper kills
 	// it by pid.
-	reap.add(trainPID, childPID, setsidPID)
+	reap.Add(trainPID, childPID, setsidPID)
 	unrelated := startUnrelated(t, "/bin/sleep", "600")
 	unrelatedPID := unrelated.Process.Pid
 

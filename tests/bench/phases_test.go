@@ -67,9 +67,9 @@ func BenchmarkPhases20Kernels(b *testing.B) {
 		gpu.Processes = append(gpu.Processes, testenv.FakeProc{PID: pid, UsedBytes: 1<<30 + uint64(i)})
 	}
 	testenv.WriteSimulatedGPUs(b, fake, gpu)
-	bin := filepath.Join(b.TempDir(), "gpumem")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/gpumem/gpumem/cmd/gpumem").CombinedOutput(); err != nil {
-		b.Fatalf("go build: %v\n%s", err, out)
+	bin, err := testenv.GoBuild(b.TempDir(), "gpumem", "./cmd/gpumem", false)
+	if err != nil {
+		b.Fatal(err)
 	}
 
 	cliEnv := func(k string) string {

@@ -39,9 +39,9 @@ const (
 
 func BenchmarkFleet(b *testing.B) {
 	dir := b.TempDir()
-	bin := filepath.Join(dir, "gpumem")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/gpumem").CombinedOutput(); err != nil {
-		b.Fatalf("go build: %v\n%s", err, out)
+	bin, err := testenv.GoBuild(dir, "gpumem", "./cmd/gpumem", false)
+	if err != nil {
+		b.Fatal(err)
 	}
 	// The GPU processes: real, idle processes, so that every sample finds
 	// them in /proc as it would find kernels and their workers.

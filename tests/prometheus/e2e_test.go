@@ -45,17 +45,6 @@ const (
 	seriesPerUser        = 1
 )
 
-// kernelPID waits until exactly one live process is the kernel of connFile.
-func kernelPID(t *testing.T, connFile string) int {
-	t.Helper()
-	var pids []int
-	testenv.Poll(t, 30*time.Second, "one kernel process on "+connFile, func() bool {
-		pids = testenv.KernelPIDs(connFile)
-		return len(pids) == 1
-	})
-	return pids[0]
-}
-
 // startServe runs `gpumem serve --listen` on srv's runtime dir and waits
 // until its /metrics lists every kernel in kernelIDs (in the
 // notebook or, without notebook labels, until a user series shows).
@@ -153,7 +142,7 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	sessA := srv.CreateSession(t, "team/a.ipynb")
 	sessB := srv.CreateSession(t, "b.ipynb")
 	cfA, cfB := srv.ConnectionFile(sessA.Kernel.ID), srv.ConnectionFile(sessB.Kernel.ID)
-	pidA, pidB := kernelPID(t, cfA), kernelPID(t, cfB)
+	pidA, pidB := testenv.KernelPID(t, cfA), testenv.KernelPID(t, cfB)
 	nbA, nbB := filepath.Join(srv.RootDir, "team", "a.ipynb"), filepath.Join(srv.RootDir, "b.ipynb")
 
 	// A child of kernel A in its own session: kernel A's restart misses it.
@@ -194,8 +183,8 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	// The second "host": one daemon per runtime dir, so its own server, with
 	// the same layout (C in place of A and its orphan, D of B).
 	srv2 := testenv.StartServer(t, testenv.NotebookServer())
-	pidC := kernelPID(t, srv2.ConnectionFile(srv2.CreateSession(t, "c.ipynb").Kernel.ID))
-	pidD := kernelPID(t, srv2.ConnectionFile(srv2.CreateSession(t, "d.ipynb").Kernel.ID))
+	pidC := testenv.KernelPID(t, srv2.ConnectionFile(srv2.CreateSession(t, "c.ipynb").Kernel.ID))
+	pidD := testenv.KernelPID(t, srv2.ConnectionFile(srv2.CreateSession(t, "d.ipynb").Kernel.ID))
 	unrelated2 := testenv.Start(t, testenv.Env(srv2.Dir), srv2.Dir, "/bin/sleep", "600")
 	gpuFile2 := filepath.Join(t.TempDir(), "gpus.json")
 	testenv.WriteSimulatedGPUs(t, gpuFile2,

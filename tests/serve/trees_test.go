@@ -65,12 +65,12 @@ func TestServeKeepsTreesBetweenFullReads(t *testing.T) {
 
 	srv.JSON(t, http.MethodPost, "api/kernels/"+nb.sess.Kernel.ID+"/restart", nil, nil)
 	for _, pid := range []int{leaver, nohup} {
-		testenv.Poll(t, 10*time.Second, "the kernel's process "+strconv.Itoa(pid)+" ended", func() bool { return !alive(pid) })
+		testenv.Poll(t, 10*time.Second, "the kernel's process "+strconv.Itoa(pid)+" ended", func() bool { return !testenv.Alive(pid) })
 		if _, ok := d.FindLog("ending orphan that holds GPU memory (SIGTERM)", map[string]any{"pid": pid, "after": "restart"}); !ok {
 			t.Errorf("no log of ending %d", pid)
 		}
 	}
-	if !alive(other.Process.Pid) {
+	if !testenv.Alive(other.Process.Pid) {
 		t.Fatalf("the process of no kernel (%d) was ended", other.Process.Pid)
 	}
 }
