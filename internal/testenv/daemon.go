@@ -54,8 +54,12 @@ func GoBuild(dir, name, pkg string, race bool) (string, error) {
 // RunWithGpumem is a TestMain's body for packages that run the binary: it
 // builds gpumem (BuildGpumem) into a temporary dir named after prefix
 // (mode 0755: tests may run it as other users), sets *bin, runs the tests
-// and removes the dir. It returns the exit code.
+// and removes the dir. It returns the exit code; under -short it builds and
+// runs nothing (ShortSkipsPackage).
 func RunWithGpumem(m *testing.M, prefix string, bin *string) int {
+	if ShortSkipsPackage() {
+		return 0
+	}
 	dir, err := os.MkdirTemp("", prefix)
 	if err == nil {
 		err = os.Chmod(dir, 0o755)

@@ -21,6 +21,9 @@ import (
 var binDir string // built binaries; removed by TestMain
 
 func TestMain(m *testing.M) {
+	if testenv.ShortSkipsPackage() {
+		os.Exit(0)
+	}
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)
