@@ -75,8 +75,13 @@ if [ "$mode" = all ]; then
   echo "== building the wheels in the background (log: $wheel_log)"
   setsid bash tests/wheel/test.sh --prepare >"$wheel_log" 2>&1 &
   wheel_job=$!
-  trap '[ -z "$wheel_job" ] || kill -- -"$wheel_job" 2>/dev/null || true' EXIT
 fi
+e2e_bin_dir=""
+cleanup() {
+  [ -z "$wheel_job" ] || kill -- -"$wheel_job" 2>/dev/null || true
+  [ -z "$e2e_bin_dir" ] || rm -rf "$e2e_bin_dir"
+}
+trap cleanup EXIT
 
 # go-nvml's cgo bindings wrap every NVML function, the deprecated ones too,
 # and gcc warns about each (about 30 lines, none about gpumem's own code):
@@ -128,6 +133,16 @@ if [ "$mode" = unit ]; then
   fi
   echo "unit path passed (the end-to-end packages, the extension and the wheels: bash scripts/test.sh)"
   exit 0
+fi
+# One race-detector build of gpumem for every end-to-end package and stack
+# (each package's TestMain would link its own; testenv.BuildGpumem takes
+# GPUMEM_TEST_BIN instead, unless one is given to test another build).
+if [ -z "${GPUMEM_TEST_BIN:-}" ]; then
+  e2e_bin_dir=$(mktemp -d /tmp/gpumem-e2e-bin.XXXXXX)
+  chmod 0755 "$e2e_bin_dir" # the tests run it as other users too
+  go build -race -o "$e2e_bin_dir/gpumem" ./cmd/gpumem
+  export GPUMEM_TEST_BIN=$e2e_bin_dir/gpumem
+  lap "the end-to-end tests' gpumem (-race)"
 fi
 for stack in ${GPUMEM_TEST_STACKS:-debian12 current ipykernel6}; do
   pkgs=("${e2e[@]}")
