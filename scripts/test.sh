@@ -47,16 +47,17 @@ report_times() {
 command -v go >/dev/null || { echo "go not found: install Go 1.26 or newer"; exit 1; }
 command -v gcc >/dev/null || { echo "gcc not found (cgo builds the NVML bindings): apt-get install gcc"; exit 1; }
 if [ "$mode" = all ]; then
-  install_missing python3-ipykernel python3-jupyter-client jupyter-notebook python3-jupyter-server python3-torch python3-nbclient python3-venv
-  # The extension's browser tests and the wheels' (tests/wheel/test.sh):
-  # installed here, before the wheels' background build, so that no two apt
-  # runs meet.
-  install_missing chromium debootstrap qemu-user libc6-arm64-cross binutils
+  # Every Debian package of every stage, in one apt run (one index update on
+  # a fresh machine), before the wheels' background build: no two apt runs
+  # meet. The extension's browser tests need chromium, the wheels' tests
+  # (tests/wheel/test.sh) debootstrap, qemu-user, libc6-arm64-cross and
+  # binutils.
   # --- Prometheus and JupyterHub (tests/prometheus, tests/hub): Debian's
   # prometheus gives the server the end-to-end test runs on 127.0.0.1 and
   # promtool for the rule unit tests. The tests start the binary themselves on a
   # random port with temporary dirs; they never use the package's service.
-  install_missing prometheus
+  install_missing python3-ipykernel python3-jupyter-client jupyter-notebook python3-jupyter-server python3-torch python3-nbclient python3-venv \
+    prometheus chromium debootstrap qemu-user libc6-arm64-cross binutils
   # tests/hub: configurable-http-proxy for the real JupyterHub (JupyterHub itself
   # comes with .venv/current from requirements/current.txt).
   (cd tests/hub && npm ci --no-audit --no-fund --silent)
@@ -66,16 +67,12 @@ if [ "$mode" = all ]; then
 fi
 lap "set-up (installs, venvs)"
 
-# The wheels (the chroot, both builds, the reproducibility build: about
-# 4 min, mostly downloads and zig) are built while the Go tests run, and
-# tested at the end. Its own session, so an early exit ends all of it.
+# go-nvml's cgo bindings wrap every NVML function, the deprecated ones too,
+# and gcc warns about each (about 30 lines, none about gpumem's own code):
+# keep the build quiet.
+export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations"
+
 wheel_job=""
-if [ "$mode" = all ]; then
-  wheel_log=$(mktemp /tmp/gpumem-wheel-prepare.XXXXXX)
-  echo "== building the wheels in the background (log: $wheel_log)"
-  setsid bash tests/wheel/test.sh --prepare >"$wheel_log" 2>&1 &
-  wheel_job=$!
-fi
 e2e_bin_dir=""
 cleanup() {
   [ -z "$wheel_job" ] || kill -- -"$wheel_job" 2>/dev/null || true
@@ -83,10 +80,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# go-nvml's cgo bindings wrap every NVML function, the deprecated ones too,
-# and gcc warns about each (about 30 lines, none about gpumem's own code):
-# keep the build quiet.
-export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations"
 
 # --- static checks (gofmt, staticcheck, ruff) and the injected Python's unit tests ---
 unformatted=$(gofmt -l .)
@@ -134,6 +127,15 @@ if [ "$mode" = unit ]; then
   echo "unit path passed (the end-to-end packages, the extension and the wheels: bash scripts/test.sh)"
   exit 0
 fi
+# The wheels (the chroot, both builds, the reproducibility build: about
+# 4 min, mostly downloads and zig) are built while the end-to-end tests
+# run, and tested at the end. Not earlier: npm ci and the build change
+# labextension/ and build/ while gofmt, staticcheck and archtest's go list
+# walk the tree. Its own session, so an early exit ends all of it.
+wheel_log=$(mktemp /tmp/gpumem-wheel-prepare.XXXXXX)
+echo "== building the wheels in the background (log: $wheel_log)"
+setsid bash tests/wheel/test.sh --prepare >"$wheel_log" 2>&1 &
+wheel_job=$!
 # One race-detector build of gpumem for every end-to-end package and stack
 # (each package's TestMain would link its own; testenv.BuildGpumem takes
 # GPUMEM_TEST_BIN instead, unless one is given to test another build).
