@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strconv"
 	"testing"
 
@@ -140,5 +141,23 @@ sys.stdout.write("%d\n" % os.getpid() + open(os.environ["GPUMEM_DEMO_GPU"]).read
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("after the demo's kernel exited the file is\n%s\nwant\n%s", after, SimulatedGPUs(gpus...))
+	}
+}
+
+// TestDemoFileIsTheWritersDocument: scripts/run.sh writes the demo's first
+// simulated-GPU file with echo (a shell script imports no writer): it must
+// be the Go writer's document of the same device, byte for byte.
+func TestDemoFileIsTheWritersDocument(t *testing.T) {
+	script, err := os.ReadFile(filepath.Join(RepoRoot(), "scripts", "run.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`echo '(\{"gpus":[^']*)' >"\$simulated"`).FindSubmatch(script)
+	if m == nil {
+		t.Fatal(`scripts/run.sh no longer writes the simulated GPU with echo '{"gpus":…}' >"$simulated": update this test`)
+	}
+	want := SimulatedGPUs(SimGPU{Name: "Simulated H200", UUID: "GPU-simulated-0", MemoryTotalBytes: 150754820096})
+	if !bytes.Equal(m[1], want) {
+		t.Errorf("scripts/run.sh writes\n%s\nthe Go writer, for its device:\n%s", m[1], want)
 	}
 }
