@@ -201,7 +201,12 @@ func TestServeReclaimsOrphans(t *testing.T) {
 			// grace window (--reclaim-grace, 5 s by default).
 			testenv.Poll(t, 15*time.Second, "orphan "+strconv.Itoa(orphan)+" ended", func() bool { return !testenv.Alive(orphan) })
 			t.Logf("orphan gone %v after the %s request", time.Since(start), how)
-			if _, ok := d.FindLog("ending orphan that holds GPU memory (SIGTERM)", map[string]any{"pid": orphan, "after": how}); !ok {
+			// The log line is read from the daemon's pipe: it may arrive a
+			// moment after the process it names has gone.
+			if !testenv.Eventually(5*time.Second, func() bool {
+				_, ok := d.FindLog("ending orphan that holds GPU memory (SIGTERM)", map[string]any{"pid": orphan, "after": how})
+				return ok
+			}) {
 				t.Errorf("no log of ending orphan %d", orphan)
 			}
 			if !testenv.Alive(other.Process.Pid) {

@@ -67,7 +67,12 @@ func TestServeKeepsTreesBetweenFullReads(t *testing.T) {
 	srv.JSON(t, http.MethodPost, "api/kernels/"+nb.sess.Kernel.ID+"/restart", nil, nil)
 	for _, pid := range []int{leaver, nohup} {
 		testenv.Poll(t, 10*time.Second, "the kernel's process "+strconv.Itoa(pid)+" ended", func() bool { return !testenv.Alive(pid) })
-		if _, ok := d.FindLog("ending orphan that holds GPU memory (SIGTERM)", map[string]any{"pid": pid, "after": "restart"}); !ok {
+		// The log line is read from the daemon's pipe: it may arrive a
+		// moment after the process it names has gone.
+		if !testenv.Eventually(5*time.Second, func() bool {
+			_, ok := d.FindLog("ending orphan that holds GPU memory (SIGTERM)", map[string]any{"pid": pid, "after": "restart"})
+			return ok
+		}) {
 			t.Errorf("no log of ending %d", pid)
 		}
 	}
