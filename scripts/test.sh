@@ -150,9 +150,9 @@ for stack in ${GPUMEM_TEST_STACKS:-debian12 current ipykernel6}; do
   pkgs=("${e2e[@]}")
   [ "$stack" = ipykernel6 ] && pkgs=("${kernel_only[@]}")
   echo "== end-to-end on the $stack stack"
-  # -parallel 4: the scenarios of tests/adversarial and tests/serve (each
-  # with its own server, daemon, dirs, ports and users) mostly wait on
-  # kernels, samples and deadlines, so four overlap on 2 cores.
+  # -parallel 4: tests/adversarial's scenarios (each with its own daemon,
+  # dirs, ports and users) mostly wait on deadlines, so four overlap on 2
+  # cores.
   GPUMEM_TEST_STACK=$stack go test -race -count=1 -timeout 15m -parallel 4 "${pkgs[@]}" || failed+=("$stack")
   lap "end-to-end, $stack"
 done

@@ -12,7 +12,6 @@ import (
 // cell run in each notebook using it prints one line naming the biggest
 // holders, once; %gpumem top lists who holds the GPU.
 func TestServeNotebookAlerts(t *testing.T) {
-	t.Parallel()
 	testenv.Require(t, "notebook", "ipykernel")
 	srv := testenv.StartServer(t, testenv.NotebookServer())
 	gpu := testenv.NewFakeGPU(t)

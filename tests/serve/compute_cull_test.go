@@ -14,7 +14,6 @@ import (
 // warning is withdrawn and it is never culled, whatever its server's
 // last_activity says; the second, which only holds memory, is shut down.
 func TestGPUCullSparesAKernelWhoseChildComputes(t *testing.T) {
-	t.Parallel()
 	testenv.Require(t, "notebook", "ipykernel")
 	srv := testenv.StartServer(t, testenv.NotebookServer())
 	trains := openNotebook(t, srv, "cull/trains.ipynb")

@@ -17,7 +17,6 @@ import (
 // listed with its sentence, shown by gpumem ls), and its user ends it with
 // gpumem free KERNEL --orphans.
 func TestServeLeavesAComputingJobRunning(t *testing.T) {
-	t.Parallel()
 	testenv.Require(t, "notebook", "ipykernel")
 	srv := testenv.StartServer(t, testenv.NotebookServer())
 	gpu := testenv.NewFakeGPU(t)

@@ -61,7 +61,6 @@ func parseActivity(t *testing.T, s string) time.Time {
 // and its attach must not, and the server must see the kernel idle (what
 // JupyterLab's indicator shows) all the while.
 func TestServeKeepsIdleCulling(t *testing.T) {
-	t.Parallel()
 	testenv.Require(t, "notebook", "ipykernel")
 	const idle, interval = 8 * time.Second, time.Second
 	srv := testenv.StartServerWith(t, testenv.NotebookServer(), testenv.ServerOptions{Args: []string{
@@ -140,7 +139,6 @@ func TestServeKeepsIdleCulling(t *testing.T) {
 // leaves the kernel idle as soon as it returns, and nothing else makes it
 // busy while the daemon stays attached.
 func TestServeBusyOnlyWhileFreeing(t *testing.T) {
-	t.Parallel()
 	testenv.Require(t, "notebook", "ipykernel")
 	srv := testenv.StartServer(t, testenv.NotebookServer())
 	gpu := testenv.NewFakeGPU(t)

@@ -22,7 +22,6 @@ import (
 // never shows 0 B for the notebook and a dead process for an "unknown"
 // user.
 func TestDemoGPUFollowsRestart(t *testing.T) {
-	t.Parallel()
 	testenv.Require(t, "ipykernel")
 	gpu := testenv.NewFakeGPU(t)
 	ipython := t.TempDir()

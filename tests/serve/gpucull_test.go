@@ -56,7 +56,6 @@ func serverKernels(t *testing.T, srv *testenv.Server) []string {
 // An idle kernel holding GPU memory is warned, then shut down through its
 // server (which no longer lists it), and its orphan is reclaimed.
 func TestGPUCullShutdown(t *testing.T) {
-	t.Parallel()
 	srv, nb, d, gpu := cullSetup(t, "shutdown", 2<<30)
 	orphan := nb.startOrphanable(t)
 	gpu.Set(t, testenv.FakeProc{PID: nb.pid, UsedBytes: 2 << 30}, testenv.FakeProc{PID: orphan, UsedBytes: 1 << 30})
@@ -77,7 +76,6 @@ func TestGPUCullShutdown(t *testing.T) {
 
 // The user running a cell during the warning cancels it; nothing is done.
 func TestGPUCullCancelledByUse(t *testing.T) {
-	t.Parallel()
 	srv, nb, d, _ := cullSetup(t, "shutdown", 2<<30, "--cull-warn=5s")
 	kid := nb.sess.Kernel.ID
 	d.WaitLog(t, 60*time.Second, "idle kernel holds GPU memory: warned", map[string]any{"kernel_id": kid})
@@ -104,7 +102,6 @@ func TestGPUCullCancelledByUse(t *testing.T) {
 // A busy kernel is never culled, and a kernel under the memory minimum
 // neither: no warning while either holds for well past idle + warning.
 func TestGPUCullNeverBusyOrSmall(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		bytes uint64
@@ -143,7 +140,6 @@ func TestGPUCullNeverBusyOrSmall(t *testing.T) {
 // report only logs and counts; free empties the caches; both leave the
 // kernel running.
 func TestGPUCullReportAndFree(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct{ action, log string }{
 		{"report", "idle kernel holds GPU memory (culling reports only)"},
 		{"free", "idle kernel's GPU caches freed"},

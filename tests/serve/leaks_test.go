@@ -44,7 +44,6 @@ finally:
 // loads nothing): no cell fails but the one tagged raises-exception, and
 // every %gpumem cell shows gpumem's output.
 func TestLeaksNotebookWithServe(t *testing.T) {
-	t.Parallel()
 	testenv.Require(t, "ipykernel", "jupyter_client", "nbclient", "torch")
 	dir := t.TempDir()
 	runtime := filepath.Join(dir, "runtime")

@@ -1,12 +1,6 @@
 // Package serve holds end-to-end scenarios of `gpumem serve`: the real
 // binary against a real Notebook 6 server and real kernels, with a
 // simulated-GPU file listing real pids.
-//
-// Every scenario calls t.Parallel: each has its own server, daemon, dirs,
-// ports and simulated GPU (a root daemon is limited to its test's users
-// with --users), and most of the time is spent waiting for kernels and
-// samples. A new scenario keeps to that: no t.Setenv, no fixed paths, ports
-// or user names, no unlocked state shared between tests.
 package serve
 
 import (

@@ -16,7 +16,6 @@ import (
 // simulated GPU), gpumem serve says so in one log line at start, as the
 // README promises, and not again at every sample.
 func TestServeSaysNoDriverOnce(t *testing.T) {
-	t.Parallel()
 	if out, _ := exec.Command("ldconfig", "-p").Output(); strings.Contains(string(out), "libnvidia-ml.so.1") {
 		t.Skip("this host has an NVIDIA driver: the no-driver start does not apply")
 	}

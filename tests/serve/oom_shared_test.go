@@ -24,7 +24,6 @@ import (
 // path. bob sees none of alice's events. Per-notebook metrics off, the
 // counter is by user and GPU only.
 func TestServeOOMSharedMode(t *testing.T) {
-	t.Parallel()
 	testenv.Require(t, "ipykernel", "torch")
 	testenv.RequireRoot(t, "a root daemon serving two real users")
 	alice, bob := testenv.MakeUser(t, "alice"), testenv.MakeUser(t, "bob")

@@ -74,7 +74,6 @@ func socketDo(t *testing.T, sock, method, path string, body []byte) (int, string
 // `gpumem ls --json`, /metrics). A kernel cannot report for another, and a
 // process of no kernel cannot report at all.
 func TestServeOOMReport(t *testing.T) {
-	t.Parallel()
 	testenv.Require(t, "notebook", "ipykernel", "torch")
 	srv := testenv.StartServer(t, testenv.NotebookServer())
 	gpu := testenv.NewFakeGPU(t)

@@ -22,7 +22,6 @@ import (
 // TestServeMetrics scrapes the daemon's /metrics and checks the figures a
 // dashboard relies on, with the labels it groups by.
 func TestServeMetrics(t *testing.T) {
-	t.Parallel()
 	testenv.Require(t, "notebook", "ipykernel")
 	srv := testenv.StartServer(t, testenv.NotebookServer())
 	gpu := testenv.NewFakeGPU(t)
@@ -93,7 +92,6 @@ func TestServeMetrics(t *testing.T) {
 // TestServeSharedModePeerCredentials: in shared mode a process of another
 // uid that belongs to no kernel gets 403 for the notebooks.
 func TestServeSharedModePeerCredentials(t *testing.T) {
-	t.Parallel()
 	testenv.Require(t, "notebook", "ipykernel")
 	testenv.RequireRoot(t, "needs root to run a process as a second uid")
 	srv := testenv.StartServer(t, testenv.NotebookServer())
@@ -154,7 +152,6 @@ print(ask(("POST /api/v1/kernels/%s/free HTTP/1.0\r\nHost: localhost\r\nContent-
 // TestServeLifecycle: one daemon per runtime dir; SIGTERM detaches and
 // leaves kernels untouched; after SIGKILL a new daemon rebuilds its view.
 func TestServeLifecycle(t *testing.T) {
-	t.Parallel()
 	testenv.Require(t, "notebook", "ipykernel")
 	srv := testenv.StartServer(t, testenv.NotebookServer())
 	gpu := testenv.NewFakeGPU(t)

@@ -116,7 +116,6 @@ func waitNotebookHas(t *testing.T, d *testenv.Daemon, kernelID string, pid int) 
 }
 
 func TestServeInjectsNewKernels(t *testing.T) {
-	t.Parallel()
 	testenv.Require(t, "notebook", "ipykernel")
 	srv := testenv.StartServer(t, testenv.NotebookServer())
 	gpu := testenv.NewFakeGPU(t)
@@ -176,7 +175,6 @@ func TestServeInjectsNewKernels(t *testing.T) {
 // survives the kernel's restart or shutdown; the daemon ends it within 5 s.
 // An unrelated process holding GPU memory is never touched.
 func TestServeReclaimsOrphans(t *testing.T) {
-	t.Parallel()
 	testenv.Require(t, "notebook", "ipykernel")
 	for _, how := range []string{"restart", "shutdown"} {
 		t.Run(how, func(t *testing.T) {

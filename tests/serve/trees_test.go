@@ -35,7 +35,6 @@ func ppidOf(pid int) int {
 // the kernel's session) are each the kernel's: when the kernel restarts,
 // both are ended. A process of no kernel holding GPU memory is not.
 func TestServeKeepsTreesBetweenFullReads(t *testing.T) {
-	t.Parallel()
 	testenv.Require(t, "notebook", "ipykernel")
 	srv := testenv.StartServer(t, testenv.NotebookServer())
 	gpu := testenv.NewFakeGPU(t)

@@ -54,7 +54,6 @@ print(_p.pid)`, 60*time.Second)
 // contexts in gpumem ls, the API, %gpumem, %gpumem why and the API's why;
 // a child that holds memory, and the kernel's own GPU, are not.
 func TestServeWhyAddsUpAndFlagsStrayContexts(t *testing.T) {
-	t.Parallel()
 	testenv.Require(t, "torch")
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "runtime"), 0o700); err != nil {
@@ -144,7 +143,6 @@ func TestServeWhyAddsUpAndFlagsStrayContexts(t *testing.T) {
 // A kernel that uses one GPU normally, with a worker holding memory on it,
 // is flagged nowhere.
 func TestServeNoStrayContextForNormalUse(t *testing.T) {
-	t.Parallel()
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "runtime"), 0o700); err != nil {
 		t.Fatal(err)
