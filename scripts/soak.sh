@@ -21,6 +21,8 @@ work=$(mktemp -d /tmp/gpumem-soak-XXXXXX)
 go build -o "$work/gpumem" ./cmd/gpumem
 exec /usr/bin/python3 - "$work" "$minutes" "$PWD/docs/benchmarks" <<'PY'
 import json, os, secrets, signal, socket, statistics, subprocess, sys, time, urllib.request
+sys.path.insert(0, os.path.join(os.path.dirname(sys.argv[3]), "..", "internal", "testenv"))
+import simgpu  # the tests' writer of the simulated-GPU file
 
 work, minutes, outdir = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 BIN = os.path.join(work, "gpumem")
@@ -110,12 +112,9 @@ def kernel_pids():
 
 
 def write_gpu(pids):
-    procs = [{"pid": p, "used_bytes": (1 << 30) + (p << 12)} for p in sorted(pids)]
-    doc = {"gpus": [{"name": "Simulated H200", "uuid": "GPU-00000000-0000-0000-0000-00000000soak",
-                     "memory_total_bytes": 141 << 30, "processes": procs}]}
-    with open(gpu_file + ".tmp", "w") as f:
-        json.dump(doc, f)
-    os.replace(gpu_file + ".tmp", gpu_file)
+    procs = [simgpu.proc(p, (1 << 30) + (p << 12)) for p in sorted(pids)]
+    simgpu.write(gpu_file, [simgpu.gpu(141 << 30, procs, name="Simulated H200",
+                                       uuid="GPU-00000000-0000-0000-0000-00000000soak")])
 
 
 def metrics():

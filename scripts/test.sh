@@ -15,45 +15,95 @@
 #
 # GPUMEM_TEST_STACKS="debian12 current" runs a subset of the stacks.
 # The wheels (tests/wheel/test.sh) are built and tested last.
+#
+#   bash scripts/test.sh          everything (what .ci/run runs)
+#   bash scripts/test.sh unit     the fast path: the static checks and the
+#                                 unit packages (go test -race), installing
+#                                 nothing beyond Go's modules; ruff and the
+#                                 injected Python's tests need .venv/current
+#                                 (a full run makes it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+mode=${1:-all}
+case $mode in
+  all | unit) ;;
+  *) echo "usage: bash scripts/test.sh [unit]" >&2; exit 2 ;;
+esac
+
+# Each stage's wall time, listed at the end: where the run's time goes.
+times=()
+stage_start=$SECONDS
+lap() {
+  times+=("$(printf '%-36s %5d s' "$1" $((SECONDS - stage_start)))")
+  stage_start=$SECONDS
+}
+report_times() {
+  printf '== stage times (total %d s, load %s)\n' "$SECONDS" "$(cut -d' ' -f1-3 /proc/loadavg)"
+  printf '  %s\n' "${times[@]}"
+}
+
 . scripts/lib.sh
-install_missing python3-ipykernel python3-jupyter-client jupyter-notebook python3-jupyter-server python3-torch python3-nbclient python3-venv
-# --- Prometheus and JupyterHub (tests/prometheus, tests/hub): Debian's
-# prometheus gives the server the end-to-end test runs on 127.0.0.1 and
-# promtool for the rule unit tests. The tests start the binary themselves on a
-# random port with temporary dirs; they never use the package's service.
-install_missing prometheus
-# tests/hub: configurable-http-proxy for the real JupyterHub (JupyterHub itself
-# comes with .venv/current from requirements/current.txt).
-(cd tests/hub && npm ci --no-audit --no-fund --silent)
-# --- end Prometheus and JupyterHub
 command -v go >/dev/null || { echo "go not found: install Go 1.26 or newer"; exit 1; }
 command -v gcc >/dev/null || { echo "gcc not found (cgo builds the NVML bindings): apt-get install gcc"; exit 1; }
-make_venv current requirements/current.txt
-make_venv ipykernel6 requirements/ipykernel6.txt
+if [ "$mode" = all ]; then
+  # Every Debian package of every stage, in one apt run (one index update on
+  # a fresh machine), before the wheels' background build: no two apt runs
+  # meet. The extension's browser tests need chromium, the wheels' tests
+  # (tests/wheel/test.sh) debootstrap, qemu-user, libc6-arm64-cross and
+  # binutils.
+  # --- Prometheus and JupyterHub (tests/prometheus, tests/hub): Debian's
+  # prometheus gives the server the end-to-end test runs on 127.0.0.1 and
+  # promtool for the rule unit tests. The tests start the binary themselves on a
+  # random port with temporary dirs; they never use the package's service.
+  install_missing python3-ipykernel python3-jupyter-client jupyter-notebook python3-jupyter-server python3-torch python3-nbclient python3-venv \
+    prometheus chromium debootstrap qemu-user libc6-arm64-cross binutils
+  # tests/hub: configurable-http-proxy for the real JupyterHub (JupyterHub itself
+  # comes with .venv/current from requirements/current.txt).
+  (cd tests/hub && npm ci --no-audit --no-fund --silent)
+  # --- end Prometheus and JupyterHub
+  make_venv current requirements/current.txt
+  make_venv ipykernel6 requirements/ipykernel6.txt
+fi
+lap "set-up (installs, venvs)"
 
 # go-nvml's cgo bindings wrap every NVML function, the deprecated ones too,
 # and gcc warns about each (about 30 lines, none about gpumem's own code):
 # keep the build quiet.
 export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations"
 
+wheel_job=""
+e2e_bin_dir=""
+cleanup() {
+  [ -z "$wheel_job" ] || kill -- -"$wheel_job" 2>/dev/null || true
+  [ -z "$e2e_bin_dir" ] || rm -rf "$e2e_bin_dir"
+}
+trap cleanup EXIT
+
+
 # --- static checks (gofmt, staticcheck, ruff check and ruff format) and the injected Python's unit tests ---
 unformatted=$(gofmt -l .)
 [ -z "$unformatted" ] || { printf 'gofmt -l lists files that need `gofmt -w`:\n%s\n' "$unformatted"; exit 1; }
 go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
-[ -x .venv/current/bin/ruff ] || { echo ".venv/current has no ruff: build it with make_venv current requirements/current.txt"; exit 1; }
-.venv/current/bin/ruff check .
-.venv/current/bin/ruff format --check .
-.venv/current/bin/python -m pytest -q -p no:cacheprovider magics/py/tests
+if [ -x .venv/current/bin/ruff ]; then
+  .venv/current/bin/ruff check .
+  .venv/current/bin/ruff format --check .
+  .venv/current/bin/python -m pytest -q -p no:cacheprovider magics/py/tests
+elif [ "$mode" = unit ] && [ "${CI:-}" != true ]; then
+  echo "no .venv/current (bash scripts/test.sh makes it): ruff and the injected Python's tests not run"
+else
+  echo ".venv/current has no ruff: build it with make_venv current requirements/current.txt"
+  exit 1
+fi
 # --- end of static checks ---
+lap "static checks"
 
 go vet ./...
-go vet -tags kubernetes ./internal/cli/ ./sidecar/kube/
+go vet -tags kubernetes ./cmd/gpumem/cli/ ./sidecar/kube/
 # The Helm chart: helm built from its module (once, cached), lint, template,
 # and the checked-in manifests must match; tests/kube then uses that helm.
-bash tests/kube/check.sh
+[ "$mode" = unit ] || bash tests/kube/check.sh
+lap "go vet, the Helm chart"
 
 e2e=(./protocol/ ./magics/ ./sidecar/discovery/ ./tests/...)
 kernel_only=(./protocol/ ./magics/)
@@ -68,23 +118,70 @@ go test -race -count=1 -cover -timeout 10m "${unit[@]}" 2>&1 | tee "$unit_log" |
 cov=$(awk '$2 ~ /\/sidecar\/daemon$/ { for (i = 1; i <= NF; i++) if ($i ~ /%$/) { sub(/%/, "", $i); print $i } }' "$unit_log")
 awk -v c="${cov:-0}" 'BEGIN { exit !(c + 0 >= 70) }' || { echo "sidecar/daemon statement coverage ${cov:-?}% is under 70%"; failed+=(coverage); }
 rm -f "$unit_log"
+lap "unit packages (go test -race)"
+if [ "$mode" = unit ]; then
+  report_times
+  if ((${#failed[@]})); then
+    echo "FAILED: ${failed[*]}"
+    exit 1
+  fi
+  echo "unit path passed (the end-to-end packages, the extension and the wheels: bash scripts/test.sh)"
+  exit 0
+fi
+# The wheels (the chroot, both builds, the reproducibility build: about
+# 4 min, mostly downloads and zig) are built while the end-to-end tests
+# run, and tested at the end. Not earlier: npm ci and the build change
+# labextension/ and build/ while gofmt, staticcheck and archtest's go list
+# walk the tree. Its own session, so an early exit ends all of it.
+wheel_log=$(mktemp /tmp/gpumem-wheel-prepare.XXXXXX)
+echo "== building the wheels in the background (log: $wheel_log)"
+setsid bash tests/wheel/test.sh --prepare >"$wheel_log" 2>&1 &
+wheel_job=$!
+# One race-detector build of gpumem for every end-to-end package and stack
+# (each package's TestMain would link its own; testenv.BuildGpumem takes
+# GPUMEM_TEST_BIN instead, unless one is given to test another build).
+if [ -z "${GPUMEM_TEST_BIN:-}" ]; then
+  e2e_bin_dir=$(mktemp -d /tmp/gpumem-e2e-bin.XXXXXX)
+  chmod 0755 "$e2e_bin_dir" # the tests run it as other users too
+  go build -race -o "$e2e_bin_dir/gpumem" ./cmd/gpumem
+  export GPUMEM_TEST_BIN=$e2e_bin_dir/gpumem
+  lap "the end-to-end tests' gpumem (-race)"
+fi
 for stack in ${GPUMEM_TEST_STACKS:-debian12 current ipykernel6}; do
   pkgs=("${e2e[@]}")
   [ "$stack" = ipykernel6 ] && pkgs=("${kernel_only[@]}")
   echo "== end-to-end on the $stack stack"
-  GPUMEM_TEST_STACK=$stack go test -race -count=1 -timeout 15m "${pkgs[@]}" || failed+=("$stack")
+  # -parallel 4: tests/adversarial's scenarios (each with its own daemon,
+  # dirs, ports and users) mostly wait on deadlines, so four overlap on 2
+  # cores.
+  GPUMEM_TEST_STACK=$stack go test -race -count=1 -timeout 15m -parallel 4 "${pkgs[@]}" || failed+=("$stack")
+  lap "end-to-end, $stack"
 done
+# The extension's build shares labextension/ with the wheels' build: wait.
+wheels_built=true
+if ! wait "$wheel_job"; then
+  wheels_built=false
+  failed+=(wheel-build)
+fi
+wheel_job=""
+cat "$wheel_log"
+lap "waiting for the wheels' build"
 # The JupyterLab extension: built from its lock files into .venv/current,
 # then its front-end unit tests, its server extension's tests and the
 # browser tests (Debian's chromium).
 echo "== JupyterLab extension"
 bash labextension/scripts/test.sh || failed+=(labextension)
+lap "JupyterLab extension"
 # The wheels users install (scripts/build-wheels.sh: x86_64 and aarch64),
 # tested as a user gets them: a fresh virtualenv with JupyterLab and the
 # wheel, no Go or npm on its PATH; an old glibc (a bullseye chroot) and
 # arm64 (qemu).
 echo "== the jupyterlab-gpumem wheels"
-bash tests/wheel/test.sh || failed+=(wheel)
+if $wheels_built; then
+  bash tests/wheel/test.sh --tests || failed+=(wheel)
+fi
+lap "the wheels' tests"
+report_times
 if ((${#failed[@]})); then
   echo "FAILED: ${failed[*]}"
   exit 1

@@ -35,7 +35,7 @@ func TestAttach(t *testing.T) {
 	t.Parallel()
 	testenv.Require(t, "torch")
 	srv := testenv.StartServer(t, testenv.NotebookServer())
-	reap := newReaper(t, srv)
+	reap := testenv.NewReaper(t, srv)
 
 	a := openSession(t, srv, reap, "a/x.ipynb")
 	b := openSession(t, srv, reap, "b/x.ipynb")
@@ -217,7 +217,7 @@ func TestFree(t *testing.T) {
 	t.Parallel()
 	testenv.Require(t, "torch")
 	srv := testenv.StartServer(t, testenv.NotebookServer())
-	reap := newReaper(t, srv)
+	reap := testenv.NewReaper(t, srv)
 	k := openSession(t, srv, reap, "free/f.ipynb")
 	env := gpumemEnv(srv.Dir)
 
@@ -382,7 +382,7 @@ func TestFreeThroughDaemon(t *testing.T) {
 	t.Parallel()
 	testenv.Require(t, "torch")
 	srv := testenv.StartServer(t, testenv.NotebookServer())
-	reap := newReaper(t, srv)
+	reap := testenv.NewReaper(t, srv)
 	k := openSession(t, srv, reap, "gpu/train.ipynb")
 	other := openSession(t, srv, reap, "gpu/other.ipynb")
 	cellOK(t, k, "import torch, weakref\na = torch.ones(1000)\nb = torch.ones(2000)\nwa, wb = weakref.ref(a), weakref.ref(b)")
@@ -392,8 +392,8 @@ func TestFreeThroughDaemon(t *testing.T) {
 	fake := filepath.Join(t.TempDir(), "gpus.json")
 	setFakeGPU := func(t *testing.T, kernelBytes uint64) {
 		t.Helper()
-		replaceFakeGPU(t, fake, []fakeGPU{{Name: "Simulated H200", UUID: "GPU-e2e-daemon", MemoryTotalBytes: 80 * gib,
-			Processes: []fakeGPUProc{{k.PID, kernelBytes}, {other.PID, gib}}}})
+		testenv.WriteSimulatedGPUs(t, fake, testenv.SimGPU{Name: "Simulated H200", UUID: "GPU-e2e-daemon", MemoryTotalBytes: 80 * gib,
+			Processes: []testenv.FakeProc{{PID: k.PID, UsedBytes: kernelBytes}, {PID: other.PID, UsedBytes: gib}}})
 	}
 	setFakeGPU(t, gib)
 	env := gpumemEnv(srv.Dir, "GPUMEM_FAKE_GPU="+fake)
@@ -501,7 +501,7 @@ func TestFreeThroughDaemon(t *testing.T) {
 		for !alerted(k)() {
 			if time.Now().After(deadline) {
 				t.Fatalf("no alert line in %s, re-injected by `gpumem attach`, while %s got one: "+
-					"internal/cli/attach.go runAttach injects with InjectOptions{KernelID, SidecarSocket} but no AlertFile, "+
+					"cmd/gpumem/cli/attach.go runAttach injects with InjectOptions{KernelID, SidecarSocket} but no AlertFile, "+
 					"and the bootstrap's uninstall() of the daemon's injection unregisters alert_hook, so attach silently "+
 					"turns the daemon's notebook alerts off in that kernel (the daemon injects once per kernel process and never repairs it)",
 					k.Notebook, other.Notebook)
@@ -515,7 +515,7 @@ func TestFreeThroughDaemon(t *testing.T) {
 		res := runGpumem(t, env, "free", bare.ConnFile)
 		if res.Code != 0 || !strings.Contains(res.Stdout, "no variable was touched") {
 			t.Errorf("gpumem free on a kernel the daemon does not watch: want exit 0 and a cache-only report\n%s\n"+
-				"internal/cli/attach.go runFree falls back to a standalone free only on api.ErrNoDaemon; "+
+				"cmd/gpumem/cli/attach.go runFree falls back to a standalone free only on api.ErrNoDaemon; "+
 				"the daemon's 404 (kernel not known to it) ends the command, though the CLI resolved the kernel itself", res)
 		}
 	})
@@ -534,12 +534,12 @@ type liveKernel struct {
 
 // openSession creates notebook path on srv with a kernel, attaches a
 // frontend, and has reap kill the kernel.
-func openSession(t *testing.T, srv *testenv.Server, reap *reaper, path string) *liveKernel {
+func openSession(t *testing.T, srv *testenv.Server, reap *testenv.Reaper, path string) *liveKernel {
 	t.Helper()
 	sess := srv.CreateSession(t, path)
 	k := &testenv.Kernel{Dir: srv.Dir, ConnectionFile: srv.ConnectionFile(sess.Kernel.ID), ID: sess.Kernel.ID}
 	lk := liveKernelOf(t, k, filepath.Join(srv.RootDir, filepath.FromSlash(path)))
-	reap.add(lk.PID)
+	reap.Add(lk.PID)
 	return lk
 }
 
@@ -696,16 +696,6 @@ func decodeFree(t testing.TB, res result) freeJSON {
 		t.Errorf("gpumem free --json lacks elapsed_ms or frameworks:\n%s", res.Stdout)
 	}
 	return rep
-}
-
-// replaceFakeGPU replaces the simulated-GPU file at path atomically, so that
-// a daemon re-reading it never sees half a file.
-func replaceFakeGPU(t testing.TB, path string, gpus []fakeGPU) {
-	t.Helper()
-	tmp := writeFakeGPU(t, t.TempDir(), gpus)
-	if err := os.Rename(tmp, path); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // serveProc is a running `gpumem serve`.

@@ -24,7 +24,7 @@ import (
 func BenchmarkCLI20Kernels(b *testing.B) {
 	const kernels = 20
 	srv := testenv.StartServer(b, testenv.NotebookServer())
-	reap := newReaper(b, srv)
+	reap := testenv.NewReaper(b, srv)
 	var ids []string
 	for i := range kernels {
 		sess := srv.CreateSession(b, fmt.Sprintf("bench/nb%02d.ipynb", i))
@@ -46,13 +46,13 @@ func BenchmarkCLI20Kernels(b *testing.B) {
 		}
 		return res.Code == 0 && alive == kernels
 	})
-	gpu := fakeGPU{Name: "Simulated H100", UUID: "GPU-bench-0", MemoryTotalBytes: 80 << 30}
+	gpu := testenv.SimGPU{Name: "Simulated H100", UUID: "GPU-bench-0", MemoryTotalBytes: 80 << 30}
 	for _, id := range ids {
 		k := rows[id]
-		reap.add(k.PID)
-		gpu.Processes = append(gpu.Processes, fakeGPUProc{PID: k.PID, UsedBytes: 1<<30 + uint64(k.PID)})
+		reap.Add(k.PID)
+		gpu.Processes = append(gpu.Processes, testenv.FakeProc{PID: k.PID, UsedBytes: 1<<30 + uint64(k.PID)})
 	}
-	env = append(env, "GPUMEM_FAKE_GPU="+writeFakeGPU(b, b.TempDir(), []fakeGPU{gpu}))
+	env = append(env, "GPUMEM_FAKE_GPU="+testenv.SimulatedGPUFile(b, gpu))
 
 	// Baseline: start and exit of the binary, no work.
 	b.Run("version", func(b *testing.B) {

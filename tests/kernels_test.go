@@ -32,7 +32,7 @@ func TestKernels(t *testing.T) {
 
 func testKernels(t *testing.T, kind testenv.ServerKind) {
 	srv := testenv.StartServer(t, kind)
-	reap := newReaper(t, srv)
+	reap := testenv.NewReaper(t, srv)
 
 	type wantKernel struct {
 		notebook, serverURL, connFile string
@@ -50,16 +50,16 @@ func testKernels(t *testing.T, kind testenv.ServerKind) {
 	}
 	bare := testenv.StartKernel(t, srv.Dir)
 	want[bare.ID] = wantKernel{connFile: bare.ConnectionFile, pid: bare.Cmd.Process.Pid}
-	// Ask every kernel its pid: this also waits until each one answers.
+	// Every kernel's process (testenv.KernelPID also waits until each one listens).
 	for id, w := range want {
-		pid := kernelPID(t, w.connFile)
+		pid := testenv.KernelPID(t, w.connFile)
 		if w.pid != 0 && pid != w.pid {
 			t.Fatalf("bare kernel says pid %d, testenv started %d", pid, w.pid)
 		}
 		w.pid = pid
 		want[id] = w
 		if id != bare.ID {
-			reap.add(pid)
+			reap.Add(pid)
 		}
 	}
 
@@ -124,7 +124,7 @@ func testKernels(t *testing.T, kind testenv.ServerKind) {
 		// name is gone for every kernel started without a server.
 		if k := got[bare.ID]; k.Language != "python" {
 			t.Errorf("kernel %s (no server, %s): language %q, want \"python\": "+
-				"internal/cli/kernels.go kernelLanguage gives up when the connection file's kernel_name is empty",
+				"cmd/gpumem/cli/kernels.go kernelLanguage gives up when the connection file's kernel_name is empty",
 				bare.ID, bare.ConnectionFile, k.Language)
 		}
 	})

@@ -28,7 +28,7 @@ import (
 func TestLs(t *testing.T) {
 	t.Parallel()
 	srv := testenv.StartServer(t, testenv.NotebookServer())
-	reap := newReaper(t, srv)
+	reap := testenv.NewReaper(t, srv)
 
 	paths := map[string]string{ // role → notebook path under the root
 		"train": "proj/train.ipynb",
@@ -44,8 +44,8 @@ func TestLs(t *testing.T) {
 		notebookOf[role] = filepath.Join(srv.RootDir, filepath.FromSlash(p))
 	}
 	for _, role := range []string{"eval", "idle"} {
-		kernelPIDOf[role] = kernelPID(t, srv.ConnectionFile(kernelID[role]))
-		reap.add(kernelPIDOf[role])
+		kernelPIDOf[role] = testenv.KernelPID(t, srv.ConnectionFile(kernelID[role]))
+		reap.Add(kernelPIDOf[role])
 	}
 	// One cell, as a user would run it: the kernel's pid, a child, and a
 	// child that leaves the kernel's session and process group.
@@ -63,7 +63,7 @@ print(os.getpid(), *[c.pid for c in _gpumem_children])`)
 	kernelPIDOf["train"] = trainPID
 	// The setsid child survives the kernel's group kill: the reaper kills
 	// it by pid.
-	reap.add(trainPID, childPID, setsidPID)
+	reap.Add(trainPID, childPID, setsidPID)
 	unrelated := startUnrelated(t, "/bin/sleep", "600")
 	unrelatedPID := unrelated.Process.Pid
 
@@ -78,14 +78,14 @@ print(os.getpid(), *[c.pid for c in _gpumem_children])`)
 		setsidOn1    = 300_000_007
 		evalOn1      = 400_000_009
 	)
-	fakeFile := writeFakeGPU(t, t.TempDir(), []fakeGPU{
-		{Name: "Simulated H100", UUID: "GPU-e2e-0", MemoryTotalBytes: gpu0Total, Processes: []fakeGPUProc{
-			{trainPID, trainOn0}, {childPID, childOn0}, {unrelatedPID, unrelatedOn0},
+	fakeFile := testenv.SimulatedGPUFile(t,
+		testenv.SimGPU{Name: "Simulated H100", UUID: "GPU-e2e-0", MemoryTotalBytes: gpu0Total, Processes: []testenv.FakeProc{
+			{PID: trainPID, UsedBytes: trainOn0}, {PID: childPID, UsedBytes: childOn0}, {PID: unrelatedPID, UsedBytes: unrelatedOn0},
 		}},
-		{Name: "Simulated A100", UUID: "GPU-e2e-1", MemoryTotalBytes: gpu1Total, Processes: []fakeGPUProc{
-			{trainPID, trainOn1}, {setsidPID, setsidOn1}, {kernelPIDOf["eval"], evalOn1},
+		testenv.SimGPU{Name: "Simulated A100", UUID: "GPU-e2e-1", MemoryTotalBytes: gpu1Total, Processes: []testenv.FakeProc{
+			{PID: trainPID, UsedBytes: trainOn1}, {PID: setsidPID, UsedBytes: setsidOn1}, {PID: kernelPIDOf["eval"], UsedBytes: evalOn1},
 		}},
-	})
+	)
 	env := gpumemEnv(srv.Dir, "GPUMEM_FAKE_GPU="+fakeFile)
 	me := currentUser(t)
 

@@ -15,7 +15,6 @@ import (
 	"os"
 	"os/exec"
 	"os/user"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,33 +23,12 @@ import (
 	"github.com/gpumem/gpumem/internal/testenv"
 )
 
-// gpumemBin is the binary TestMain built from ./cmd/gpumem.
+// gpumemBin is the binary TestMain built from ./cmd/gpumem (testenv.RunWithGpumem:
+// with the race detector, or GPUMEM_TEST_BIN).
 var gpumemBin string
 
 func TestMain(m *testing.M) {
-	os.Exit(buildAndRun(m))
-}
-
-func buildAndRun(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "gpumem-e2e-")
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "tests: temp dir for the gpumem binary: %v\n", err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "tests: the go tool is not on PATH (%v): it builds the gpumem binary under test\n", err)
-		return 1
-	}
-	gpumemBin = filepath.Join(dir, "gpumem")
-
-	build := exec.Command(goTool, "build", "-o", gpumemBin, "github.com/gpumem/gpumem/cmd/gpumem")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "tests: building gpumem (go build ./cmd/gpumem) failed: %v\n%s", err, out)
-		return 1
-	}
-	return m.Run()
+	os.Exit(testenv.RunWithGpumem(m, "gpumem-e2e-", &gpumemBin))
 }
 
 // result is one finished run of the binary.
@@ -113,33 +91,6 @@ func cellInts(t testing.TB, connFile, code string) []int {
 	return out
 }
 
-// kernelPID asks the kernel for its pid, as a frontend would. The first cell
-// also proves the kernel is up: it has bound its ports and answers.
-func kernelPID(t testing.TB, connFile string) int {
-	t.Helper()
-	pids := cellInts(t, connFile, "import os; print(os.getpid())")
-	if len(pids) != 1 {
-		t.Fatalf("kernel %s printed %v, want one pid", connFile, pids)
-	}
-	return pids[0]
-}
-
-// reaper kills, in t.Cleanup, what testenv does not: the kernels a server
-// started (they are session leaders outside the server's process group) and
-// the processes those kernels started. It is testenv.Reaper, which holds a
-// pidfd of each process from add on: a pid whose process exited before the
-// reap (a papermill job's kernel, shut down by papermill) may be another
-// process's by then, even another package's test binary, and is never
-// signalled.
-type reaper struct{ r *testenv.Reaper }
-
-func newReaper(t testing.TB, srv *testenv.Server) *reaper {
-	return &reaper{testenv.NewReaper(t, srv)}
-}
-
-// add registers live pids to kill, with the process group each leads.
-func (r *reaper) add(pids ...int) { r.r.Add(pids...) }
-
 // startUnrelated starts a real process that belongs to no kernel, killed in
 // t.Cleanup.
 func startUnrelated(t testing.TB, argv ...string) *exec.Cmd {
@@ -153,33 +104,6 @@ func startUnrelated(t testing.TB, argv ...string) *exec.Cmd {
 		_ = cmd.Wait()
 	})
 	return cmd
-}
-
-// fakeGPU is one GPU of a simulated-GPU file (GPUMEM_FAKE_GPU).
-type fakeGPU struct {
-	Name             string        `json:"name"`
-	UUID             string        `json:"uuid"`
-	MemoryTotalBytes uint64        `json:"memory_total_bytes"`
-	Processes        []fakeGPUProc `json:"processes"`
-}
-
-type fakeGPUProc struct {
-	PID       int    `json:"pid"`
-	UsedBytes uint64 `json:"used_bytes"`
-}
-
-// writeFakeGPU writes a simulated-GPU file and returns its path.
-func writeFakeGPU(t testing.TB, dir string, gpus []fakeGPU) string {
-	t.Helper()
-	b, err := json.MarshalIndent(map[string]any{"gpus": gpus}, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, "fake-gpu.json")
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }
 
 // currentUser is the name gpumem should show for our processes.

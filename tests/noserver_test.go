@@ -88,7 +88,7 @@ func TestKernelsWithoutServer(t *testing.T) {
 				pid, err = strconv.Atoi(string(b))
 				return err == nil
 			})
-			newReaper(t, nil).add(pid) // jupyter_client starts kernels in their own session
+			testenv.NewReaper(t, nil).Add(pid) // jupyter_client starts kernels in their own session
 			res := runGpumem(t, gpumemEnv(dir), "kernels", "--json")
 			if res.Code != 0 {
 				t.Fatalf("gpumem kernels: want exit 0\n%s", res)
@@ -137,8 +137,8 @@ func TestKernelsWithoutServer(t *testing.T) {
 		if strings.HasPrefix(cf, filepath.Join(dir, "runtime")) {
 			t.Fatalf("connection file %s is in the runtime dir: the test wants one elsewhere", cf)
 		}
-		pid := kernelPID(t, cf)
-		newReaper(t, nil).add(pid) // jupyter_client starts kernels in their own session
+		pid := testenv.KernelPID(t, cf)
+		testenv.NewReaper(t, nil).Add(pid) // jupyter_client starts kernels in their own session
 
 		res := runGpumem(t, gpumemEnv(dir), "kernels", "--json")
 		var found bool

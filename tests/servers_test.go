@@ -43,11 +43,11 @@ func TestServerVariants(t *testing.T) {
 // notebook and server.
 func checkNamed(t *testing.T, srv *testenv.Server) {
 	t.Helper()
-	reap := newReaper(t, srv)
+	reap := testenv.NewReaper(t, srv)
 	sess := srv.CreateSession(t, "sub dir/train.ipynb")
 	cf := srv.ConnectionFile(sess.Kernel.ID)
-	pid := kernelPID(t, cf)
-	reap.add(pid)
+	pid := testenv.KernelPID(t, cf)
+	reap.Add(pid)
 	res := runGpumem(t, gpumemEnv(srv.Dir), "kernels", "--json")
 	if res.Code != 0 || strings.TrimSpace(res.Stderr) != "" {
 		t.Fatalf("gpumem kernels --json: want exit 0 and nothing on stderr\n%s", res)
@@ -67,11 +67,11 @@ func checkNamed(t *testing.T, srv *testenv.Server) {
 // jupyter_server 1 set nothing, and the notebook stays unnamed).
 func testPasswordServer(t *testing.T, kind testenv.ServerKind) {
 	srv := testenv.StartServerWith(t, kind, testenv.ServerOptions{Password: "s3cret-" + testenv.RandomHex(4)})
-	reap := newReaper(t, srv)
+	reap := testenv.NewReaper(t, srv)
 	sess := srv.CreateSession(t, "nb/secret.ipynb")
 	cf := srv.ConnectionFile(sess.Kernel.ID)
-	pid := kernelPID(t, cf)
-	reap.add(pid)
+	pid := testenv.KernelPID(t, cf)
+	reap.Add(pid)
 
 	start := time.Now()
 	res := runGpumem(t, gpumemEnv(srv.Dir), "kernels", "--json")

@@ -7,7 +7,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/gpumem/gpumem/internal/cli"
+	"github.com/gpumem/gpumem/cmd/gpumem/cli"
 )
 
 func main() {

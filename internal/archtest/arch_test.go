@@ -2,7 +2,9 @@
 // ARCHITECTURE.md): only nvml/driver imports go-nvml (cgo), the packages
 // that only consume GPU snapshots link no cgo at all, and protocol/ imports
 // nothing of gpumem's but the leaf internal/safefile, which reads files that
-// others may control.
+// others may control. The composition root sits beside its command
+// (cmd/gpumem/cli, imported only there), and internal/ holds only leaves and
+// the test harness, which the binary never links.
 package archtest
 
 import (
@@ -97,4 +99,52 @@ func TestProtocolImportsNothingOfOurs(t *testing.T) {
 		return
 	}
 	t.Fatal("package protocol not found")
+}
+
+// TestInternalHoldsLeavesAndTheHarness: the composition root lives beside its
+// command (cmd/gpumem/cli), so internal/ holds only leaves, which import
+// nothing of gpumem's outside internal/, and the test harness, which no
+// shipped package imports.
+func TestInternalHoldsLeavesAndTheHarness(t *testing.T) {
+	const harness = module + "/internal/testenv"
+	leaves := 0
+	for _, p := range listPackages(t) {
+		if !strings.HasPrefix(p.ImportPath, module+"/internal/") || p.ImportPath == harness {
+			continue
+		}
+		leaves++
+		for _, imp := range p.Imports {
+			if strings.HasPrefix(imp, module+"/") && !strings.HasPrefix(imp, module+"/internal/") {
+				t.Errorf("%s imports %s: internal/ holds leaves only (the wiring belongs in cmd/gpumem/cli)", p.ImportPath, imp)
+			}
+		}
+	}
+	if leaves < 3 {
+		t.Fatalf("found only %d packages under internal/: is this test looking at the right tree?", leaves)
+	}
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", module+"/cmd/gpumem").Output()
+	if err != nil {
+		t.Fatalf("go list -deps cmd/gpumem: %v", err)
+	}
+	deps := strings.Fields(string(out))
+	if !slices.Contains(deps, module+"/cmd/gpumem/cli") {
+		t.Fatalf("cmd/gpumem does not depend on cmd/gpumem/cli: did the composition root move?")
+	}
+	if slices.Contains(deps, harness) {
+		t.Errorf("the gpumem binary links %s: the test harness must not ship", harness)
+	}
+}
+
+// TestCompositionRootImportedOnlyByItsCommand: cmd/gpumem/cli wires the real
+// dependencies; only its main (and tests, which drive cli.Run) may import it.
+func TestCompositionRootImportedOnlyByItsCommand(t *testing.T) {
+	const root = module + "/cmd/gpumem/cli"
+	for _, p := range listPackages(t) {
+		if p.ImportPath == module+"/cmd/gpumem" || strings.HasPrefix(p.ImportPath, module+"/tests/") {
+			continue
+		}
+		if slices.Contains(p.Imports, root) {
+			t.Errorf("%s imports %s: only cmd/gpumem may", p.ImportPath, root)
+		}
+	}
 }

@@ -54,8 +54,12 @@ func GoBuild(dir, name, pkg string, race bool) (string, error) {
 // RunWithGpumem is a TestMain's body for packages that run the binary: it
 // builds gpumem (BuildGpumem) into a temporary dir named after prefix
 // (mode 0755: tests may run it as other users), sets *bin, runs the tests
-// and removes the dir. It returns the exit code.
+// and removes the dir. It returns the exit code; under -short it builds and
+// runs nothing (ShortSkipsPackage).
 func RunWithGpumem(m *testing.M, prefix string, bin *string) int {
+	if ShortSkipsPackage() {
+		return 0
+	}
 	dir, err := os.MkdirTemp("", prefix)
 	if err == nil {
 		err = os.Chmod(dir, 0o755)
@@ -118,61 +122,41 @@ func (f *FakeGPU) SetUtilizationUnknown(t testing.TB, procs ...FakeProc) {
 
 func (f *FakeGPU) write(t testing.TB, utilization bool, devices ...[]FakeProc) {
 	t.Helper()
+	gpus := make([]SimGPU, 0, len(devices))
+	for i, procs := range devices {
+		g := SimH200(i, 80<<30, procs...)
+		g.UtilizationUnknown = !utilization
+		gpus = append(gpus, g)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	gpus := []any{}
-	for i, procs := range devices {
-		if procs == nil {
-			procs = []FakeProc{}
-		}
-		gpu := map[string]any{
-			"name": "Simulated H200", "uuid": fmt.Sprintf("GPU-00000000-0000-0000-0000-%012d", i),
-			"memory_total_bytes": uint64(80 << 30), "processes": procs,
-		}
-		if !utilization {
-			gpu["process_utilization"] = false
-		}
-		gpus = append(gpus, gpu)
-	}
-	doc := map[string]any{"gpus": gpus}
-	b, _ := json.Marshal(doc)
-	f.writeFile(t, b)
+	WriteSimulatedGPUs(t, f.Path, gpus...)
 }
 
 // SetGPUs lists, on each of len(held) simulated H200s (141 GiB), the
 // processes holding memory there: pid → bytes (atomically, as Set).
 func (f *FakeGPU) SetGPUs(t testing.TB, held []map[int]uint64) {
 	t.Helper()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	gpus := make([]any, 0, len(held))
+	gpus := make([]SimGPU, 0, len(held))
 	for i, h := range held {
 		procs := make([]FakeProc, 0, len(h))
 		for pid, bytes := range h {
 			procs = append(procs, FakeProc{PID: pid, UsedBytes: bytes})
 		}
 		slices.SortFunc(procs, func(x, y FakeProc) int { return x.PID - y.PID })
-		gpus = append(gpus, map[string]any{
-			"name": "Simulated H200", "uuid": fmt.Sprintf("GPU-00000000-0000-0000-0000-0000%08x", i),
-			"memory_total_bytes": uint64(141 << 30), "processes": procs,
-		})
+		gpus = append(gpus, SimH200(i, 141<<30, procs...))
 	}
-	b, err := json.Marshal(map[string]any{"gpus": gpus})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.writeFile(t, b)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	WriteSimulatedGPUs(t, f.Path, gpus...)
 }
 
-func (f *FakeGPU) writeFile(t testing.TB, b []byte) {
+// SetSimulated writes gpus as given (atomically, as Set).
+func (f *FakeGPU) SetSimulated(t testing.TB, gpus ...SimGPU) {
 	t.Helper()
-	tmp := f.Path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, f.Path); err != nil {
-		t.Fatal(err)
-	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	WriteSimulatedGPUs(t, f.Path, gpus...)
 }
 
 // Daemon is a running `gpumem serve` whose JSON log is kept.

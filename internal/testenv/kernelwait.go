@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -47,4 +48,23 @@ func WaitKernelListening(t testing.TB, connFile string, timeout time.Duration) {
 		}
 		return listening(conn.IP, conn.HBPort) && listening(conn.IP, conn.ShellPort)
 	})
+}
+
+// KernelPID waits (a minute) until the kernel behind connFile listens and
+// exactly one live process other than those in not (a restarted kernel's
+// previous process, still exiting) runs as that kernel (KernelPIDs), and
+// returns it. It reads /proc only: nothing runs in the kernel, so a
+// benchmark may call it inside its measured loop.
+func KernelPID(t testing.TB, connFile string, not ...int) int {
+	t.Helper()
+	WaitKernelListening(t, connFile, time.Minute)
+	var pid int
+	Poll(t, time.Minute, "one kernel process on "+connFile, func() bool {
+		pids := slices.DeleteFunc(KernelPIDs(connFile), func(p int) bool { return slices.Contains(not, p) })
+		if len(pids) == 1 {
+			pid = pids[0]
+		}
+		return len(pids) == 1
+	})
+	return pid
 }

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"fmt"
 	"os/exec"
 	"syscall"
 	"testing"
@@ -58,21 +59,28 @@ func TestProcKillSparesAReusedGroup(t *testing.T) {
 // own, taken while they knew it: a process that took the number of one
 // that exited is spared.
 func TestKillersSpareAReusedPid(t *testing.T) {
-	var victim *exec.Cmd
-	t.Run("reaper", func(t *testing.T) {
-		r := NewReaper(t, nil)
-		cmd := exec.Command("sleep", "600")
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
+	// The new process leads its own group or not: the reaper kills both a
+	// pid and the group it leads, and must spare either.
+	for _, setpgid := range []bool{true, false} {
+		var victim *exec.Cmd
+		t.Run(fmt.Sprintf("reaper/setpgid=%v", setpgid), func(t *testing.T) {
+			r := NewReaper(t, nil)
+			cmd := exec.Command("sleep", "600")
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			r.Add(cmd.Process.Pid)
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			victim = StartAsPid(t, cmd.Process.Pid, setpgid, "sleep", "600")
+		}) // the subtest's cleanup reaps
+		if victim == nil {
+			t.FailNow()
 		}
-		r.Add(cmd.Process.Pid)
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		victim = StartAsPid(t, cmd.Process.Pid, true, "sleep", "600")
-	})
-	endLater(t, victim)
-	if !Alive(victim.Process.Pid) {
-		t.Fatalf("the reaper killed pid %d, which took the number of the process it was given", victim.Process.Pid)
+		endLater(t, victim)
+		if !Alive(victim.Process.Pid) {
+			t.Fatalf("the reaper killed pid %d, which took the number of the process it was given (setpgid %v)", victim.Process.Pid, setpgid)
+		}
 	}
 
 	pid := exitedPid(t, false)

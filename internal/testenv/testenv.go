@@ -5,6 +5,10 @@
 // GPUMEM_TEST_STACK; see Stack.
 //
 // Under CI=true a missing Jupyter or torch fails the test; elsewhere it skips.
+// Under go test -short (the unit path) every test that needs a real Jupyter
+// part skips, CI=true or not: -short is an explicit request for the unit
+// tests alone, not a machine that lacks the parts (Require says so; whole
+// end-to-end packages skip in their TestMain: ShortSkipsPackage).
 // Every wait polls with a deadline; every process started is killed (whole
 // process group) in t.Cleanup.
 package testenv
@@ -16,6 +20,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -55,6 +60,9 @@ func probeModules() map[string]bool {
 // torch.
 func Require(t testing.TB, modules ...string) {
 	t.Helper()
+	if testing.Short() {
+		t.Skipf("needs Python modules %v of a real Jupyter stack: skipped under -short (the unit path)", modules)
+	}
 	have := probeModules()
 	var missing []string
 	for _, m := range modules {
@@ -66,6 +74,20 @@ func Require(t testing.TB, modules ...string) {
 		return
 	}
 	Missing(t, fmt.Sprintf("stack %s: %s lacks Python modules %v: %s", CurrentStack(), Python(), missing, stackHint()))
+}
+
+// ShortSkipsPackage is for the TestMain of a package of end-to-end tests
+// only: under -short it says so on stdout and returns true, and the
+// TestMain returns 0 without building or running anything.
+func ShortSkipsPackage() bool {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	if !testing.Short() {
+		return false
+	}
+	fmt.Println("end-to-end package: skipped under -short (the unit path)")
+	return true
 }
 
 // Missing ends a test that lacks a real part it needs: it fails under

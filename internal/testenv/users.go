@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -36,7 +37,7 @@ func MakeUser(t testing.TB, prefix string) User {
 	t.Helper()
 	RequireRoot(t, "this test makes real user accounts (useradd): run it as root")
 	name := prefix + RandomHex(3)
-	if out, err := exec.Command("useradd", "--create-home", "--user-group", "--shell", "/bin/bash", name).CombinedOutput(); err != nil {
+	if out, err := accounts("useradd", "--create-home", "--user-group", "--shell", "/bin/bash", name); err != nil {
 		t.Fatalf("useradd %s: %v\n%s", name, err, out)
 	}
 	u, err := user.Lookup(name)
@@ -62,11 +63,23 @@ func MakeUser(t testing.TB, prefix string) User {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		if out, err := exec.Command("userdel", "--remove", name).CombinedOutput(); err != nil {
+		if out, err := accounts("userdel", "--remove", name); err != nil {
 			t.Logf("userdel %s: %v\n%s", name, err, out)
 		}
 	})
 	return su
+}
+
+// accountsMu serialises this process's useradd and userdel: parallel tests
+// would otherwise race for /etc/passwd's lock, and the loser fails with
+// "cannot lock /etc/passwd; try again later".
+var accountsMu sync.Mutex
+
+// accounts runs useradd or userdel (argv) under accountsMu.
+func accounts(argv ...string) ([]byte, error) {
+	accountsMu.Lock()
+	defer accountsMu.Unlock()
+	return exec.Command(argv[0], argv[1:]...).CombinedOutput()
 }
 
 // TempDir makes a fresh dir in u's home, owned by u (mode 0700); it goes

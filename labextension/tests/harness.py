@@ -19,6 +19,11 @@ import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# The one Python writer of the simulated-GPU file, pinned to the Go one
+# (internal/testenv's golden file).
+sys.path.insert(0, str(REPO / "internal" / "testenv"))
+import simgpu  # noqa: E402
+
 CI = os.environ.get("CI") == "true"
 GiB = 1 << 30
 
@@ -235,29 +240,12 @@ class Stack:
         """Rewrites the simulated GPU file (atomically: the daemon re-reads it
         every sample); sm_by_pid plays processes that compute."""
         sm = sm_by_pid or {}
-        procs = []
-        for pid, b in used_by_pid.items():
-            p = {"pid": pid, "used_bytes": b}
-            if pid in sm:
-                p["sm_percent"] = sm[pid]
-            procs.append(p)
-        data = {
-            "gpus": [
-                {
-                    "name": name,
-                    "uuid": "GPU-0",
-                    "memory_total_bytes": total,
-                    "processes": procs,
-                }
-            ]
-        }
-        self.write_gpu_file(data)
+        procs = [simgpu.proc(pid, b, sm_percent=sm.get(pid, 0)) for pid, b in used_by_pid.items()]
+        self.write_gpus([simgpu.gpu(total, procs, name=name, uuid="GPU-0")])
 
-    def write_gpu_file(self, data):
-        """Writes the simulated GPU file as given, atomically."""
-        tmp = self.gpus_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self.gpus_file)
+    def write_gpus(self, gpus):
+        """Writes the simulated GPU file listing gpus (simgpu.gpu), atomically."""
+        simgpu.write(self.gpus_file, gpus)
 
     def server(self, app="jupyterlab", root=None, autostart=False):
         s = Server(self, app, root or self.tmp / ("root-%d" % len(self.servers)), autostart=autostart)

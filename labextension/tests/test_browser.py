@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import httpx
-from harness import REPO, GiB, need, wait_for
+from harness import REPO, GiB, need, simgpu, wait_for
 from test_server import require_extension
 
 CHROMIUM = os.environ.get("GPUMEM_CHROMIUM", "/usr/bin/chromium")
@@ -183,18 +183,12 @@ def use_theme(stack, theme):
 
 def write_gpus(stack, gpus):
     """The simulated GPU file with several GPUs: [(total, {pid: bytes})]."""
-    data = {
-        "gpus": [
-            {
-                "name": "Simulated H200",
-                "uuid": f"GPU-{i}",
-                "memory_total_bytes": total,
-                "processes": [{"pid": pid, "used_bytes": b} for pid, b in procs.items()],
-            }
+    stack.write_gpus(
+        [
+            simgpu.gpu(total, [simgpu.proc(pid, b) for pid, b in procs.items()], name="Simulated H200", uuid=f"GPU-{i}")
             for i, (total, procs) in enumerate(gpus)
         ]
-    }
-    stack.write_gpu_file(data)
+    )
 
 
 def copy_logs(stack, out):
@@ -354,14 +348,14 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     stack.set_gpu({pm: 3 * GiB, po: 1 * GiB}, sm_by_pid={pm: 42})
     work = row.locator("[data-gpumem='gpu-work']")
     wait_for("the SM figure in the row", lambda: work.inner_text() == "42% SM", timeout=15)
-    no_util = {
-        "name": "Simulated H200",
-        "uuid": "GPU-0",
-        "memory_total_bytes": 80 * GiB,
-        "process_utilization": False,
-        "processes": [{"pid": pm, "used_bytes": 3 * GiB}, {"pid": po, "used_bytes": GiB}],
-    }
-    stack.write_gpu_file({"gpus": [no_util]})
+    no_util = simgpu.gpu(
+        80 * GiB,
+        [simgpu.proc(pm, 3 * GiB), simgpu.proc(po, GiB)],
+        name="Simulated H200",
+        uuid="GPU-0",
+        utilization_unknown=True,
+    )
+    stack.write_gpus([no_util])
     wait_for("SM unknown in the row", lambda: work.inner_text() == "SM unknown", timeout=15)
     stack.set_gpu({pm: 3 * GiB, po: 1 * GiB})
 

@@ -2,13 +2,13 @@ package daemon
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/rs/zerolog"
 
+	"github.com/gpumem/gpumem/internal/testenv"
 	"github.com/gpumem/gpumem/nvml"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/discovery"
@@ -27,12 +27,9 @@ func (p podsOf) PodOf(pid int, _ uint64) (attribution.Pod, bool) {
 // serves to ls, the API and /metrics) names each GPU process's pod.
 func TestSampleAddsPods(t *testing.T) {
 	dir := t.TempDir()
-	gpuFile := filepath.Join(dir, "gpus.json")
 	self := os.Getpid()
-	doc := fmt.Sprintf(`{"gpus":[{"name":"Simulated","uuid":"GPU-1","memory_total_bytes":%d,"processes":[{"pid":%d,"used_bytes":%d}]}]}`, 80<<30, self, 1<<30)
-	if err := os.WriteFile(gpuFile, []byte(doc), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	gpuFile := testenv.SimulatedGPUFile(t, testenv.SimGPU{Name: "Simulated", UUID: "GPU-1", MemoryTotalBytes: 80 << 30,
+		Processes: []testenv.FakeProc{{PID: self, UsedBytes: 1 << 30}}})
 	pod := attribution.Pod{Name: "trainer-0", Namespace: "ml", UID: "u", Container: "main", User: "alice"}
 	gpus, err := nvml.OpenSimulated(gpuFile)
 	if err != nil {

@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -15,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gpumem/gpumem/internal/syncutil"
+	"github.com/gpumem/gpumem/internal/testenv"
 	"github.com/gpumem/gpumem/nvml"
 	"github.com/gpumem/gpumem/sidecar/discovery"
 	"github.com/gpumem/gpumem/sidecar/procs"
@@ -134,28 +134,14 @@ func (r *rig) exit(pids ...int) {
 // setGPU lists pid → bytes on one simulated 80 GiB GPU.
 func (r *rig) setGPU(pidBytes ...uint64) {
 	r.t.Helper()
-	var ps []string
+	gpu := testenv.SimGPU{Name: "Simulated H200", UUID: "GPU-0", MemoryTotalBytes: 80 << 30}
 	r.mu.Lock()
 	for i := 0; i+1 < len(pidBytes); i += 2 {
-		util := ""
-		if sm := r.sm[int(pidBytes[i])]; sm > 0 {
-			util = fmt.Sprintf(`,"sm_percent":%d`, sm)
-		}
-		ps = append(ps, fmt.Sprintf(`{"pid":%d,"used_bytes":%d%s}`, pidBytes[i], pidBytes[i+1], util))
+		gpu.Processes = append(gpu.Processes, testenv.FakeProc{PID: int(pidBytes[i]), UsedBytes: pidBytes[i+1], SMPercent: r.sm[int(pidBytes[i])]})
 	}
-	noUtil := ""
-	if r.noUtil {
-		noUtil = `"process_utilization":false,`
-	}
+	gpu.UtilizationUnknown = r.noUtil
 	r.mu.Unlock()
-	doc := fmt.Sprintf(`{"gpus":[{"name":"Simulated H200","uuid":"GPU-0",%s"memory_total_bytes":%d,"processes":[%s]}]}`,
-		noUtil, uint64(80<<30), strings.Join(ps, ","))
-	if err := os.WriteFile(r.gpuFile+".tmp", []byte(doc), 0o600); err != nil {
-		r.t.Fatal(err)
-	}
-	if err := os.Rename(r.gpuFile+".tmp", r.gpuFile); err != nil {
-		r.t.Fatal(err)
-	}
+	testenv.WriteSimulatedGPUs(r.t, r.gpuFile, gpu)
 }
 
 // kernelFile writes kernel-<id>.json (on ports nothing listens on: the

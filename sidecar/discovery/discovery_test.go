@@ -86,17 +86,6 @@ func TestRuntimeDirs(t *testing.T) {
 	}
 }
 
-// kernelPID asks the kernel for its pid as a frontend would.
-func kernelPID(t *testing.T, connFile string) int {
-	t.Helper()
-	r := testenv.RunCell(t, connFile, "import os; print(os.getpid())", 60*time.Second)
-	pid, err := strconv.Atoi(strings.TrimSpace(r.Stdout))
-	if err != nil {
-		t.Fatalf("kernel pid from %q: %v", r.Stdout, err)
-	}
-	return pid
-}
-
 // TestDiscoverRealServers runs Notebook 6 and jupyter_server with sessions in
 // nested folders, plus a kernel without a server in the same runtime dir.
 func TestDiscoverRealServers(t *testing.T) {
@@ -143,7 +132,7 @@ func TestDiscoverRealServers(t *testing.T) {
 				if k.ServerURL != srv.URL {
 					t.Errorf("kernel %s: server %q, want %q", k.ID, k.ServerURL, srv.URL)
 				}
-				if pid := kernelPID(t, k.ConnectionFile); k.PID != pid {
+				if pid := testenv.KernelPID(t, k.ConnectionFile); k.PID != pid {
 					t.Errorf("kernel %s (%s): pid %d, kernel says %d", k.ID, k.Notebook, k.PID, pid)
 				}
 			}

@@ -16,6 +16,7 @@ import (
 // blocks until a writer comes, and /dev/zero never ends. The CLI answers at
 // once with an error naming each file.
 func TestFIFOsAndDevicesInRuntimeDir(t *testing.T) {
+	t.Parallel()
 	dir := jupyterDir(t)
 	rt := filepath.Join(dir, "runtime")
 	for _, name := range []string{"kernel-x.json", "nbserver-1.json"} {
@@ -50,6 +51,7 @@ func TestFIFOsAndDevicesInRuntimeDir(t *testing.T) {
 // A FIFO created while the daemon runs freezes nothing: scans, samples and
 // the API go on.
 func TestFIFOWhileDaemonRuns(t *testing.T) {
+	t.Parallel()
 	dir := jupyterDir(t)
 	gpu := testenv.NewFakeGPU(t)
 	d := testenv.StartDaemon(t, gpumemBin, dir, gpu, "--interval=100ms")
@@ -78,6 +80,7 @@ func TestFIFOWhileDaemonRuns(t *testing.T) {
 // A server file linked to /dev/zero is refused at once, whatever it would
 // yield: nothing grows.
 func TestServerFileLinkedToDevZero(t *testing.T) {
+	t.Parallel()
 	dir := jupyterDir(t)
 	if err := os.Symlink("/dev/zero", filepath.Join(dir, "runtime", "jpserver-1.json")); err != nil {
 		t.Fatal(err)

@@ -62,6 +62,7 @@ kc.stop_channels()
 // its end with no warning and no cull; once it has ended the idle kernel is
 // culled, as it should be.
 func TestBusyKernelNotCulledByOtherClients(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"kernel_info", "subshell", "attach"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()

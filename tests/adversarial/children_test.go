@@ -44,6 +44,7 @@ func waitRecorded(t *testing.T, d *testenv.Daemon, kernelID string, pids ...int)
 // child of another kernel, not an unrelated process of the same user, even
 // though all of them hold memory on the same GPU.
 func TestFreeChildrenLeavesOthersAlone(t *testing.T) {
+	t.Parallel()
 	dir := jupyterDir(t)
 	k1 := testenv.StartKernel(t, dir)
 	k2 := testenv.StartKernel(t, dir)
@@ -97,6 +98,7 @@ print(json.dumps([_p.pid]))`
 // on and its DataLoader starts new workers on the next epoch. Then
 // %gpumem free --children, from inside the kernel, ends the new workers.
 func TestFreeChildrenEndsWorkers(t *testing.T) {
+	t.Parallel()
 	testenv.Require(t, "torch")
 	dir := jupyterDir(t)
 	k := testenv.StartKernel(t, dir)

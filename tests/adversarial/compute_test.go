@@ -48,6 +48,7 @@ func deadKernelBeside(t *testing.T, orphanSM, outsiderSM uint32) (k *testenv.Ker
 // ended, the outsider left alone, and the notebook's figure counts none of
 // the outsider's work.
 func TestComputingOutsiderDoesNotSpareAnIdleOrphan(t *testing.T) {
+	t.Parallel()
 	testenv.Require(t, "ipykernel")
 	k, d, orphan, outsider := deadKernelBeside(t, 0, 100)
 	testenv.Poll(t, 15*time.Second, "the notebook's utilization: 0 % SM, the outsider's 100 % not counted", func() bool {
@@ -76,6 +77,7 @@ func TestComputingOutsiderDoesNotSpareAnIdleOrphan(t *testing.T) {
 // from the notebook), and so is the outsider; an older build ends the
 // orphan.
 func TestComputingOrphanIsLeftRunningBesideAnIdleOutsider(t *testing.T) {
+	t.Parallel()
 	testenv.Require(t, "ipykernel")
 	k, d, orphan, outsider := deadKernelBeside(t, 90, 0)
 	if err := k.Cmd.Process.Kill(); err != nil {

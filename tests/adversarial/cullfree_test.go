@@ -13,6 +13,7 @@ import (
 // GPU memory, its server answering) it gives up and says so, instead of
 // waiting until the kernel is continued; the daemon goes on serving.
 func TestCullFreeOnStoppedKernel(t *testing.T) {
+	t.Parallel()
 	r := startCullRig(t, "free")
 	if err := syscall.Kill(r.pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)

@@ -23,6 +23,7 @@ import (
 // sees the kernel's tree again, and a real kill of the kernel is still
 // followed by the reclaim of its worker.
 func TestFailedProcReadIsNoExit(t *testing.T) {
+	t.Parallel()
 	dir := jupyterDir(t)
 	k := testenv.StartKernel(t, dir)
 	testenv.WaitKernelListening(t, k.ConnectionFile, 60*time.Second)

@@ -31,10 +31,10 @@ func kernelWithMagics(t *testing.T, kernelBytes uint64, args ...string) (dir str
 // the simulated GPU changes during the free (an object's finalizer rewrites
 // it when the free deletes the object) and the daemon samples once an hour.
 func TestFreeReportsTheDriverFigureNow(t *testing.T) {
+	t.Parallel()
 	_, k, _, gpu := kernelWithMagics(t, 4<<30, "--interval=1h")
 	pid := k.Cmd.Process.Pid
-	after := fmt.Sprintf(`{"gpus":[{"name":"Simulated H200","uuid":"GPU-00000000-0000-0000-0000-000000000000",`+
-		`"memory_total_bytes":%d,"processes":[{"pid":%d,"used_bytes":%d}]}]}`, uint64(80<<30), pid, uint64(1<<30))
+	after := string(testenv.SimulatedGPUs(testenv.SimH200(0, 80<<30, testenv.FakeProc{PID: pid, UsedBytes: 1 << 30})))
 	r := testenv.RunCell(t, k.ConnectionFile, fmt.Sprintf(`
 import os
 class _Shrinks:
@@ -65,6 +65,7 @@ print("\n".join(o.data.get("text/plain", "") for o in _c.outputs))
 // cannot run before that cell ends: it fails within its deadline with an
 // error that says so, and the kernel stays usable.
 func TestFreeFromItsOwnRunningCell(t *testing.T) {
+	t.Parallel()
 	_, k, d, _ := kernelWithMagics(t, 1<<30, "--interval=100ms")
 	start := time.Now()
 	r := testenv.RunCell(t, k.ConnectionFile, fmt.Sprintf(`
@@ -96,6 +97,7 @@ print(data.decode("utf-8", "replace"))
 // gpumem free against a stopped kernel says it does not answer, not that a
 // cell is running.
 func TestFreeOnAStoppedKernel(t *testing.T) {
+	t.Parallel()
 	dir := jupyterDir(t)
 	k := testenv.StartKernel(t, dir)
 	testenv.WaitKernelListening(t, k.ConnectionFile, 60*time.Second)

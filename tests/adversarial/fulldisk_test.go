@@ -17,6 +17,7 @@ import (
 // a warning per sample; once there is room again the alert is written.
 // The disk is a 64 KiB tmpfs holding the socket dir, filled to the brim.
 func TestAlertFileOnFullDiskWarnsOnce(t *testing.T) {
+	t.Parallel()
 	testenv.RequireRoot(t, "the full disk is a tmpfs this test mounts")
 	dir := jupyterDir(t)
 	sockDir := filepath.Join(dir, "sock")

@@ -17,6 +17,7 @@ import (
 // server whose process lives (the CLI and the daemon alike); the file of a
 // server that is gone, it does.
 func TestNoDeleteAdviceForALiveServersFile(t *testing.T) {
+	t.Parallel()
 	dir := jupyterDir(t)
 	rt := filepath.Join(dir, "runtime")
 	_, nums := pyProc(t, "import os, time; print(os.getpid(), flush=True); time.sleep(600)")

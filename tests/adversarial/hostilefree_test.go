@@ -20,6 +20,7 @@ import (
 // API's JSON (what JupyterLab's notification shows) must carry the
 // daemon's figures too, and a refusal's text reach stderr escaped.
 func TestHostileKernelCannotFakeItsFreeReport(t *testing.T) {
+	t.Parallel()
 	dir, k, d, gpu := kernelWithMagics(t, 4<<30, "--interval=100ms")
 	r := testenv.RunCell(t, k.ConnectionFile, `import sys
 _m = sys.modules["_gpumem_magics"].magic

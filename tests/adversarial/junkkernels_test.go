@@ -14,6 +14,7 @@ import (
 // so none may be followed: the daemon's goroutines (go_goroutines) stay
 // near where they were, and its CPU time over each 10 s stays small.
 func TestJunkKernelFilesCostNothing(t *testing.T) {
+	t.Parallel()
 	testenv.RequireRoot(t, "user B is a real account; the daemon runs as root with --all-users")
 	b := testenv.MakeUser(t, "junk")
 	mkdirAs(t, b, b.RuntimeDir())

@@ -36,6 +36,7 @@ time.sleep(3600)
 // its orphan holding GPU memory once it is killed, and then forgets it
 // (its file stays in /tmp, but no process names it any more).
 func TestKernelManagerKernelFollowed(t *testing.T) {
+	t.Parallel()
 	testenv.Require(t, "ipykernel", "jupyter_client")
 	dir := jupyterDir(t)
 	gpu := testenv.NewFakeGPU(t)

@@ -60,6 +60,7 @@ func liveKernelWithChildren(t *testing.T) (dir string, k *testenv.Kernel, d *tes
 // nothing: the kernel is over only when its process is. Once the process
 // dies, its orphans holding GPU memory are reclaimed as after a shutdown.
 func TestConnectionFileRemovedUnderLiveKernel(t *testing.T) {
+	t.Parallel()
 	_, k, d, plain, ownSession := liveKernelWithChildren(t)
 	if err := os.Remove(k.ConnectionFile); err != nil {
 		t.Fatal(err)
@@ -88,6 +89,7 @@ func TestConnectionFileRemovedUnderLiveKernel(t *testing.T) {
 // children live on, and the daemon serves its socket again where clients
 // look for it.
 func TestRuntimeDirDeletedUnderLiveKernel(t *testing.T) {
+	t.Parallel()
 	dir, k, d, plain, ownSession := liveKernelWithChildren(t)
 	// The daemon watches the dir and may serve its socket in it again
 	// while RemoveAll empties it, which then cannot remove the dir

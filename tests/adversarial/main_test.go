@@ -5,6 +5,13 @@
 // scenario runs the real binary against real processes and kernels, with a
 // simulated GPU listing real pids. GPUMEM_TEST_BIN runs it against another
 // build (an older one fails it).
+//
+// Every scenario calls t.Parallel: most of their time is waiting on
+// deadlines, and each has its own daemon, dirs, ports, simulated GPU and
+// users (a root daemon is always limited to its test's users with
+// --users). A new scenario keeps to that: no environment variables of the
+// test process (t.Setenv), no fixed paths, ports or user names, no state
+// shared between tests unless it is locked.
 package adversarial
 
 import (

@@ -17,6 +17,7 @@ import (
 // few of one user's dirs at a time. Measured: its open descriptors
 // (/proc/<pid>/fd) during and after.
 func TestShortLivedProcessesNamingDirsAreForgotten(t *testing.T) {
+	t.Parallel()
 	testenv.RequireRoot(t, "user B is a real account; the daemon runs as root with --all-users")
 	b := testenv.MakeUser(t, "dirs")
 	mkdirAs(t, b, b.RuntimeDir())

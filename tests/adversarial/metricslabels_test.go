@@ -15,6 +15,7 @@ import (
 // plain. Every kernel's series must be served (the hostile values escaped)
 // and gpumem_sample_success stay 1, so that alert rules still fire.
 func TestMetricsSurviveHostileLabels(t *testing.T) {
+	t.Parallel()
 	dir := jupyterDir(t)
 	plain := testenv.StartKernel(t, dir)
 	badID := testenv.StartKernelID(t, dir, "bad\xff\xfe-"+testenv.RandomHex(4))

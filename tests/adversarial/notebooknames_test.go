@@ -16,6 +16,7 @@ import (
 // it escaped: no control character reaches the terminal and no line of
 // the output is the notebook's.
 func TestNotebookNamesReachTerminalsEscaped(t *testing.T) {
+	t.Parallel()
 	testenv.RequireRoot(t, "user B's server runs under a real account")
 	b := testenv.MakeUser(t, "nbesc")
 	srv := testenv.StartServerWith(t, testenv.NotebookServer(), testenv.ServerOptions{As: &b})

@@ -13,6 +13,7 @@ import (
 // more) and its kernel after, the reclaim of the kernel's orphans still
 // names the notebook, remembered from when the server answered.
 func TestReclaimNamesNotebookAfterServerDied(t *testing.T) {
+	t.Parallel()
 	testenv.Require(t, "notebook", "ipykernel")
 	srv := testenv.StartServer(t, testenv.NotebookServer())
 	sess := srv.CreateSession(t, "team/train.ipynb")

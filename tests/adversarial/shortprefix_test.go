@@ -13,6 +13,7 @@ import (
 // of its id (or its notebook, or its file): a one-character prefix that
 // happens to match one kernel deletes nothing.
 func TestFreeRefusesAShortPrefix(t *testing.T) {
+	t.Parallel()
 	dir := jupyterDir(t)
 	k := testenv.StartKernel(t, dir)
 	testenv.WaitKernelListening(t, k.ConnectionFile, 60*time.Second)

@@ -51,6 +51,7 @@ while True:
 // on every interval (gpumem_last_sample_timestamp_seconds never lags), and
 // when the kernel dies its orphan is reclaimed on time.
 func TestSlowServersDoNotStopSampling(t *testing.T) {
+	t.Parallel()
 	testenv.RequireRoot(t, "user B is a real account; the daemon runs as root with --all-users")
 	b := testenv.MakeUser(t, "slow")
 	mkdirAs(t, b, b.RuntimeDir())

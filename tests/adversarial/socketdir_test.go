@@ -21,6 +21,7 @@ func overThreshold(t *testing.T, gpu *testenv.FakeGPU) {
 // A link planted where the daemon writes its alert file's temporary copy is
 // never followed: the file it points to is left as it was.
 func TestAlertTempFileLinkNotFollowed(t *testing.T) {
+	t.Parallel()
 	dir := jupyterDir(t)
 	sockDir := filepath.Join(dir, "sock")
 	if err := os.Mkdir(sockDir, 0o755); err != nil {
@@ -52,6 +53,7 @@ func TestAlertTempFileLinkNotFollowed(t *testing.T) {
 
 // A socket dir that others may write is refused with a clear error.
 func TestSocketDirWritableByOthersRefused(t *testing.T) {
+	t.Parallel()
 	dir := jupyterDir(t)
 	sockDir := filepath.Join(dir, "open")
 	if err := os.Mkdir(sockDir, 0o777); err != nil {
@@ -72,6 +74,7 @@ func TestSocketDirWritableByOthersRefused(t *testing.T) {
 // An alert whose write failed (the file's name was briefly a directory) is
 // written once the way is clear, though the figures did not change.
 func TestAlertWrittenAfterFailedWrite(t *testing.T) {
+	t.Parallel()
 	dir := jupyterDir(t)
 	alerts := filepath.Join(dir, "runtime", "gpumem-alerts.json")
 	if err := os.Mkdir(alerts, 0o700); err != nil {
@@ -99,6 +102,7 @@ func TestAlertWrittenAfterFailedWrite(t *testing.T) {
 // One runtime dir, one daemon: a second one with its own socket refuses to
 // start, naming the dir.
 func TestSecondDaemonOnSameRuntimeDir(t *testing.T) {
+	t.Parallel()
 	dir := jupyterDir(t)
 	gpu := testenv.NewFakeGPU(t)
 	testenv.StartDaemon(t, gpumemBin, dir, gpu)

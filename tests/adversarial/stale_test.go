@@ -56,6 +56,7 @@ func staleSetup(t *testing.T) (dir, file string, listener *exec.Cmd, child int, 
 // gpumem ls and gpumem kernels do not take a stale connection file's port
 // owner for a kernel, and say why.
 func TestStaleConnectionFileCLI(t *testing.T) {
+	t.Parallel()
 	dir, _, listener, _, gpu := staleSetup(t)
 	out, errOut, err := gpumem(t, dir, gpu, "ls", "--json")
 	if err != nil {
@@ -89,6 +90,7 @@ func TestStaleConnectionFileCLI(t *testing.T) {
 // does not make that program a kernel: its children are neither listed
 // under the notebook nor ended when it dies or the file goes.
 func TestStaleConnectionFileDaemon(t *testing.T) {
+	t.Parallel()
 	dir, file, listener, child, gpu := staleSetup(t)
 	d := testenv.StartDaemon(t, gpumemBin, dir, gpu, "--interval=100ms", "--reclaim-grace=500ms")
 	listed := false
@@ -128,6 +130,7 @@ func TestStaleConnectionFileDaemon(t *testing.T) {
 // another user's; elsewhere this needs no root: the owner check is unit
 // tested in the discovery package.)
 func TestConnectionFileOfAnotherUser(t *testing.T) {
+	t.Parallel()
 	testenv.RequireRoot(t, "needs root to chown a file to another user (CI runs as root)")
 	dir := jupyterDir(t)
 	_, nums := pyProc(t, listenerWithChild)

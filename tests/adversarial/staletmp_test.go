@@ -17,6 +17,7 @@ import (
 // it, nor attributes the port owner's processes to it, nor reclaims them
 // when the port owner dies.
 func TestStaleTmpConnectionFileNotFollowed(t *testing.T) {
+	t.Parallel()
 	dir := jupyterDir(t)
 	// The port owner, with a child: both hold GPU memory.
 	owner, nums := pyProc(t, `

@@ -20,6 +20,7 @@ import (
 // the report lists it first and bob's last, and a policy that looked users
 // up by kernel id took bob for its owner.
 func TestExemptKernelNotCulledThroughAnotherUsersID(t *testing.T) {
+	t.Parallel()
 	testenv.Require(t, "ipykernel", "jupyter_client")
 	kind := testenv.ServerKinds()[0]
 	alice, bob := testenv.MakeUser(t, "ca"), testenv.MakeUser(t, "cb")

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 // id is ambiguous and shown both files. Built to fail an older build every
 // time (startSameIDKernels).
 func TestKernelNamedAfterAnotherUsersKernel(t *testing.T) {
+	t.Parallel()
 	k := startSameIDKernels(t)
 	id, alice, bob, aliceFile, bobFile, ak, sock := k.id, k.alice, k.bob, k.aliceFile, k.bobFile, k.ak, k.sock
 
@@ -151,6 +153,8 @@ func startSameIDKernels(t *testing.T, daemonArgs ...string) sameIDKernels {
 // (Linux's default starts at 32768), never one picked before in this test.
 func freeLowPort(t *testing.T) int {
 	t.Helper()
+	usedLowPortsMu.Lock() // the tests run in parallel
+	defer usedLowPortsMu.Unlock()
 	for i := 0; i < 1000; i++ {
 		port := 20000 + rand.IntN(12000)
 		if usedLowPorts[port] {
@@ -168,4 +172,7 @@ func freeLowPort(t *testing.T) int {
 	return 0
 }
 
-var usedLowPorts = map[int]bool{}
+var (
+	usedLowPortsMu sync.Mutex
+	usedLowPorts   = map[int]bool{} // guarded by usedLowPortsMu
+)

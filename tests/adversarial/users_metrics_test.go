@@ -19,6 +19,7 @@ import (
 // fall back to; with --metrics-token-file, a scrape bearing the token (and
 // only that) gets the per-notebook series.
 func TestMetricsShowNoOtherUsersNotebooks(t *testing.T) {
+	t.Parallel()
 	testenv.Require(t, "ipykernel")
 	alice, bob := testenv.MakeUser(t, "ma"), testenv.MakeUser(t, "mb")
 	id := testenv.RandomHex(8) + "-m"

@@ -39,6 +39,7 @@ print(json.dumps({"status": _st, "body": _b.decode("utf-8", "replace")}))`, path
 // shared id bob lists, reads and downloads none of her snapshots, even
 // naming her connection file; alice sees hers, not his.
 func TestOOMAndSnapshotsThroughAnotherUsersKernelID(t *testing.T) {
+	t.Parallel()
 	k := startSameIDKernels(t)
 	base := "/api/v1/kernels/" + k.id
 	var cu crossUser

@@ -21,6 +21,7 @@ import (
 // kernel is gone from the report, ends it by the same id: the daemon knows
 // her as the job's recorded owner.
 func TestOrphansThroughAnotherUsersKernelID(t *testing.T) {
+	t.Parallel()
 	k := startSameIDKernels(t, "--reclaim-grace=1s")
 	_, job := spawnChildren(t, k.ak)
 	k.gpu.Set(t, testenv.FakeProc{PID: k.bk.Cmd.Process.Pid, UsedBytes: 1 << 30}, testenv.FakeProc{PID: k.ak.Cmd.Process.Pid, UsedBytes: 2 << 30},

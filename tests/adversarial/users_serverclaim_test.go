@@ -18,6 +18,7 @@ import (
 // name, is never warned or culled on bob's word, and no free runs in it;
 // bob's own kernel is named and culled as his server says.
 func TestServerFileClaimsAnotherUsersKernel(t *testing.T) {
+	t.Parallel()
 	testenv.Require(t, "ipykernel", "jupyter_client")
 	alice, bob := testenv.MakeUser(t, "sa"), testenv.MakeUser(t, "sb")
 	idA, idB := testenv.RandomHex(8)+"-a", testenv.RandomHex(8)+"-b"

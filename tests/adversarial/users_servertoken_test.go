@@ -18,6 +18,7 @@ import (
 // (TCP, or her unix socket) send nothing there at all. Alice's server, the
 // one the token is for, gets it.
 func TestServerTokenOnlyToItsServers(t *testing.T) {
+	t.Parallel()
 	alice, bob := testenv.MakeUser(t, "ta"), testenv.MakeUser(t, "tb")
 	hubToken := "hub-admin-token-" + testenv.RandomHex(8)
 

@@ -21,6 +21,7 @@ import (
 // bob's, and so it never attaches to alice's kernel through them, and bob
 // reaches nothing of hers by those ids.
 func TestConnectionFileLinkedToAnotherUsersFile(t *testing.T) {
+	t.Parallel()
 	testenv.Require(t, "ipykernel", "jupyter_client", "torch")
 	alice, bob := testenv.MakeUser(t, "la"), testenv.MakeUser(t, "lb")
 	newID := func() string { return testenv.RandomHex(8) + "-" + testenv.RandomHex(4) }

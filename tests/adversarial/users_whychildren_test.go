@@ -18,6 +18,7 @@ import (
 // their commands, and never ends her kernel's worker, even naming her
 // connection file; his own worker is ended, and alice ends hers.
 func TestWhyAndChildrenThroughAnotherUsersKernelID(t *testing.T) {
+	t.Parallel()
 	k := startSameIDKernels(t)
 	const spawnChild = `import json, subprocess, sys
 _p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)  # worker-of-%s"])

@@ -13,14 +13,13 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/gpumem/gpumem/internal/cli"
+	"github.com/gpumem/gpumem/cmd/gpumem/cli"
 	"github.com/gpumem/gpumem/internal/testenv"
 	"github.com/gpumem/gpumem/nvml/driver"
 	"github.com/gpumem/gpumem/protocol"
@@ -63,19 +62,14 @@ func BenchmarkPhases20Kernels(b *testing.B) {
 		kernelPIDs = append(kernelPIDs, k.PID)
 	}
 	fake := filepath.Join(b.TempDir(), "gpu.json")
-	gpuJSON := `{"gpus":[{"name":"Simulated H100","memory_total_bytes":85899345920,"processes":[`
+	gpu := testenv.SimGPU{Name: "Simulated H100", MemoryTotalBytes: 80 << 30}
 	for i, pid := range kernelPIDs {
-		if i > 0 {
-			gpuJSON += ","
-		}
-		gpuJSON += fmt.Sprintf(`{"pid":%d,"used_bytes":%d}`, pid, 1<<30+i)
+		gpu.Processes = append(gpu.Processes, testenv.FakeProc{PID: pid, UsedBytes: 1<<30 + uint64(i)})
 	}
-	if err := os.WriteFile(fake, []byte(gpuJSON+"]}]}"), 0o600); err != nil {
+	testenv.WriteSimulatedGPUs(b, fake, gpu)
+	bin, err := testenv.GoBuild(b.TempDir(), "gpumem", "./cmd/gpumem", false)
+	if err != nil {
 		b.Fatal(err)
-	}
-	bin := filepath.Join(b.TempDir(), "gpumem")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/gpumem/gpumem/cmd/gpumem").CombinedOutput(); err != nil {
-		b.Fatalf("go build: %v\n%s", err, out)
 	}
 
 	cliEnv := func(k string) string {

@@ -176,7 +176,7 @@ func BenchmarkServe50Kernels(b *testing.B) {
 
 	held := map[int]uint64{}
 	for _, cf := range conns {
-		pid := kernelPID(b, cf, 0)
+		pid := testenv.KernelPID(b, cf)
 		reap.Add(pid)
 		held[pid] = 1<<30 + uint64(pid)<<12
 	}
@@ -405,7 +405,7 @@ func BenchmarkRestartOrphansGone(b *testing.B) {
 	var magicBack, newReady, readyToInjected []time.Duration
 	falseShutdowns := 0
 	var details []string
-	kernel := kernelPID(b, cf, 0)
+	kernel := testenv.KernelPID(b, cf)
 	reap.Add(kernel)
 	load0 := testenv.LoadAverage()
 	b.ResetTimer()
@@ -486,7 +486,7 @@ func BenchmarkRestartOrphansGone(b *testing.B) {
 			}
 			falseShutdowns += d.countLogs(from, "kernel shut down (connection file removed)", sess.Kernel.ID)
 			old := kernel
-			kernel = kernelPID(b, cf, old)
+			kernel = testenv.KernelPID(b, cf, old)
 			reap.Add(kernel)
 			gpu.SetGPUs(b, []map[int]uint64{nil})
 			waitMagic(b, c, 60*time.Second) // and our frontend sees it

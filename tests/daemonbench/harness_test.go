@@ -21,6 +21,9 @@ import (
 var binDir string // built binaries; removed by TestMain
 
 func TestMain(m *testing.M) {
+	if testenv.ShortSkipsPackage() {
+		os.Exit(0)
+	}
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)
@@ -201,22 +204,6 @@ func createSession(b *testing.B, srv *testenv.Server, path string) (testenv.Sess
 		"kernel": map[string]any{"name": "python3"},
 	}, &sess)
 	return sess, time.Now()
-}
-
-// kernelPID waits until exactly one live process other than not (the
-// previous process of a restarted kernel) is the kernel of connFile, and
-// returns it.
-func kernelPID(b *testing.B, connFile string, not int) int {
-	b.Helper()
-	var pid int
-	testenv.Poll(b, 60*time.Second, "the kernel process of "+connFile, func() bool {
-		pids := slices.DeleteFunc(testenv.KernelPIDs(connFile), func(p int) bool { return p == not })
-		if len(pids) == 1 {
-			pid = pids[0]
-		}
-		return len(pids) == 1
-	})
-	return pid
 }
 
 // dialKernel attaches a frontend (gpumem's own Jupyter client, in this

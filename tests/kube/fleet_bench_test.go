@@ -17,7 +17,6 @@ package kube
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -40,9 +39,9 @@ const (
 
 func BenchmarkFleet(b *testing.B) {
 	dir := b.TempDir()
-	bin := filepath.Join(dir, "gpumem")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/gpumem").CombinedOutput(); err != nil {
-		b.Fatalf("go build: %v\n%s", err, out)
+	bin, err := testenv.GoBuild(dir, "gpumem", "./cmd/gpumem", false)
+	if err != nil {
+		b.Fatal(err)
 	}
 	// The GPU processes: real, idle processes, so that every sample finds
 	// them in /proc as it would find kernels and their workers.
@@ -55,20 +54,16 @@ func BenchmarkFleet(b *testing.B) {
 		pids = append(pids, cmd.Process.Pid)
 		b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	}
-	gpus := make([]map[string]any, fleetGPUs)
+	gpus := make([]testenv.SimGPU, fleetGPUs)
 	for g := range gpus {
-		gpus[g] = map[string]any{"name": "Simulated H200", "uuid": fmt.Sprintf("GPU-%08d-0000-0000-0000-000000000000", g),
-			"memory_total_bytes": uint64(141 << 30), "processes": []map[string]any{}}
+		gpus[g] = testenv.SimGPU{Name: "Simulated H200", UUID: fmt.Sprintf("GPU-%08d-0000-0000-0000-000000000000", g), MemoryTotalBytes: 141 << 30}
 	}
 	for i, pid := range pids {
-		g := gpus[i%fleetGPUs]
-		g["processes"] = append(g["processes"].([]map[string]any), map[string]any{"pid": pid, "used_bytes": uint64(i%7+1) << 28})
+		g := &gpus[i%fleetGPUs]
+		g.Processes = append(g.Processes, testenv.FakeProc{PID: pid, UsedBytes: uint64(i%7+1) << 28})
 	}
 	gpuFile := filepath.Join(dir, "gpus.json")
-	doc, _ := json.Marshal(map[string]any{"gpus": gpus})
-	if err := os.WriteFile(gpuFile, doc, 0o600); err != nil {
-		b.Fatal(err)
-	}
+	testenv.WriteSimulatedGPUs(b, gpuFile, gpus...)
 
 	for _, n := range []int{1, 10, 30} {
 		b.Run(fmt.Sprintf("daemons=%d", n), func(b *testing.B) {

@@ -166,6 +166,9 @@ func imageRootfs(t *testing.T) string {
 // uid of their own) only their cgroups' cleanup ends, and a test binary
 // killed before its cleanups must not leave them running.
 func TestMain(m *testing.M) {
+	if testenv.ShortSkipsPackage() {
+		os.Exit(0)
+	}
 	os.Exit(testenv.RunReaped(func() int {
 		code := m.Run()
 		if imageDir != "" {

@@ -89,9 +89,10 @@ func TestImageNamesPods(t *testing.T) {
 		}
 	}
 	const used = 5 << 30
-	doc := fmt.Sprintf(`{"gpus":[{"name":"Simulated H200","uuid":"GPU-1","memory_total_bytes":%d,"processes":[{"pid":%d,"used_bytes":%d}]}]}`,
-		uint64(141<<30), sleeper.Process.Pid, used)
-	if err := os.WriteFile(filepath.Join(rootfs, "run", "gpus.json"), []byte(doc), 0o644); err != nil {
+	gpuFile := filepath.Join(rootfs, "run", "gpus.json")
+	testenv.WriteSimulatedGPUs(t, gpuFile, testenv.SimGPU{Name: "Simulated H200", UUID: "GPU-1", MemoryTotalBytes: 141 << 30,
+		Processes: []testenv.FakeProc{{PID: sleeper.Process.Pid, UsedBytes: used}}})
+	if err := os.Chmod(gpuFile, 0o644); err != nil { // the image's user reads it
 		t.Fatal(err)
 	}
 	if err := os.MkdirAll(filepath.Join(rootfs, "host", "proc"), 0o755); err != nil {

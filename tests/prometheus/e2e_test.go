@@ -2,11 +2,9 @@ package prometheus
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"net/http"
-	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
@@ -47,45 +45,6 @@ const (
 	seriesPerProcessGPU  = 1
 	seriesPerUser        = 1
 )
-
-type simProc struct {
-	PID       int    `json:"pid"`
-	UsedBytes uint64 `json:"used_bytes"`
-}
-
-type simGPU struct {
-	Name             string    `json:"name"`
-	UUID             string    `json:"uuid"`
-	MemoryTotalBytes uint64    `json:"memory_total_bytes"`
-	Processes        []simProc `json:"processes"`
-}
-
-// writeGPUs writes the simulated-GPU file atomically (the daemons re-read it
-// every sample).
-func writeGPUs(t *testing.T, path string, gpus []simGPU) {
-	t.Helper()
-	b, err := json.Marshal(map[string]any{"gpus": gpus})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path+".tmp", b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(path+".tmp", path); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// kernelPID waits until exactly one live process is the kernel of connFile.
-func kernelPID(t *testing.T, connFile string) int {
-	t.Helper()
-	var pids []int
-	testenv.Poll(t, 30*time.Second, "one kernel process on "+connFile, func() bool {
-		pids = testenv.KernelPIDs(connFile)
-		return len(pids) == 1
-	})
-	return pids[0]
-}
 
 // startServe runs `gpumem serve --listen` on srv's runtime dir and waits
 // until its /metrics lists every kernel in kernelIDs (in the
@@ -184,7 +143,7 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	sessA := srv.CreateSession(t, "team/a.ipynb")
 	sessB := srv.CreateSession(t, "b.ipynb")
 	cfA, cfB := srv.ConnectionFile(sessA.Kernel.ID), srv.ConnectionFile(sessB.Kernel.ID)
-	pidA, pidB := kernelPID(t, cfA), kernelPID(t, cfB)
+	pidA, pidB := testenv.KernelPID(t, cfA), testenv.KernelPID(t, cfB)
 	nbA, nbB := filepath.Join(srv.RootDir, "team", "a.ipynb"), filepath.Join(srv.RootDir, "b.ipynb")
 
 	// A child of kernel A in its own session: kernel A's restart misses it.
@@ -201,13 +160,13 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	// GPU 0: A 60 GiB + its orphan 6 GiB, B 4 GiB: 70 of 80 GiB (87.5%).
 	// GPU 1: B 2 GiB and a process of no kernel 1 GiB.
 	gpuFile := filepath.Join(t.TempDir(), "gpus.json")
-	gpus := []simGPU{
-		{Name: "Simulated H200", UUID: "GPU-sim-0", MemoryTotalBytes: 80 * gib, Processes: []simProc{
-			{pidA, 60 * gib}, {orphan, 6 * gib}, {pidB, 4 * gib}}},
-		{Name: "Simulated H200", UUID: "GPU-sim-1", MemoryTotalBytes: 80 * gib, Processes: []simProc{
-			{pidB, 2 * gib}, {unrelated.Cmd.Process.Pid, 1 * gib}}},
+	gpus := []testenv.SimGPU{
+		{Name: "Simulated H200", UUID: "GPU-sim-0", MemoryTotalBytes: 80 * gib, Processes: []testenv.FakeProc{
+			{PID: pidA, UsedBytes: 60 * gib}, {PID: orphan, UsedBytes: 6 * gib}, {PID: pidB, UsedBytes: 4 * gib}}},
+		{Name: "Simulated H200", UUID: "GPU-sim-1", MemoryTotalBytes: 80 * gib, Processes: []testenv.FakeProc{
+			{PID: pidB, UsedBytes: 2 * gib}, {PID: unrelated.Cmd.Process.Pid, UsedBytes: 1 * gib}}},
 	}
-	writeGPUs(t, gpuFile, gpus)
+	testenv.WriteSimulatedGPUs(t, gpuFile, gpus...)
 
 	full, fullAddr := startServe(t, srv, gpuFile, "--reclaim-grace=1s")
 	// Both kernels sit idle holding memory: once their servers say so, the
@@ -225,14 +184,14 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	// The second "host": one daemon per runtime dir, so its own server, with
 	// the same layout (C in place of A and its orphan, D of B).
 	srv2 := testenv.StartServer(t, testenv.NotebookServer())
-	pidC := kernelPID(t, srv2.ConnectionFile(srv2.CreateSession(t, "c.ipynb").Kernel.ID))
-	pidD := kernelPID(t, srv2.ConnectionFile(srv2.CreateSession(t, "d.ipynb").Kernel.ID))
+	pidC := testenv.KernelPID(t, srv2.ConnectionFile(srv2.CreateSession(t, "c.ipynb").Kernel.ID))
+	pidD := testenv.KernelPID(t, srv2.ConnectionFile(srv2.CreateSession(t, "d.ipynb").Kernel.ID))
 	unrelated2 := testenv.Start(t, testenv.Env(srv2.Dir), srv2.Dir, "/bin/sleep", "600")
 	gpuFile2 := filepath.Join(t.TempDir(), "gpus.json")
-	writeGPUs(t, gpuFile2, []simGPU{
-		{Name: "Simulated H200", UUID: "GPU-sim-0", MemoryTotalBytes: 80 * gib, Processes: []simProc{{pidC, 66 * gib}, {pidD, 4 * gib}}},
-		{Name: "Simulated H200", UUID: "GPU-sim-1", MemoryTotalBytes: 80 * gib, Processes: []simProc{{pidD, 2 * gib}, {unrelated2.Cmd.Process.Pid, 1 * gib}}},
-	})
+	testenv.WriteSimulatedGPUs(t, gpuFile2,
+		testenv.SimGPU{Name: "Simulated H200", UUID: "GPU-sim-0", MemoryTotalBytes: 80 * gib, Processes: []testenv.FakeProc{{PID: pidC, UsedBytes: 66 * gib}, {PID: pidD, UsedBytes: 4 * gib}}},
+		testenv.SimGPU{Name: "Simulated H200", UUID: "GPU-sim-1", MemoryTotalBytes: 80 * gib, Processes: []testenv.FakeProc{{PID: pidD, UsedBytes: 2 * gib}, {PID: unrelated2.Cmd.Process.Pid, UsedBytes: 1 * gib}}},
+	)
 	lean, leanAddr := startServe(t, srv2, gpuFile2, "--metrics-notebook-label=false")
 	leanText := waitMetrics(t, lean, leanAddr, fmt.Sprintf(`gpumem_user_gpu_memory_bytes{gpu="0",user=%q} 7.516192768e+10`, me.Username),
 		fmt.Sprintf(`gpumem_user_hoarded_gpu_memory_byte_seconds{user=%q}`, me.Username))
@@ -388,8 +347,8 @@ func TestPrometheusEndToEnd(t *testing.T) {
 	if !testenv.Alive(unrelated.Cmd.Process.Pid) {
 		t.Fatalf("the process of no kernel was ended")
 	}
-	gpus[0].Processes = []simProc{{pidB, 4 * gib}} // the old kernel A process and its orphan are gone
-	writeGPUs(t, gpuFile, gpus)
+	gpus[0].Processes = []testenv.FakeProc{{PID: pidB, UsedBytes: 4 * gib}} // the old kernel A process and its orphan are gone
+	testenv.WriteSimulatedGPUs(t, gpuFile, gpus...)
 
 	t.Run("reclaims", func(t *testing.T) {
 		prom.waitQuery(t, "gpumem_reclaimed_bytes_total"+sel(fullAddr, ""), "6 GiB reclaimed",

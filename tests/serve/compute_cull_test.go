@@ -52,7 +52,7 @@ func TestGPUCullSparesAKernelWhoseChildComputes(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if !contains(serverKernels(t, srv), tk) || !alive(trains.pid) || !alive(job) {
+	if !contains(serverKernels(t, srv), tk) || !testenv.Alive(trains.pid) || !testenv.Alive(job) {
 		t.Fatalf("the computing notebook's kernel or job is gone (kernels %v)", serverKernels(t, srv))
 	}
 	for _, nb := range d.Report(t).Notebooks {

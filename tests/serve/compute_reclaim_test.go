@@ -33,13 +33,13 @@ func TestServeLeavesAComputingJobRunning(t *testing.T) {
 
 	srv.JSON(t, http.MethodPost, "api/kernels/"+nb.sess.Kernel.ID+"/restart", nil, nil)
 	testenv.Poll(t, 20*time.Second, "the worker "+strconv.Itoa(worker)+" ended", func() bool {
-		if !alive(job) {
+		if !testenv.Alive(job) {
 			t.Fatalf("the training job %d was ended", job)
 		}
-		return !alive(worker)
+		return !testenv.Alive(worker)
 	})
 	d.WaitLog(t, 10*time.Second, "orphan left running: computing", map[string]any{"pid": job, "kernel_id": nb.sess.Kernel.ID})
-	if !alive(job) {
+	if !testenv.Alive(job) {
 		t.Fatalf("the training job %d was ended", job)
 	}
 	var msg string
@@ -74,13 +74,13 @@ func TestServeLeavesAComputingJobRunning(t *testing.T) {
 	if out, err := free("nosuchkernel", "--orphans"); err == nil || !strings.Contains(out, "no kernel with processes left running matches") {
 		t.Errorf("free --orphans of an unknown kernel: %v\n%s", err, out)
 	}
-	if !alive(job) {
+	if !testenv.Alive(job) {
 		t.Fatal("the job was ended by a request naming another kernel")
 	}
 	out2, err := free("train.ipynb", "--orphans")
 	if err != nil || !strings.Contains(out2, "pid "+strconv.Itoa(job)+": ended") {
 		t.Fatalf("free train.ipynb --orphans: %v\n%s", err, out2)
 	}
-	testenv.Poll(t, 10*time.Second, "the job ended on request", func() bool { return !alive(job) })
+	testenv.Poll(t, 10*time.Second, "the job ended on request", func() bool { return !testenv.Alive(job) })
 	d.WaitLog(t, 5*time.Second, "process left running ended on request", map[string]any{"pid": job})
 }

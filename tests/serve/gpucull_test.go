@@ -94,7 +94,7 @@ func TestGPUCullCancelledByUse(t *testing.T) {
 	if _, acted := d.FindLog("idle kernel holding GPU memory shut down through its server", nil); acted {
 		t.Fatal("the kernel was shut down although it was used during the warning")
 	}
-	if !alive(nb.pid) {
+	if !testenv.Alive(nb.pid) {
 		t.Fatal("the kernel is gone")
 	}
 }
@@ -130,7 +130,7 @@ func TestGPUCullNeverBusyOrSmall(t *testing.T) {
 				}
 				time.Sleep(100 * time.Millisecond)
 			}
-			if !alive(nb.pid) {
+			if !testenv.Alive(nb.pid) {
 				t.Fatal("the kernel is gone")
 			}
 		})
@@ -149,7 +149,7 @@ func TestGPUCullReportAndFree(t *testing.T) {
 			srv, nb, d, _ := cullSetup(t, tc.action, 2<<30, fmt.Sprintf("--listen=127.0.0.1:%d", port))
 			kid := nb.sess.Kernel.ID
 			d.WaitLog(t, 60*time.Second, tc.log, map[string]any{"kernel_id": kid})
-			if !alive(nb.pid) || !contains(serverKernels(t, srv), kid) {
+			if !testenv.Alive(nb.pid) || !contains(serverKernels(t, srv), kid) {
 				t.Fatalf("%s ended the kernel", tc.action)
 			}
 			resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))

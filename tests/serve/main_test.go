@@ -4,9 +4,7 @@
 package serve
 
 import (
-	"fmt"
 	"os"
-	"strings"
 	"testing"
 
 	"github.com/gpumem/gpumem/internal/testenv"
@@ -29,15 +27,4 @@ func startDaemon(t *testing.T, srv *testenv.Server, gpu *testenv.FakeGPU, args .
 func tryStartDaemon(t *testing.T, srv *testenv.Server, gpu *testenv.FakeGPU, args ...string) *testenv.Daemon {
 	t.Helper()
 	return testenv.TryStartDaemon(t, gpumemBin, srv.Dir, gpu, args...)
-}
-
-// alive reports whether pid is a live (not zombie) process.
-func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i > 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X'
 }

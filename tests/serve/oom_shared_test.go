@@ -49,7 +49,7 @@ func TestServeOOMSharedMode(t *testing.T) {
 		"--listen=127.0.0.1:"+strconv.Itoa(port), "--metrics-notebook-label=false")
 	d.WaitLog(t, 20*time.Second, "magics injected", map[string]any{"kernel_id": ka.ID})
 	d.WaitLog(t, 20*time.Second, "magics injected", map[string]any{"kernel_id": kb.ID})
-	pa, pb := kernelPID(t, ka), kernelPID(t, kb)
+	pa, pb := testenv.KernelPID(t, ka.ConnectionFile), testenv.KernelPID(t, kb.ConnectionFile)
 	gpu.Set(t, testenv.FakeProc{PID: pa, UsedBytes: 10 * gib}, testenv.FakeProc{PID: pb, UsedBytes: 60 * gib})
 	waitNotebookHas(t, d, ka.ID, pa)
 	waitNotebookHas(t, d, kb.ID, pb)
@@ -177,18 +177,4 @@ print(s.recv(200).decode(errors="replace").splitlines()[0])`, d.Socket, ka.ID, i
 	if strings.Contains(grepLines(string(mb), "gpumem_oom"), "notebook=") {
 		t.Errorf("--metrics-notebook-label=false, yet: %s", grepLines(string(mb), "gpumem_oom"))
 	}
-}
-
-// kernelPID is the process serving k (its listening shell port's owner).
-func kernelPID(t *testing.T, k *testenv.Kernel) int {
-	t.Helper()
-	var pid int
-	testenv.Poll(t, 20*time.Second, "the kernel's process", func() bool {
-		pids := testenv.KernelPIDs(k.ConnectionFile)
-		if len(pids) == 1 {
-			pid = pids[0]
-		}
-		return pid > 0
-	})
-	return pid
 }

@@ -194,7 +194,7 @@ func TestServeLifecycle(t *testing.T) {
 	if _, err := os.Stat(d2.Socket); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("socket left after a clean stop: %v", err)
 	}
-	if !alive(nb.pid) {
+	if !testenv.Alive(nb.pid) {
 		t.Fatal("kernel ended with the daemon")
 	}
 	// The kernel still works and saw none of our requests as cells.

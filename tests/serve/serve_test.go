@@ -197,15 +197,15 @@ func TestServeReclaimsOrphans(t *testing.T) {
 			}
 			// Reclaim first watches the survivors for GPU work for the
 			// grace window (--reclaim-grace, 5 s by default).
-			testenv.Poll(t, 15*time.Second, "orphan "+strconv.Itoa(orphan)+" ended", func() bool { return !alive(orphan) })
+			testenv.Poll(t, 15*time.Second, "orphan "+strconv.Itoa(orphan)+" ended", func() bool { return !testenv.Alive(orphan) })
 			t.Logf("orphan gone %v after the %s request", time.Since(start), how)
 			// The line is logged before the signal, but read from the
 			// daemon's stderr after the orphan may be seen gone.
 			d.WaitLog(t, 5*time.Second, "ending orphan that holds GPU memory (SIGTERM)", map[string]any{"pid": orphan, "after": how})
-			if !alive(other.Process.Pid) {
+			if !testenv.Alive(other.Process.Pid) {
 				t.Fatalf("unrelated process %d was ended", other.Process.Pid)
 			}
-			if !alive(nb.pid) && how == "restart" {
+			if !testenv.Alive(nb.pid) && how == "restart" {
 				// expected: the old kernel process is gone; the new one gets the magics
 				testenv.Poll(t, 20*time.Second, "new kernel process has %gpumem", func() bool {
 					r, err := nb.front.Execute(context.Background(), testenv.ExecuteRequest{Silent: true,

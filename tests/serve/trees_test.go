@@ -68,11 +68,11 @@ func TestServeKeepsTreesBetweenFullReads(t *testing.T) {
 
 	srv.JSON(t, http.MethodPost, "api/kernels/"+nb.sess.Kernel.ID+"/restart", nil, nil)
 	for _, pid := range []int{leaver, nohup} {
-		testenv.Poll(t, 10*time.Second, "the kernel's process "+strconv.Itoa(pid)+" ended", func() bool { return !alive(pid) })
+		testenv.Poll(t, 10*time.Second, "the kernel's process "+strconv.Itoa(pid)+" ended", func() bool { return !testenv.Alive(pid) })
 		// Logged before the signal, read from stderr maybe after the exit.
 		d.WaitLog(t, 5*time.Second, "ending orphan that holds GPU memory (SIGTERM)", map[string]any{"pid": pid, "after": "restart"})
 	}
-	if !alive(other.Process.Pid) {
+	if !testenv.Alive(other.Process.Pid) {
 		t.Fatalf("the process of no kernel (%d) was ended", other.Process.Pid)
 	}
 }

@@ -6,7 +6,6 @@ simulated GPU file, servers, logs kept on failure) are labextension/tests'
 harness; the browser is Debian's chromium through .venv/current's
 Playwright, which runs these tests."""
 
-import json
 import os
 import shutil
 import stat
@@ -21,7 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "labextension" / "tests"))
 
-from harness import Stack, keep_logs, need, pytest_runtest_makereport, wait_for  # noqa: E402, F401  (the hook)
+from harness import Stack, keep_logs, need, pytest_runtest_makereport, simgpu, wait_for  # noqa: E402, F401  (the hook)
 
 # What the servers and kernels may run besides the virtualenv's programs.
 BASICS = ["sh", "bash", "env", "sleep", "cat", "kill", "ps", "setsid", "nohup", "true", "uname"]
@@ -209,16 +208,6 @@ def test_nvml(tmp_path_factory):
 
 
 def simulated_gpu(pid, used_bytes, name="Simulated H200"):
-    """The simulated-GPU file's text, with one process."""
-    return json.dumps(
-        {
-            "gpus": [
-                {
-                    "name": name,
-                    "uuid": "GPU-0",
-                    "memory_total_bytes": 80 << 30,
-                    "processes": [{"pid": pid, "used_bytes": used_bytes}],
-                }
-            ]
-        }
-    )
+    """The simulated-GPU file's text, with one process (the one Python
+    writer, internal/testenv/simgpu.py, pinned to the Go one)."""
+    return simgpu.document([simgpu.gpu(80 << 30, [simgpu.proc(pid, used_bytes)], name=name, uuid="GPU-0")])

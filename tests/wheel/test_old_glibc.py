@@ -43,7 +43,7 @@ def test_version_and_ls_on_glibc_2_31(test_nvml):
         shutil.copy("/usr/bin/true", d / "debian12-true")
         inner = "/" + str(d.relative_to(root))
         # The simulated GPU lists a process of the chroot's own pid namespace.
-        gpu = simulated_gpu(0, 3 << 30).replace('"pid": 0', '"pid": %d')
+        gpu = simulated_gpu(0, 3 << 30).replace('"pid":0', '"pid":%d')
         script = "\n".join(
             [
                 "set -e",

@@ -3,20 +3,18 @@ package cli
 import (
 	"bytes"
 	"context"
-	"os"
 	"path/filepath"
 	"regexp"
 	"testing"
+
+	"github.com/gpumem/gpumem/internal/testenv"
 )
 
 // GPUMEM_TIMING=1 adds one line of phases to a standalone ls's stderr;
 // without it, stderr stays empty.
 func TestLsTiming(t *testing.T) {
 	dir := t.TempDir()
-	gpu := filepath.Join(dir, "gpus.json")
-	if err := os.WriteFile(gpu, []byte(`{"gpus":[{"name":"Simulated","memory_total_bytes":100,"processes":[]}]}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	gpu := testenv.SimulatedGPUFile(t, testenv.SimGPU{Name: "Simulated", MemoryTotalBytes: 100})
 	run := func(timing string) string {
 		vars := map[string]string{"GPUMEM_FAKE_GPU": gpu, "JUPYTER_RUNTIME_DIR": filepath.Join(dir, "runtime"),
 			"GPUMEM_SOCKET": filepath.Join(dir, "none.sock"), "GPUMEM_TIMING": timing}

@@ -27,10 +27,10 @@ func golden(t *testing.T, name string, got []byte) {
 	}
 	want, err := os.ReadFile(path)
 	if err != nil {
-		t.Fatalf("%v (go test ./internal/cli -update writes it)", err)
+		t.Fatalf("%v (go test ./cmd/gpumem/cli -update writes it)", err)
 	}
 	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs (go test ./internal/cli -update rewrites it):\n--- got ---\n%s\n--- want ---\n%s", name, got, want)
+		t.Errorf("%s differs (go test ./cmd/gpumem/cli -update rewrites it):\n--- got ---\n%s\n--- want ---\n%s", name, got, want)
 	}
 }
 
