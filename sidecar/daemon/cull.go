@@ -249,7 +249,7 @@ func (d *Daemon) cullKernel(ctx context.Context, ks *kernelState, server discove
 		log.Info().Msg("cull cancelled: a cell is running")
 		return
 	}
-	if d.compute.kernelComputedAt(ks.id).After(since) {
+	if d.compute.kernelComputedAt(ks.connFile).After(since) {
 		log.Info().Msg("cull cancelled: its processes computed on a GPU")
 		return
 	}

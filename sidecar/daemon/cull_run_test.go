@@ -129,3 +129,26 @@ func TestCullWithoutServer(t *testing.T) {
 	}
 	r.waitLog("no Jupyter server reports its activity: never culled")
 }
+
+// The last look before a cull acts: a kernel whose tree computed on a GPU
+// since the decision is left alone, whatever its server says (the server
+// still reports it idle and unused).
+func TestCullKernelCancelledWhenItsTreeComputedSince(t *testing.T) {
+	r, k1, _ := twoKernels(t, Config{Cull: CullConfig{Idle: time.Minute, MinMemory: 1 << 30, Action: CullShutdown}})
+	srv := newFakeServer(t, "k1")
+	srv.last = time.Now().Add(-time.Hour)
+	server := discovery.Server{URL: srv.URL + "/", Token: "t", FileUID: uint32(os.Geteuid())}
+	r.d.mu.Lock()
+	ks := r.d.kernels[k1]
+	ks.server, ks.execState, ks.lastActivity = server, "idle", srv.last
+	ks.cull.doneAt = time.Now().Add(-time.Minute)
+	r.d.mu.Unlock()
+	r.d.compute.mu.Lock()
+	r.d.compute.computedAt[k1] = time.Now()
+	r.d.compute.mu.Unlock()
+	r.d.cullKernel(r.ctx, ks, server, 2<<30)
+	r.waitLog("cull cancelled: its processes computed on a GPU", `"kernel_id":"k1"`)
+	if n := srv.deletes(); n != 0 {
+		t.Errorf("%d deletes of a kernel whose tree computed since the decision, want 0", n)
+	}
+}
