@@ -31,105 +31,31 @@ deadline.
 import json
 import os
 import re
-import secrets
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hostkit import FAILED, Jupyter, compute_apps, gpu_count, kernel_client, result, serve, smi, stop, timing_phases, wait  # noqa: E402
 
 BIN = os.environ.get("GPUMEM_BIN", ".gpukit/gpumem")
 OUT = os.environ.get("OUT", "/tmp")
-FAILED = []
-
-
-def result(status, msg):
-    print("%s %s" % (status, msg), flush=True)
-    if status == "FAIL":
-        FAILED.append(msg)
-
-
-def smi():
-    """{pid: MiB} over all GPUs, from smi_by_gpu."""
-    procs = {}
-    for (_, pid), mib in smi_by_gpu().items():
-        procs[pid] = procs.get(pid, 0) + mib
-    return procs
-
-
-def smi_by_gpu():
-    """{(gpu_uuid, pid): MiB} from nvidia-smi --query-compute-apps."""
-    out = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout
-    procs = {}
-    for line in out.strip().splitlines():
-        uuid, pid, mib = [x.strip() for x in line.split(",")]
-        procs[(uuid, int(pid))] = int(mib)
-    return procs
-
-
-def gpu_count():
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
-    return len([line for line in out.splitlines() if line.startswith("GPU ")])
 
 
 def median_ms(xs):
     return statistics.median(xs) * 1e3
 
 
-def wait(what, cond, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise SystemExit("FAIL timed out after %ss waiting for %s" % (timeout, what))
-
-
 def main():
-    port = 18000 + secrets.randbelow(1000)
-    token = secrets.token_hex(16)
     root = os.path.join(os.environ.get("GPUKIT", "/tmp/gpukit"), "work")
     os.makedirs(os.path.join(root, "team"), exist_ok=True)
     with open(os.path.join(root, "team", "train.ipynb"), "w") as f:
         f.write('{"cells":[],"metadata":{},"nbformat":4,"nbformat_minor":5}')
-    server = subprocess.Popen(
-        ["jupyter", "server", "--port=%d" % port, "--ServerApp.token=" + token],
-        stdout=open(os.path.join(OUT, "jupyter.log"), "w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    base = "http://127.0.0.1:%d/" % port
-
-    def api(method, path, body=None):
-        req = urllib.request.Request(
-            base + path,
-            method=method,
-            data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": "token " + token, "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=60) as r:
-            data = r.read()
-            return json.loads(data) if data else None
-
-    def up():
-        try:
-            api("GET", "api/status")
-            return True
-        except Exception:
-            return False
-
-    wait("jupyter server", up, 60)
-    daemon = subprocess.Popen(
-        [BIN, "serve", "--log-format=json", "--interval=1s"],
-        stderr=open(os.path.join(OUT, "gpumem-serve.log"), "w"),
-        start_new_session=True,
-    )
+    server = Jupyter(os.path.join(OUT, "jupyter.log"))
+    api = server.api
+    wait("jupyter server", server.up, 60)
+    daemon = serve(BIN, os.path.join(OUT, "gpumem-serve.log"), "--interval=1s")
     try:
         run(api, root)
         if gpu_count() >= 2:
@@ -137,18 +63,10 @@ def main():
         else:
             result("INFO", "two-GPU check not run: this host has %d GPU" % gpu_count())
     finally:
-        daemon.terminate()
-        server.terminate()
-        for p in (daemon, server):
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(daemon, server.proc)
 
 
 def run(api, root):
-    from jupyter_client import BlockingKernelClient
-
     sess = api(
         "POST",
         "api/sessions",
@@ -157,21 +75,7 @@ def run(api, root):
     kid = sess["kernel"]["id"]
     cf = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "kernel-%s.json" % kid)
     wait("connection file", lambda: os.path.exists(cf), 60)
-    kc = BlockingKernelClient(connection_file=cf)
-    kc.load_connection_file()
-    kc.start_channels()
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            kc.wait_for_ready(timeout=10)
-            break
-        except RuntimeError:
-            if time.monotonic() > deadline:
-                raise
-            kc.stop_channels()
-            kc = BlockingKernelClient(connection_file=cf)
-            kc.load_connection_file()
-            kc.start_channels()
+    kc = kernel_client(cf)
     out = []
     code = r"""
 import os, subprocess, sys, torch
@@ -356,11 +260,7 @@ def phase_breakdown(env, rep):
             r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=e)
             t[name].append(time.perf_counter() - t0)
             if name == "ls_timed":
-                for line in r.stderr.splitlines():
-                    if line.startswith("gpumem timing:"):
-                        for kv in line.split(":", 1)[1].split():
-                            k, v = kv.split("=")
-                            phases.setdefault(k, []).append(float(v[: -len("ms")]))
+                timing_phases(r.stderr, phases)
     result(
         "INFO",
         "ls phases (medians of 30, ms): exec wall %.1f = process start+exit ~%.1f (gpumem version) + in-process total %.1f; "
@@ -384,8 +284,6 @@ def two_gpus(api, root):
     """A kernel on GPU 0, one on GPU 1 and one on both: gpumem's per-GPU
     figures for each notebook equal nvidia-smi's, GPU by GPU, standalone and
     through the daemon."""
-    from jupyter_client import BlockingKernelClient
-
     layouts = {
         "gpu0.ipynb": {0: 1 << 30},
         "gpu1.ipynb": {1: 3 << 29},
@@ -401,18 +299,7 @@ def two_gpus(api, root):
         kid = sess["kernel"]["id"]
         cf = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "kernel-%s.json" % kid)
         wait("connection file of " + name, lambda cf=cf: os.path.exists(cf), 60)
-        deadline = time.monotonic() + 90
-        while True:
-            kc = BlockingKernelClient(connection_file=cf)
-            kc.load_connection_file()
-            kc.start_channels()
-            try:
-                kc.wait_for_ready(timeout=10)
-                break
-            except RuntimeError:  # "Kernel died" while its heartbeat is not up yet
-                kc.stop_channels()
-                if time.monotonic() > deadline:
-                    raise
+        kc = kernel_client(cf)
         code = "import os, torch\n_t = [%s]\nfor _x in _t: torch.cuda.synchronize(_x.device)\nprint(os.getpid())" % ", ".join(
             'torch.empty(%d, dtype=torch.uint8, device="cuda:%d")' % (n, i) for i, n in per_gpu.items()
         )
@@ -430,7 +317,7 @@ def two_gpus(api, root):
     result("INFO", "two GPUs: kernels %s" % {n: "pid %d on GPU %s" % (p, g) for n, p, g in kernels.values()})
     wait(
         "nvidia-smi lists every kernel on its GPUs",
-        lambda: (lambda s: all(any(pid == p for (_, p) in s) for (_, pid, _) in kernels.values()))(smi_by_gpu()),
+        lambda: (lambda s: all(any(pid == p for (_, p) in s) for (_, pid, _) in kernels.values()))(compute_apps()),
         60,
     )
 
@@ -438,7 +325,7 @@ def two_gpus(api, root):
         def attempt():
             ls = subprocess.run([BIN, "ls", "--json"], capture_output=True, text=True, timeout=60, env=env)
             rep = json.loads(ls.stdout)
-            s = smi_by_gpu()
+            s = compute_apps()
             uuid_of = {g["index"]: g["uuid"] for g in rep["gpus"]}
             lines = []
             for kid, (name, _pid, gpus_used) in kernels.items():

@@ -32,47 +32,16 @@ import argparse
 import json
 import os
 import re
-import secrets
 import subprocess
 import sys
 import time
-import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hostkit import FAILED, Jupyter, kernel_client, result, serve, smi, smi_rows, stop, wait  # noqa: E402
 
 BIN = os.environ.get("GPUMEM_BIN", ".gpukit/gpumem")
 OUT = os.environ.get("OUT", "/tmp")
 MIME = "application/vnd.gpumem.v1+json"
-FAILED = []
-
-
-def result(status, msg):
-    print("%s %s" % (status, msg), flush=True)
-    if status == "FAIL":
-        FAILED.append(msg)
-
-
-def wait(what, cond, timeout, every=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(every)
-    raise SystemExit("FAIL timed out after %ss waiting for %s" % (timeout, what))
-
-
-def smi():
-    """{pid: MiB} from nvidia-smi --query-compute-apps (all GPUs)."""
-    out = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout
-    procs = {}
-    for line in out.strip().splitlines():
-        pid, mib = [x.strip() for x in line.split(",")]
-        procs[int(pid)] = procs.get(int(pid), 0) + int(mib)
-    return procs
 
 
 class Kernel:
@@ -80,8 +49,6 @@ class Kernel:
     with its arrival time."""
 
     def __init__(self, api, path):
-        from jupyter_client import BlockingKernelClient
-
         sess = api(
             "POST",
             "api/sessions",
@@ -90,19 +57,7 @@ class Kernel:
         self.id = sess["kernel"]["id"]
         cf = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "kernel-%s.json" % self.id)
         wait("connection file of " + path, lambda: os.path.exists(cf), 60)
-        deadline = time.monotonic() + 90
-        while True:
-            kc = BlockingKernelClient(connection_file=cf)
-            kc.load_connection_file()
-            kc.start_channels()
-            try:
-                kc.wait_for_ready(timeout=10)
-                break
-            except RuntimeError:
-                kc.stop_channels()
-                if time.monotonic() > deadline:
-                    raise
-        self.kc = kc
+        self.kc = kernel_client(cf)
         self.pid = int(self.run("import os; print(os.getpid())")[1].strip())
 
     def run(self, code, timeout=300):
@@ -135,57 +90,21 @@ def main():
     ap.add_argument("--hold-gib", type=int, default=100)
     ap.add_argument("--steps", type=int, default=60)
     a = ap.parse_args()
-    port = 18000 + secrets.randbelow(1000)
-    token = secrets.token_hex(16)
     root = os.path.join(os.environ.get("GPUKIT", "/tmp/gpukit"), "work")
     os.makedirs(os.path.join(root, "team"), exist_ok=True)
     for nb in ("hold", "train", "rec"):
         with open(os.path.join(root, "team", nb + ".ipynb"), "w") as f:
             f.write('{"cells":[],"metadata":{},"nbformat":4,"nbformat_minor":5}')
-    server = subprocess.Popen(
-        ["jupyter", "server", "--allow-root", "--port=%d" % port, "--ServerApp.token=" + token],
-        stdout=open(os.path.join(OUT, "oom-jupyter.log"), "w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    base = "http://127.0.0.1:%d/" % port
-
-    def api(method, path, body=None):
-        req = urllib.request.Request(
-            base + path,
-            method=method,
-            data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": "token " + token, "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=60) as r:
-            data = r.read()
-            return json.loads(data) if data else None
-
-    def up():
-        try:
-            api("GET", "api/status")
-            return True
-        except Exception:
-            return False
-
-    wait("jupyter server", up, 60)
-    daemon = subprocess.Popen(
-        [BIN, "serve", "--log-format=json", "--interval=1s", "--no-notebook-alerts"],
-        stderr=open(os.path.join(OUT, "oom-gpumem-serve.log"), "w"),
-        start_new_session=True,
-    )
+    server = Jupyter(os.path.join(OUT, "oom-jupyter.log"), ["--allow-root"])
+    api = server.api
+    wait("jupyter server", server.up, 60)
+    daemon = serve(BIN, os.path.join(OUT, "oom-gpumem-serve.log"), "--interval=1s", "--no-notebook-alerts")
     try:
         report_and_advice(api, root, a.hold_gib)
         recording(api)
         recording_cost(a.steps)
     finally:
-        daemon.terminate()
-        server.terminate()
-        for p in (daemon, server):
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(daemon, server.proc)
     print("%d check(s) failed" % len(FAILED) if FAILED else "all checks passed", flush=True)
     sys.exit(1 if FAILED else 0)
 
@@ -226,14 +145,7 @@ def report_and_advice(api, root, hold_gib):
         return rep and rep.get("gpu_memory_bytes") == want_mib << 20
 
     wait("the daemon's sample of hold.ipynb = nvidia-smi", sampled, 30, every=0.2)
-    free = int(
-        subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", "0"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout.split()[0]
-    )
+    free = int(smi_rows("--query-gpu=memory.free", "-i", "0")[0][0])
     ask = (free >> 10) + 8  # GiB: more than is left
     cell = "import torch\ny = torch.empty(%d << 30, dtype=torch.uint8, device='cuda')" % ask
     st, _ = train.run(cell)
