@@ -7,6 +7,7 @@
 
 import type uPlot from 'uplot';
 
+import { el } from './dom';
 import { formatBytes, plainTrans, Trans } from './format';
 import { formatDuration } from './model';
 
@@ -133,17 +134,6 @@ export function reportLines(ev: OOMEvent, trans: Trans = plainTrans): string[] {
     );
   }
   return lines;
-}
-
-function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls = '', text = ''): HTMLElementTagNameMap[K] {
-  const e = document.createElement(tag);
-  if (cls) {
-    e.className = cls;
-  }
-  if (text) {
-    e.textContent = text;
-  }
-  return e;
 }
 
 /** The report's DOM (text only: nothing the kernel sent becomes markup). */
