@@ -37,7 +37,21 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hostkit import FAILED, Jupyter, compute_apps, gpu_count, kernel_client, result, serve, smi, stop, timing_phases, wait  # noqa: E402
+from hostkit import (  # noqa: E402
+    FAILED,
+    Jupyter,
+    compute_apps,
+    gpu_count,
+    hold_with_child,
+    kernel_client,
+    result,
+    run_cell,
+    serve,
+    smi,
+    stop,
+    timing_phases,
+    wait,
+)
 
 BIN = os.environ.get("GPUMEM_BIN", ".gpukit/gpumem")
 OUT = os.environ.get("OUT", "/tmp")
@@ -76,23 +90,7 @@ def run(api, root):
     cf = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "kernel-%s.json" % kid)
     wait("connection file", lambda: os.path.exists(cf), 60)
     kc = kernel_client(cf)
-    out = []
-    code = r"""
-import os, subprocess, sys, torch
-x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda"); torch.cuda.synchronize()
-_child = subprocess.Popen([sys.executable, "-c",
-    "import torch, time; y = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize(); print('ready', flush=True); time.sleep(600)"],
-    start_new_session=True, stdout=subprocess.PIPE, text=True)
-assert _child.stdout.readline().strip() == "ready"
-print(os.getpid(), _child.pid)
-"""
-    r = kc.execute_interactive(
-        code, timeout=180, output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None
-    )
-    if r["content"]["status"] != "ok":
-        raise SystemExit("FAIL kernel code: %s" % r["content"])
-    kpid, cpid = [int(v) for v in "".join(out).split()]
-    result("INFO", "kernel %s pid %d holds a 2 GiB tensor; child pid %d (own session) holds 1 GiB" % (kid, kpid, cpid))
+    kpid, cpid = hold_with_child(kc, kid)
     s = wait("nvidia-smi lists both pids", lambda: (lambda p: p if kpid in p and cpid in p else None)(smi()), 60)
     result("INFO", "nvidia-smi --query-compute-apps: %s" % {p: "%d MiB" % m for p, m in s.items()})
 
@@ -163,7 +161,7 @@ print(os.getpid(), _child.pid)
     # `gpumem free` from the command line, through the daemon: the kernel
     # deletes its tensor itself (torch keeps the 2 GiB cached), then an admin
     # frees the cache without touching any variable.
-    r = kc.execute_interactive("del x", timeout=60)
+    kc.execute_interactive("del x", timeout=60)
     before = smi().get(kpid)
     fr = subprocess.run([BIN, "free", kid], capture_output=True, text=True, timeout=120)
     print("---- gpumem free %s\n%s%s----" % (kid, fr.stdout, fr.stderr), flush=True)
@@ -178,7 +176,6 @@ print(os.getpid(), _child.pid)
     # %gpumem free in the notebook: the driver's figure it reports after
     # freeing is read then (through the daemon, on demand), not the last
     # sample's.
-    out.clear()
     code = r"""
 import re, torch
 x2 = torch.empty(3 << 30, dtype=torch.uint8, device="cuda"); torch.cuda.synchronize()
@@ -188,13 +185,10 @@ with capture_output() as _c:
 _t = "\n".join(o.data.get("text/plain", "") for o in _c.outputs)
 print(_t)
 """
-    r = kc.execute_interactive(
-        code, timeout=180, output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None
-    )
-    text = "".join(out)
+    content, text = run_cell(kc, code, 180)
     print("---- %%gpumem free x2 (in the notebook)\n%s----" % text, flush=True)
     m = re.search(r"driver \(NVML\): ([\d.]+) (\w+) -> ([\d.]+) (\w+) for this kernel", text)
-    if r["content"]["status"] != "ok" or not m:
+    if content["status"] != "ok" or not m:
         result("FAIL", "%gpumem free x2: no driver line in the report")
     else:
         unit = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
@@ -303,16 +297,11 @@ def two_gpus(api, root):
         code = "import os, torch\n_t = [%s]\nfor _x in _t: torch.cuda.synchronize(_x.device)\nprint(os.getpid())" % ", ".join(
             'torch.empty(%d, dtype=torch.uint8, device="cuda:%d")' % (n, i) for i, n in per_gpu.items()
         )
-        out = []
-        r = kc.execute_interactive(
-            code,
-            timeout=180,
-            output_hook=lambda m, out=out: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
-        )
-        if r["content"]["status"] != "ok":
-            result("FAIL", "two GPUs: kernel code for %s: %s" % (name, r["content"]))
+        content, text = run_cell(kc, code, 180)
+        if content["status"] != "ok":
+            result("FAIL", "two GPUs: kernel code for %s: %s" % (name, content))
             return
-        kernels[kid] = (name, int("".join(out).split()[0]), sorted(per_gpu))
+        kernels[kid] = (name, int(text.split()[0]), sorted(per_gpu))
         kc.stop_channels()
     result("INFO", "two GPUs: kernels %s" % {n: "pid %d on GPU %s" % (p, g) for n, p, g in kernels.values()})
     wait(

@@ -173,6 +173,42 @@ def kernel_client(cf, timeout=90):
                 raise
 
 
+def run_cell(kc, code, timeout):
+    """Runs code through kc: (the execute reply's content, what it printed)."""
+    out = []
+    r = kc.execute_interactive(
+        code,
+        timeout=timeout,
+        output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
+    )
+    return r["content"], "".join(out)
+
+
+# A kernel's cell: 2 GiB of torch on cuda:0, and a child in a session of its
+# own (so Jupyter's process-group kill misses it) holding 1 GiB; prints both
+# pids.
+HOLD_WITH_CHILD = r"""
+import os, subprocess, sys, torch
+x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda"); torch.cuda.synchronize()
+_child = subprocess.Popen([sys.executable, "-c",
+    "import torch, time; y = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize(); print('ready', flush=True); time.sleep(600)"],
+    start_new_session=True, stdout=subprocess.PIPE, text=True)
+assert _child.stdout.readline().strip() == "ready"
+print(os.getpid(), _child.pid)
+"""
+
+
+def hold_with_child(kc, kid):
+    """Runs HOLD_WITH_CHILD in kernel kid: (kernel pid, child pid); a cell
+    that fails ends the script (SystemExit, a FAIL line)."""
+    content, text = run_cell(kc, HOLD_WITH_CHILD, 180)
+    if content["status"] != "ok":
+        raise SystemExit("FAIL kernel code: %s" % content)
+    kpid, cpid = [int(v) for v in text.split()]
+    result("INFO", "kernel %s pid %d holds a 2 GiB tensor; child pid %d (own session) holds 1 GiB" % (kid, kpid, cpid))
+    return kpid, cpid
+
+
 def timing_phases(stderr, phases):
     """Adds the phases of a "gpumem timing: name=1.23ms ..." line in stderr
     (GPUMEM_TIMING=1) to phases, {name: [ms]}."""

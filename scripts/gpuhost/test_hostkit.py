@@ -188,16 +188,18 @@ def test_jupyter_server_api_and_kernel(tmp_path, monkeypatch):
         hostkit.wait("connection file", lambda: os.path.exists(cf), 60, raises=TimeoutError)
         kc = hostkit.kernel_client(cf)
         try:
-            out = []
-            r = kc.execute_interactive(
-                "print(6 * 7)",
-                timeout=60,
-                output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
-            )
+            content, text = hostkit.run_cell(kc, "print(6 * 7)", 60)
+            assert (content["status"], text) == ("ok", "42\n")
+            content, text = hostkit.run_cell(kc, "print('before'); 1 / 0", 60)
+            assert (content["status"], content["ename"], text) == ("error", "ZeroDivisionError", "before\n")
+            # No GPU here: the cell that holds CUDA memory fails, and ends
+            # the script with a FAIL line.
+            with pytest.raises(SystemExit) as e:
+                hostkit.hold_with_child(kc, kid)
+            assert str(e.value).startswith("FAIL kernel code: {")
+            assert "'status': 'error'" in str(e.value)
         finally:
             kc.stop_channels()
-        assert r["content"]["status"] == "ok"
-        assert "".join(out) == "42\n"
         assert server.api("DELETE", "api/kernels/" + kid) is None
         assert kid not in {k["id"] for k in server.api("GET", "api/kernels")}
     finally:

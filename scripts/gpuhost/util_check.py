@@ -40,7 +40,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hostkit  # noqa: E402
-from hostkit import FAILED, kernel_client, result, smi_rows  # noqa: E402
+from hostkit import FAILED, kernel_client, result, run_cell, smi_rows  # noqa: E402
 
 BIN = os.environ.get("GPUMEM_BIN", ".gpukit/gpumem")
 DRIVER_TEST = os.environ.get("GPUMEM_DRIVER_TEST", "")
@@ -98,18 +98,13 @@ class Jupyter(hostkit.Jupyter):
         cf = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "kernel-%s.json" % kid)
         wait("connection file of %s" % kid, lambda: os.path.exists(cf), 60)
         kc = kernel_client(cf)
-        out = []
         try:
-            r = kc.execute_interactive(
-                code,
-                timeout=timeout,
-                output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
-            )
+            content, text = run_cell(kc, code, timeout)
         finally:
             kc.stop_channels()
-        if r["content"]["status"] != "ok":
-            raise RuntimeError("kernel %s: %s" % (kid, r["content"]))
-        return "".join(out)
+        if content["status"] != "ok":
+            raise RuntimeError("kernel %s: %s" % (kid, content))
+        return text
 
 
 class Serve:

@@ -119,24 +119,10 @@ def checks(api, daemon_pid):
     cf = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "kernel-%s.json" % kid)
     hostkit.wait("connection file", lambda: os.path.exists(cf), 60)
     kc = hostkit.kernel_client(cf)
-    out = []
-    code = r"""
-import os, subprocess, sys, torch
-x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda"); torch.cuda.synchronize()
-_child = subprocess.Popen([sys.executable, "-c",
-    "import torch, time; y = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize(); print('ready', flush=True); time.sleep(600)"],
-    start_new_session=True, stdout=subprocess.PIPE, text=True)
-assert _child.stdout.readline().strip() == "ready"
-print(os.getpid(), _child.pid)
-"""
-    r = kc.execute_interactive(
-        code, timeout=180, output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None
-    )
-    kc.stop_channels()
-    if r["content"]["status"] != "ok":
-        raise SystemExit("FAIL kernel code: %s" % r["content"])
-    kpid, cpid = [int(v) for v in "".join(out).split()]
-    hostkit.result("INFO", "kernel %s pid %d holds a 2 GiB tensor; child pid %d (own session) holds 1 GiB" % (kid, kpid, cpid))
+    try:
+        kpid, cpid = hostkit.hold_with_child(kc, kid)
+    finally:
+        kc.stop_channels()
     hostkit.wait("nvidia-smi lists both pids", lambda: (lambda p: p if kpid in p and cpid in p else None)(hostkit.smi()), 60)
 
     def notebook():

@@ -46,7 +46,7 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hostkit  # noqa: E402
-from hostkit import FAILED, check, compute_apps, gpu_count, kernel_client, result, serve, smi_rows, stop  # noqa: E402
+from hostkit import FAILED, check, compute_apps, gpu_count, kernel_client, result, run_cell, serve, smi_rows, stop  # noqa: E402
 
 BIN = os.environ.get("GPUMEM_BIN", ".gpukit/gpumem")
 OUT = os.environ.get("OUT", "/tmp")
@@ -101,13 +101,8 @@ class Kernel(object):
         return st == "ok" and out.strip() == "True"
 
     def cell(self, code, timeout=120):
-        out = []
         try:
-            r = self.kc.execute_interactive(
-                code,
-                timeout=timeout,
-                output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
-            )
+            c, text = run_cell(self.kc, code, timeout)
         except TimeoutError:
             # Where the kernel is stuck: faulthandler writes every thread's
             # stack to the kernel's log on SIGABRT.
@@ -115,8 +110,7 @@ class Kernel(object):
             raise TimeoutError(
                 "a cell ran over %ss (stacks in kernel-*.log): %s" % (timeout, code.strip().splitlines()[0][:80])
             ) from None
-        c = r["content"]
-        return c["status"], "".join(out), "%s: %s" % (c.get("ename", ""), c.get("evalue", ""))
+        return c["status"], text, "%s: %s" % (c.get("ename", ""), c.get("evalue", ""))
 
     def magic(self, line):
         """The data dict and the text %gpumem LINE shows."""
