@@ -200,6 +200,17 @@ def report_and_advice(api, root, hold_gib):
     result("PASS" if any(e["seq"] == ev["seq"] for e in evs.get("events", [])) else "FAIL", "the event is in GET /api/v1/oom")
 
 
+def reduced(what, kernel, sid):
+    """Snapshot sid of kernel as the daemon has it once no longer reducing
+    (at most 120 s)."""
+
+    def done():
+        _, r = daemon_get("/api/v1/kernels/%s/snapshots/%s" % (kernel.id, sid))
+        return r if r and r["snapshot"]["status"] != "reducing" else None
+
+    return wait(what, done, 120, every=0.2)
+
+
 def recording(api):
     rec = Kernel(api, "team/rec.ipynb")
     wait("magics in rec.ipynb", rec.magic_ready, 60, every=0.5)
@@ -227,14 +238,7 @@ def recording(api):
     if not sid:
         result("FAIL", "the snapshot was not handed to gpumem serve: %s" % snap)
         return
-    info = wait(
-        "the reduction",
-        lambda: (lambda r: r if r and r["snapshot"]["status"] != "reducing" else None)(
-            daemon_get("/api/v1/kernels/%s/snapshots/%s" % (rec.id, sid))[1]
-        ),
-        120,
-        every=0.2,
-    )
+    info = reduced("the reduction", rec, sid)
     red = info.get("reduction") or {}
     result(
         "PASS" if red else "FAIL",
@@ -284,14 +288,7 @@ def recording(api):
     )
     if oomsnap and (oomsnap[0].get("daemon") or {}).get("id"):
         sid2 = oomsnap[0]["daemon"]["id"]
-        info = wait(
-            "the reduction of the snapshot after the error",
-            lambda: (lambda r: r if r and r["snapshot"]["status"] != "reducing" else None)(
-                daemon_get("/api/v1/kernels/%s/snapshots/%s" % (rec.id, sid2))[1]
-            ),
-            120,
-            every=0.2,
-        )
+        info = reduced("the reduction of the snapshot after the error", rec, sid2)
         ooms = ((info.get("reduction") or {}).get("devices") or [{}])[0].get("ooms", [])
         result(
             "PASS" if ooms and ooms[-1]["requested_bytes"] >= 1 << 50 else "FAIL",
