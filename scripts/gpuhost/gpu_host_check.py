@@ -43,11 +43,11 @@ from hostkit import (  # noqa: E402
     compute_apps,
     gpu_count,
     hold_with_child,
-    kernel_client,
     result,
     run_cell,
     serve,
     smi,
+    start_kernel,
     stop,
     timing_phases,
     wait,
@@ -81,15 +81,7 @@ def main():
 
 
 def run(api, root):
-    sess = api(
-        "POST",
-        "api/sessions",
-        {"path": "team/train.ipynb", "type": "notebook", "name": "train.ipynb", "kernel": {"name": "python3"}},
-    )
-    kid = sess["kernel"]["id"]
-    cf = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "kernel-%s.json" % kid)
-    wait("connection file", lambda: os.path.exists(cf), 60)
-    kc = kernel_client(cf)
+    kid, kc = start_kernel(api, "team/train.ipynb")
     kpid, cpid = hold_with_child(kc, kid)
     s = wait("nvidia-smi lists both pids", lambda: (lambda p: p if kpid in p and cpid in p else None)(smi()), 60)
     result("INFO", "nvidia-smi --query-compute-apps: %s" % {p: "%d MiB" % m for p, m in s.items()})
@@ -287,13 +279,7 @@ def two_gpus(api, root):
     for name, per_gpu in layouts.items():
         with open(os.path.join(root, "team", name), "w") as f:
             f.write('{"cells":[],"metadata":{},"nbformat":4,"nbformat_minor":5}')
-        sess = api(
-            "POST", "api/sessions", {"path": "team/" + name, "type": "notebook", "name": name, "kernel": {"name": "python3"}}
-        )
-        kid = sess["kernel"]["id"]
-        cf = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "kernel-%s.json" % kid)
-        wait("connection file of " + name, lambda cf=cf: os.path.exists(cf), 60)
-        kc = kernel_client(cf)
+        kid, kc = start_kernel(api, "team/" + name, "connection file of " + name)
         code = "import os, torch\n_t = [%s]\nfor _x in _t: torch.cuda.synchronize(_x.device)\nprint(os.getpid())" % ", ".join(
             'torch.empty(%d, dtype=torch.uint8, device="cuda:%d")' % (n, i) for i, n in per_gpu.items()
         )

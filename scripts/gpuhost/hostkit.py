@@ -12,6 +12,7 @@ their folder, as `python3 scripts/gpuhost/X.py` puts it on sys.path:
 """
 
 import json
+import os
 import secrets
 import subprocess
 import time
@@ -171,6 +172,28 @@ def kernel_client(cf, timeout=90):
             kc.stop_channels()
             if time.monotonic() > deadline:
                 raise
+
+
+def connect(kid, what="connection file", raises=SystemExit, timeout=60):
+    """A kernel_client for kernel kid of a Jupyter server, once its
+    connection file is in $JUPYTER_RUNTIME_DIR (waited for as what, at most
+    timeout s, then raises as wait does)."""
+    cf = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "kernel-%s.json" % kid)
+    wait(what, lambda: os.path.exists(cf), timeout, raises=raises)
+    return kernel_client(cf)
+
+
+def start_kernel(api, path, what="connection file"):
+    """A session of the notebook at path (relative to the server's root)
+    with a python3 kernel, through api (Jupyter.api): (kernel id, a
+    kernel_client for it, see connect)."""
+    sess = api(
+        "POST",
+        "api/sessions",
+        {"path": path, "type": "notebook", "name": os.path.basename(path), "kernel": {"name": "python3"}},
+    )
+    kid = sess["kernel"]["id"]
+    return kid, connect(kid, what)
 
 
 def run_cell(kc, code, timeout):

@@ -37,7 +37,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hostkit import FAILED, Jupyter, kernel_client, result, serve, smi, smi_rows, stop, wait  # noqa: E402
+from hostkit import FAILED, Jupyter, result, serve, smi, smi_rows, start_kernel, stop, wait  # noqa: E402
 
 BIN = os.environ.get("GPUMEM_BIN", ".gpukit/gpumem")
 OUT = os.environ.get("OUT", "/tmp")
@@ -49,15 +49,7 @@ class Kernel:
     with its arrival time."""
 
     def __init__(self, api, path):
-        sess = api(
-            "POST",
-            "api/sessions",
-            {"path": path, "type": "notebook", "name": os.path.basename(path), "kernel": {"name": "python3"}},
-        )
-        self.id = sess["kernel"]["id"]
-        cf = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "kernel-%s.json" % self.id)
-        wait("connection file of " + path, lambda: os.path.exists(cf), 60)
-        self.kc = kernel_client(cf)
+        self.id, self.kc = start_kernel(api, path, "connection file of " + path)
         self.pid = int(self.run("import os; print(os.getpid())")[1].strip())
 
     def run(self, code, timeout=300):

@@ -182,11 +182,10 @@ def test_jupyter_server_api_and_kernel(tmp_path, monkeypatch):
         finally:
             server.token = token
 
-        # A kernel through the REST API, reached by its connection file.
-        kid = server.api("POST", "api/kernels", {"name": "python3"})["id"]
-        cf = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "kernel-%s.json" % kid)
-        hostkit.wait("connection file", lambda: os.path.exists(cf), 60, raises=TimeoutError)
-        kc = hostkit.kernel_client(cf)
+        # A notebook's session and its kernel, reached by its connection file.
+        kid, kc = hostkit.start_kernel(server.api, "team/train.ipynb")
+        sessions = server.api("GET", "api/sessions")
+        assert [(x["path"], x["name"], x["kernel"]["id"]) for x in sessions] == [("team/train.ipynb", "train.ipynb", kid)]
         try:
             content, text = hostkit.run_cell(kc, "print(6 * 7)", 60)
             assert (content["status"], text) == ("ok", "42\n")
@@ -200,8 +199,19 @@ def test_jupyter_server_api_and_kernel(tmp_path, monkeypatch):
             assert "'status': 'error'" in str(e.value)
         finally:
             kc.stop_channels()
+        # A second client of the same kernel, by its id.
+        kc = hostkit.connect(kid)
+        try:
+            assert hostkit.run_cell(kc, "import os; print(os.getpid() > 0)", 60)[1] == "True\n"
+        finally:
+            kc.stop_channels()
         assert server.api("DELETE", "api/kernels/" + kid) is None
         assert kid not in {k["id"] for k in server.api("GET", "api/kernels")}
+        # A kernel whose connection file never comes: the wait ends it.
+        t0 = time.monotonic()
+        with pytest.raises(SystemExit, match="^FAIL timed out after 0.5s waiting for connection file of none$"):
+            hostkit.connect("none", "connection file of none", timeout=0.5)
+        assert time.monotonic() - t0 >= 0.5
     finally:
         server.stop()
     assert server.proc.poll() is not None

@@ -40,7 +40,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hostkit  # noqa: E402
-from hostkit import FAILED, kernel_client, result, run_cell, smi_rows  # noqa: E402
+from hostkit import FAILED, connect, result, run_cell, smi_rows  # noqa: E402
 
 BIN = os.environ.get("GPUMEM_BIN", ".gpukit/gpumem")
 DRIVER_TEST = os.environ.get("GPUMEM_DRIVER_TEST", "")
@@ -95,9 +95,7 @@ class Jupyter(hostkit.Jupyter):
 
     def run(self, kid, code, timeout=300):
         """Runs code in kernel kid; returns what it printed."""
-        cf = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "kernel-%s.json" % kid)
-        wait("connection file of %s" % kid, lambda: os.path.exists(cf), 60)
-        kc = kernel_client(cf)
+        kc = connect(kid, "connection file of %s" % kid, raises=TimeoutError)
         try:
             content, text = run_cell(kc, code, timeout)
         finally:

@@ -110,15 +110,7 @@ def main():
 
 
 def checks(api, daemon_pid):
-    sess = api(
-        "POST",
-        "api/sessions",
-        {"path": "team/train.ipynb", "type": "notebook", "name": "train.ipynb", "kernel": {"name": "python3"}},
-    )
-    kid = sess["kernel"]["id"]
-    cf = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "kernel-%s.json" % kid)
-    hostkit.wait("connection file", lambda: os.path.exists(cf), 60)
-    kc = hostkit.kernel_client(cf)
+    kid, kc = hostkit.start_kernel(api, "team/train.ipynb")
     try:
         kpid, cpid = hostkit.hold_with_child(kc, kid)
     finally:
