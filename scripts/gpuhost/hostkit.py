@@ -1,8 +1,9 @@
 """hostkit.py: what the GPU-host checks share, written once: the PASS/FAIL
 bookkeeping, waits with a deadline, nvidia-smi's queries, a Jupyter server
-on a random port with a token and its REST API, `gpumem serve`, a kernel
-client that waits for its kernel, and the phases `gpumem ls` reports with
-GPUMEM_TIMING=1.
+on a random port with a token and its REST API, `gpumem serve`, a
+notebook's kernel and a client that waits for it, a cell's output, the
+kernel holding CUDA memory with a child of its own session, and the phases
+`gpumem ls` reports with GPUMEM_TIMING=1.
 
 Standard library only (jupyter_client is imported where a kernel is
 reached): the scripts run on a GPU host with no network. They import it by
