@@ -81,14 +81,14 @@ cleanup() {
 trap cleanup EXIT
 
 
-# --- static checks (gofmt, staticcheck, ruff check and ruff format) and the injected Python's unit tests ---
+# --- static checks (gofmt, staticcheck, ruff check and ruff format), the injected Python's unit tests and the GPU-host scripts' hostkit ---
 unformatted=$(gofmt -l .)
 [ -z "$unformatted" ] || { printf 'gofmt -l lists files that need `gofmt -w`:\n%s\n' "$unformatted"; exit 1; }
 go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 if [ -x .venv/current/bin/ruff ]; then
   .venv/current/bin/ruff check .
   .venv/current/bin/ruff format --check .
-  .venv/current/bin/python -m pytest -q -p no:cacheprovider magics/py/tests
+  .venv/current/bin/python -m pytest -q -p no:cacheprovider magics/py/tests scripts/gpuhost/test_hostkit.py
 elif [ "$mode" = unit ] && [ "${CI:-}" != true ]; then
   echo "no .venv/current (bash scripts/test.sh makes it): ruff and the injected Python's tests not run"
 else

@@ -7,6 +7,7 @@
 
 import type uPlot from 'uplot';
 
+import { el, headedTable } from './dom';
 import { formatBytes, plainTrans, Trans } from './format';
 import { formatDuration } from './model';
 
@@ -135,17 +136,6 @@ export function reportLines(ev: OOMEvent, trans: Trans = plainTrans): string[] {
   return lines;
 }
 
-function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls = '', text = ''): HTMLElementTagNameMap[K] {
-  const e = document.createElement(tag);
-  if (cls) {
-    e.className = cls;
-  }
-  if (text) {
-    e.textContent = text;
-  }
-  return e;
-}
-
 /** The report's DOM (text only: nothing the kernel sent becomes markup). */
 export function reportNode(ev: OOMEvent, trans: Trans = plainTrans): HTMLElement {
   const box = el('div', 'jp-gpumem-report');
@@ -155,13 +145,12 @@ export function reportNode(ev: OOMEvent, trans: Trans = plainTrans): HTMLElement
     box.appendChild(el('div', '', line));
   }
   if (ev.holders.length) {
-    const table = el('table', 'jp-gpumem-table jp-gpumem-holders');
-    table.dataset.gpumem = 'oom-holders';
-    const head = el('tr');
-    for (const h of [trans.__('holder'), trans.__('user'), trans.__('memory'), trans.__('state')]) {
-      head.appendChild(el('th', 'jp-gpumem-cut', h));
-    }
-    table.appendChild(head);
+    const table = headedTable(
+      'jp-gpumem-table jp-gpumem-holders',
+      'oom-holders',
+      [trans.__('holder'), trans.__('user'), trans.__('memory'), trans.__('state')],
+      'jp-gpumem-cut'
+    );
     for (const h of ev.holders) {
       const tr = el('tr');
       const state = h.state === 'idle' && h.idle_seconds ? trans.__('idle %1', formatDuration(h.idle_seconds)) : h.state || '';
@@ -273,13 +262,12 @@ export async function drawSnapshot(
       };
       new UPlot(opts, timelineData(d.timeline) as uPlot.AlignedData, plot);
     }
-    const table = el('table', 'jp-gpumem-table');
-    table.dataset.gpumem = 'snapshot-stacks';
-    const head = el('tr');
-    for (const h of [trans.__('allocated at'), trans.__('memory'), trans.__('blocks')]) {
-      head.appendChild(el('th', 'jp-gpumem-cut', h));
-    }
-    table.appendChild(head);
+    const table = headedTable(
+      'jp-gpumem-table',
+      'snapshot-stacks',
+      [trans.__('allocated at'), trans.__('memory'), trans.__('blocks')],
+      'jp-gpumem-cut'
+    );
     for (const ts of d.top_stacks.slice(0, 10)) {
       const tr = el('tr');
       const st = stacks.get(ts.stack);

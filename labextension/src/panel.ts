@@ -13,6 +13,7 @@ import { Menu, Widget } from '@lumino/widgets';
 import type uPlot from 'uplot';
 
 import { fetchSnapshot, fetchSnapshots, fetchVars, fetchWhy, freeCache, freeChildren, snapshotRawUrl } from './api';
+import { el, headedTable } from './dom';
 import { binaryTicks, formatBytes, formatPercent, formatUtil, levelFor, plainTrans, Trans } from './format';
 import { GPU, Notebook, notebookLabel, plotRange, sparkPath, Stacked, stackNotebooks, State, varRows, WINDOWS } from './model';
 import { drawSnapshot, OOMEvent, reportNode, SnapshotReduction } from './oom';
@@ -48,17 +49,6 @@ function loadUPlot(): Promise<void> {
 
 const PALETTE = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#7f7f7f', '#bcbd22', '#17becf'];
 const SVG = 'http://www.w3.org/2000/svg';
-
-function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls = '', text = ''): HTMLElementTagNameMap[K] {
-  const e = document.createElement(tag);
-  if (cls) {
-    e.className = cls;
-  }
-  if (text) {
-    e.textContent = text;
-  }
-  return e;
-}
 
 interface GPUPlot {
   box: HTMLElement;
@@ -532,13 +522,7 @@ export class GpuPanel extends Widget {
       note.textContent = trans.__('Reading the variables failed: %1', String(e));
       return;
     }
-    const table = el('table', 'jp-gpumem-table');
-    table.dataset.gpumem = 'vars-table';
-    const head = el('tr');
-    for (const h of [trans.__('name'), trans.__('type'), trans.__('device'), trans.__('bytes')]) {
-      head.appendChild(el('th', '', h));
-    }
-    table.appendChild(head);
+    const table = headedTable('jp-gpumem-table', 'vars-table', [trans.__('name'), trans.__('type'), trans.__('device'), trans.__('bytes')]);
     for (const r of rows) {
       const tr = el('tr');
       const name = el('td', r.hidden ? 'jp-gpumem-hidden jp-gpumem-cut' : 'jp-gpumem-cut', r.name);

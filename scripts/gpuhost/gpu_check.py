@@ -43,6 +43,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hostkit import smi_rows  # noqa: E402
+
 GIB = 1 << 30
 MIB = 1 << 20
 RESULTS = []
@@ -257,19 +260,11 @@ def nvml_mib(pid):
     """The driver's figure for pid in MiB (0 when the process has no GPU
     entry), or None without nvidia-smi."""
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
+        rows = smi_rows("--query-compute-apps=pid,used_memory", timeout=20, check=True)
+    except (OSError, subprocess.SubprocessError):  # no nvidia-smi, a timeout, or its error
         return None
     total = 0
-    for line in out.stdout.splitlines():
-        parts = [x.strip() for x in line.split(",")]
+    for parts in rows:
         if len(parts) == 2 and parts[0] == str(pid):
             try:
                 total += int(parts[1])
@@ -339,15 +334,10 @@ def nvml_gpus(pid):
     """How many GPUs the driver lists pid on: each holds a CUDA context of
     its own (JAX opens one on every visible GPU)."""
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
+        rows = smi_rows("--query-compute-apps=pid,gpu_uuid", timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return 1
-    n = sum(1 for line in out.stdout.splitlines() if line.split(",")[0].strip() == str(pid))
+    n = sum(1 for r in rows if r[0] == str(pid))
     return max(n, 1)
 
 

@@ -31,105 +31,45 @@ deadline.
 import json
 import os
 import re
-import secrets
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hostkit import (  # noqa: E402
+    FAILED,
+    Jupyter,
+    compute_apps,
+    gpu_count,
+    hold_with_child,
+    result,
+    run_cell,
+    serve,
+    smi,
+    start_kernel,
+    stop,
+    timing_phases,
+    wait,
+)
 
 BIN = os.environ.get("GPUMEM_BIN", ".gpukit/gpumem")
 OUT = os.environ.get("OUT", "/tmp")
-FAILED = []
-
-
-def result(status, msg):
-    print("%s %s" % (status, msg), flush=True)
-    if status == "FAIL":
-        FAILED.append(msg)
-
-
-def smi():
-    """{pid: MiB} over all GPUs, from smi_by_gpu."""
-    procs = {}
-    for (_, pid), mib in smi_by_gpu().items():
-        procs[pid] = procs.get(pid, 0) + mib
-    return procs
-
-
-def smi_by_gpu():
-    """{(gpu_uuid, pid): MiB} from nvidia-smi --query-compute-apps."""
-    out = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout
-    procs = {}
-    for line in out.strip().splitlines():
-        uuid, pid, mib = [x.strip() for x in line.split(",")]
-        procs[(uuid, int(pid))] = int(mib)
-    return procs
-
-
-def gpu_count():
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
-    return len([line for line in out.splitlines() if line.startswith("GPU ")])
 
 
 def median_ms(xs):
     return statistics.median(xs) * 1e3
 
 
-def wait(what, cond, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise SystemExit("FAIL timed out after %ss waiting for %s" % (timeout, what))
-
-
 def main():
-    port = 18000 + secrets.randbelow(1000)
-    token = secrets.token_hex(16)
     root = os.path.join(os.environ.get("GPUKIT", "/tmp/gpukit"), "work")
     os.makedirs(os.path.join(root, "team"), exist_ok=True)
     with open(os.path.join(root, "team", "train.ipynb"), "w") as f:
         f.write('{"cells":[],"metadata":{},"nbformat":4,"nbformat_minor":5}')
-    server = subprocess.Popen(
-        ["jupyter", "server", "--port=%d" % port, "--ServerApp.token=" + token],
-        stdout=open(os.path.join(OUT, "jupyter.log"), "w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    base = "http://127.0.0.1:%d/" % port
-
-    def api(method, path, body=None):
-        req = urllib.request.Request(
-            base + path,
-            method=method,
-            data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": "token " + token, "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=60) as r:
-            data = r.read()
-            return json.loads(data) if data else None
-
-    def up():
-        try:
-            api("GET", "api/status")
-            return True
-        except Exception:
-            return False
-
-    wait("jupyter server", up, 60)
-    daemon = subprocess.Popen(
-        [BIN, "serve", "--log-format=json", "--interval=1s"],
-        stderr=open(os.path.join(OUT, "gpumem-serve.log"), "w"),
-        start_new_session=True,
-    )
+    server = Jupyter(os.path.join(OUT, "jupyter.log"))
+    api = server.api
+    wait("jupyter server", server.up, 60)
+    daemon = serve(BIN, os.path.join(OUT, "gpumem-serve.log"), "--interval=1s")
     try:
         run(api, root)
         if gpu_count() >= 2:
@@ -137,58 +77,12 @@ def main():
         else:
             result("INFO", "two-GPU check not run: this host has %d GPU" % gpu_count())
     finally:
-        daemon.terminate()
-        server.terminate()
-        for p in (daemon, server):
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(daemon, server.proc)
 
 
 def run(api, root):
-    from jupyter_client import BlockingKernelClient
-
-    sess = api(
-        "POST",
-        "api/sessions",
-        {"path": "team/train.ipynb", "type": "notebook", "name": "train.ipynb", "kernel": {"name": "python3"}},
-    )
-    kid = sess["kernel"]["id"]
-    cf = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "kernel-%s.json" % kid)
-    wait("connection file", lambda: os.path.exists(cf), 60)
-    kc = BlockingKernelClient(connection_file=cf)
-    kc.load_connection_file()
-    kc.start_channels()
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            kc.wait_for_ready(timeout=10)
-            break
-        except RuntimeError:
-            if time.monotonic() > deadline:
-                raise
-            kc.stop_channels()
-            kc = BlockingKernelClient(connection_file=cf)
-            kc.load_connection_file()
-            kc.start_channels()
-    out = []
-    code = r"""
-import os, subprocess, sys, torch
-x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda"); torch.cuda.synchronize()
-_child = subprocess.Popen([sys.executable, "-c",
-    "import torch, time; y = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize(); print('ready', flush=True); time.sleep(600)"],
-    start_new_session=True, stdout=subprocess.PIPE, text=True)
-assert _child.stdout.readline().strip() == "ready"
-print(os.getpid(), _child.pid)
-"""
-    r = kc.execute_interactive(
-        code, timeout=180, output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None
-    )
-    if r["content"]["status"] != "ok":
-        raise SystemExit("FAIL kernel code: %s" % r["content"])
-    kpid, cpid = [int(v) for v in "".join(out).split()]
-    result("INFO", "kernel %s pid %d holds a 2 GiB tensor; child pid %d (own session) holds 1 GiB" % (kid, kpid, cpid))
+    kid, kc = start_kernel(api, "team/train.ipynb")
+    kpid, cpid = hold_with_child(kc, kid)
     s = wait("nvidia-smi lists both pids", lambda: (lambda p: p if kpid in p and cpid in p else None)(smi()), 60)
     result("INFO", "nvidia-smi --query-compute-apps: %s" % {p: "%d MiB" % m for p, m in s.items()})
 
@@ -259,7 +153,7 @@ print(os.getpid(), _child.pid)
     # `gpumem free` from the command line, through the daemon: the kernel
     # deletes its tensor itself (torch keeps the 2 GiB cached), then an admin
     # frees the cache without touching any variable.
-    r = kc.execute_interactive("del x", timeout=60)
+    kc.execute_interactive("del x", timeout=60)
     before = smi().get(kpid)
     fr = subprocess.run([BIN, "free", kid], capture_output=True, text=True, timeout=120)
     print("---- gpumem free %s\n%s%s----" % (kid, fr.stdout, fr.stderr), flush=True)
@@ -274,7 +168,6 @@ print(os.getpid(), _child.pid)
     # %gpumem free in the notebook: the driver's figure it reports after
     # freeing is read then (through the daemon, on demand), not the last
     # sample's.
-    out.clear()
     code = r"""
 import re, torch
 x2 = torch.empty(3 << 30, dtype=torch.uint8, device="cuda"); torch.cuda.synchronize()
@@ -284,13 +177,10 @@ with capture_output() as _c:
 _t = "\n".join(o.data.get("text/plain", "") for o in _c.outputs)
 print(_t)
 """
-    r = kc.execute_interactive(
-        code, timeout=180, output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None
-    )
-    text = "".join(out)
+    content, text = run_cell(kc, code, 180)
     print("---- %%gpumem free x2 (in the notebook)\n%s----" % text, flush=True)
     m = re.search(r"driver \(NVML\): ([\d.]+) (\w+) -> ([\d.]+) (\w+) for this kernel", text)
-    if r["content"]["status"] != "ok" or not m:
+    if content["status"] != "ok" or not m:
         result("FAIL", "%gpumem free x2: no driver line in the report")
     else:
         unit = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
@@ -356,11 +246,7 @@ def phase_breakdown(env, rep):
             r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=e)
             t[name].append(time.perf_counter() - t0)
             if name == "ls_timed":
-                for line in r.stderr.splitlines():
-                    if line.startswith("gpumem timing:"):
-                        for kv in line.split(":", 1)[1].split():
-                            k, v = kv.split("=")
-                            phases.setdefault(k, []).append(float(v[: -len("ms")]))
+                timing_phases(r.stderr, phases)
     result(
         "INFO",
         "ls phases (medians of 30, ms): exec wall %.1f = process start+exit ~%.1f (gpumem version) + in-process total %.1f; "
@@ -384,8 +270,6 @@ def two_gpus(api, root):
     """A kernel on GPU 0, one on GPU 1 and one on both: gpumem's per-GPU
     figures for each notebook equal nvidia-smi's, GPU by GPU, standalone and
     through the daemon."""
-    from jupyter_client import BlockingKernelClient
-
     layouts = {
         "gpu0.ipynb": {0: 1 << 30},
         "gpu1.ipynb": {1: 3 << 29},
@@ -395,42 +279,20 @@ def two_gpus(api, root):
     for name, per_gpu in layouts.items():
         with open(os.path.join(root, "team", name), "w") as f:
             f.write('{"cells":[],"metadata":{},"nbformat":4,"nbformat_minor":5}')
-        sess = api(
-            "POST", "api/sessions", {"path": "team/" + name, "type": "notebook", "name": name, "kernel": {"name": "python3"}}
-        )
-        kid = sess["kernel"]["id"]
-        cf = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "kernel-%s.json" % kid)
-        wait("connection file of " + name, lambda cf=cf: os.path.exists(cf), 60)
-        deadline = time.monotonic() + 90
-        while True:
-            kc = BlockingKernelClient(connection_file=cf)
-            kc.load_connection_file()
-            kc.start_channels()
-            try:
-                kc.wait_for_ready(timeout=10)
-                break
-            except RuntimeError:  # "Kernel died" while its heartbeat is not up yet
-                kc.stop_channels()
-                if time.monotonic() > deadline:
-                    raise
+        kid, kc = start_kernel(api, "team/" + name, "connection file of " + name)
         code = "import os, torch\n_t = [%s]\nfor _x in _t: torch.cuda.synchronize(_x.device)\nprint(os.getpid())" % ", ".join(
             'torch.empty(%d, dtype=torch.uint8, device="cuda:%d")' % (n, i) for i, n in per_gpu.items()
         )
-        out = []
-        r = kc.execute_interactive(
-            code,
-            timeout=180,
-            output_hook=lambda m, out=out: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
-        )
-        if r["content"]["status"] != "ok":
-            result("FAIL", "two GPUs: kernel code for %s: %s" % (name, r["content"]))
+        content, text = run_cell(kc, code, 180)
+        if content["status"] != "ok":
+            result("FAIL", "two GPUs: kernel code for %s: %s" % (name, content))
             return
-        kernels[kid] = (name, int("".join(out).split()[0]), sorted(per_gpu))
+        kernels[kid] = (name, int(text.split()[0]), sorted(per_gpu))
         kc.stop_channels()
     result("INFO", "two GPUs: kernels %s" % {n: "pid %d on GPU %s" % (p, g) for n, p, g in kernels.values()})
     wait(
         "nvidia-smi lists every kernel on its GPUs",
-        lambda: (lambda s: all(any(pid == p for (_, p) in s) for (_, pid, _) in kernels.values()))(smi_by_gpu()),
+        lambda: (lambda s: all(any(pid == p for (_, p) in s) for (_, pid, _) in kernels.values()))(compute_apps()),
         60,
     )
 
@@ -438,7 +300,7 @@ def two_gpus(api, root):
         def attempt():
             ls = subprocess.run([BIN, "ls", "--json"], capture_output=True, text=True, timeout=60, env=env)
             rep = json.loads(ls.stdout)
-            s = smi_by_gpu()
+            s = compute_apps()
             uuid_of = {g["index"]: g["uuid"] for g in rep["gpus"]}
             lines = []
             for kid, (name, _pid, gpus_used) in kernels.items():

@@ -36,11 +36,10 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hostkit import result, timing_phases  # noqa: E402
+
 SMI = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv"]
-
-
-def info(msg):
-    print("INFO " + msg, flush=True)
 
 
 def processes():
@@ -73,7 +72,7 @@ def report(label, times):
     for name, xs in times.items():
         parts.append("%s median %.1f ms (min %.1f)" % (name, statistics.median(xs), min(xs)))
     ratios = ["%s %.2f" % (name, statistics.median(xs) / smi) for name, xs in times.items() if name != "nvidia-smi"]
-    info("%s: %s; ratio to nvidia-smi: %s" % (label, ", ".join(parts), ", ".join(ratios)))
+    result("INFO", "%s: %s; ratio to nvidia-smi: %s" % (label, ", ".join(parts), ", ".join(ratios)))
     return statistics.median(times["gpumem ls"]) / smi
 
 
@@ -156,9 +155,10 @@ def main():
     try:
         holder = start_cuda_holder(a.python)
         gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout.strip().splitlines()
-        info(
+        result(
+            "INFO",
             "%d GPU(s): %s; CUDA process %s; %d processes on the host"
-            % (len(gpus), "; ".join(gpus), holder.pid if holder else "none (no torch)", processes())
+            % (len(gpus), "; ".join(gpus), holder.pid if holder else "none (no torch)", processes()),
         )
         before = report("%d processes" % processes(), alternate(tools, a.runs))
 
@@ -170,24 +170,18 @@ def main():
         tenv = dict(env, GPUMEM_TIMING="1")
         for _ in range(a.runs):
             _, r = timed([a.gpumem, "ls", "--json"], tenv)
-            for line in r.stderr.splitlines():
-                if line.startswith("gpumem timing:"):
-                    for kv in line.split(":", 1)[1].split():
-                        k, v = kv.split("=")
-                        phases.setdefault(k, []).append(float(v[: -len("ms")]))
-        info(
+            timing_phases(r.stderr, phases)
+        result(
+            "INFO",
             "gpumem ls in-process phases with %d processes (medians, ms; nvml_* run beside discover): %s"
-            % (n, " ".join("%s=%.2f" % (k, statistics.median(v)) for k, v in phases.items()))
+            % (n, " ".join("%s=%.2f" % (k, statistics.median(v)) for k, v in phases.items())),
         )
-        info("ratio to nvidia-smi: %.2f before the sleepers, %.2f with %d" % (before, after, a.sleepers))
+        result("INFO", "ratio to nvidia-smi: %.2f before the sleepers, %.2f with %d" % (before, after, a.sleepers))
     finally:
         end(sleepers)
         end(holder)
     ok = after <= 1.0
-    print(
-        "%s gpumem ls %.2f x nvidia-smi with %d sleepers (target <= 1.0)" % ("PASS" if ok else "FAIL", after, a.sleepers),
-        flush=True,
-    )
+    result("PASS" if ok else "FAIL", "gpumem ls %.2f x nvidia-smi with %d sleepers (target <= 1.0)" % (after, a.sleepers))
     return 0 if ok else 1
 
 

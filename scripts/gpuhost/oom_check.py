@@ -32,47 +32,16 @@ import argparse
 import json
 import os
 import re
-import secrets
 import subprocess
 import sys
 import time
-import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hostkit import FAILED, Jupyter, result, serve, smi, smi_rows, start_kernel, stop, wait  # noqa: E402
 
 BIN = os.environ.get("GPUMEM_BIN", ".gpukit/gpumem")
 OUT = os.environ.get("OUT", "/tmp")
 MIME = "application/vnd.gpumem.v1+json"
-FAILED = []
-
-
-def result(status, msg):
-    print("%s %s" % (status, msg), flush=True)
-    if status == "FAIL":
-        FAILED.append(msg)
-
-
-def wait(what, cond, timeout, every=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(every)
-    raise SystemExit("FAIL timed out after %ss waiting for %s" % (timeout, what))
-
-
-def smi():
-    """{pid: MiB} from nvidia-smi --query-compute-apps (all GPUs)."""
-    out = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout
-    procs = {}
-    for line in out.strip().splitlines():
-        pid, mib = [x.strip() for x in line.split(",")]
-        procs[int(pid)] = procs.get(int(pid), 0) + int(mib)
-    return procs
 
 
 class Kernel:
@@ -80,29 +49,7 @@ class Kernel:
     with its arrival time."""
 
     def __init__(self, api, path):
-        from jupyter_client import BlockingKernelClient
-
-        sess = api(
-            "POST",
-            "api/sessions",
-            {"path": path, "type": "notebook", "name": os.path.basename(path), "kernel": {"name": "python3"}},
-        )
-        self.id = sess["kernel"]["id"]
-        cf = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "kernel-%s.json" % self.id)
-        wait("connection file of " + path, lambda: os.path.exists(cf), 60)
-        deadline = time.monotonic() + 90
-        while True:
-            kc = BlockingKernelClient(connection_file=cf)
-            kc.load_connection_file()
-            kc.start_channels()
-            try:
-                kc.wait_for_ready(timeout=10)
-                break
-            except RuntimeError:
-                kc.stop_channels()
-                if time.monotonic() > deadline:
-                    raise
-        self.kc = kc
+        self.id, self.kc = start_kernel(api, path, "connection file of " + path)
         self.pid = int(self.run("import os; print(os.getpid())")[1].strip())
 
     def run(self, code, timeout=300):
@@ -135,57 +82,21 @@ def main():
     ap.add_argument("--hold-gib", type=int, default=100)
     ap.add_argument("--steps", type=int, default=60)
     a = ap.parse_args()
-    port = 18000 + secrets.randbelow(1000)
-    token = secrets.token_hex(16)
     root = os.path.join(os.environ.get("GPUKIT", "/tmp/gpukit"), "work")
     os.makedirs(os.path.join(root, "team"), exist_ok=True)
     for nb in ("hold", "train", "rec"):
         with open(os.path.join(root, "team", nb + ".ipynb"), "w") as f:
             f.write('{"cells":[],"metadata":{},"nbformat":4,"nbformat_minor":5}')
-    server = subprocess.Popen(
-        ["jupyter", "server", "--allow-root", "--port=%d" % port, "--ServerApp.token=" + token],
-        stdout=open(os.path.join(OUT, "oom-jupyter.log"), "w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    base = "http://127.0.0.1:%d/" % port
-
-    def api(method, path, body=None):
-        req = urllib.request.Request(
-            base + path,
-            method=method,
-            data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": "token " + token, "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=60) as r:
-            data = r.read()
-            return json.loads(data) if data else None
-
-    def up():
-        try:
-            api("GET", "api/status")
-            return True
-        except Exception:
-            return False
-
-    wait("jupyter server", up, 60)
-    daemon = subprocess.Popen(
-        [BIN, "serve", "--log-format=json", "--interval=1s", "--no-notebook-alerts"],
-        stderr=open(os.path.join(OUT, "oom-gpumem-serve.log"), "w"),
-        start_new_session=True,
-    )
+    server = Jupyter(os.path.join(OUT, "oom-jupyter.log"), ["--allow-root"])
+    api = server.api
+    wait("jupyter server", server.up, 60)
+    daemon = serve(BIN, os.path.join(OUT, "oom-gpumem-serve.log"), "--interval=1s", "--no-notebook-alerts")
     try:
         report_and_advice(api, root, a.hold_gib)
         recording(api)
         recording_cost(a.steps)
     finally:
-        daemon.terminate()
-        server.terminate()
-        for p in (daemon, server):
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(daemon, server.proc)
     print("%d check(s) failed" % len(FAILED) if FAILED else "all checks passed", flush=True)
     sys.exit(1 if FAILED else 0)
 
@@ -226,14 +137,7 @@ def report_and_advice(api, root, hold_gib):
         return rep and rep.get("gpu_memory_bytes") == want_mib << 20
 
     wait("the daemon's sample of hold.ipynb = nvidia-smi", sampled, 30, every=0.2)
-    free = int(
-        subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", "0"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout.split()[0]
-    )
+    free = int(smi_rows("--query-gpu=memory.free", "-i", "0")[0][0])
     ask = (free >> 10) + 8  # GiB: more than is left
     cell = "import torch\ny = torch.empty(%d << 30, dtype=torch.uint8, device='cuda')" % ask
     st, _ = train.run(cell)
@@ -288,6 +192,17 @@ def report_and_advice(api, root, hold_gib):
     result("PASS" if any(e["seq"] == ev["seq"] for e in evs.get("events", [])) else "FAIL", "the event is in GET /api/v1/oom")
 
 
+def reduced(what, kernel, sid):
+    """Snapshot sid of kernel as the daemon has it once no longer reducing
+    (at most 120 s)."""
+
+    def done():
+        _, r = daemon_get("/api/v1/kernels/%s/snapshots/%s" % (kernel.id, sid))
+        return r if r and r["snapshot"]["status"] != "reducing" else None
+
+    return wait(what, done, 120, every=0.2)
+
+
 def recording(api):
     rec = Kernel(api, "team/rec.ipynb")
     wait("magics in rec.ipynb", rec.magic_ready, 60, every=0.5)
@@ -315,14 +230,7 @@ def recording(api):
     if not sid:
         result("FAIL", "the snapshot was not handed to gpumem serve: %s" % snap)
         return
-    info = wait(
-        "the reduction",
-        lambda: (lambda r: r if r and r["snapshot"]["status"] != "reducing" else None)(
-            daemon_get("/api/v1/kernels/%s/snapshots/%s" % (rec.id, sid))[1]
-        ),
-        120,
-        every=0.2,
-    )
+    info = reduced("the reduction", rec, sid)
     red = info.get("reduction") or {}
     result(
         "PASS" if red else "FAIL",
@@ -372,14 +280,7 @@ def recording(api):
     )
     if oomsnap and (oomsnap[0].get("daemon") or {}).get("id"):
         sid2 = oomsnap[0]["daemon"]["id"]
-        info = wait(
-            "the reduction of the snapshot after the error",
-            lambda: (lambda r: r if r and r["snapshot"]["status"] != "reducing" else None)(
-                daemon_get("/api/v1/kernels/%s/snapshots/%s" % (rec.id, sid2))[1]
-            ),
-            120,
-            every=0.2,
-        )
+        info = reduced("the reduction of the snapshot after the error", rec, sid2)
         ooms = ((info.get("reduction") or {}).get("devices") or [{}])[0].get("ooms", [])
         result(
             "PASS" if ooms and ooms[-1]["requested_bytes"] >= 1 << 50 else "FAIL",

@@ -30,36 +30,24 @@ deadline. Logs go to $OUT (default /tmp).
 """
 
 import ctypes
+import functools
 import json
 import os
-import secrets
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hostkit  # noqa: E402
+from hostkit import FAILED, connect, result, run_cell, smi_rows  # noqa: E402
 
 BIN = os.environ.get("GPUMEM_BIN", ".gpukit/gpumem")
 DRIVER_TEST = os.environ.get("GPUMEM_DRIVER_TEST", "")
 OUT = os.environ.get("OUT", "/tmp")
 TRAIN_SECONDS = int(os.environ.get("TRAIN_SECONDS", "90"))
-FAILED = []
-
-
-def result(status, msg):
-    print("%s %s" % (status, msg), flush=True)
-    if status == "FAIL":
-        FAILED.append(msg)
-
-
-def wait(what, cond, timeout, every=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(every)
-    raise TimeoutError("timed out after %ss waiting for %s" % (timeout, what))
+# A wait that times out is a failed check, the part goes on.
+wait = functools.partial(hostkit.wait, every=0.2, raises=TimeoutError)
 
 
 def alive(pid):
@@ -71,10 +59,7 @@ def alive(pid):
 
 
 def smi_pids():
-    out = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
-    ).stdout
-    return {int(x) for x in out.split()}
+    return {int(pid) for (pid,) in smi_rows("--query-compute-apps=pid")}
 
 
 def pmon():
@@ -93,37 +78,11 @@ def pmon():
     return got
 
 
-class Jupyter:
+class Jupyter(hostkit.Jupyter):
     def __init__(self, root):
-        self.port = 18000 + secrets.randbelow(1000)
-        self.token = secrets.token_hex(16)
-        self.base = "http://127.0.0.1:%d/" % self.port
+        super().__init__(os.path.join(OUT, "util-jupyter.log"), ["--ServerApp.root_dir=" + root])
         self.root = root
-        self.proc = subprocess.Popen(
-            ["jupyter", "server", "--port=%d" % self.port, "--ServerApp.token=" + self.token, "--ServerApp.root_dir=" + root],
-            stdout=open(os.path.join(OUT, "util-jupyter.log"), "w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
         wait("jupyter server", self.up, 90)
-
-    def api(self, method, path, body=None):
-        req = urllib.request.Request(
-            self.base + path,
-            method=method,
-            data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": "token " + self.token, "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=60) as r:
-            data = r.read()
-            return json.loads(data) if data else None
-
-    def up(self):
-        try:
-            self.api("GET", "api/status")
-            return True
-        except Exception:
-            return False
 
     def session(self, name):
         with open(os.path.join(self.root, name), "w") as f:
@@ -136,49 +95,20 @@ class Jupyter:
 
     def run(self, kid, code, timeout=300):
         """Runs code in kernel kid; returns what it printed."""
-        from jupyter_client import BlockingKernelClient
-
-        cf = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "kernel-%s.json" % kid)
-        wait("connection file of %s" % kid, lambda: os.path.exists(cf), 60)
-        deadline = time.monotonic() + 90
-        while True:
-            kc = BlockingKernelClient(connection_file=cf)
-            kc.load_connection_file()
-            kc.start_channels()
-            try:
-                kc.wait_for_ready(timeout=10)
-                break
-            except RuntimeError:
-                kc.stop_channels()
-                if time.monotonic() > deadline:
-                    raise
-        out = []
+        kc = connect(kid, "connection file of %s" % kid, raises=TimeoutError)
         try:
-            r = kc.execute_interactive(
-                code,
-                timeout=timeout,
-                output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
-            )
+            content, text = run_cell(kc, code, timeout)
         finally:
             kc.stop_channels()
-        if r["content"]["status"] != "ok":
-            raise RuntimeError("kernel %s: %s" % (kid, r["content"]))
-        return "".join(out)
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        if content["status"] != "ok":
+            raise RuntimeError("kernel %s: %s" % (kid, content))
+        return text
 
 
 class Serve:
     def __init__(self, name, *args):
         self.log = os.path.join(OUT, "util-serve-%s.log" % name)
-        self.proc = subprocess.Popen(
-            [BIN, "serve", "--log-format=json", *args], stderr=open(self.log, "w"), start_new_session=True
-        )
+        self.proc = hostkit.serve(BIN, self.log, *args)
         sock = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "gpumem.sock")
         wait("gpumem serve's socket", lambda: os.path.exists(sock) and self.report() is not None, 30)
 
@@ -202,11 +132,7 @@ class Serve:
         return found
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        hostkit.stop(self.proc)
 
 
 TRAIN = r"""

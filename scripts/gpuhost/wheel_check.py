@@ -21,16 +21,12 @@ deadline.
 
 import json
 import os
-import secrets
 import shutil
-import signal
-import subprocess
 import sys
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpu_host_check as g  # noqa: E402  (its nvidia-smi readers, result and wait)
+import hostkit  # noqa: E402
 
 P = os.environ.get("GPUMEM_WHEEL_PREFIX", "/tmp/gpumem-wheel")
 OUT = os.environ.get("OUT", "/tmp/gpumem-wheel-out")
@@ -62,136 +58,64 @@ def gpumem_processes():
 
 def main():
     binary = shutil.which("gpumem")
-    g.result("PASS" if binary and binary.startswith(P) else "FAIL", "gpumem on PATH is the wheel's: %s" % binary)
+    hostkit.result("PASS" if binary and binary.startswith(P) else "FAIL", "gpumem on PATH is the wheel's: %s" % binary)
     before = gpumem_processes()
-    g.result("PASS" if not before else "FAIL", "no gpumem serve runs before the server starts (%s)" % before)
+    hostkit.result("PASS" if not before else "FAIL", "no gpumem serve runs before the server starts (%s)" % before)
 
-    port = 18000 + secrets.randbelow(1000)
-    token = secrets.token_hex(16)
     root = os.path.join(P, "work")
     os.makedirs(os.path.join(root, "team"), exist_ok=True)
     with open(os.path.join(root, "team", "train.ipynb"), "w") as f:
         f.write('{"cells":[],"metadata":{},"nbformat":4,"nbformat_minor":5}')
-    log = open(os.path.join(OUT, "jupyter.log"), "w")
     t_launch = time.monotonic()
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter_server",
-            "--no-browser",
-            "--allow-root",
-            "--ip=127.0.0.1",
-            "--port=%d" % port,
-            "--IdentityProvider.token=" + token,
-            "--ServerApp.root_dir=" + root,
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    server = hostkit.Jupyter(
+        os.path.join(OUT, "jupyter.log"),
+        ["--ServerApp.root_dir=" + root],
+        cmd=(sys.executable, "-m", "jupyter_server", "--no-browser", "--allow-root", "--ip=127.0.0.1"),
+        token_option="--IdentityProvider.token",
     )
-    base = "http://127.0.0.1:%d/" % port
-
-    def api(method, path, body=None):
-        req = urllib.request.Request(
-            base + path,
-            method=method,
-            data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": "token " + token, "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=60) as r:
-            data = r.read()
-            return json.loads(data) if data else None
-
-    def up():
-        try:
-            return api("GET", "api/status")
-        except Exception:
-            return None
+    api = server.api
 
     try:
-        g.wait("jupyter server", up, 60)
+        hostkit.wait("jupyter server", server.up, 60)
         t_up = time.monotonic() - t_launch
 
         def started():
             d = (api("GET", "gpumem/api/v1/state") or {}).get("daemon") or {}
             return d if d.get("case") == "started" else None
 
-        d = g.wait("the extension to start gpumem serve", started, 30)
-        g.result(
+        d = hostkit.wait("the extension to start gpumem serve", started, 30)
+        hostkit.result(
             "PASS",
             "the extension started the daemon by itself %.1f s after launch (server up at %.1f s): %s"
             % (time.monotonic() - t_launch, t_up, d["text"]),
         )
         procs = gpumem_processes()
-        ok = list(procs) == [d["pid"]] and ("--exit-with-parent=%d" % server.pid) in procs[d["pid"]]
-        g.result("PASS" if ok else "FAIL", "one gpumem serve, this server's child: %s" % procs)
+        ok = list(procs) == [d["pid"]] and ("--exit-with-parent=%d" % server.proc.pid) in procs[d["pid"]]
+        hostkit.result("PASS" if ok else "FAIL", "one gpumem serve, this server's child: %s" % procs)
         checks(api, d["pid"])
     except SystemExit as e:  # a wait that timed out, or the kernel's code failed: the stop is still checked
-        g.result("FAIL", str(e).removeprefix("FAIL "))
+        hostkit.result("FAIL", str(e).removeprefix("FAIL "))
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        server.stop(timeout=60)
     t_stop = time.monotonic()
     try:
-        g.wait("no gpumem process left after the server stopped", lambda: not gpumem_processes(), 30)
-        g.result("PASS", "no gpumem process %.1f s after the server exited" % (time.monotonic() - t_stop))
+        hostkit.wait("no gpumem process left after the server stopped", lambda: not gpumem_processes(), 30)
+        hostkit.result("PASS", "no gpumem process %.1f s after the server exited" % (time.monotonic() - t_stop))
     except SystemExit as e:
-        g.result("FAIL", "%s: %s" % (e, gpumem_processes()))
-    if g.FAILED:
-        print("FAILED: %d check(s)" % len(g.FAILED))
+        hostkit.result("FAIL", "%s: %s" % (e, gpumem_processes()))
+    if hostkit.FAILED:
+        print("FAILED: %d check(s)" % len(hostkit.FAILED))
         sys.exit(1)
     print("all checks passed")
 
 
 def checks(api, daemon_pid):
-    from jupyter_client import BlockingKernelClient
-
-    sess = api(
-        "POST",
-        "api/sessions",
-        {"path": "team/train.ipynb", "type": "notebook", "name": "train.ipynb", "kernel": {"name": "python3"}},
-    )
-    kid = sess["kernel"]["id"]
-    cf = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "kernel-%s.json" % kid)
-    g.wait("connection file", lambda: os.path.exists(cf), 60)
-    kc = BlockingKernelClient(connection_file=cf)
-    kc.load_connection_file()
-    kc.start_channels()
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            kc.wait_for_ready(timeout=10)
-            break
-        except RuntimeError:  # a fresh kernel's heartbeat is not up yet: try again
-            if time.monotonic() > deadline:
-                raise
-            kc.stop_channels()
-            kc = BlockingKernelClient(connection_file=cf)
-            kc.load_connection_file()
-            kc.start_channels()
-    out = []
-    code = r"""
-import os, subprocess, sys, torch
-x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda"); torch.cuda.synchronize()
-_child = subprocess.Popen([sys.executable, "-c",
-    "import torch, time; y = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize(); print('ready', flush=True); time.sleep(600)"],
-    start_new_session=True, stdout=subprocess.PIPE, text=True)
-assert _child.stdout.readline().strip() == "ready"
-print(os.getpid(), _child.pid)
-"""
-    r = kc.execute_interactive(
-        code, timeout=180, output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None
-    )
-    kc.stop_channels()
-    if r["content"]["status"] != "ok":
-        raise SystemExit("FAIL kernel code: %s" % r["content"])
-    kpid, cpid = [int(v) for v in "".join(out).split()]
-    g.result("INFO", "kernel %s pid %d holds a 2 GiB tensor; child pid %d (own session) holds 1 GiB" % (kid, kpid, cpid))
-    g.wait("nvidia-smi lists both pids", lambda: (lambda p: p if kpid in p and cpid in p else None)(g.smi()), 60)
+    kid, kc = hostkit.start_kernel(api, "team/train.ipynb")
+    try:
+        kpid, cpid = hostkit.hold_with_child(kc, kid)
+    finally:
+        kc.stop_channels()
+    hostkit.wait("nvidia-smi lists both pids", lambda: (lambda p: p if kpid in p and cpid in p else None)(hostkit.smi()), 60)
 
     def notebook():
         st = api("GET", "gpumem/api/v1/state")
@@ -199,32 +123,34 @@ print(os.getpid(), _child.pid)
         if nbs and cpid in nbs[0].get("pids", []):
             return st, nbs[0]
 
-    st, nb = g.wait("the extension's state to show the notebook with its child", notebook, 30)
+    st, nb = hostkit.wait("the extension's state to show the notebook with its child", notebook, 30)
     print("---- GET gpumem/api/v1/state: the notebook\n" + json.dumps(nb, indent=1) + "\n----", flush=True)
-    s = g.smi()
-    g.result("PASS" if nb["path"] == "team/train.ipynb" else "FAIL", "notebook path %r (want 'team/train.ipynb')" % nb["path"])
+    s = hostkit.smi()
+    hostkit.result(
+        "PASS" if nb["path"] == "team/train.ipynb" else "FAIL", "notebook path %r (want 'team/train.ipynb')" % nb["path"]
+    )
     per_pid = {p["pid"]: sum(x["bytes"] for x in p["per_gpu"]) for p in nb["processes"]}
     for pid in (kpid, cpid):
         got, want = per_pid.get(pid), s.get(pid)
         ok = got is not None and want is not None and got == want * MiB
-        g.result("PASS" if ok else "FAIL", "extension: pid %d %s bytes = nvidia-smi %s MiB" % (pid, got, want))
+        hostkit.result("PASS" if ok else "FAIL", "extension: pid %d %s bytes = nvidia-smi %s MiB" % (pid, got, want))
     total = (s[kpid] + s[cpid]) * MiB
-    g.result(
+    hostkit.result(
         "PASS" if nb["gpu_memory_bytes"] == total else "FAIL",
         "extension: notebook total %d bytes = kernel + child per nvidia-smi (%d MiB)"
         % (nb["gpu_memory_bytes"], s[kpid] + s[cpid]),
     )
     sim = any(gpu.get("simulated") for gpu in st["gpus"])
-    g.result(
+    hostkit.result(
         "PASS" if st["gpus"] and not sim else "FAIL", "the real GPU, not simulated: %s" % [gpu["name"] for gpu in st["gpus"]]
     )
 
     last = st.get("last_event", 0)
     t0 = time.monotonic()
     api("POST", "api/kernels/%s/restart" % kid)
-    g.wait("NVML drops the orphan", lambda: cpid not in g.smi(), 30)
+    hostkit.wait("NVML drops the orphan", lambda: cpid not in hostkit.smi(), 30)
     el = time.monotonic() - t0
-    g.result(
+    hostkit.result(
         # Reclaim watches an orphan for --reclaim-grace (5 s) before it
         # judges whether it computes; then SIGTERM and NVML's next listing.
         "PASS" if el < 8 else "FAIL",
@@ -236,10 +162,10 @@ print(os.getpid(), _child.pid)
         evs = api("GET", "gpumem/api/v1/state?events_after=%d" % last).get("events") or []
         return [e for e in evs if e.get("kind") == "reclaim" and e.get("kernel_id") == kid]
 
-    evs = g.wait("the reclaim event in the extension's state", reclaimed, 15)
-    g.result("PASS", "the extension's state reports it: %s" % evs)
+    evs = hostkit.wait("the reclaim event in the extension's state", reclaimed, 15)
+    hostkit.result("PASS", "the extension's state reports it: %s" % evs)
     d = api("GET", "gpumem/api/v1/state").get("daemon") or {}
-    g.result(
+    hostkit.result(
         "PASS" if d.get("pid") == daemon_pid else "FAIL",
         "the same daemon throughout (pid %s, was %d)" % (d.get("pid"), daemon_pid),
     )

@@ -35,76 +35,36 @@ Prints PASS/FAIL/INFO lines and exits 1 if any check failed. Every wait has
 a deadline. Outputs (daemon and kernel logs) go to $OUT (default /tmp).
 """
 
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hostkit  # noqa: E402
+from hostkit import FAILED, check, compute_apps, gpu_count, kernel_client, result, run_cell, serve, smi_rows, stop  # noqa: E402
 
 BIN = os.environ.get("GPUMEM_BIN", ".gpukit/gpumem")
 OUT = os.environ.get("OUT", "/tmp")
 PY = os.environ.get("GPUKIT_PYTHON", sys.executable)
 RUNTIME = os.environ.get("JUPYTER_RUNTIME_DIR") or tempfile.mkdtemp(prefix="why-runtime-")
 MIB, GIB = 1 << 20, 1 << 30
-FAILED = []
-
-
-def result(status, msg):
-    print("%s %s" % (status, msg), flush=True)
-    if status == "FAIL":
-        FAILED.append(msg)
-
-
-def check(ok, msg):
-    result("PASS" if ok else "FAIL", msg)
-    return ok
-
-
-def wait(what, cond, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.1)
-    raise RuntimeError("timed out after %ss waiting for %s" % (timeout, what))
+# A wait that times out fails its step (main reports it), the next still runs.
+wait = functools.partial(hostkit.wait, every=0.1, raises=RuntimeError)
 
 
 def smi():
     """{(gpu index, pid): bytes} from nvidia-smi."""
-    idx = {}
-    for line in subprocess.run(
-        ["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
-    ).stdout.splitlines():
-        i, u = [x.strip() for x in line.split(",")]
-        idx[u] = int(i)
-    out = {}
-    for line in subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout.splitlines():
-        u, pid, mib = [x.strip() for x in line.split(",")]
-        out[(idx.get(u, -1), int(pid))] = int(mib) * MIB
-    return out
+    idx = {u: int(i) for i, u in smi_rows("--query-gpu=index,uuid")}
+    return {(idx.get(u, -1), pid): mib * MIB for (u, pid), mib in compute_apps().items()}
 
 
 def smi_pids(pids):
     return sum(b for (_g, p), b in smi().items() if p in pids)
-
-
-def gpu_count():
-    return len(
-        [
-            x
-            for x in subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout.splitlines()
-            if x.startswith("GPU ")
-        ]
-    )
 
 
 def gpumem(*args, timeout=180):
@@ -121,8 +81,6 @@ class Kernel(object):
     jupyter_client as a notebook's frontend would."""
 
     def __init__(self, name, env=None):
-        from jupyter_client import BlockingKernelClient
-
         self.id = str(uuid.uuid4())
         self.cf = os.path.join(RUNTIME, "kernel-%s.json" % self.id)
         self.log = open(os.path.join(OUT, "kernel-%s.log" % name), "w")
@@ -135,18 +93,7 @@ class Kernel(object):
         )
         self.pid = self.proc.pid
         wait("kernel %s's connection file" % name, lambda: os.path.exists(self.cf) and os.path.getsize(self.cf) > 0, 60)
-        deadline = time.monotonic() + 90
-        while True:
-            self.kc = BlockingKernelClient(connection_file=self.cf)
-            self.kc.load_connection_file()
-            self.kc.start_channels()
-            try:
-                self.kc.wait_for_ready(timeout=10)
-                break
-            except RuntimeError:
-                self.kc.stop_channels()
-                if time.monotonic() > deadline:
-                    raise
+        self.kc = kernel_client(self.cf)
         wait("gpumem serve injects kernel %s" % name, self.injected, 60)
 
     def injected(self):
@@ -154,13 +101,8 @@ class Kernel(object):
         return st == "ok" and out.strip() == "True"
 
     def cell(self, code, timeout=120):
-        out = []
         try:
-            r = self.kc.execute_interactive(
-                code,
-                timeout=timeout,
-                output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
-            )
+            c, text = run_cell(self.kc, code, timeout)
         except TimeoutError:
             # Where the kernel is stuck: faulthandler writes every thread's
             # stack to the kernel's log on SIGABRT.
@@ -168,8 +110,7 @@ class Kernel(object):
             raise TimeoutError(
                 "a cell ran over %ss (stacks in kernel-*.log): %s" % (timeout, code.strip().splitlines()[0][:80])
             ) from None
-        c = r["content"]
-        return c["status"], "".join(out), "%s: %s" % (c.get("ename", ""), c.get("evalue", ""))
+        return c["status"], text, "%s: %s" % (c.get("ename", ""), c.get("evalue", ""))
 
     def magic(self, line):
         """The data dict and the text %gpumem LINE shows."""
@@ -537,11 +478,7 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("why_check.py: terminated"))
     os.makedirs(RUNTIME, exist_ok=True)
     os.environ["JUPYTER_RUNTIME_DIR"] = RUNTIME
-    daemon = subprocess.Popen(
-        [BIN, "serve", "--log-format=json", "--interval=500ms", "--runtime-dir", RUNTIME],
-        stderr=open(os.path.join(OUT, "why-gpumem-serve.log"), "w"),
-        start_new_session=True,
-    )
+    daemon = serve(BIN, os.path.join(OUT, "why-gpumem-serve.log"), "--interval=500ms", "--runtime-dir", RUNTIME)
     try:
         wait("gpumem serve's socket", lambda: os.path.exists(os.path.join(RUNTIME, "gpumem.sock")), 30)
         steps = (seven_holders, million_objects, fragmentation, stray_contexts, workers)
@@ -553,11 +490,7 @@ def main():
             except Exception as e:
                 result("FAIL", "%s: %s: %s" % (step.__name__, type(e).__name__, e))
     finally:
-        daemon.terminate()
-        try:
-            daemon.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
+        stop(daemon)
     print("%d check(s) failed" % len(FAILED) if FAILED else "all checks passed", flush=True)
     return 1 if FAILED else 0
 

@@ -97,3 +97,22 @@ func (s *Server) notServed(w http.ResponseWriter, r *http.Request, err error, ms
 	s.writeError(w, r, http.StatusNotFound, msg)
 	return true
 }
+
+// backendError answers a backend method's error, and says whether there was
+// one: 404 with notServedMsg for ErrNotServed, 429 for ErrTooMany, 404 for
+// ErrKernelNotFound, 503 for any other (the daemon could not do it now).
+func (s *Server) backendError(w http.ResponseWriter, r *http.Request, err error, notServedMsg string) bool {
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, ErrNotServed):
+		s.writeError(w, r, http.StatusNotFound, notServedMsg)
+	case errors.Is(err, ErrTooMany):
+		s.writeError(w, r, http.StatusTooManyRequests, err.Error())
+	case errors.Is(err, ErrKernelNotFound):
+		s.writeError(w, r, http.StatusNotFound, err.Error())
+	default:
+		s.writeError(w, r, http.StatusServiceUnavailable, err.Error())
+	}
+	return true
+}

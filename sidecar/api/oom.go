@@ -13,6 +13,9 @@ import (
 // more errors than any cell could raise.
 var ErrTooMany = errors.New("too many reports")
 
+// noOOMs is the answer of a backend that records no out-of-memory errors.
+const noOOMs = "this daemon records no out-of-memory errors"
+
 // OOMEventsResponse is the reply of GET /api/v1/oom.
 type OOMEventsResponse struct {
 	Events []oom.Event `json:"events"`
@@ -60,18 +63,7 @@ func (s *Server) serveRecordOOM(w http.ResponseWriter, r *http.Request, c caller
 		return
 	}
 	ev, err := s.backend.RecordOOM(r.Context(), k, req)
-	switch {
-	case errors.Is(err, ErrNotServed):
-		s.writeError(w, r, http.StatusNotFound, "this daemon records no out-of-memory errors")
-		return
-	case errors.Is(err, ErrTooMany):
-		s.writeError(w, r, http.StatusTooManyRequests, err.Error())
-		return
-	case errors.Is(err, ErrKernelNotFound):
-		s.writeError(w, r, http.StatusNotFound, err.Error())
-		return
-	case err != nil:
-		s.writeError(w, r, http.StatusServiceUnavailable, err.Error())
+	if s.backendError(w, r, err, noOOMs) {
 		return
 	}
 	if c.role == roleUser {
@@ -82,11 +74,7 @@ func (s *Server) serveRecordOOM(w http.ResponseWriter, r *http.Request, c caller
 
 func (s *Server) serveOOMEvents(w http.ResponseWriter, r *http.Request, c caller) {
 	evs, err := s.backend.OOMEvents(r.Context())
-	if s.notServed(w, r, err, "this daemon records no out-of-memory errors") {
-		return
-	}
-	if err != nil {
-		s.writeError(w, r, http.StatusServiceUnavailable, err.Error())
+	if s.backendError(w, r, err, noOOMs) {
 		return
 	}
 	out := OOMEventsResponse{Events: []oom.Event{}}

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -65,15 +64,7 @@ func (s *Server) serveEndOrphans(w http.ResponseWriter, r *http.Request, c calle
 		user = c.user
 	}
 	reply, err := s.backend.EndOrphans(r.Context(), c.kernel, user, req)
-	switch {
-	case errors.Is(err, ErrNotServed):
-		s.writeError(w, r, http.StatusNotFound, "this daemon leaves no process running")
-		return
-	case errors.Is(err, ErrKernelNotFound):
-		s.writeError(w, r, http.StatusNotFound, err.Error())
-		return
-	case err != nil:
-		s.writeError(w, r, http.StatusServiceUnavailable, err.Error())
+	if s.backendError(w, r, err, "this daemon leaves no process running") {
 		return
 	}
 	s.log.Warn().Str("kernel_id", id).Str("connection_file", c.kernel.ConnectionFile).Int("pid", c.peer.PID).Uint32("uid", c.peer.UID).Int("processes", len(reply.Processes)).

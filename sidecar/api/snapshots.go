@@ -84,11 +84,7 @@ func (s *Server) serveAddSnapshot(w http.ResponseWriter, r *http.Request, c call
 
 func (s *Server) serveSnapshots(w http.ResponseWriter, r *http.Request, c caller) {
 	list, err := s.backend.Snapshots(r.Context(), c.kernel)
-	if s.notServed(w, r, err, noSnapshots) {
-		return
-	}
-	if err != nil {
-		s.writeError(w, r, http.StatusServiceUnavailable, err.Error())
+	if s.backendError(w, r, err, noSnapshots) {
 		return
 	}
 	if list == nil {
@@ -99,8 +95,7 @@ func (s *Server) serveSnapshots(w http.ResponseWriter, r *http.Request, c caller
 
 func (s *Server) serveSnapshot(w http.ResponseWriter, r *http.Request, c caller) {
 	info, red, err := s.backend.MemorySnapshot(r.Context(), c.kernel, r.PathValue("sid"))
-	if err != nil {
-		s.snapshotError(w, r, err)
+	if s.backendError(w, r, err, noSnapshots) {
 		return
 	}
 	if red == nil {
@@ -111,8 +106,7 @@ func (s *Server) serveSnapshot(w http.ResponseWriter, r *http.Request, c caller)
 
 func (s *Server) serveSnapshotFile(w http.ResponseWriter, r *http.Request, c caller) {
 	f, info, err := s.backend.SnapshotFile(r.Context(), c.kernel, r.PathValue("sid"))
-	if err != nil {
-		s.snapshotError(w, r, err)
+	if s.backendError(w, r, err, noSnapshots) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
@@ -123,14 +117,3 @@ func (s *Server) serveSnapshotFile(w http.ResponseWriter, r *http.Request, c cal
 
 // noSnapshots is the answer of a backend that keeps no snapshots.
 const noSnapshots = "this daemon keeps no memory snapshots"
-
-func (s *Server) snapshotError(w http.ResponseWriter, r *http.Request, err error) {
-	if s.notServed(w, r, err, noSnapshots) {
-		return
-	}
-	if errors.Is(err, ErrKernelNotFound) {
-		s.writeError(w, r, http.StatusNotFound, err.Error())
-		return
-	}
-	s.writeError(w, r, http.StatusServiceUnavailable, err.Error())
-}

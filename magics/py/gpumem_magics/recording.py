@@ -83,15 +83,7 @@ def record_data(args):
     torch = state.mod("torch")
     if action == "off":
         _disarm()
-        if _state["on"]:
-            try:
-                _set(mem, None)
-            except Exception as e:
-                data["error"] = "PyTorch refused: %s" % state.short_exc(e)
-                return data
-        _state.update(on=False, max_entries=None)
-        data.update(on=False, max_entries=None)
-        return data
+        return _switch(data, mem, None)
     n = max_entries or DEFAULT_MAX_ENTRIES
     if not torch.cuda.is_initialized():
         # torch's _record_memory_history initialises CUDA itself: gpumem
@@ -99,13 +91,20 @@ def record_data(args):
         _arm(n)
         data.update(on=False, armed=True, max_entries=n)
         return data
-    try:
-        _set(mem, n)
-    except Exception as e:
-        data["error"] = "PyTorch refused: %s" % state.short_exc(e)
-        return data
-    _state.update(on=True, max_entries=n)
-    data.update(on=True, max_entries=n)
+    return _switch(data, mem, n)
+
+
+def _switch(data, mem, n):
+    """Turns recording on (n entries) or off (None; PyTorch is asked only
+    when it records) and says so in data, or PyTorch's refusal."""
+    if n is not None or _state["on"]:
+        try:
+            _set(mem, n)
+        except Exception as e:
+            data["error"] = "PyTorch refused: %s" % state.short_exc(e)
+            return data
+    _state.update(on=n is not None, max_entries=n)
+    data.update(on=n is not None, max_entries=n)
     return data
 
 

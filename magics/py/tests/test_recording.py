@@ -109,3 +109,58 @@ def test_record_on_waits_for_cuda(monkeypatch):
     assert recording.armed_hook not in shell.events.callbacks["post_run_cell"]
     off = recording.record_data(["off"])
     assert fake.calls[-1] == (None, None) and not off["on"] and not recording.is_recording()
+
+
+class _History:
+    """torch.cuda.memory's _record_memory_history as a stand-in records its
+    calls (no GPU here); refuse makes the next call raise."""
+
+    def __init__(self):
+        self.calls = []
+        self.refuse = None
+
+    def _record_memory_history(self, enabled=None, **kw):
+        if self.refuse:
+            e, self.refuse = self.refuse, None
+            raise e
+        self.calls.append((enabled, kw.get("max_entries")))
+
+
+@pytest.fixture
+def cuda_torch(monkeypatch):
+    """A torch that sees a GPU and has initialised CUDA, as far as
+    recording asks; recording's state put back after."""
+    import types
+
+    mem = _History()
+    cuda = types.SimpleNamespace(memory=mem, is_available=lambda: True, is_initialized=lambda: True)
+    fake = types.SimpleNamespace(cuda=cuda, _C=types.SimpleNamespace(_cuda_getDeviceCount=lambda: 1), __version__="fake")
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(recording, "_state", {"on": False, "max_entries": None, "armed": None})
+    return mem
+
+
+def test_record_on_and_off(cuda_torch):
+    data = recording.record_data(["on", "--max-entries", "5"])
+    assert (data["on"], data["max_entries"], "error" in data) == (True, 5, False)
+    assert recording.is_recording()
+    data = recording.record_data(["off"])
+    assert (data["on"], data["max_entries"], "error" in data) == (False, None, False)
+    assert not recording.is_recording()
+    assert cuda_torch.calls == [("all", 5), (None, None)]
+    # Off while off asks PyTorch nothing.
+    data = recording.record_data(["off"])
+    assert (data["on"], "error" in data) == (False, False)
+    assert cuda_torch.calls == [("all", 5), (None, None)]
+
+
+def test_record_refused(cuda_torch):
+    cuda_torch.refuse = RuntimeError("no")
+    data = recording.record_data(["on"])
+    assert data["error"] == "PyTorch refused: RuntimeError: no"
+    assert "on" not in data and not recording.is_recording()
+    recording.record_data(["on"])
+    cuda_torch.refuse = RuntimeError("still no")
+    data = recording.record_data(["off"])
+    assert data["error"] == "PyTorch refused: RuntimeError: still no"
+    assert recording.is_recording(), "a refused off leaves recording on"
