@@ -14,7 +14,8 @@ GPUMEM_BIN naming a gpumem binary built with cgo:
   3. timing, in one run, alternating: `gpumem ls --json` vs
      `nvidia-smi --query-compute-apps=pid,used_memory --format=csv`;
   4. `gpumem serve` running: a REST restart of the kernel leaves the child an
-     orphan holding CUDA memory; NVML must show it gone within 5 s;
+     orphan holding CUDA memory; NVML must show it gone within 8 s (reclaim's
+     5 s grace window first);
   5. where `gpumem ls`'s time goes: medians of `gpumem version` (process
      start and exit), `gpumem ls --json` on a simulated GPU file equal to
      this host's (everything but NVML), and the phases `gpumem ls` reports
@@ -200,13 +201,18 @@ print(_t)
     t0 = time.monotonic()
     api("POST", "api/kernels/%s/restart" % kid)
     t_restart = time.monotonic() - t0
-    wait("NVML drops the orphan", lambda: cpid not in smi(), 30)
-    el = time.monotonic() - t0
-    result(
-        "PASS" if el < 5 else "FAIL",
-        "orphan %d gone from nvidia-smi %.2f s after the restart request (REST call itself %.2f s; target < 5 s)"
-        % (cpid, el, t_restart),
-    )
+    # Reclaim watches the orphan for --reclaim-grace (5 s) before it judges
+    # whether it computes; then SIGTERM and NVML's next listing.
+    try:
+        wait("NVML drops the orphan", lambda: cpid not in smi(), 30, raises=TimeoutError)
+        el = time.monotonic() - t0
+        result(
+            "PASS" if el < 8 else "FAIL",
+            "orphan %d gone from nvidia-smi %.2f s after the restart request (REST call itself %.2f s; target < 8 s: the 5 s grace window, then the end)"
+            % (cpid, el, t_restart),
+        )
+    except TimeoutError as e:
+        result("FAIL", "orphan %d: %s" % (cpid, e))
     result("INFO", "nvidia-smi after: %s" % smi())
     with open(os.path.join(OUT, "gpumem-serve.log")) as f:
         for line in f:
