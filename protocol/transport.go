@@ -149,7 +149,10 @@ func newGuardedConn(ctx context.Context, conn net.Conn, cfg *guardConfig) *guard
 	if cfg.handshakeTimeout > 0 {
 		_ = conn.SetDeadline(time.Now().Add(cfg.handshakeTimeout))
 	}
-	g.stopAfter = context.AfterFunc(ctx, func() { _ = g.Close() })
+	// The context's end closes the connection without touching stopAfter:
+	// a context already done runs this at once, on another goroutine, while
+	// stopAfter is still being assigned.
+	g.stopAfter = context.AfterFunc(ctx, func() { _ = g.closeConn() })
 	return g
 }
 
@@ -187,12 +190,12 @@ func (g *guardedConn) Write(p []byte) (int, error) {
 }
 
 func (g *guardedConn) Close() error {
-	g.closeOnce.Do(func() {
-		if g.stopAfter != nil {
-			g.stopAfter()
-		}
-		g.closeErr = g.Conn.Close()
-	})
+	g.stopAfter()
+	return g.closeConn()
+}
+
+func (g *guardedConn) closeConn() error {
+	g.closeOnce.Do(func() { g.closeErr = g.Conn.Close() })
 	return g.closeErr
 }
 

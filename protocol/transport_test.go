@@ -143,6 +143,23 @@ func TestGuardedConnClosesOnContext(t *testing.T) {
 	}
 }
 
+// A context already done closes the connection at once, on the context's
+// goroutine, while newGuardedConn is still setting up (the race detector
+// saw Close read stopAfter as it was assigned); Close after it is harmless.
+func TestGuardedConnOnAContextAlreadyDone(t *testing.T) {
+	for range 200 {
+		client, server := net.Pipe()
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		g := newGuardedConn(ctx, client, testGuard())
+		if _, err := g.Read(make([]byte, 1)); err == nil {
+			t.Fatal("read succeeded on a conn whose context was done")
+		}
+		_ = g.Close()
+		server.Close()
+	}
+}
+
 // fakeKernel listens on four ports and speaks ZMTP as a kernel's sockets
 // would, with behaviour chosen per test: it is how hostile kernels are
 // simulated (real kernels are used everywhere else).
