@@ -144,6 +144,7 @@ type Client struct {
 
 	alive        atomic.Bool
 	execState    atomic.Pointer[string]
+	shellWorkAt  atomic.Int64  // unix ns of the main shell's last busy or idle status
 	decodeErrors atomic.Uint64 // messages dropped: bad signature or malformed
 	iopubOther   atomic.Uint64 // iopub messages on other topics, dropped unread
 
@@ -367,6 +368,17 @@ func (c *Client) ExecutionState() string {
 		return *s
 	}
 	return ""
+}
+
+// LastShellWork is when a status of the main shell's work (an execute's
+// busy or idle, as ExecutionState follows) last arrived; zero before one.
+// A cell that just ended was in use until then, whatever its server's
+// last_activity, read now and then, says.
+func (c *Client) LastShellWork() time.Time {
+	if ns := c.shellWorkAt.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
 }
 
 // Events returns the client's events. The channel is buffered and never

@@ -3,6 +3,7 @@ package protocol
 import (
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 )
@@ -41,7 +42,9 @@ func (c *Client) readIOPub(g *generation) {
 			continue
 		}
 		if state, ok := executionState(msg.Content); ok {
-			work.status(msg.Parent, state)
+			if work.status(msg.Parent, state) {
+				c.shellWorkAt.Store(time.Now().UnixNano())
+			}
 			if now := work.state(); now != "" {
 				c.execState.Store(&now)
 			}

@@ -30,9 +30,11 @@ type shellWork struct {
 const maxRunning = 64
 
 // status records a status message: its parent header and execution_state.
-func (w *shellWork) status(parent Header, state string) {
+// It reports whether the message was the main shell's (an execute's busy or
+// idle): its time is when the kernel was last used.
+func (w *shellWork) status(parent Header, state string) bool {
 	if parent.MsgType != "execute_request" || parent.SubshellID != "" || parent.MsgID == "" {
-		return
+		return false
 	}
 	switch state {
 	case "busy":
@@ -42,13 +44,14 @@ func (w *shellWork) status(parent Header, state string) {
 		}
 		if _, ok := w.running[parent.MsgID]; !ok && len(w.running) >= maxRunning {
 			w.overflow = true
-			return
+			return true
 		}
 		w.running[parent.MsgID] = struct{}{}
 	case "idle":
 		w.seen = true
 		delete(w.running, parent.MsgID)
 	}
+	return true
 }
 
 // state is "busy" while a main-shell execute runs, "idle" once one was

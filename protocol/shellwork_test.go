@@ -99,3 +99,26 @@ func TestShellWorkOverflow(t *testing.T) {
 		t.Fatalf("state %q after an untracked request, want busy", got)
 	}
 }
+
+// Only the main shell's statuses count as its use (their time is when the
+// kernel was last used): an execute's busy and idle, never a control
+// request's, a subshell's or kernel_info's.
+func TestShellWorkCountsOnlyTheMainShell(t *testing.T) {
+	var w shellWork
+	for _, tc := range []struct {
+		parent Header
+		want   bool
+	}{
+		{Header{MsgID: "a", MsgType: "execute_request"}, true},
+		{Header{MsgID: "s", MsgType: "execute_request", SubshellID: "sub-1"}, false},
+		{Header{MsgID: "c", MsgType: "create_subshell_request"}, false},
+		{Header{MsgID: "k", MsgType: "kernel_info_request"}, false},
+		{Header{MsgType: "execute_request"}, false},
+	} {
+		for _, state := range []string{"busy", "idle"} {
+			if got := w.status(tc.parent, state); got != tc.want {
+				t.Errorf("%s %q (subshell %q) %s: counted %v, want %v", tc.parent.MsgType, tc.parent.MsgID, tc.parent.SubshellID, state, got, tc.want)
+			}
+		}
+	}
+}

@@ -167,7 +167,15 @@ func (d *Daemon) cull(ctx context.Context, rep attribution.Report) ([]attributio
 	for _, ks := range d.kernels {
 		hasServer := ks.server.URL != "" && !ks.lastActivity.IsZero()
 		computedAt := d.compute.kernelComputedAt(ks.connFile)
-		act := attribution.KernelActivity{ExecutionState: ks.execState, LastActivity: ks.lastActivity, ComputedAt: computedAt}
+		// The kernel was used until its main shell's last status that the
+		// daemon saw, if that is later than what the server last said (its
+		// sessions are read now and then: a cell that ended a moment ago
+		// must not count as idle since the server's last reading).
+		lastActivity := ks.lastActivity
+		if ks.client != nil && ks.client.LastShellWork().After(lastActivity) {
+			lastActivity = ks.client.LastShellWork()
+		}
+		act := attribution.KernelActivity{ExecutionState: ks.execState, LastActivity: lastActivity, ComputedAt: computedAt}
 		used := act.Used()
 		if !d.cfg.Cull.Enabled() {
 			if hasServer {
@@ -185,7 +193,7 @@ func (d *Daemon) cull(ctx context.Context, rep attribution.Report) ([]attributio
 		if hasServer {
 			activity[ks.connFile] = act
 		}
-		in := cullInput{now: now, hasServer: hasServer, execState: state, lastActivity: ks.lastActivity,
+		in := cullInput{now: now, hasServer: hasServer, execState: state, lastActivity: lastActivity,
 			bytes: bytes[ks.connFile], user: users[ks.connFile], state: ks.cull, computedAt: computedAt,
 			settling: d.compute.kernelSettling(ks.connFile)}
 		verdict, why := d.cfg.Cull.decide(in)
