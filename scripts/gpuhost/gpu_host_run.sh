@@ -3,7 +3,7 @@
 # from the copied checkout's root, with .gpukit (the Debian 12 stack, a cgo
 # gpumem and the driver's test binary) and .whl (today's stack) carried.
 # Prepare here:
-#   bash ../shared/gpu-kit/prepare .gpukit
+#   gpu-kit's prepare script into .gpukit (the kit's README says how)
 #   go build -o .gpukit/gpumem ./cmd/gpumem
 #   go test -c -o .gpukit/driver.test ./nvml/driver
 #   (wheels: see scripts/gpuhost/gpu_host_current.sh)

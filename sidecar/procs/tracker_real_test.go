@@ -211,6 +211,8 @@ func isDescendant(pid, ancestor int) bool {
 	return false
 }
 
+// waitFor is testenv.Eventually, which this package's tests cannot import:
+// testenv imports procs.
 func waitFor(d time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(d)
 	for {
