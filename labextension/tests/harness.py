@@ -69,6 +69,10 @@ def gpumem_binary(tmp):
     return out
 
 
+def _default_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Proc:
     def __init__(self, argv, env, log):
         self.log = log
@@ -80,6 +84,10 @@ class Proc:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                # Ctrl-C reaches the server as in a terminal, even when the
+                # tests were started where SIGINT is ignored (a shell's
+                # background job): Python keeps an ignored SIGINT ignored.
+                preexec_fn=_default_sigint,
                 # Not the source tree: the installed package is what is tested.
                 cwd=os.path.dirname(log),
             )
