@@ -59,6 +59,11 @@ type Backend interface {
 	// kernel (the caller's process is in its tree), which has run the
 	// frameworks' teardown itself.
 	FreeChildren(ctx context.Context, k KernelRef, fromKernel bool) (json.RawMessage, error)
+	// ChildrenBefore reads the driver's figures of the kernel's tree now
+	// and keeps them for the FreeChildren from inside the kernel that
+	// follows: the kernel runs its teardown between the two, and what the
+	// teardown ended is known only from figures read before it.
+	ChildrenBefore(ctx context.Context, k KernelRef) (json.RawMessage, error)
 	// EndOrphans ends the processes left running of the kernel of
 	// k.ConnectionFile (those of req.PIDs, or all) whose recorded owner is
 	// user ("": any, for an admin), each checked as reclaim checks (the

@@ -37,6 +37,10 @@ func (b *fakeBackend) FreeChildren(context.Context, KernelRef, bool) (json.RawMe
 	return nil, ErrNotServed
 }
 
+func (b *fakeBackend) ChildrenBefore(context.Context, KernelRef) (json.RawMessage, error) {
+	return nil, ErrNotServed
+}
+
 func (b *fakeBackend) EndOrphans(context.Context, KernelRef, string, EndOrphansRequest) (EndOrphansReply, error) {
 	return EndOrphansReply{}, ErrNotServed
 }

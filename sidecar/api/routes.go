@@ -28,6 +28,7 @@ var routes = []route{
 	{"GET", "/api/v1/kernels/{id}/summary", accessOwnKernel, (*Server).serveKernelSummary},
 	{"GET", "/api/v1/kernels/{id}/why", accessOwnKernel, (*Server).serveWhy},
 	{"POST", "/api/v1/kernels/{id}/why", accessOwnKernel, (*Server).serveWhyJoin},
+	{"POST", "/api/v1/kernels/{id}/children/before", accessOwnKernel, (*Server).serveChildrenBefore},
 	{"POST", "/api/v1/kernels/{id}/children/free", accessOwnKernel, (*Server).serveFreeChildren},
 	{"POST", "/api/v1/kernels/{id}/orphans/end", accessOwnOrphans, (*Server).serveEndOrphans},
 	// Out-of-memory errors: a kernel reports its own; the events the caller may see.

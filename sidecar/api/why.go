@@ -79,6 +79,19 @@ func (s *Server) serveFreeChildren(w http.ResponseWriter, r *http.Request, c cal
 	s.writeKernelReply(w, r, id, reply, err)
 }
 
+func (s *Server) serveChildrenBefore(w http.ResponseWriter, r *http.Request, c caller) {
+	if !s.fromKernel(r, c) {
+		s.writeError(w, r, http.StatusConflict, fmt.Sprintf("kernel %s: only the kernel's own cell asks for the figures "+
+			"before its teardown; POST .../children/free runs the teardown itself", c.kernel.ID))
+		return
+	}
+	reply, err := s.backend.ChildrenBefore(r.Context(), c.kernel)
+	if s.notServed(w, r, err, "this daemon cannot end a kernel's workers") {
+		return
+	}
+	s.writeKernelReply(w, r, c.kernel.ID, reply, err)
+}
+
 // writeKernelReply answers with a backend's JSON for a kernel, or its error.
 func (s *Server) writeKernelReply(w http.ResponseWriter, r *http.Request, id string, reply json.RawMessage, err error) {
 	switch {

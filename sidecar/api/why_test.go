@@ -76,6 +76,14 @@ func (b *whyBackend) FreeChildren(_ context.Context, k KernelRef, fromKernel boo
 	return json.RawMessage(`{"kind":"children","ended":[]}`), nil
 }
 
+func (b *whyBackend) ChildrenBefore(_ context.Context, k KernelRef) (json.RawMessage, error) {
+	b.record("before " + k.ConnectionFile)
+	if err := b.known(k); err != nil {
+		return nil, err
+	}
+	return json.RawMessage(`{"before":1}`), nil
+}
+
 func TestWhyEndpoints(t *testing.T) {
 	b := &whyBackend{fakeBackend: fakeBackend{report: testReport()}}
 	ts := startServer(t, "", ModePrivate, b)
@@ -102,6 +110,8 @@ func TestWhyEndpoints(t *testing.T) {
 		{"POST", "/api/v1/kernels/kernel-zz/children/free", nil, "", 404, "kernel kernel-zz is not known to the daemon"},
 		{"POST", "/api/v1/kernels/kernel-zz/why", jsonCT, `{"kind":"why"}`, 404, "kernel kernel-zz is not known to the daemon"},
 		{"GET", "/api/v1/kernels/kernel-a/children/free", nil, "", 405, "use POST"},
+		// Only the kernel's own cell asks for the figures before its teardown.
+		{"POST", "/api/v1/kernels/kernel-a/children/before", nil, "", 409, "only the kernel's own cell"},
 	}
 	for _, tc := range tests {
 		r := rawDo(t, ts.path, tc.method, tc.path, SocketHost, tc.header, tc.body)
@@ -127,6 +137,9 @@ func TestWhyAndChildrenFromInsideTheKernel(t *testing.T) {
 	b := &whyBackend{fakeBackend: fakeBackend{report: testReport()}}
 	b.setKernel(os.Getpid(), fakeKernel{id: "kernel-a"})
 	ts := startServer(t, "", ModePrivate, b)
+	if r := rawDo(t, ts.path, "POST", "/api/v1/kernels/kernel-a/children/before", SocketHost, nil, ""); r.status != 200 {
+		t.Fatalf("the figures before the teardown, from the kernel: %d %s", r.status, r.body)
+	}
 	if r := rawDo(t, ts.path, "POST", "/api/v1/kernels/kernel-a/children/free", SocketHost, nil, ""); r.status != 200 {
 		t.Fatalf("children from the kernel: %d %s", r.status, r.body)
 	}
@@ -134,7 +147,7 @@ func TestWhyAndChildrenFromInsideTheKernel(t *testing.T) {
 	if r.status != 409 || !strings.Contains(r.errorMessage(t), "use %gpumem why in the notebook") {
 		t.Errorf("why from the kernel: %d %s", r.status, r.body)
 	}
-	if got := b.got(); got != "children "+connFileOf("kernel-a")+" from_kernel=true" {
+	if got := b.got(); got != "before "+connFileOf("kernel-a")+"; children "+connFileOf("kernel-a")+" from_kernel=true" {
 		t.Errorf("backend calls: %s", got)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/gpumem/gpumem/magics"
 	"github.com/gpumem/gpumem/sidecar/api"
@@ -29,15 +30,21 @@ func (a apiBackend) FreeChildren(ctx context.Context, k api.KernelRef, fromKerne
 	if err != nil {
 		return nil, err
 	}
-	// The figures before the teardown: read now, or, when the kernel ran
-	// its teardown before asking, the last sample's.
+	// The figures before the teardown: read now or, when the kernel ran
+	// its teardown before asking, as ChildrenBefore read them just before
+	// it (the last sample's only when the kernel did not ask for that:
+	// a sample between the teardown and this request would miss what the
+	// teardown ended).
 	var before attribution.Notebook
 	if fromKernel {
-		rep, err := a.Report(ctx)
-		if err != nil {
-			return nil, err
+		var ok bool
+		if before, ok = d.takeChildrenBefore(k); !ok {
+			rep, err := a.Report(ctx)
+			if err != nil {
+				return nil, err
+			}
+			before, _ = notebookOf(rep, k.ConnectionFile)
 		}
-		before, _ = notebookOf(rep, k.ConnectionFile)
 	} else {
 		first, err := d.observe(ctx)
 		if err != nil {
@@ -139,6 +146,47 @@ func (a apiBackend) FreeChildren(ctx context.Context, k api.KernelRef, fromKerne
 	rctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	return magics.Render(rctx, client, report)
+}
+
+// childrenBeforeTTL is how long ChildrenBefore's figures wait for the
+// FreeChildren that follows the kernel's teardown; older ones describe
+// another moment.
+const childrenBeforeTTL = 2 * time.Minute
+
+// ChildrenBefore implements api.Backend: the driver's figures of the
+// kernel's tree, read now, kept for the FreeChildren from inside the
+// kernel that follows its own teardown.
+func (a apiBackend) ChildrenBefore(ctx context.Context, k api.KernelRef) (json.RawMessage, error) {
+	d := a.d
+	obs, err := d.observe(ctx)
+	if err != nil {
+		return nil, err
+	}
+	nb, _ := notebookOf(obs.Report, k.ConnectionFile)
+	d.mu.Lock()
+	ks, ok := d.kernels[k.ConnectionFile]
+	if ok && ks.id == k.ID {
+		ks.childrenBefore, ks.childrenBeforeAt = nb, time.Now()
+	}
+	d.mu.Unlock()
+	if !ok || ks.id != k.ID {
+		return nil, fmt.Errorf("kernel %s: %w", k.ID, api.ErrKernelNotFound)
+	}
+	return json.Marshal(map[string]any{"kernel_id": k.ID, "before": nb.GPUMemoryBytes, "processes": len(nb.Processes)})
+}
+
+// takeChildrenBefore hands over, once, the figures ChildrenBefore kept for
+// k, when they are recent.
+func (d *Daemon) takeChildrenBefore(k api.KernelRef) (attribution.Notebook, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ks, ok := d.kernels[k.ConnectionFile]
+	if !ok || ks.id != k.ID || ks.childrenBeforeAt.IsZero() {
+		return attribution.Notebook{}, false
+	}
+	nb, at := ks.childrenBefore, ks.childrenBeforeAt
+	ks.childrenBefore, ks.childrenBeforeAt = attribution.Notebook{}, time.Time{}
+	return nb, time.Now().Sub(at) < childrenBeforeTTL
 }
 
 // notebookOf is the report's entry of the kernel of connFile (a kernel id

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpumem/gpumem/magics"
 	"github.com/gpumem/gpumem/protocol"
+	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/discovery"
 	"github.com/gpumem/gpumem/sidecar/procs"
 )
@@ -52,6 +53,10 @@ type kernelState struct {
 	execState    string
 	lastActivity time.Time
 	cull         cullState
+	// childrenBefore is the tree's figures ChildrenBefore read at
+	// childrenBeforeAt, for the free --children the kernel asks next.
+	childrenBefore   attribution.Notebook
+	childrenBeforeAt time.Time
 	// injectSince is when an injection still waiting for its reply was
 	// sent (zero when none): a kernel that does not answer it for long is
 	// running a cell, even one started before the daemon attached.

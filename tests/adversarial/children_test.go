@@ -24,6 +24,15 @@ func cellInts(t *testing.T, k *testenv.Kernel, code string) []int {
 	return out
 }
 
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
 // waitRecorded waits until the daemon's report puts each pid under the
 // kernel's notebook: it has sampled them in the kernel's tree.
 func waitRecorded(t *testing.T, d *testenv.Daemon, kernelID string, pids ...int) {
@@ -72,11 +81,11 @@ print(json.dumps([_p.pid]))`
 	}
 	testenv.Poll(t, 20*time.Second, "kernel 1's child ends", func() bool { return !testenv.Alive(mine) })
 	staysAlive(t, 2*time.Second, "free --children of kernel 1", k1.Cmd.Process.Pid, theirs, unrelated[0], k2.Cmd.Process.Pid)
-	if !strings.Contains(stdout, fmt.Sprint(mine)) || !strings.Contains(stdout, "SIGTERM") {
+	if !namesPID(stdout, mine) || !strings.Contains(stdout, "SIGTERM") {
 		t.Errorf("the report does not say it ended pid %d:\n%s", mine, stdout)
 	}
 	for _, pid := range []int{theirs, unrelated[0], k2.Cmd.Process.Pid} {
-		if strings.Contains(stdout, fmt.Sprint(pid)) {
+		if namesPID(stdout, pid) {
 			t.Errorf("the report names pid %d, which is not kernel 1's:\n%s", pid, stdout)
 		}
 	}
@@ -148,12 +157,36 @@ print(json.dumps([w.pid for w in dl._iterator._workers]))`)
 	}
 	gpu.Set(t, procs...)
 	waitRecorded(t, d, k.ID, again...)
-	r := testenv.RunCell(t, k.ConnectionFile, `from IPython.utils.capture import capture_output
-with capture_output() as _c:
-    get_ipython().run_line_magic("gpumem", "free --children")
-print("\n".join(o.data.get("text/plain", "") for o in _c.outputs))`, 120*time.Second)
-	if r.Status != "ok" || !strings.Contains(r.Stdout, "DataLoader worker") {
+	// The kernel runs its teardown before it asks the daemon; here the
+	// daemon samples in between (the teardown waits for a sample without
+	// the workers), which must not hide what the teardown ended.
+	r := testenv.RunCell(t, k.ConnectionFile, fmt.Sprintf(`import time
+from IPython.utils.capture import capture_output
+import sys
+_m = sys.modules["_gpumem_magics"]
+_d, _st, _w = _m.daemon, _m.state, _m.workers
+_teardown = _w.teardown
+def _teardown_then_a_sample():
+    td = _teardown()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        status, body = _d.sidecar_get("/api/v1/kernels/" + _st.config["kernel_id"], 5)
+        if status == 200 and not set(json.loads(body)["pids"]) & set(%s):
+            return td
+        time.sleep(0.05)
+    raise AssertionError("no sample of gpumem serve without the workers")
+_w.teardown = _teardown_then_a_sample
+try:
+    with capture_output() as _c:
+        get_ipython().run_line_magic("gpumem", "free --children")
+finally:
+    _w.teardown = _teardown
+print("\n".join(o.data.get("text/plain", "") for o in _c.outputs))`, mustJSON(t, again)), 120*time.Second)
+	if r.Status != "ok" || !strings.Contains(r.Stdout, "DataLoader worker") || !strings.Contains(r.Stdout, "ended during the frameworks' teardown") {
 		t.Fatalf("%%gpumem free --children: %+v", r)
+	}
+	if want := "(the driver's figure for this kernel: 3.50 GiB -> 2.00 GiB)"; !strings.Contains(r.Stdout, want) {
+		t.Errorf("%%gpumem free --children does not say %q:\n%s", want, r.Stdout)
 	}
 	for _, pid := range again {
 		testenv.Poll(t, 20*time.Second, fmt.Sprintf("new worker %d ends", pid), func() bool { return !testenv.Alive(pid) })

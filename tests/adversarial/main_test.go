@@ -17,11 +17,13 @@ package adversarial
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -123,6 +125,13 @@ func staysAlive(t *testing.T, d time.Duration, what string, pids ...int) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// namesPID says whether text names pid as a number of its own: pid 625
+// is not in "16250", nor in a kernel id's "-6253-" (hex digits and dashes
+// around it make it part of an id).
+func namesPID(text string, pid int) bool {
+	return regexp.MustCompile(fmt.Sprintf(`(^|[^0-9a-fA-F-])%d($|[^0-9a-fA-F-])`, pid)).MatchString(text)
 }
 
 // gpumem runs the CLI with dir's environment (deadline 60 s) and returns

@@ -3,7 +3,6 @@ package adversarial
 import (
 	"fmt"
 	"net/url"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -34,9 +33,9 @@ print(json.dumps([_p.pid]))`
 	defer cu.summary(t)
 	base := "/api/v1/kernels/" + k.id
 	// What of alice's kernel a reply must never hold.
-	herPIDs := regexp.MustCompile(fmt.Sprintf(`\b(%d|%d)\b`, aliceChild, k.ak.Cmd.Process.Pid))
 	hers := func(body string) bool {
-		return strings.Contains(body, "secret_weights") || strings.Contains(body, "worker-of-alice") || herPIDs.MatchString(body)
+		return strings.Contains(body, "secret_weights") || strings.Contains(body, "worker-of-alice") ||
+			namesPID(body, aliceChild) || namesPID(body, k.ak.Cmd.Process.Pid)
 	}
 	for i := 0; i < 5; i++ {
 		status, body := k.bobAPI(t, "GET", base+"/why?all_devices=1", "")
@@ -46,7 +45,7 @@ print(json.dumps([_p.pid]))`
 		}
 		status, body = k.bobAPI(t, "POST", base+"/why", `{"kind":"why","schema":1,"rows":[]}`)
 		cu.read(t, hers(body), fmt.Sprintf("bob's POST %s/why (%d) joined alice's driver figures: %.300s", base, status, body))
-		if status != 200 || !regexp.MustCompile(fmt.Sprintf(`\b%d\b`, bobChild)).MatchString(body) {
+		if status != 200 || !namesPID(body, bobChild) {
 			t.Errorf("bob's POST %s/why: %d without his own worker %d: %.300s", base, status, bobChild, body)
 		}
 	}
@@ -61,6 +60,17 @@ print(json.dumps([_p.pid]))`
 	cu.action(t, !testenv.Alive(aliceChild), fmt.Sprintf("bob's POST children/free naming alice's file (%d %.200s) ended her worker", status, body))
 	if status != 403 || hers(body) {
 		t.Errorf("bob's POST children/free naming alice's file: %d %.300s, want 403 telling nothing of hers", status, body)
+	}
+	// The figures before a teardown are the kernel's own cell's to ask for:
+	// bob's shell, not in his kernel's tree, is refused, and never reaches hers.
+	status, body = k.bobAPI(t, "POST", base+"/children/before"+q, "")
+	if status != 403 || hers(body) {
+		t.Errorf("bob's POST children/before naming alice's file: %d %.300s, want 403 telling nothing of hers", status, body)
+	}
+	status, body = k.bobAPI(t, "POST", base+"/children/before", "")
+	cu.read(t, hers(body), fmt.Sprintf("bob's POST %s/children/before (%d) names alice's kernel: %.300s", base, status, body))
+	if status != 409 {
+		t.Errorf("bob's POST %s/children/before from outside his kernel: %d %.300s, want 409", base, status, body)
 	}
 	for i := 0; i < 3; i++ {
 		status, body = k.bobAPI(t, "POST", base+"/children/free", "")

@@ -159,6 +159,17 @@ def why_join(data, timeout=5.0):
     return joined
 
 
+def children_before(timeout=10.0):
+    """Asks gpumem serve to read this kernel's tree's figures now, before
+    its teardown (POST /api/v1/kernels/<id>/children/before): what the
+    teardown ends is known only from figures read before it. The error, or
+    None."""
+    if not state.sidecar_socket() or not state.config.get("kernel_id"):
+        return None
+    _, err = _post_kernel("children/before", None, timeout)
+    return err
+
+
 def free_children(timeout=90.0):
     """Asks gpumem serve to end this kernel's GPU-holding worker processes
     (POST /api/v1/kernels/<id>/children/free). None without the sidecar."""

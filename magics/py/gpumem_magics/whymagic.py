@@ -40,6 +40,10 @@ def teardown_data():
 
 
 def children_data():
+    # gpumem serve reads the figures first: a sample of its own between
+    # the teardown and the request would miss the workers the teardown
+    # ended. Without them, the free still runs, on its last sample.
+    before_err = daemon.children_before()
     data = teardown_data()
     rep = daemon.free_children()
     if rep is None:
@@ -51,6 +55,11 @@ def children_data():
     for k in ("ended", "left", "returned_bytes", "before", "after", "notes"):
         if k in rep:
             data[k] = rep[k]
+    if before_err:
+        data["notes"] = list(data.get("notes") or []) + [
+            "the figures before the teardown could not be read (%s): the driver's figure before is gpumem serve's last sample"
+            % before_err
+        ]
     known = data.get("known") or {}
     for p in (data.get("ended") or []) + (data.get("left") or []):
         if not p.get("what") and str(p.get("pid")) in known:
