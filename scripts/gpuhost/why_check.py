@@ -463,7 +463,12 @@ def workers():
         )
         again = json.loads(out.split(" ", 1)[1]) if st == "ok" else []
         check(st == "ok" and out.startswith("True"), "the kernel is usable: the next epoch runs on new workers %s" % again)
-        wait("nvidia-smi lists the new workers", lambda: all(any(p == w for (_g, p) in smi()) for w in again) or None, 60)
+        held2 = wait(
+            "nvidia-smi lists the new workers",
+            lambda: (lambda s: s if all(any(p == w for (_g, p) in s) for w in again) else None)(smi()),
+            60,
+        )
+        wbytes2 = sum(b for (_g, p), b in (held2 or {}).items() if p in again)
         wait(
             "the daemon attributes the new workers",
             lambda: (lambda n: n if n and set(again) <= set(n["pids"]) else None)(k.tree()),
@@ -473,6 +478,15 @@ def workers():
         print("---- %gpumem free --children\n" + text + "----", flush=True)
         gone = wait("the new workers end", lambda: not any(p in again for (_g, p) in smi()) or None, 30)
         check(gone and k.proc.poll() is None, "%gpumem free --children ends the new workers; the kernel lives on")
+        # The kernel's teardown ends them before it asks gpumem serve, which
+        # read the figures before that teardown: its report names them.
+        ended = {p.get("pid") for p in data.get("ended") or []}
+        returned = data.get("returned_bytes") or 0
+        check(
+            set(again) <= ended and returned >= wbytes2 - MIB,
+            "%%gpumem free --children's report: ended %s, returned %.0f MiB (nvidia-smi had %.0f MiB on them)"
+            % (sorted(ended), returned / MIB, wbytes2 / MIB),
+        )
     finally:
         k.close()
 
