@@ -127,46 +127,11 @@ func (r *real) Sample(ctx context.Context) (nvml.Snapshot, error) {
 
 // device reads one GPU. Failures of one query become warnings so the rest of
 // the device (and the other devices) still show.
-//
-// After its MIG mode, its three reads are independent and run at once:
-// identity and memory, the process lists, and the processes'
-// utilization. A standalone `gpumem ls` waits for this first sample, and
-// a process's first calls on a device are its slow ones.
 func (r *real) device(index int, h gonvml.Device) (nvml.Device, []string) {
 	var warnings []string
 	warn := func(err error) { warnings = append(warnings, fmt.Sprintf("gpu %d: %v", index, err)) }
 
 	dev := nvml.Device{Index: index, DriverVersion: r.driverVersion}
-	if r.mig {
-		current, _, ret := h.GetMigMode()
-		switch {
-		case ret == gonvml.SUCCESS:
-			dev.MIGEnabled = current == gonvml.DEVICE_MIG_ENABLE
-		case ret != gonvml.ERROR_NOT_SUPPORTED: // NOT_SUPPORTED: a GPU without MIG
-			warn(nvmlError("MIG mode", ret))
-		}
-	}
-	// Utilization's state is kept by index: NVML's indices are fixed for
-	// one Init, and the UUID comes with a read that runs beside it.
-	key := fmt.Sprintf("index %d", index)
-	var procs []gonvml.ProcessInfo
-	var procErrs []error
-	var util utilAnswer
-	var wg sync.WaitGroup
-	if !dev.MIGEnabled {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			procs, procErrs = r.processes(h)
-		}()
-		if r.procUtil {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				util = r.util.query(key, h)
-			}()
-		}
-	}
 	if uuid, ret := h.GetUUID(); ret == gonvml.SUCCESS {
 		dev.UUID = uuid
 	} else {
@@ -182,17 +147,30 @@ func (r *real) device(index int, h gonvml.Device) (nvml.Device, []string) {
 	} else {
 		warn(err)
 	}
-	wg.Wait()
+
+	if r.mig {
+		current, _, ret := h.GetMigMode()
+		switch {
+		case ret == gonvml.SUCCESS:
+			dev.MIGEnabled = current == gonvml.DEVICE_MIG_ENABLE
+		case ret != gonvml.ERROR_NOT_SUPPORTED: // NOT_SUPPORTED: a GPU without MIG
+			warn(nvmlError("MIG mode", ret))
+		}
+	}
 	if !dev.MIGEnabled {
-		var dropped []error
-		dev.Processes, dropped = mergeProcesses(procs, dev.MemoryTotalBytes)
-		for _, err := range append(procErrs, dropped...) {
+		procs, errs := r.processes(h, dev.MemoryTotalBytes)
+		dev.Processes = procs
+		for _, err := range errs {
 			warn(err)
 		}
 		dev.UtilizationMissing = utilNoSymbol
 		if r.procUtil {
+			key := dev.UUID
+			if key == "" {
+				key = fmt.Sprintf("index %d", index)
+			}
 			var err error
-			if dev.UtilizationMissing, err = r.util.fill(key, util, dev.Processes); err != nil {
+			if dev.UtilizationMissing, err = r.util.fill(key, h, dev.Processes); err != nil {
 				warn(err)
 			}
 		}
@@ -251,9 +229,7 @@ func (r *real) migInstance(slot int, h gonvml.Device) (nvml.MIGInstance, []error
 	} else {
 		errs = append(errs, fmt.Errorf("MIG device %d: %w", slot, err))
 	}
-	infos, perrs := r.processes(h)
-	procs, dropped := mergeProcesses(infos, inst.MemoryTotalBytes)
-	perrs = append(perrs, dropped...)
+	procs, perrs := r.processes(h, inst.MemoryTotalBytes)
 	for i := range procs {
 		// Entries from a MIG handle belong to that instance whatever the
 		// driver filled in.
@@ -288,9 +264,8 @@ func (r *real) memory(h gonvml.Device) (total, used, reserved uint64, err error)
 	return m.Total, m.Used, 0, nil
 }
 
-// processes reads the compute, graphics and MPS lists of one device, as
-// NVML gives them (mergeProcesses makes them one).
-func (r *real) processes(h gonvml.Device) ([]gonvml.ProcessInfo, []error) {
+// processes merges the compute, graphics and MPS lists of one device.
+func (r *real) processes(h gonvml.Device, total uint64) ([]nvml.Process, []error) {
 	type list struct {
 		name string
 		get  func() ([]gonvml.ProcessInfo, gonvml.Return)
@@ -314,7 +289,8 @@ func (r *real) processes(h gonvml.Device) ([]gonvml.ProcessInfo, []error) {
 			errs = append(errs, nvmlError(l.name, ret))
 		}
 	}
-	return infos, errs
+	procs, dropped := mergeProcesses(infos, total)
+	return procs, append(errs, dropped...)
 }
 
 // mergeProcesses de-duplicates NVML process entries and drops implausible

@@ -39,7 +39,7 @@ type utilization struct {
 	now    func() time.Time
 
 	mu   sync.Mutex
-	devs map[string]*deviceUtil // by device index, fixed for one NVML Init
+	devs map[string]*deviceUtil // by UUID
 }
 
 // deviceUtil is one device's readings. Only the goroutine sampling that
@@ -72,34 +72,16 @@ func (u *utilization) device(key string) *deviceUtil {
 	return d
 }
 
-// utilAnswer is NVML's per-process utilization answer for one device,
-// asked for the samples since lastSeen: read apart from applying it, so
-// that a device's reads can run at once.
-type utilAnswer struct {
-	lastSeen uint64
-	samples  []gonvml.ProcessUtilizationSample
-	ret      gonvml.Return
-	grew     bool
-}
-
-// query asks NVML for device h's samples since key's newest.
-func (u *utilization) query(key string, h gonvml.Device) utilAnswer {
-	a := utilAnswer{lastSeen: u.device(key).lastSeen}
-	a.samples, a.ret, a.grew = processUtilization(h, a.lastSeen)
-	if a.grew {
-		// More processes appeared between go-nvml's two calls: once more.
-		a.samples, a.ret, a.grew = processUtilization(h, a.lastSeen)
-	}
-	return a
-}
-
-// fill sets the Util of each of procs, the processes of the device of key,
-// from NVML's answer a to query(key), the only query of key since the
-// last fill (one goroutine samples a device). It returns why the figures are unknown ("" when known)
-// and an error worth a warning.
-func (u *utilization) fill(key string, a utilAnswer, procs []nvml.Process) (missing string, err error) {
+// fill sets the Util of each of procs, the processes of device h, from
+// NVML's per-process utilization. It returns why the figures are unknown
+// ("" when known) and an error worth a warning.
+func (u *utilization) fill(key string, h gonvml.Device, procs []nvml.Process) (missing string, err error) {
 	d := u.device(key)
-	samples, ret, grew := a.samples, a.ret, a.grew
+	samples, ret, grew := processUtilization(h, d.lastSeen)
+	if grew {
+		// More processes appeared between go-nvml's two calls: once more.
+		samples, ret, grew = processUtilization(h, d.lastSeen)
+	}
 	switch {
 	case grew:
 		err := fmt.Errorf("nvml process utilization: the number of samples grew during the query, twice")

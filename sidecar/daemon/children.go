@@ -186,7 +186,7 @@ func (d *Daemon) takeChildrenBefore(k api.KernelRef) (attribution.Notebook, bool
 	}
 	nb, at := ks.childrenBefore, ks.childrenBeforeAt
 	ks.childrenBefore, ks.childrenBeforeAt = attribution.Notebook{}, time.Time{}
-	return nb, time.Now().Sub(at) < childrenBeforeTTL
+	return nb, time.Since(at) < childrenBeforeTTL
 }
 
 // notebookOf is the report's entry of the kernel of connFile (a kernel id
