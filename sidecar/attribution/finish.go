@@ -35,6 +35,10 @@ type FinishInput struct {
 	// Evidence is what each kernel's magics last reported of its
 	// frameworks (by connection file; nil for none): FlagStrayContexts.
 	Evidence map[string]FrameworkEvidence
+	// Previous is the last report finished before this one (nil for a
+	// single report): a stray context is flagged once steady since
+	// (KeepSteadyStrays).
+	Previous *Report
 	// OOM is each kernel's out-of-memory summary (by connection file).
 	OOM map[string]OOMSummary
 	// Kernels is what each kernel's Jupyter server says of it, by
@@ -81,7 +85,10 @@ type finishStep struct {
 // what the steps before them set.
 var finishSteps = []finishStep{
 	{"pods", func(r *Report, in FinishInput) { AddPods(r, in.Table, in.Pods) }},
-	{"stray_contexts", func(r *Report, in FinishInput) { FlagStrayContexts(r, in.Evidence) }},
+	{"stray_contexts", func(r *Report, in FinishInput) {
+		FlagStrayContexts(r, in.Evidence)
+		KeepSteadyStrays(r, in.Previous)
+	}},
 	{"oom", addOOM},
 	{"activity", addActivity},
 	{"holders", addHolders},

@@ -63,6 +63,41 @@ func FlagStrayContexts(rep *Report, evidence map[string]FrameworkEvidence) {
 	}
 }
 
+// KeepSteadyStrays drops every flag whose process's figure on its GPU
+// differs from the previous sample's (prev, the last report finished; nil
+// keeps every flag): a stray context is memory nothing uses, the same
+// from sample to sample, while a process creating its context or
+// allocating (a DataLoader worker starting, measured at 14 MiB on an
+// H200 a moment before its 774 MiB) grows. A flag then shows from the
+// second sample that sees it.
+func KeepSteadyStrays(rep *Report, prev *Report) {
+	if prev == nil {
+		return
+	}
+	type key struct {
+		conn     string
+		pid, gpu int
+	}
+	before := map[key]uint64{}
+	for _, nb := range prev.Notebooks {
+		for _, p := range nb.Processes {
+			for gpu, b := range knownBytes(p.PerGPU) {
+				before[key{nb.ConnectionFile, p.PID, gpu}] = b
+			}
+		}
+	}
+	for i := range rep.Notebooks {
+		nb := &rep.Notebooks[i]
+		nb.StrayContexts = slices.DeleteFunc(nb.StrayContexts, func(sc StrayContext) bool {
+			b, ok := before[key{nb.ConnectionFile, sc.PID, sc.GPU}]
+			return !ok || b != sc.Bytes
+		})
+		if len(nb.StrayContexts) == 0 {
+			nb.StrayContexts = nil
+		}
+	}
+}
+
 func strayContexts(nb Notebook, ev FrameworkEvidence) []StrayContext {
 	if len(nb.PIDs) == 0 {
 		return nil

@@ -100,3 +100,35 @@ func TestFlagStrayContextsLabel(t *testing.T) {
 		}
 	}
 }
+
+// A flag stands once its process's figure on that GPU is steady since the
+// previous sample: a worker creating its context is not flagged at its
+// first small figure, and a stray context is, from its second sample on.
+func TestKeepSteadyStrays(t *testing.T) {
+	starting := nbWith(100, on(100, g(0, 8*gib)), on(101, g(0, 14*mib)))
+	settled := nbWith(100, on(100, g(0, 8*gib)), on(101, g(0, 518*mib)))
+	other := settled
+	other.ConnectionFile = "/home/b/rt/kernel-k1.json"
+	tests := []struct {
+		name string
+		prev *Report
+		now  Notebook
+		want int // flags kept
+	}{
+		{"no previous sample (one report): every flag", nil, settled, 1},
+		{"first seen this sample", &Report{Notebooks: []Notebook{nbWith(100, on(100, g(0, 8*gib)))}}, settled, 0},
+		{"grew since (14 MiB, then 518 MiB)", &Report{Notebooks: []Notebook{starting}}, settled, 0},
+		{"the same figure twice", &Report{Notebooks: []Notebook{settled}}, settled, 1},
+		{"steady, but under another kernel's file (an id two files share)", &Report{Notebooks: []Notebook{other}}, settled, 0},
+		{"shrank since", &Report{Notebooks: []Notebook{nbWith(100, on(100, g(0, 8*gib)), on(101, g(0, 600*mib)))}}, settled, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rep := Report{Notebooks: []Notebook{tt.now}}
+			Finish(&rep, FinishInput{Previous: tt.prev})
+			if got := len(rep.Notebooks[0].StrayContexts); got != tt.want {
+				t.Errorf("flags %+v, want %d", rep.Notebooks[0].StrayContexts, tt.want)
+			}
+		})
+	}
+}

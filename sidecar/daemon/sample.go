@@ -217,9 +217,14 @@ func (d *Daemon) stepFinish(_ context.Context, t *tick) error {
 		}
 		episodes[g.Index] = d.alertEpisode[g.Index]
 	}
+	var prev *attribution.Report
+	if !d.last.SampledAt.IsZero() {
+		last := d.last.Report // a published report's slices are never modified
+		prev = &last
+	}
 	d.mu.Unlock()
 	attribution.Finish(&t.rep, attribution.FinishInput{
-		Now: time.Now(), Table: t.obs.Table, Pods: d.pods,
+		Now: time.Now(), Table: t.obs.Table, Pods: d.pods, Previous: prev,
 		Evidence: d.strayEvidence(t.rep), OOM: d.ooms.summaries(t.rep),
 		Kernels: t.activity, Culls: t.culls,
 		Alerts: attribution.AlertConfig{Threshold: d.cfg.AlertThreshold, Episodes: episodes,
