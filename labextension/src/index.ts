@@ -172,21 +172,29 @@ const plugin: JupyterFrontEndPlugin<void> = {
       if (!state) {
         return;
       }
-      const { fresh, gone } = alertChanges(state.alerts, shown);
-      for (const a of fresh) {
-        const actions =
-          a.kind === 'threshold' && a.kernels.length
-            ? [
-                {
-                  label: trans.__('Free cache in my notebooks'),
-                  caption: trans.__("gc and empty the frameworks' caches in this server's notebooks on that GPU"),
-                  callback: () => {
-                    void Promise.allSettled(a.kernels.map(k => freeCache(k))).then(() => source.refresh());
-                  }
+      const { fresh, changed, gone } = alertChanges(state.alerts, shown);
+      const actionsOf = (a: Alert) =>
+        a.kind === 'threshold' && a.kernels.length
+          ? [
+              {
+                label: trans.__('Free cache in my notebooks'),
+                caption: trans.__("gc and empty the frameworks' caches in this server's notebooks on that GPU"),
+                callback: () => {
+                  void Promise.allSettled(a.kernels.map(k => freeCache(k))).then(() => source.refresh());
                 }
-              ]
-            : [];
-        toasts.set(a.id, Notification.warning(a.message, { autoClose: false, actions }));
+              }
+            ]
+          : [];
+      for (const a of fresh) {
+        toasts.set(a.id, Notification.warning(a.message, { autoClose: false, actions: actionsOf(a) }));
+      }
+      // A toast still open says the daemon's current sentence; one the
+      // user closed stays closed.
+      for (const a of changed) {
+        const id = toasts.get(a.id);
+        if (id !== undefined) {
+          Notification.update({ id, message: a.message, type: 'warning', autoClose: false, actions: actionsOf(a) });
+        }
       }
       for (const a of gone) {
         const id = toasts.get(a.id);

@@ -233,11 +233,20 @@ describe('alertChanges', () => {
   it('shows each alert once by id, and says which went', () => {
     const shown = new Map<string, Alert>();
     expect(alertChanges([threshold, cull, left], shown).fresh).toEqual([threshold, cull]);
-    expect(alertChanges([threshold, cull], shown)).toEqual({ fresh: [], gone: [] });
-    expect(alertChanges([cull], shown)).toEqual({ fresh: [], gone: [threshold] }); // back under
-    expect(alertChanges(undefined, shown)).toEqual({ fresh: [], gone: [cull] });
+    expect(alertChanges([threshold, cull], shown)).toEqual({ fresh: [], changed: [], gone: [] });
+    expect(alertChanges([cull], shown)).toEqual({ fresh: [], changed: [], gone: [threshold] }); // back under
+    expect(alertChanges(undefined, shown)).toEqual({ fresh: [], changed: [], gone: [cull] });
     const again = { ...threshold, id: 'gpu0-2' }; // a new crossing
     expect(alertChanges([again], shown).fresh).toEqual([again]);
+  });
+
+  it("says which shown alert's sentence moved, once per new sentence", () => {
+    const shown = new Map<string, Alert>();
+    alertChanges([threshold], shown);
+    const fuller = { ...threshold, bytes: 72 * GiB, message: 'GPU 0 is 90% full' };
+    expect(alertChanges([fuller], shown)).toEqual({ fresh: [], changed: [fuller], gone: [] });
+    expect(alertChanges([fuller], shown)).toEqual({ fresh: [], changed: [], gone: [] });
+    expect(alertChanges([], shown).gone).toEqual([fuller]);
   });
 });
 

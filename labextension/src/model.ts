@@ -400,10 +400,12 @@ const TOASTED = new Set(['threshold', 'cull']);
 
 /**
  * What changed in the alerts since the last reply: fresh are the alerts
- * not shown yet (each id once), gone the ids shown that the daemon no
- * longer holds. shown (id -> alert) is updated.
+ * not shown yet (each id once), changed those shown whose sentence the
+ * daemon has rewritten since (a GPU's figure moved: the toast says the
+ * new one), gone the ids shown that the daemon no longer holds. shown
+ * (id -> alert) is updated.
  */
-export function alertChanges(alerts: Alert[] | undefined, shown: Map<string, Alert>): { fresh: Alert[]; gone: Alert[] } {
+export function alertChanges(alerts: Alert[] | undefined, shown: Map<string, Alert>): { fresh: Alert[]; changed: Alert[]; gone: Alert[] } {
   const current = (alerts ?? []).filter(a => TOASTED.has(a.kind));
   const ids = new Set(current.map(a => a.id));
   const gone = [...shown.values()].filter(a => !ids.has(a.id));
@@ -411,10 +413,11 @@ export function alertChanges(alerts: Alert[] | undefined, shown: Map<string, Ale
     shown.delete(a.id);
   }
   const fresh = current.filter(a => !shown.has(a.id));
-  for (const a of fresh) {
+  const changed = current.filter(a => shown.has(a.id) && shown.get(a.id)?.message !== a.message);
+  for (const a of [...fresh, ...changed]) {
     shown.set(a.id, a);
   }
-  return { fresh, gone };
+  return { fresh, changed, gone };
 }
 
 /** One row of the Variables table. */

@@ -384,6 +384,8 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     assert "train.ipynb 70.0 GiB" in alert.first.inner_text(), alert.first.inner_text()
     stack.set_gpu({pm: 71 * GiB, po: 1 * GiB})
     label.filter(has_text="GPU 71.0 GiB").wait_for(timeout=10_000)
+    # The open notification says the daemon's new figure, in place.
+    alert.filter(has_text="train.ipynb 71.0 GiB").wait_for(timeout=10_000)
     for _ in range(2):  # two more polls: the alert stays one
         page.wait_for_event("request", lambda r: "gpumem/api/v1/state" in r.url, timeout=10_000)
     assert alert.count() == 1, "the alert was shown %d times" % alert.count()
