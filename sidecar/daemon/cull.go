@@ -172,8 +172,10 @@ func (d *Daemon) cull(ctx context.Context, rep attribution.Report) ([]attributio
 		// sessions are read now and then: a cell that ended a moment ago
 		// must not count as idle since the server's last reading).
 		lastActivity := ks.lastActivity
-		if ks.client != nil && ks.client.LastShellWork().After(lastActivity) {
-			lastActivity = ks.client.LastShellWork()
+		if ks.client != nil {
+			if w := ks.client.LastShellWork(); w.After(lastActivity) {
+				lastActivity = w
+			}
 		}
 		act := attribution.KernelActivity{ExecutionState: ks.execState, LastActivity: lastActivity, ComputedAt: computedAt}
 		used := act.Used()
