@@ -104,13 +104,18 @@ func (d *Daemon) sample(ctx context.Context) {
 		case err != nil && !s.required:
 			d.log.Debug().Err(err).Str("step", s.name).Msg("sample step failed")
 		case err != nil:
-			d.log.Warn().Err(err).Str("step", s.name).Msg("sampling failed")
+			if log, unlogged := d.sampleFailures.fail(time.Now(), s.name+": "+err.Error()); log {
+				d.log.Warn().Err(err).Str("step", s.name).Int("unlogged_since", unlogged).Msg("sampling failed")
+			}
 			d.mu.Lock()
 			d.last.SampleSuccess = false
 			d.last.Steps = t.steps
 			d.mu.Unlock()
 			return
 		}
+	}
+	if n := d.sampleFailures.ok(); n > 0 {
+		d.log.Info().Int("failures", n).Msg("sampling works again")
 	}
 	d.mu.Lock()
 	d.last.Steps = t.steps // publish's own time too
