@@ -198,7 +198,7 @@ func testKernels(t *testing.T, kind testenv.ServerKind) {
 	t.Run("kill -9", func(t *testing.T) {
 		// Only the kernel without a server: a server's restarter would
 		// replace a killed kernel of its own.
-		if err := syscall.Kill(bare.Cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		if err := bare.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
 		testenv.Poll(t, 10*time.Second, "the killed kernel to exit", bare.Exited)

@@ -103,6 +103,34 @@ func waitPidfd(fd int, d time.Duration) bool {
 	}
 }
 
+// Pinned is a process held by a pidfd taken while the test knew it to be
+// that process: a signal through it reaches that process or nothing, never
+// one that took its number after it exited (on a busy host numbers come
+// round again within seconds). A test that kills a process it did not
+// start, or one that may have ended by itself, pins it first.
+type Pinned struct {
+	PID int
+	fd  int
+}
+
+// Pin takes a pidfd of pid now, closed at t's cleanup; the test fails when
+// pid is gone already.
+func Pin(t testing.TB, pid int) *Pinned {
+	t.Helper()
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		t.Fatalf("pin pid %d: %v", pid, err)
+	}
+	t.Cleanup(func() { _ = unix.Close(fd) })
+	return &Pinned{PID: pid, fd: fd}
+}
+
+// Signal sends sig to the pinned process, and reports whether it still
+// ran to receive it.
+func (p *Pinned) Signal(sig unix.Signal) bool {
+	return unix.PidfdSendSignal(p.fd, sig, nil, 0) == nil
+}
+
 // KillIf sends SIGKILL to pid when still(pid) holds for the process that
 // has that number now, and reports whether it did. A pidfd pins that
 // process before still looks (still reads /proc/<pid>/… by number: what it

@@ -113,7 +113,7 @@ func TestFailedProcReadIsNoExit(t *testing.T) {
 		under, _ := kernelHolds(d.Report(t), k.ID, worker)
 		return under
 	})
-	if err := syscall.Kill(k.Cmd.Process.Pid, syscall.SIGKILL); err != nil {
+	if err := k.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	d.WaitLog(t, 15*time.Second, "kernel process exited", map[string]any{"kernel_id": k.ID})

@@ -59,6 +59,7 @@ func TestKernelManagerKernelFollowed(t *testing.T) {
 		return false
 	})
 	testenv.NewReaper(t, nil).Add(started.PID)
+	kernel := testenv.Pin(t, started.PID) // the KernelManager's child, not the test's
 	t.Cleanup(func() { _ = os.Remove(started.File) })
 	if filepath.Dir(started.File) != os.TempDir() || !strings.HasPrefix(filepath.Base(started.File), "tmp") {
 		t.Fatalf("the KernelManager wrote %s: not a temp file outside the runtime dir", started.File)
@@ -87,8 +88,8 @@ func TestKernelManagerKernelFollowed(t *testing.T) {
 		return under
 	})
 
-	if err := syscall.Kill(started.PID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
+	if !kernel.Signal(syscall.SIGKILL) {
+		t.Fatalf("the kernel (pid %d) had ended before the test killed it", started.PID)
 	}
 	d.WaitLog(t, 15*time.Second, "orphan ended", map[string]any{"kernel_id": id, "pid": worker})
 	testenv.Poll(t, 10*time.Second, "the worker to be gone", func() bool { return !testenv.Alive(worker) })

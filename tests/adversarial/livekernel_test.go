@@ -76,7 +76,7 @@ func TestConnectionFileRemovedUnderLiveKernel(t *testing.T) {
 	}
 
 	// Now the kernel process dies: a shutdown, and its orphans go.
-	if err := syscall.Kill(k.Cmd.Process.Pid, syscall.SIGKILL); err != nil {
+	if err := k.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	d.WaitLog(t, 15*time.Second, "kernel process exited", map[string]any{"kernel_id": k.ID, "after": "shutdown"})

@@ -24,6 +24,7 @@ func TestReclaimNamesNotebookAfterServerDied(t *testing.T) {
 	if len(kernelPID) != 1 {
 		t.Fatalf("kernel pids %v", kernelPID)
 	}
+	kernel := testenv.Pin(t, kernelPID[0]) // it may end itself before the test kills it
 	gpu := testenv.NewFakeGPU(t)
 	gpu.Set(t, testenv.FakeProc{PID: orphan, UsedBytes: 1 << 30})
 	d := testenv.StartDaemon(t, gpumemBin, srv.Dir, gpu, "--interval=100ms", "--reclaim-grace=500ms")
@@ -43,6 +44,6 @@ func TestReclaimNamesNotebookAfterServerDied(t *testing.T) {
 	d.WaitLog(t, 15*time.Second, "discovery", map[string]any{"error": "~" + srv.URL[len("http://"):]})
 	// ipykernel ends itself within about a second of its parent's death;
 	// when it already has, that is the same shutdown.
-	_ = syscall.Kill(kernelPID[0], syscall.SIGKILL)
+	kernel.Signal(syscall.SIGKILL)
 	d.WaitLog(t, 15*time.Second, "ending orphan that holds GPU memory (SIGTERM)", map[string]any{"pid": orphan, "notebook": notebook})
 }

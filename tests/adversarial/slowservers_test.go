@@ -95,7 +95,7 @@ func TestSlowServersDoNotStopSampling(t *testing.T) {
 
 	// The kernel dies: its orphans are reclaimed within the grace and a
 	// few samples, servers stalling or not.
-	if err := syscall.Kill(k.Cmd.Process.Pid, syscall.SIGKILL); err != nil {
+	if err := k.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()

@@ -104,7 +104,7 @@ func TestStaleConnectionFileDaemon(t *testing.T) {
 	})
 	// The listener dies (a restart, as far as a file-trusting daemon could
 	// tell), then the file goes (a shutdown): the child stays.
-	if err := syscall.Kill(listener.Process.Pid, syscall.SIGKILL); err != nil {
+	if err := listener.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	_ = listener.Wait() // reaped: no zombie left in /proc

@@ -82,7 +82,7 @@ time.sleep(600)
 	}
 
 	// The port owner dies: its child is no kernel's orphan.
-	if err := syscall.Kill(owner.Process.Pid, syscall.SIGKILL); err != nil {
+	if err := owner.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	staysAlive(t, 3*time.Second, "child of the stale file's port owner", child)

@@ -29,7 +29,7 @@ func TestOrphansThroughAnotherUsersKernelID(t *testing.T) {
 	waitRecorded(t, k.d, k.id, job)
 
 	// Alice's kernel shuts down: its process and its file go.
-	if err := syscall.Kill(k.ak.Cmd.Process.Pid, syscall.SIGKILL); err != nil {
+	if err := k.ak.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Remove(k.aliceFile); err != nil {

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -244,11 +243,14 @@ func killProxy(t *testing.T, pidFile string, apiPort int) {
 		t.Errorf("proxy pid file %s: %q", pidFile, b)
 		return
 	}
-	argv, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil || !strings.Contains(string(argv), "configurable-http-proxy") ||
-		!strings.Contains(string(argv), "\x00--api-port\x00"+strconv.Itoa(apiPort)+"\x00") {
-		return // gone already, or the pid is another process's now
+	// Only while the number is still the proxy's (pinned by a pidfd as
+	// its argv is read): gone already, or another process's now, it is left.
+	if !testenv.KillIf(pid, func(pid int) bool {
+		argv, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		return err == nil && strings.Contains(string(argv), "configurable-http-proxy") &&
+			strings.Contains(string(argv), "\x00--api-port\x00"+strconv.Itoa(apiPort)+"\x00")
+	}) {
+		return
 	}
-	_ = syscall.Kill(pid, syscall.SIGKILL)
 	testenv.Poll(t, 10*time.Second, "the proxy ended", func() bool { return !testenv.Alive(pid) })
 }

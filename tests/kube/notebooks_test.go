@@ -202,6 +202,7 @@ fcntl.ioctl(s.fileno(), 0x8914, struct.pack("16sH", b"lo", flags | 1))`
 	if _, err := os.Stat(filepath.Join(podDir, "runtime", connName)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the kernel's connection file is visible outside the pod (stat: %v): the pod's mounts are not its own", err)
 	}
+	kernel := testenv.Pin(t, kernelPID) // the pod server's child, not the test's
 	inPod, inPodB, outside := workers["3601"], workers["3602"], workers["3603"]
 	moveToCgroup(t, cgB, inPodB)
 	moveToCgroup(t, cgHost, outside)
@@ -296,8 +297,8 @@ fcntl.ioctl(s.fileno(), 0x8914, struct.pack("16sH", b"lo", flags | 1))`
 
 	// The kernel dies; its server starts another. Only the worker still in
 	// the kernel's pod is ended.
-	if err := syscall.Kill(kernelPID, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
+	if !kernel.Signal(syscall.SIGKILL) {
+		t.Fatalf("the pod's kernel (pid %d) had ended before the test killed it", kernelPID)
 	}
 	// A restart, not a shutdown: the restarted kernel's process names the
 	// same file while it starts, before it listens.
