@@ -16,7 +16,7 @@ import { Signal } from '@lumino/signaling';
 
 import { endOrphans, freeCache } from './api';
 import { baseName, formatBytes, formatPercent, reclaimMessage, Trans } from './format';
-import { Alert, alertChanges, WINDOWS } from './model';
+import { Alert, alertChanges, alertText, WINDOWS } from './model';
 import { LogEvent, newOOMs } from './oom';
 import { GpuPanel } from './panel';
 import { StateSource } from './source';
@@ -186,14 +186,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
             ]
           : [];
       for (const a of fresh) {
-        toasts.set(a.id, Notification.warning(a.message, { autoClose: false, actions: actionsOf(a) }));
+        toasts.set(a.id, Notification.warning(alertText(a), { autoClose: false, actions: actionsOf(a) }));
       }
       // A toast still open says the daemon's current sentence; one the
       // user closed stays closed.
       for (const a of changed) {
         const id = toasts.get(a.id);
         if (id !== undefined) {
-          Notification.update({ id, message: a.message, type: 'warning', autoClose: false, actions: actionsOf(a) });
+          Notification.update({ id, message: alertText(a), type: 'warning', autoClose: false, actions: actionsOf(a) });
         }
       }
       for (const a of gone) {

@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 
 import {
   alertChanges,
+  alertText,
   Alert,
   formatDuration,
   History,
@@ -238,6 +239,13 @@ describe('alertChanges', () => {
     expect(alertChanges(undefined, shown)).toEqual({ fresh: [], changed: [], gone: [cull] });
     const again = { ...threshold, id: 'gpu0-2' }; // a new crossing
     expect(alertChanges([again], shown).fresh).toEqual([again]);
+  });
+
+  it("toasts the daemon's headline where it gives one", () => {
+    expect(alertText(threshold)).toBe('GPU 0 is 88% full');
+    expect(alertText({ ...threshold, headline: 'GPU 0 is 88% full; biggest: train.ipynb 70.0 GiB' })).toBe(
+      'GPU 0 is 88% full; biggest: train.ipynb 70.0 GiB'
+    );
   });
 
   it("says which shown alert's sentence moved, once per new sentence", () => {

@@ -393,6 +393,13 @@ export interface Alert {
   deadline?: string;
   action?: string;
   message: string;
+  /** The daemon's line for a notification, where message is longer than a toast shows. */
+  headline?: string;
+}
+
+/** What a notification says of an alert: the daemon's headline, or its message. */
+export function alertText(a: Alert): string {
+  return a.headline || a.message;
 }
 
 /** The kinds a notification shows; a process left running and an out-of-memory error are the events'. */
@@ -413,7 +420,10 @@ export function alertChanges(alerts: Alert[] | undefined, shown: Map<string, Ale
     shown.delete(a.id);
   }
   const fresh = current.filter(a => !shown.has(a.id));
-  const changed = current.filter(a => shown.has(a.id) && shown.get(a.id)?.message !== a.message);
+  const changed = current.filter(a => {
+    const was = shown.get(a.id);
+    return was !== undefined && alertText(was) !== alertText(a);
+  });
   for (const a of [...fresh, ...changed]) {
     shown.set(a.id, a);
   }

@@ -2,6 +2,7 @@ package attribution
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -49,6 +50,10 @@ type Alert struct {
 	Deadline time.Time `json:"deadline,omitzero"`
 	Action   string    `json:"action,omitempty"`
 	Message  string    `json:"message"`
+	// Headline is the notification's line where Message is longer than a
+	// notification shows (JupyterLab cuts a toast's message at 140
+	// characters); "" where Message is short enough.
+	Headline string `json:"headline,omitempty"`
 }
 
 // InNotebook reports whether a's kind is shown in notebooks, before a
@@ -107,17 +112,27 @@ func CullMessage(action string, bytes uint64, idle time.Duration, at time.Time) 
 		units.Bytes(bytes), idle.Round(time.Second), verb, at.Format("15:04:05"))
 }
 
-// thresholdMessage is a threshold alert's sentence: the GPU, how full,
-// and its biggest holders.
-func thresholdMessage(g GPU, biggest []Holder) string {
+// thresholdMessage is a threshold alert's sentence (the GPU, how full,
+// its biggest holders and what to do), and its headline for a
+// notification (how full and the two biggest). A notebook is named by its
+// file's name, as the panel names it.
+func thresholdMessage(g GPU, biggest []Holder) (message, headline string) {
 	parts := make([]string, 0, len(biggest))
 	for _, h := range biggest {
-		parts = append(parts, h.Name+" "+units.Bytes(h.Bytes))
+		name := h.Name
+		if h.Kind == HolderNotebook {
+			name = filepath.Base(name)
+		}
+		parts = append(parts, name+" "+units.Bytes(h.Bytes))
 	}
-	return fmt.Sprintf("GPU %d (%s) is %.0f%% full: %s of %s used; biggest: %s. "+
+	full := fmt.Sprintf("GPU %d is %.0f%% full: %s of %s used", g.Index,
+		100*float64(g.MemoryUsedBytes)/float64(max(g.MemoryTotalBytes, 1)),
+		units.Bytes(g.MemoryUsedBytes), units.Bytes(g.MemoryTotalBytes))
+	message = fmt.Sprintf("GPU %d (%s) is%s; biggest: %s. "+
 		"`%%gpumem free` returns this notebook's cached memory; `%%gpumem top` shows who holds the rest.",
-		g.Index, g.Name, 100*float64(g.MemoryUsedBytes)/float64(max(g.MemoryTotalBytes, 1)),
-		units.Bytes(g.MemoryUsedBytes), units.Bytes(g.MemoryTotalBytes), strings.Join(parts, ", "))
+		g.Index, g.Name, strings.TrimPrefix(full, fmt.Sprintf("GPU %d is", g.Index)), strings.Join(parts, ", "))
+	headline = full + "; biggest: " + strings.Join(parts[:min(len(parts), 2)], ", ")
+	return message, headline
 }
 
 // addAlerts sets the alerts that stand: the cull warnings, each GPU at or
@@ -139,9 +154,10 @@ func addAlerts(r *Report, in FinishInput) {
 			biggest = g.HoldersByUser
 		}
 		biggest = biggest[:min(len(biggest), alertHolders)]
+		msg, head := thresholdMessage(g, biggest)
 		r.Alerts = append(r.Alerts, Alert{ID: fmt.Sprintf("gpu%d-%d", g.Index, max(in.Alerts.Episodes[g.Index], 1)),
 			Kind: AlertThreshold, GPU: g.Index, Kernels: kernelsOnGPU(*r, g.Index), Bytes: g.MemoryUsedBytes,
-			Message: thresholdMessage(g, biggest)})
+			Message: msg, Headline: head})
 	}
 	for _, lr := range r.LeftRunning {
 		gpu := -1

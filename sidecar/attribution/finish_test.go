@@ -83,13 +83,15 @@ func TestFinishAlerts(t *testing.T) {
 		{"under the threshold", FinishInput{Alerts: AlertConfig{Threshold: 0.9}}, nil},
 		{"over, by notebook", FinishInput{Alerts: AlertConfig{Threshold: 0.8, Episodes: map[int]int{0: 3}}}, []Alert{{
 			ID: "gpu0-3", Kind: AlertThreshold, GPU: 0, Kernels: []string{"a", "b"}, Bytes: 70 << 30,
-			Message: "GPU 0 (H200) is 88% full: 70.0 GiB of 80.0 GiB used; biggest: /home/alice/secret.ipynb 3.0 GiB, " +
-				"pid 7 (carol) 2.0 GiB, /home/alice/b.ipynb 1.0 GiB. `%gpumem free` returns this notebook's cached memory; " +
-				"`%gpumem top` shows who holds the rest."}}},
+			Message: "GPU 0 (H200) is 88% full: 70.0 GiB of 80.0 GiB used; biggest: secret.ipynb 3.0 GiB, " +
+				"pid 7 (carol) 2.0 GiB, b.ipynb 1.0 GiB. `%gpumem free` returns this notebook's cached memory; " +
+				"`%gpumem top` shows who holds the rest.",
+			Headline: "GPU 0 is 88% full: 70.0 GiB of 80.0 GiB used; biggest: secret.ipynb 3.0 GiB, pid 7 (carol) 2.0 GiB"}}},
 		{"over, by user, first crossing", FinishInput{Alerts: AlertConfig{Threshold: 0.8, NameUsers: true}}, []Alert{{
 			ID: "gpu0-1", Kind: AlertThreshold, GPU: 0, Kernels: []string{"a", "b"}, Bytes: 70 << 30,
 			Message: "GPU 0 (H200) is 88% full: 70.0 GiB of 80.0 GiB used; biggest: user alice 4.0 GiB, user carol 2.0 GiB. " +
-				"`%gpumem free` returns this notebook's cached memory; `%gpumem top` shows who holds the rest."}}},
+				"`%gpumem free` returns this notebook's cached memory; `%gpumem top` shows who holds the rest.",
+			Headline: "GPU 0 is 88% full: 70.0 GiB of 80.0 GiB used; biggest: user alice 4.0 GiB, user carol 2.0 GiB"}}},
 		{"a cull warning", FinishInput{Culls: []CullWarning{cull}}, []Alert{{
 			ID: "cull-b-2", Kind: AlertCull, GPU: -1, Kernels: []string{"b"}, User: "alice", Bytes: 12 << 30,
 			Deadline: deadline, Action: CullShutdown,

@@ -31,7 +31,7 @@ func TestServeNotebookAlerts(t *testing.T) {
 		}
 		return false
 	})
-	for _, want := range []string{"62% full", "big/model.ipynb 40.0 GiB", "%gpumem free"} {
+	for _, want := range []string{"62% full", "model.ipynb 40.0 GiB", "%gpumem free"} {
 		if !strings.Contains(alert, want) {
 			t.Errorf("alert %q lacks %q", alert, want)
 		}
