@@ -2,7 +2,6 @@ package attribution
 
 import (
 	"cmp"
-	"reflect"
 	"slices"
 
 	"github.com/gpumem/gpumem/nvml"
@@ -34,7 +33,9 @@ func (m *Memo) Attribute(snap nvml.Snapshot, table *procs.Table, kernels []Kerne
 	slices.SortFunc(sorted, func(a, b Kernel) int {
 		return cmp.Or(cmp.Compare(a.ConnectionFile, b.ConnectionFile), cmp.Compare(a.ID, b.ID), cmp.Compare(a.PID, b.PID))
 	})
-	if !m.valid || table != m.table || !reflect.DeepEqual(sorted, m.kernels) || !reflect.DeepEqual(snap, m.snap) {
+	// Typed comparisons: reflect.DeepEqual of a thousand kernels and the
+	// GPUs' process lists was most of what an unchanged sample cost here.
+	if !m.valid || table != m.table || !slices.Equal(sorted, m.kernels) || !snap.Equal(m.snap) {
 		m.snap, m.table, m.kernels = snap, table, sorted
 		m.report, m.valid = MakeReport(snap, table, kernels), true
 	}
