@@ -29,6 +29,10 @@ type computeState struct {
 	lastSample time.Time
 	hoard      *history.Hoard
 	left       map[procID]*leftRunning
+
+	// per is record's scratch map, guarded by perMu (taken before mu).
+	perMu sync.Mutex
+	per   map[procID]utilSample
 }
 
 // leftRunning is a process reclaim did not end, and what it knows of it.
@@ -52,7 +56,16 @@ func newComputeState(cfg ComputeConfig, interval, reclaimWatch time.Duration, ho
 // (a process on several GPUs: its highest figures, unknown if any GPU
 // cannot say) and forgets readings older than keep.
 func (c *computeState) record(now time.Time, snap nvml.Snapshot, table *procs.Table) {
-	per := make(map[procID]utilSample, len(c.procs))
+	// One sample's readings, by process: the map is kept from call to
+	// call, emptied, as making one for the host's thousands of GPU
+	// processes every second was most of what record cost.
+	c.perMu.Lock()
+	defer c.perMu.Unlock()
+	if c.per == nil {
+		c.per = make(map[procID]utilSample, len(c.procs))
+	}
+	per := c.per
+	clear(per)
 	for _, d := range snap.Devices {
 		for _, p := range d.Processes {
 			tp, ok := table.Resolve(p.PID)
@@ -126,14 +139,24 @@ func (c *computeState) kernelSettling(connFile string) bool {
 // attributed from.
 func (c *computeState) finish(now time.Time, rep *attribution.Report, snap nvml.Snapshot, table *procs.Table) {
 	held := attribution.BytesByPID(snap)
-	gpusOf := map[int][]int{}
-	for _, d := range snap.Devices {
-		for _, p := range d.Processes {
-			gpusOf[p.PID] = append(gpusOf[p.PID], d.Index)
-		}
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// The GPUs of each process left running (of those alone: the host's
+	// thousands of GPU processes are not wanted here).
+	var gpusOf map[int][]int
+	if len(c.left) > 0 {
+		gpusOf = make(map[int][]int, len(c.left))
+		for id := range c.left {
+			gpusOf[id.PID] = nil
+		}
+		for _, d := range snap.Devices {
+			for _, p := range d.Processes {
+				if gs, ok := gpusOf[p.PID]; ok {
+					gpusOf[p.PID] = append(gs, d.Index)
+				}
+			}
+		}
+	}
 	dt := 0.0
 	if !c.lastSample.IsZero() && now.After(c.lastSample) {
 		// A daemon stopped for a while (a suspended host) does not count
