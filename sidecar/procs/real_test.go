@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // The real /proc: this test process, a child it starts, and an orphan of a
@@ -139,5 +140,41 @@ func TestRealListeningSocket(t *testing.T) {
 	}
 	if owners[inode] != os.Getpid() {
 		t.Errorf("owner of port %d = %d, want %d", port, owners[inode], os.Getpid())
+	}
+}
+
+// On the real /proc (this process's own), RecentCmdlines' calls after the
+// first read the pids handed out since (no listing), and find a process
+// started between two calls at the next one.
+func TestRealRecentCmdlinesFromTheAllocator(t *testing.T) {
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("no /proc")
+	}
+	fs := &FS{}
+	if !fs.ownNamespace() {
+		t.Skip("/proc is not this process's own pid namespace's")
+	}
+	if _, err := fs.RecentCmdlines(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	listedAt := fs.argvListedAt
+	if !fs.argvTracked {
+		t.Fatal("the allocator was not read")
+	}
+	mark := "gpumem-argv-" + strconv.Itoa(os.Getpid())
+	child := exec.Command("sleep", "60", mark)
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+	got, err := fs.RecentCmdlines(time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if argv := got[child.Process.Pid]; !slices.Contains(argv, mark) {
+		t.Errorf("a process started since the last call: argv %q, want it to name %s", argv, mark)
+	}
+	if !fs.argvListedAt.Equal(listedAt) {
+		t.Errorf("the call listed /proc: the allocator was not followed")
 	}
 }
