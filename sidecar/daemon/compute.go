@@ -138,13 +138,14 @@ func (c *computeState) kernelSettling(connFile string) bool {
 // and lists the processes left running. table and snap are those rep was
 // attributed from.
 func (c *computeState) finish(now time.Time, rep *attribution.Report, snap nvml.Snapshot, table *procs.Table) {
-	held := attribution.BytesByPID(snap)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	// The GPUs of each process left running (of those alone: the host's
-	// thousands of GPU processes are not wanted here).
+	// The memory and GPUs of each process left running (of those alone:
+	// the host's thousands of GPU processes are not wanted here).
+	var held map[int]uint64
 	var gpusOf map[int][]int
 	if len(c.left) > 0 {
+		held = attribution.BytesByPID(snap)
 		gpusOf = make(map[int][]int, len(c.left))
 		for id := range c.left {
 			gpusOf[id.PID] = nil
