@@ -33,6 +33,28 @@ type computeState struct {
 	// per is record's scratch map, guarded by perMu (taken before mu).
 	perMu sync.Mutex
 	per   map[procID]utilSample
+	// whys are judgements put in words (whyLocked), guarded by mu.
+	whys map[judgement]string
+}
+
+// maxWhys bounds whys: the judgements a host's notebooks come to are few
+// (the counts of readings in a window), but nothing else bounds them.
+const maxWhys = 4096
+
+// whyLocked is j.why(), from memory: every sample puts every notebook's
+// judgement in words, and most say what they said a second before.
+// lastActive is no part of the words: it is left out of the key.
+func (c *computeState) whyLocked(j judgement) string {
+	j.lastActive = time.Time{}
+	if s, ok := c.whys[j]; ok {
+		return s
+	}
+	if c.whys == nil || len(c.whys) >= maxWhys {
+		c.whys = map[judgement]string{}
+	}
+	s := j.why()
+	c.whys[j] = s
+	return s
 }
 
 // leftRunning is a process reclaim did not end, and what it knows of it.
@@ -185,7 +207,7 @@ func (c *computeState) finish(now time.Time, rep *attribution.Report, snap nvml.
 			c.computedAt[file] = j.lastActive
 		}
 		c.addHoard(now, file, nb.User, j, nb.GPUMemoryBytes, dt)
-		nb.Compute = &attribution.Compute{State: j.verdict.String(), Reason: j.why(), LastComputedAt: c.computedAt[file]}
+		nb.Compute = &attribution.Compute{State: j.verdict.String(), Reason: c.whyLocked(j), LastComputedAt: c.computedAt[file]}
 		if bs, ok := c.hoard.Notebook(now, file); ok {
 			nb.Compute.HoardedGiBHours = gib(bs)
 		}

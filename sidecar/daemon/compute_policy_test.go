@@ -172,3 +172,43 @@ func TestComputeConfigValidate(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// whyLocked says what why says, whatever the judgement (each field changed
+// in turn, lastActive too, which the words do not read), from memory or
+// not, and past its bound.
+func TestWhyFromMemory(t *testing.T) {
+	base := judgement{verdict: verdictIdle, known: 30, active: 2, window: time.Minute, threshold: 5}
+	variants := []func(j *judgement){
+		func(j *judgement) {},
+		func(j *judgement) { j.verdict = verdictComputing },
+		func(j *judgement) { j.verdict = verdictUnknown },
+		func(j *judgement) { j.verdict, j.settling = verdictUnknown, true },
+		func(j *judgement) { j.verdict, j.unknown = verdictUnknown, 4 },
+		func(j *judgement) { j.known++ },
+		func(j *judgement) { j.active++ },
+		func(j *judgement) { j.window = 2 * time.Minute },
+		func(j *judgement) { j.threshold = 10 },
+		func(j *judgement) { j.note = "a process not in /proc" },
+		func(j *judgement) { j.lastActive = time.Unix(1e9, 0) },
+	}
+	c := newComputeState(ComputeConfig{}, time.Second, time.Second, time.Hour)
+	for round := range 2 { // the second from memory
+		for i, v := range variants {
+			j := base
+			v(&j)
+			if got, want := c.whyLocked(j), j.why(); got != want {
+				t.Errorf("round %d, variant %d: %q, want %q", round, i, got, want)
+			}
+		}
+	}
+	for i := range maxWhys + 10 {
+		j := base
+		j.known = i
+		if got, want := c.whyLocked(j), j.why(); got != want {
+			t.Fatalf("judgement %d: %q, want %q", i, got, want)
+		}
+	}
+	if len(c.whys) > maxWhys {
+		t.Errorf("%d judgements kept, bound %d", len(c.whys), maxWhys)
+	}
+}
