@@ -88,6 +88,7 @@ func (c *computeState) record(now time.Time, snap nvml.Snapshot, table *procs.Ta
 	}
 	per := c.per
 	clear(per)
+	at := atTime(now)
 	for _, d := range snap.Devices {
 		for _, p := range d.Processes {
 			tp, ok := table.Resolve(p.PID)
@@ -97,7 +98,7 @@ func (c *computeState) record(now time.Time, snap nvml.Snapshot, table *procs.Ta
 			id := procID{tp.PID, tp.StartTime}
 			s, seen := per[id]
 			if !seen {
-				s = utilSample{at: now, known: true}
+				s = utilSample{at: at, known: true}
 			}
 			s.known = s.known && p.Util.Known
 			s.sm, s.mem = max(s.sm, p.Util.SMPercent), max(s.mem, p.Util.MemoryPercent)
@@ -105,7 +106,7 @@ func (c *computeState) record(now time.Time, snap nvml.Snapshot, table *procs.Ta
 			per[id] = s
 		}
 	}
-	horizon := now.Add(-c.keep)
+	horizon := atTime(now.Add(-c.keep))
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for id, s := range per {
@@ -113,7 +114,7 @@ func (c *computeState) record(now time.Time, snap nvml.Snapshot, table *procs.Ta
 	}
 	for id, ss := range c.procs {
 		i := 0
-		for i < len(ss) && ss[i].at.Before(horizon) {
+		for i < len(ss) && ss[i].at < horizon {
 			i++
 		}
 		if i == len(ss) {

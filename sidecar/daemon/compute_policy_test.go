@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +15,7 @@ var t0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 func readings(start time.Time, pattern string) []utilSample {
 	var out []utilSample
 	for i, c := range pattern {
-		s := utilSample{at: start.Add(time.Duration(i) * time.Second), known: true}
+		s := utilSample{at: atTime(start.Add(time.Duration(i) * time.Second)), known: true}
 		switch c {
 		case 'a':
 			s.sm, s.mem = 90, 10
@@ -210,5 +211,30 @@ func TestWhyFromMemory(t *testing.T) {
 	}
 	if len(c.whys) > maxWhys {
 		t.Errorf("%d judgements kept, bound %d", len(c.whys), maxWhys)
+	}
+}
+
+// A reading's time is kept without a pointer and given back as the same
+// instant, for the daemon's times (monotonic) and for others (wall clock
+// only), in the same order.
+func TestSampleTimeKeepsTheInstant(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		t    time.Time
+	}{
+		{"now", time.Now()},
+		{"now, later", time.Now().Add(90 * time.Second)},
+		{"wall clock only", time.Unix(1e9, 5)},
+		{"before the epoch", sampleEpoch.Add(-time.Hour)},
+	} {
+		if got := atTime(tt.t).Time(); !got.Equal(tt.t) {
+			t.Errorf("%s: %v back as %v", tt.name, tt.t, got)
+		}
+		if a, b := atTime(tt.t), atTime(tt.t.Add(time.Nanosecond)); a >= b {
+			t.Errorf("%s: %d not before %d", tt.name, a, b)
+		}
+	}
+	if reflect.TypeFor[utilSample]().Size() > 32 {
+		t.Errorf("utilSample is %d bytes", reflect.TypeFor[utilSample]().Size())
 	}
 }
