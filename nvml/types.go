@@ -112,3 +112,29 @@ func SortProcesses(procs []Process) {
 			cmp.Compare(a.ComputeInstanceID, b.ComputeInstanceID))
 	})
 }
+
+// Equal reports whether s and o hold the same figures, element by element
+// (a nil slice equals an empty one): what a caller that skips work for an
+// unchanged sample compares, once a second, without reflection.
+// TestEqualSeesEveryField changes each field in turn, so a field added
+// later and not compared here fails it.
+func (s Snapshot) Equal(o Snapshot) bool {
+	return s.Simulated == o.Simulated && slices.Equal(s.Warnings, o.Warnings) &&
+		slices.EqualFunc(s.Devices, o.Devices, Device.Equal)
+}
+
+// Equal reports whether d and o hold the same figures (see Snapshot.Equal).
+func (d Device) Equal(o Device) bool {
+	return d.Index == o.Index && d.UUID == o.UUID && d.Name == o.Name &&
+		d.MemoryTotalBytes == o.MemoryTotalBytes && d.MemoryUsedBytes == o.MemoryUsedBytes &&
+		d.MemoryReservedBytes == o.MemoryReservedBytes && d.DriverVersion == o.DriverVersion &&
+		d.Simulated == o.Simulated && d.MIGEnabled == o.MIGEnabled && d.UtilizationMissing == o.UtilizationMissing &&
+		slices.Equal(d.Processes, o.Processes) && slices.EqualFunc(d.MIG, o.MIG, MIGInstance.Equal)
+}
+
+// Equal reports whether m and o hold the same figures (see Snapshot.Equal).
+func (m MIGInstance) Equal(o MIGInstance) bool {
+	return m.UUID == o.UUID && m.GPUInstanceID == o.GPUInstanceID && m.ComputeInstanceID == o.ComputeInstanceID &&
+		m.MemoryTotalBytes == o.MemoryTotalBytes && m.MemoryUsedBytes == o.MemoryUsedBytes &&
+		slices.Equal(m.Processes, o.Processes)
+}

@@ -11,10 +11,9 @@ package safefile
 import (
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -82,8 +81,11 @@ func Read(path string, max int64) ([]byte, Info, error) {
 // readFD reads the open descriptor fd (closing it) as Read does; path names
 // it in errors.
 func readFD(fd int, path string, max int64) ([]byte, Info, error) {
-	f := os.NewFile(uintptr(fd), path)
-	defer f.Close()
+	// The descriptor is read and closed as it is, not through an
+	// *os.File: that asks the runtime's poller about each file first, and
+	// the daemon's scans read a thousand connection files every few
+	// seconds.
+	defer unix.Close(fd)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, Info{}, &fs.PathError{Op: "stat", Path: path, Err: err}
@@ -97,7 +99,7 @@ func readFD(fd int, path string, max int64) ([]byte, Info, error) {
 	}
 	// The size can grow after fstat (a file being written): read one byte
 	// past the cap to tell.
-	data, err := io.ReadAll(io.LimitReader(f, max+1))
+	data, err := readUpTo(fd, st.Size, max+1)
 	if err != nil {
 		return nil, info, &fs.PathError{Op: "read", Path: path, Err: err}
 	}
@@ -105,6 +107,31 @@ func readFD(fd int, path string, max int64) ([]byte, Info, error) {
 		return nil, info, fmt.Errorf("%s: %w: more than %d bytes", path, ErrTooLarge, max)
 	}
 	return data, info, nil
+}
+
+// readUpTo reads fd to its end or to limit bytes, whichever comes first,
+// into a buffer sized for hint bytes (and one more, to see the end) that
+// grows as needed.
+func readUpTo(fd int, hint, limit int64) ([]byte, error) {
+	data := make([]byte, 0, max(min(hint+1, limit), 1))
+	for int64(len(data)) < limit {
+		if len(data) == cap(data) {
+			data = slices.Grow(data, int(min(int64(cap(data)), limit-int64(len(data)))))
+		}
+		room := data[len(data):min(int64(cap(data)), limit)]
+		n, err := unix.Read(fd, room)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n == 0 {
+			break
+		}
+		data = data[:len(data)+n]
+	}
+	return data, nil
 }
 
 func kind(mode uint32) string {

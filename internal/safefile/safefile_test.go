@@ -4,10 +4,13 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestRead(t *testing.T) {
@@ -121,5 +124,51 @@ func TestReadDirOwner(t *testing.T) {
 	}
 	if info.UID != 4343 || info.DirUID != 4242 {
 		t.Fatalf("info = %+v, want uid 4343 in a dir of uid 4242", info)
+	}
+}
+
+// readUpTo reads to the end or to its limit, whatever the size hint says
+// (a file grows after its fstat; a pipe says 0), never past the limit.
+func TestReadUpTo(t *testing.T) {
+	const limit = 1025 // Read's cap of 1024, and one byte to tell
+	for _, tc := range []struct {
+		name       string
+		size, hint int
+		want       int
+	}{
+		{"empty", 0, 0, 0},
+		{"small, hint right", 7, 7, 7},
+		{"small, hint 0", 7, 0, 7},
+		{"grown since the hint", 900, 10, 900},
+		{"at the cap", 1024, 1024, 1024},
+		{"one past the cap", 1025, 1024, 1025},
+		{"far past the cap, hint 0", 5000, 0, limit},
+		{"far past the cap, hint huge", 5000, 1 << 40, limit},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var p [2]int
+			if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(p[0])
+			content := make([]byte, tc.size)
+			for i := range content {
+				content[i] = byte(i)
+			}
+			go func() {
+				defer unix.Close(p[1])
+				for b := content; len(b) > 0; {
+					n, err := unix.Write(p[1], b)
+					if err != nil {
+						return // the reader stopped at its limit
+					}
+					b = b[n:]
+				}
+			}()
+			got, err := readUpTo(p[0], int64(tc.hint), limit)
+			if err != nil || len(got) != tc.want || !slices.Equal(got, content[:tc.want]) {
+				t.Fatalf("readUpTo = %d bytes, %v; want the first %d", len(got), err, tc.want)
+			}
+		})
 	}
 }

@@ -31,8 +31,12 @@ const MaxCommandLen = 200
 // DetailPIDs lists the processes Attribute needs in full (user, command):
 // the kernels and the GPU processes. Pass it to procs.FS.ScanTree.
 func DetailPIDs(snap nvml.Snapshot, kernels []Kernel) []int {
-	seen := make(map[int]bool)
-	var pids []int
+	n := len(kernels)
+	for _, d := range snap.Devices {
+		n += len(d.Processes)
+	}
+	seen := make(map[int]bool, n) // sized: thousands of GPU processes, every second
+	pids := make([]int, 0, n)
 	add := func(pid int) {
 		if pid > 0 && !seen[pid] {
 			seen[pid] = true

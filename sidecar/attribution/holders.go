@@ -2,8 +2,8 @@ package attribution
 
 import (
 	"cmp"
-	"fmt"
 	"slices"
+	"strconv"
 )
 
 // Holder kinds.
@@ -60,6 +60,23 @@ func addHolders(r *Report, _ FinishInput) {
 	for i := range r.GPUs {
 		g := &r.GPUs[i]
 		g.Holders, g.HoldersByUser = nil, nil
+		// Counted first: a host's thousands of holders are spread over its
+		// GPUs, and growing each GPU's list by appends was most of what a
+		// sample allocated here.
+		n := 0
+		for _, nb := range r.Notebooks {
+			if b, ok := bytesOn(nb.PerGPU, g.Index); ok && b != 0 {
+				n++
+			}
+		}
+		for _, o := range r.Other {
+			if b, ok := bytesOn(o.PerGPU, g.Index); ok && b != 0 {
+				n++
+			}
+		}
+		if n > 0 {
+			g.Holders = make([]Holder, 0, n)
+		}
 		byUser := map[string]*Holder{}
 		user := func(name string) *Holder {
 			u, ok := byUser[name]
@@ -89,7 +106,7 @@ func addHolders(r *Report, _ FinishInput) {
 			if !ok || b == 0 {
 				continue
 			}
-			g.Holders = append(g.Holders, Holder{Kind: HolderProcess, Name: fmt.Sprintf("pid %d (%s)", o.PID, o.User),
+			g.Holders = append(g.Holders, Holder{Kind: HolderProcess, Name: "pid " + strconv.Itoa(o.PID) + " (" + o.User + ")",
 				User: o.User, Bytes: b, PID: o.PID, Command: cutRunes(o.Command, commandRunes)})
 			u := user(holderUser(o.User))
 			u.Bytes += b

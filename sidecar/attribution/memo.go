@@ -2,8 +2,8 @@ package attribution
 
 import (
 	"cmp"
-	"reflect"
 	"slices"
+	"strings"
 
 	"github.com/gpumem/gpumem/nvml"
 	"github.com/gpumem/gpumem/sidecar/procs"
@@ -32,9 +32,16 @@ type Memo struct {
 func (m *Memo) Attribute(snap nvml.Snapshot, table *procs.Table, kernels []Kernel) Report {
 	sorted := slices.Clone(kernels)
 	slices.SortFunc(sorted, func(a, b Kernel) int {
-		return cmp.Or(cmp.Compare(a.ConnectionFile, b.ConnectionFile), cmp.Compare(a.ID, b.ID), cmp.Compare(a.PID, b.PID))
+		// The file first, alone: it tells kernels apart but for a file
+		// followed twice, and cmp.Or would compare every field each time.
+		if c := strings.Compare(a.ConnectionFile, b.ConnectionFile); c != 0 {
+			return c
+		}
+		return cmp.Or(cmp.Compare(a.ID, b.ID), cmp.Compare(a.PID, b.PID))
 	})
-	if !m.valid || table != m.table || !reflect.DeepEqual(sorted, m.kernels) || !reflect.DeepEqual(snap, m.snap) {
+	// Typed comparisons: reflect.DeepEqual of a thousand kernels and the
+	// GPUs' process lists was most of what an unchanged sample cost here.
+	if !m.valid || table != m.table || !slices.Equal(sorted, m.kernels) || !snap.Equal(m.snap) {
 		m.snap, m.table, m.kernels = snap, table, sorted
 		m.report, m.valid = MakeReport(snap, table, kernels), true
 	}

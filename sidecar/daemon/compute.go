@@ -29,6 +29,32 @@ type computeState struct {
 	lastSample time.Time
 	hoard      *history.Hoard
 	left       map[procID]*leftRunning
+
+	// per is record's scratch map, guarded by perMu (taken before mu).
+	perMu sync.Mutex
+	per   map[procID]utilSample
+	// whys are judgements put in words (whyLocked), guarded by mu.
+	whys map[judgement]string
+}
+
+// maxWhys bounds whys: the judgements a host's notebooks come to are few
+// (the counts of readings in a window), but nothing else bounds them.
+const maxWhys = 4096
+
+// whyLocked is j.why(), from memory: every sample puts every notebook's
+// judgement in words, and most say what they said a second before.
+// lastActive is no part of the words: it is left out of the key.
+func (c *computeState) whyLocked(j judgement) string {
+	j.lastActive = time.Time{}
+	if s, ok := c.whys[j]; ok {
+		return s
+	}
+	if c.whys == nil || len(c.whys) >= maxWhys {
+		c.whys = map[judgement]string{}
+	}
+	s := j.why()
+	c.whys[j] = s
+	return s
 }
 
 // leftRunning is a process reclaim did not end, and what it knows of it.
@@ -52,7 +78,17 @@ func newComputeState(cfg ComputeConfig, interval, reclaimWatch time.Duration, ho
 // (a process on several GPUs: its highest figures, unknown if any GPU
 // cannot say) and forgets readings older than keep.
 func (c *computeState) record(now time.Time, snap nvml.Snapshot, table *procs.Table) {
-	per := make(map[procID]utilSample, len(c.procs))
+	// One sample's readings, by process: the map is kept from call to
+	// call, emptied, as making one for the host's thousands of GPU
+	// processes every second was most of what record cost.
+	c.perMu.Lock()
+	defer c.perMu.Unlock()
+	if c.per == nil {
+		c.per = make(map[procID]utilSample, len(c.procs))
+	}
+	per := c.per
+	clear(per)
+	at := atTime(now)
 	for _, d := range snap.Devices {
 		for _, p := range d.Processes {
 			tp, ok := table.Resolve(p.PID)
@@ -62,7 +98,7 @@ func (c *computeState) record(now time.Time, snap nvml.Snapshot, table *procs.Ta
 			id := procID{tp.PID, tp.StartTime}
 			s, seen := per[id]
 			if !seen {
-				s = utilSample{at: now, known: true}
+				s = utilSample{at: at, known: true}
 			}
 			s.known = s.known && p.Util.Known
 			s.sm, s.mem = max(s.sm, p.Util.SMPercent), max(s.mem, p.Util.MemoryPercent)
@@ -70,7 +106,7 @@ func (c *computeState) record(now time.Time, snap nvml.Snapshot, table *procs.Ta
 			per[id] = s
 		}
 	}
-	horizon := now.Add(-c.keep)
+	horizon := atTime(now.Add(-c.keep))
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for id, s := range per {
@@ -78,7 +114,7 @@ func (c *computeState) record(now time.Time, snap nvml.Snapshot, table *procs.Ta
 	}
 	for id, ss := range c.procs {
 		i := 0
-		for i < len(ss) && ss[i].at.Before(horizon) {
+		for i < len(ss) && ss[i].at < horizon {
 			i++
 		}
 		if i == len(ss) {
@@ -125,15 +161,26 @@ func (c *computeState) kernelSettling(connFile string) bool {
 // and lists the processes left running. table and snap are those rep was
 // attributed from.
 func (c *computeState) finish(now time.Time, rep *attribution.Report, snap nvml.Snapshot, table *procs.Table) {
-	held := attribution.BytesByPID(snap)
-	gpusOf := map[int][]int{}
-	for _, d := range snap.Devices {
-		for _, p := range d.Processes {
-			gpusOf[p.PID] = append(gpusOf[p.PID], d.Index)
-		}
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// The memory and GPUs of each process left running (of those alone:
+	// the host's thousands of GPU processes are not wanted here).
+	var held map[int]uint64
+	var gpusOf map[int][]int
+	if len(c.left) > 0 {
+		held = attribution.BytesByPID(snap)
+		gpusOf = make(map[int][]int, len(c.left))
+		for id := range c.left {
+			gpusOf[id.PID] = nil
+		}
+		for _, d := range snap.Devices {
+			for _, p := range d.Processes {
+				if gs, ok := gpusOf[p.PID]; ok {
+					gpusOf[p.PID] = append(gs, d.Index)
+				}
+			}
+		}
+	}
 	dt := 0.0
 	if !c.lastSample.IsZero() && now.After(c.lastSample) {
 		// A daemon stopped for a while (a suspended host) does not count
@@ -161,7 +208,7 @@ func (c *computeState) finish(now time.Time, rep *attribution.Report, snap nvml.
 			c.computedAt[file] = j.lastActive
 		}
 		c.addHoard(now, file, nb.User, j, nb.GPUMemoryBytes, dt)
-		nb.Compute = &attribution.Compute{State: j.verdict.String(), Reason: j.why(), LastComputedAt: c.computedAt[file]}
+		nb.Compute = &attribution.Compute{State: j.verdict.String(), Reason: c.whyLocked(j), LastComputedAt: c.computedAt[file]}
 		if bs, ok := c.hoard.Notebook(now, file); ok {
 			nb.Compute.HoardedGiBHours = gib(bs)
 		}

@@ -76,13 +76,29 @@ func (c ComputeConfig) Validate() error {
 // utilSample is one reading of a process's utilization at one sample: the
 // highest over its GPUs.
 type utilSample struct {
-	at      time.Time
+	at      sampleTime
 	known   bool
 	sm, mem uint32
 	// reading is NVML's timestamp of the reading (0: none): a reading that
 	// two samples both saw counts once.
 	reading uint64
 }
+
+// sampleTime is a sample's time as the nanoseconds from sampleEpoch to it
+// (time.Time.Sub: on the monotonic clock where both have a reading of it,
+// as the daemon's times do): a reading kept holds no pointer, as a
+// time.Time does (its location), so that the collector need not scan the
+// readings of a host's thousands of GPU processes, a minute of them each.
+type sampleTime int64
+
+// sampleEpoch is what sampleTimes count from.
+var sampleEpoch = time.Now()
+
+func atTime(t time.Time) sampleTime { return sampleTime(t.Sub(sampleEpoch)) }
+
+// Time is s as a time.Time: with a monotonic reading, as sampleEpoch has
+// one; its wall clock is sampleEpoch's moved by s.
+func (s sampleTime) Time() time.Time { return sampleEpoch.Add(time.Duration(s)) }
 
 // computeVerdict is what a window of readings says.
 type computeVerdict uint8
@@ -143,8 +159,11 @@ func (c ComputeConfig) judge(samples []utilSample, from, to time.Time) judgement
 	// the samples that saw it again follow one another: comparing with the
 	// last one counted is enough.
 	var lastReading uint64
+	lo, hi := atTime(from), atTime(to)
+	var lastActive sampleTime
+	anyActive := false
 	for _, s := range samples {
-		if s.at.Before(from) || s.at.After(to) {
+		if s.at < lo || s.at > hi {
 			continue
 		}
 		if !s.known {
@@ -162,9 +181,12 @@ func (c ComputeConfig) judge(samples []utilSample, from, to time.Time) judgement
 			lastReading = s.reading
 		}
 		j.active++
-		if s.at.After(j.lastActive) {
-			j.lastActive = s.at
+		if !anyActive || s.at > lastActive {
+			lastActive, anyActive = s.at, true
 		}
+	}
+	if anyActive {
+		j.lastActive = lastActive.Time()
 	}
 	switch {
 	case j.active >= computeMinActive:

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +15,7 @@ var t0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 func readings(start time.Time, pattern string) []utilSample {
 	var out []utilSample
 	for i, c := range pattern {
-		s := utilSample{at: start.Add(time.Duration(i) * time.Second), known: true}
+		s := utilSample{at: atTime(start.Add(time.Duration(i) * time.Second)), known: true}
 		switch c {
 		case 'a':
 			s.sm, s.mem = 90, 10
@@ -170,5 +171,70 @@ func TestComputeConfigValidate(t *testing.T) {
 	}
 	if err := (ComputeConfig{ReclaimUnknown: ReclaimEnd, ThresholdPercent: 5, Window: time.Minute}).Validate(); err != nil {
 		t.Error(err)
+	}
+}
+
+// whyLocked says what why says, whatever the judgement (each field changed
+// in turn, lastActive too, which the words do not read), from memory or
+// not, and past its bound.
+func TestWhyFromMemory(t *testing.T) {
+	base := judgement{verdict: verdictIdle, known: 30, active: 2, window: time.Minute, threshold: 5}
+	variants := []func(j *judgement){
+		func(j *judgement) {},
+		func(j *judgement) { j.verdict = verdictComputing },
+		func(j *judgement) { j.verdict = verdictUnknown },
+		func(j *judgement) { j.verdict, j.settling = verdictUnknown, true },
+		func(j *judgement) { j.verdict, j.unknown = verdictUnknown, 4 },
+		func(j *judgement) { j.known++ },
+		func(j *judgement) { j.active++ },
+		func(j *judgement) { j.window = 2 * time.Minute },
+		func(j *judgement) { j.threshold = 10 },
+		func(j *judgement) { j.note = "a process not in /proc" },
+		func(j *judgement) { j.lastActive = time.Unix(1e9, 0) },
+	}
+	c := newComputeState(ComputeConfig{}, time.Second, time.Second, time.Hour)
+	for round := range 2 { // the second from memory
+		for i, v := range variants {
+			j := base
+			v(&j)
+			if got, want := c.whyLocked(j), j.why(); got != want {
+				t.Errorf("round %d, variant %d: %q, want %q", round, i, got, want)
+			}
+		}
+	}
+	for i := range maxWhys + 10 {
+		j := base
+		j.known = i
+		if got, want := c.whyLocked(j), j.why(); got != want {
+			t.Fatalf("judgement %d: %q, want %q", i, got, want)
+		}
+	}
+	if len(c.whys) > maxWhys {
+		t.Errorf("%d judgements kept, bound %d", len(c.whys), maxWhys)
+	}
+}
+
+// A reading's time is kept without a pointer and given back as the same
+// instant, for the daemon's times (monotonic) and for others (wall clock
+// only), in the same order.
+func TestSampleTimeKeepsTheInstant(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		t    time.Time
+	}{
+		{"now", time.Now()},
+		{"now, later", time.Now().Add(90 * time.Second)},
+		{"wall clock only", time.Unix(1e9, 5)},
+		{"before the epoch", sampleEpoch.Add(-time.Hour)},
+	} {
+		if got := atTime(tt.t).Time(); !got.Equal(tt.t) {
+			t.Errorf("%s: %v back as %v", tt.name, tt.t, got)
+		}
+		if a, b := atTime(tt.t), atTime(tt.t.Add(time.Nanosecond)); a >= b {
+			t.Errorf("%s: %d not before %d", tt.name, a, b)
+		}
+	}
+	if reflect.TypeFor[utilSample]().Size() > 32 {
+		t.Errorf("utilSample is %d bytes", reflect.TypeFor[utilSample]().Size())
 	}
 }

@@ -558,5 +558,6 @@ func (d *Daemon) setKernelProcessLocked(ks *kernelState, id procID) {
 	// Proven: it runs as the file's owner (observe keeps it current).
 	ks.uid = ks.fileUID
 	ks.recorded = map[procID]recordedProc{}
+	ks.observedIn = nil
 	d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Int("pid", id.PID).Msg("kernel process")
 }

@@ -72,7 +72,11 @@ func (h *historyParts) waitSample(ctx context.Context, since int64, limit time.D
 // its kernel process started (the kernel pid marks the generation). It
 // returns the sample's time in unix seconds, for historySampled.
 func (d *Daemon) recordHistory(now time.Time, rep *attribution.Report) int64 {
-	samples := make([]history.Sample, 0, len(rep.GPUs)+len(rep.Notebooks))
+	n := len(rep.GPUs)
+	for _, nb := range rep.Notebooks {
+		n += 2 + len(nb.PerGPU)
+	}
+	samples := make([]history.Sample, 0, n) // sized: a thousand notebooks' figures, every second
 	for _, g := range rep.GPUs {
 		samples = append(samples, history.Sample{Key: history.Key{Kind: history.KindGPU, ID: strconv.Itoa(g.Index)}, Bytes: g.MemoryUsedBytes})
 	}

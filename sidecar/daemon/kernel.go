@@ -34,7 +34,15 @@ type kernelState struct {
 	cur       procID // the kernel process now; zero while unknown
 	uid       uint32 // owner of cur
 	recorded  map[procID]recordedProc
-	client    *protocol.Client
+	// observedIn and observedFor are the table the last observe that found
+	// the kernel alive read, and the kernel process it read it for: a
+	// Table does not change once built (the tracker hands out the same one
+	// while nothing in any tree changed), so observing it again for the
+	// same process would change nothing. Cleared wherever recorded is
+	// replaced.
+	observedIn  *procs.Table
+	observedFor procID
+	client      *protocol.Client
 	// missingSince is when a scan first found the connection file missing.
 	missingSince time.Time
 	// fileGone is true once the file is gone for good while the kernel
@@ -99,6 +107,9 @@ func (p procID) isZero() bool { return p.PID == 0 }
 // table or a zombie (exited, its parent has not reaped it). Called with
 // Daemon.mu held.
 func (ks *kernelState) observe(table *procs.Table) bool {
+	if table != nil && table == ks.observedIn && ks.cur == ks.observedFor {
+		return true // read already, and a Table does not change
+	}
 	kp, alive := table.Lookup(ks.cur.PID, ks.cur.Start)
 	if !alive || kp.Exited() {
 		return false
@@ -122,6 +133,7 @@ func (ks *kernelState) observe(table *procs.Table) bool {
 		}
 		ks.recorded[id] = rec
 	}
+	ks.observedIn, ks.observedFor = table, ks.cur
 	return true
 }
 
@@ -129,6 +141,7 @@ func (ks *kernelState) observe(table *procs.Table) bool {
 func (ks *kernelState) takeRecordedLocked() map[procID]recordedProc {
 	r := ks.recorded
 	ks.recorded = map[procID]recordedProc{}
+	ks.observedIn = nil
 	return r
 }
 

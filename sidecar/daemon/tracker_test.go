@@ -2,9 +2,11 @@ package daemon
 
 import (
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
+	"github.com/gpumem/gpumem/sidecar/discovery"
 	"github.com/gpumem/gpumem/sidecar/procs"
 	"github.com/gpumem/gpumem/sidecar/procs/procstest"
 )
@@ -110,5 +112,75 @@ func TestTrackedReclaimKnowsTheWholeTree(t *testing.T) {
 	}
 	if got := r.kills(); slices.Contains(got, 180) || slices.Contains(got, 200) || slices.Contains(got, 201) {
 		t.Errorf("ended %v: a process of no kernel, or of the live kernel", got)
+	}
+}
+
+// The sample reads a kernel's tree again only from a new table (the
+// tracker hands out the same one while nothing changed): every change of
+// the tree still shows in what is recorded for reclaim at the next sample,
+// each step after the one before it, and a sample with nothing changed
+// reads nothing again.
+func TestTrackedSamplesRecordEveryChange(t *testing.T) {
+	r, _, k1 := trackedKernels(t, Config{})
+	r.d.sample(r.ctx) // the tracker's first incremental read: its own table
+	ks := r.kernel(k1)
+	recorded := func() (procID, []procID, *procs.Table) {
+		r.d.mu.Lock()
+		defer r.d.mu.Unlock()
+		ids := make([]procID, 0, len(ks.recorded))
+		for id := range ks.recorded {
+			ids = append(ids, id)
+		}
+		slices.SortFunc(ids, func(a, b procID) int { return a.PID - b.PID })
+		return ks.cur, ids, ks.observedIn
+	}
+	steps := []struct {
+		name   string
+		change func()
+		cur    procID
+		want   []procID
+	}{
+		{"nothing changed", func() {}, procID{100, 100},
+			[]procID{{101, 101}, {102, 102}, {103, 103}, {104, 104}}},
+		{"a new child", func() {
+			r.setProcs(procstest.Proc{PID: 150, PPID: 101, PGID: 100, SID: 100, Argv: []string{"python", "loader"}})
+		}, procID{100, 100}, []procID{{101, 101}, {102, 102}, {103, 103}, {104, 104}, {150, 150}}},
+		{"a grandchild in a session of its own", func() {
+			r.setProcs(procstest.Proc{PID: 151, PPID: 150, PGID: 151, SID: 151, Argv: []string{"python", "daemonized"}})
+		}, procID{100, 100}, []procID{{101, 101}, {102, 102}, {103, 103}, {104, 104}, {150, 150}, {151, 151}}},
+		{"a child exits", func() { r.exit(102) }, procID{100, 100},
+			[]procID{{101, 101}, {103, 103}, {104, 104}, {150, 150}, {151, 151}}},
+		{"a child's pid reused by a process of no kernel", func() {
+			r.exit(150)
+			r.setProcs(
+				procstest.Proc{PID: 151, PPID: 1, PGID: 151, SID: 151, Argv: []string{"python", "daemonized"}},
+				procstest.Proc{PID: 150, PPID: 1, PGID: 150, SID: 150, Start: 900, Argv: []string{"python", "stranger"}},
+			)
+		}, procID{100, 100}, []procID{{101, 101}, {103, 103}, {104, 104}, {151, 151}}},
+		{"the kernel process exits", func() { r.exit(100) }, procID{}, []procID{}},
+		{"its new process, with a child", func() {
+			r.setProcs(
+				procstest.Proc{PID: 300, PPID: 1, PGID: 300, SID: 300, Argv: []string{"python", "-m", "ipykernel_launcher", "-f", "k1.json"}},
+				procstest.Proc{PID: 301, PPID: 300, PGID: 300, SID: 300, Argv: []string{"python", "worker.py"}},
+			)
+			r.mu.Lock()
+			r.owners[k1] = discovery.Owner{PID: 300, Start: 300, FromPort: true, UIDMatch: true, Proven: true}
+			r.mu.Unlock()
+			r.d.scan(r.ctx)
+			r.d.sample(r.ctx) // the one that takes the new process's tree first
+		}, procID{300, 300}, []procID{{301, 301}}},
+		{"nothing changed in the new tree", func() {}, procID{300, 300}, []procID{{301, 301}}},
+	}
+	for _, s := range steps {
+		_, _, before := recorded()
+		s.change()
+		r.d.sample(r.ctx)
+		cur, got, after := recorded()
+		if cur != s.cur || !slices.Equal(got, s.want) {
+			t.Errorf("%s: kernel %v, recorded %v; want %v, %v", s.name, cur, got, s.cur, s.want)
+		}
+		if strings.HasPrefix(s.name, "nothing changed") && (after == nil || after != before) {
+			t.Errorf("%s: the tree was read from another table (%p, before %p): the test no longer covers the shortcut", s.name, after, before)
+		}
 	}
 }

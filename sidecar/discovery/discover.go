@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -172,6 +173,9 @@ func Discover(ctx context.Context, opts Options) Result {
 			}
 			continue
 		}
+		// Room for each entry at once: a scan lists a thousand kernels
+		// every few seconds.
+		res.Kernels = slices.Grow(res.Kernels, len(entries))
 		for _, e := range entries {
 			name := e.Name()
 			if e.IsDir() || !strings.HasPrefix(name, "kernel-") || !strings.HasSuffix(name, ".json") {

@@ -53,11 +53,15 @@ func (fs *FS) Cmdlines() (map[int][]string, error) {
 // a process's life (an exec long after its fork) shows within maxAge; one
 // that changes right after the fork (fork, then exec at once, as launchers
 // do) shows at the next call.
+//
+// Where Root is this process's own /proc, a call within maxAge of the last
+// listing of /proc lists nothing: it reads the pids the allocator handed
+// out since the call before (see allocatedSince; a reused pid is one of
+// them), and keeps the processes known then. A process that exited since
+// may then be returned, with the argv it had, until its argv is read again
+// (within maxAge): the callers look at the process itself before they take
+// it for anything (its environment, its port, its open files).
 func (fs *FS) RecentCmdlines(maxAge time.Duration) (map[int][]string, error) {
-	listed, err := fs.listInodes()
-	if err != nil {
-		return nil, err
-	}
 	rootfd, err := fs.openRoot()
 	if err != nil {
 		return nil, err
@@ -68,6 +72,10 @@ func (fs *FS) RecentCmdlines(maxAge time.Duration) (map[int][]string, error) {
 	now := time.Now()
 	if fs.now != nil {
 		now = fs.now()
+	}
+	listed, err := fs.argvPidsLocked(rootfd, now, maxAge)
+	if err != nil {
+		return nil, err
 	}
 	var read []int
 	out := make(map[int][]string, len(listed))
@@ -89,7 +97,11 @@ func (fs *FS) RecentCmdlines(maxAge time.Duration) (map[int][]string, error) {
 		pid := read[i]
 		data, err := fs.readFile(rootfd, strconv.Itoa(pid)+"/cmdline", pid, "cmdline", buf)
 		switch {
-		case vanished(err) || denied(err):
+		case vanished(err):
+		case denied(err):
+			// Kept, without argv: a process we may not look at is still
+			// one the next call, which may list nothing, knows of.
+			found[i] = true
 		case err != nil:
 			errs[i] = err
 		default:
@@ -98,6 +110,8 @@ func (fs *FS) RecentCmdlines(maxAge time.Duration) (map[int][]string, error) {
 		return data[:0]
 	})
 	if err := firstError(errs); err != nil {
+		// What this call found is not kept: list /proc at the next.
+		fs.argvTracked = false
 		return nil, err
 	}
 	if fs.argv == nil {
@@ -121,6 +135,92 @@ func (fs *FS) RecentCmdlines(maxAge time.Duration) (map[int][]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// argvProbeLimit bounds the new pids a RecentCmdlines call reads one by
+// one; past it, listing /proc costs less.
+const argvProbeLimit = 4096
+
+// argvPidsLocked is the processes RecentCmdlines looks at, each with the
+// inode of its /proc entry: a listing of /proc, or (see RecentCmdlines)
+// the processes argv knows and those the allocator handed a pid since the
+// last call. Called with argvMu held.
+func (fs *FS) argvPidsLocked(rootfd int, now time.Time, maxAge time.Duration) (map[int]uint64, error) {
+	alloc := fs.argvAlloc
+	if alloc == nil {
+		if fs.argvOwn == 0 {
+			fs.argvOwn = -1
+			if fs.ownNamespace() {
+				fs.argvOwn = 1
+			}
+		}
+		if fs.argvOwn < 0 {
+			return fs.listInodes()
+		}
+		alloc = fs.readCursor
+	}
+	// The allocator first: a process that starts after this look is the
+	// next call's to read.
+	cur, curErr := alloc()
+	if curErr == nil && fs.argvTracked && now.Sub(fs.argvListedAt) < maxAge {
+		if spans, ok := allocatedSince(fs.argvCursor, cur); ok && spanLen(spans) <= argvProbeLimit {
+			listed, err := fs.argvProbeLocked(rootfd, spans)
+			if err != nil {
+				fs.argvTracked = false
+				return nil, err
+			}
+			fs.argvCursor = cur
+			return listed, nil
+		}
+	}
+	listed, err := fs.listInodes()
+	if err != nil {
+		fs.argvTracked = false
+		return nil, err
+	}
+	fs.argvCursor, fs.argvTracked, fs.argvListedAt = cur, curErr == nil, now
+	return listed, nil
+}
+
+// argvProbeLocked is argvPidsLocked from the allocator: the processes argv
+// knows whose pid was not handed out again since (one that was is gone),
+// and each process (not a thread: status's Tgid says) that has a pid of
+// spans now, its entry in argv dropped so that it is read. A pid without a
+// task, or one we may not look at, is skipped; any other failure is an
+// error.
+func (fs *FS) argvProbeLocked(rootfd int, spans []pidSpan) (map[int]uint64, error) {
+	inSpans := func(pid int) bool {
+		for _, s := range spans {
+			if pid >= s.lo && pid <= s.hi {
+				return true
+			}
+		}
+		return false
+	}
+	listed := make(map[int]uint64, len(fs.argv)+spanLen(spans))
+	for pid, e := range fs.argv {
+		if inSpans(pid) {
+			delete(fs.argv, pid)
+			continue
+		}
+		listed[pid] = e.ino
+	}
+	buf := make([]byte, 0, 1024)
+	for _, s := range spans {
+		for pid := s.lo; pid <= s.hi; pid++ {
+			_, tgid, ok, err := fs.statusOf(rootfd, pid, buf)
+			if err != nil {
+				return nil, err
+			}
+			if !ok || tgid != 0 && tgid != pid { // gone, or a thread
+				continue
+			}
+			// No inode: the entry is new, read whatever the inode; the
+			// next listing gives it its inode (and reads it once more).
+			listed[pid] = 0
+		}
+	}
+	return listed, nil
 }
 
 // argvEntry is an argv RecentCmdlines read: of the process whose /proc

@@ -7,11 +7,13 @@ import (
 	"os/exec"
 	"os/user"
 	"reflect"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // The real /proc: this test process, a child it starts, and an orphan of a
@@ -139,5 +141,49 @@ func TestRealListeningSocket(t *testing.T) {
 	}
 	if owners[inode] != os.Getpid() {
 		t.Errorf("owner of port %d = %d, want %d", port, owners[inode], os.Getpid())
+	}
+}
+
+// On the real /proc (this process's own), RecentCmdlines' calls after the
+// first read the pids handed out since (no listing), and find a process
+// started between two calls (once its argv is set).
+func TestRealRecentCmdlinesFromTheAllocator(t *testing.T) {
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("no /proc")
+	}
+	fs := &FS{}
+	if !fs.ownNamespace() {
+		t.Skip("/proc is not this process's own pid namespace's")
+	}
+	if _, err := fs.RecentCmdlines(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	listedAt := fs.argvListedAt
+	if !fs.argvTracked {
+		t.Fatal("the allocator was not read")
+	}
+	mark := "gpumem-argv-" + strconv.Itoa(os.Getpid())
+	child := exec.Command("sh", "-c", "sleep 60; :", mark) // the shell lives on, its argv naming mark
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+	// Start returns once the child execs, but its argv may be set a moment
+	// later (an empty argv is read again at the next call): poll.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		got, err := fs.RecentCmdlines(time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(got[child.Process.Pid], mark) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a process started since the last call: argv %q, want it to name %s", got[child.Process.Pid], mark)
+		}
+		runtime.Gosched()
+	}
+	if !fs.argvListedAt.Equal(listedAt) {
+		t.Errorf("the call listed /proc: the allocator was not followed")
 	}
 }

@@ -26,9 +26,20 @@ type FS struct {
 
 	argvMu sync.Mutex
 	argv   map[int]argvEntry // RecentCmdlines' argv by pid
+	// What RecentCmdlines knows of the pid allocator (see allocatedSince):
+	// with argvTracked, argv has an entry for every process alive at
+	// argvCursor, and the next call reads the pids handed out since
+	// instead of listing /proc. argvListedAt is the last listing; argvOwn
+	// whether Root is this process's own /proc (0: not looked at yet, 1
+	// yes, -1 no): only there does the allocator name its pids.
+	argvCursor   cursor
+	argvTracked  bool
+	argvListedAt time.Time
+	argvOwn      int8
 
 	// Test hooks.
 	lookupUser func(uid uint32) (string, error) // nil: os/user
+	argvAlloc  func() (cursor, error)           // RecentCmdlines' allocator; nil: readCursor, where argvOwn
 	now        func() time.Time                 // nil: time.Now
 	beforeRead func(pid int)                    // called before a process's files are read
 	// fault, when it returns an error, makes the read of a process's file

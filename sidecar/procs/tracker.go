@@ -398,12 +398,21 @@ func (t *Tracker) incrementalLocked(details []int, refresh bool) (*Table, error)
 		return nil, err
 	}
 	slices.SortFunc(fresh, func(a, b Proc) int { return cmp.Or(cmp.Compare(a.StartTime, b.StartTime), cmp.Compare(a.PID, b.PID)) })
-	var childrenOf map[int][]int // ppid → kept processes naming it, when there are new tasks
+	// New task's pid → kept processes naming it as their parent, as kept
+	// before the new tasks are taken in (only new tasks' pids are looked
+	// up: the thousands of kept processes are not all indexed each call).
+	var childrenOf map[int][]int
 	if len(fresh) > 0 {
+		isFresh := make(map[int]bool, len(fresh))
+		for _, p := range fresh {
+			isFresh[p.PID] = true
+		}
 		childrenOf = map[int][]int{}
 		for _, m := range []map[int]Proc{t.tree, t.others} {
 			for pid, p := range m {
-				childrenOf[p.PPID] = append(childrenOf[p.PPID], pid)
+				if isFresh[p.PPID] {
+					childrenOf[p.PPID] = append(childrenOf[p.PPID], pid)
+				}
 			}
 		}
 	}
