@@ -125,13 +125,12 @@ func thresholdMessage(g GPU, biggest []Holder) (message, headline string) {
 		}
 		parts = append(parts, name+" "+units.Bytes(h.Bytes))
 	}
-	full := fmt.Sprintf("GPU %d is %.0f%% full: %s of %s used", g.Index,
-		100*float64(g.MemoryUsedBytes)/float64(max(g.MemoryTotalBytes, 1)),
+	fill := fmt.Sprintf("%.0f%% full: %s of %s used", 100*float64(g.MemoryUsedBytes)/float64(max(g.MemoryTotalBytes, 1)),
 		units.Bytes(g.MemoryUsedBytes), units.Bytes(g.MemoryTotalBytes))
-	message = fmt.Sprintf("GPU %d (%s) is%s; biggest: %s. "+
+	message = fmt.Sprintf("GPU %d (%s) is %s; biggest: %s. "+
 		"`%%gpumem free` returns this notebook's cached memory; `%%gpumem top` shows who holds the rest.",
-		g.Index, g.Name, strings.TrimPrefix(full, fmt.Sprintf("GPU %d is", g.Index)), strings.Join(parts, ", "))
-	headline = full + "; biggest: " + strings.Join(parts[:min(len(parts), 2)], ", ")
+		g.Index, g.Name, fill, strings.Join(parts, ", "))
+	headline = fmt.Sprintf("GPU %d is %s; biggest: %s", g.Index, fill, strings.Join(parts[:min(len(parts), 2)], ", "))
 	return message, headline
 }
 
