@@ -74,12 +74,27 @@ func KeepSteadyStrays(rep *Report, prev *Report) {
 	if prev == nil {
 		return
 	}
+	// Only the notebooks flagged now are looked up in prev: a sample
+	// finishes this every second, over a host's thousands of processes,
+	// and flags are rare.
+	flagged := map[string]bool{}
+	for _, nb := range rep.Notebooks {
+		if len(nb.StrayContexts) > 0 {
+			flagged[nb.ConnectionFile] = true
+		}
+	}
+	if len(flagged) == 0 {
+		return
+	}
 	type key struct {
 		conn     string
 		pid, gpu int
 	}
 	before := map[key]uint64{}
 	for _, nb := range prev.Notebooks {
+		if !flagged[nb.ConnectionFile] {
+			continue
+		}
 		for _, p := range nb.Processes {
 			for gpu, b := range knownBytes(p.PerGPU) {
 				before[key{nb.ConnectionFile, p.PID, gpu}] = b
