@@ -164,12 +164,13 @@ func (a apiBackend) ChildrenBefore(ctx context.Context, k api.KernelRef) (json.R
 	}
 	nb, _ := notebookOf(obs.Report, k.ConnectionFile)
 	d.mu.Lock()
-	ks, ok := d.kernels[k.ConnectionFile]
-	if ok && ks.id == k.ID {
+	ks, found := d.kernels[k.ConnectionFile]
+	found = found && ks.id == k.ID
+	if found {
 		ks.childrenBefore, ks.childrenBeforeAt = nb, time.Now()
 	}
 	d.mu.Unlock()
-	if !ok || ks.id != k.ID {
+	if !found {
 		return nil, fmt.Errorf("kernel %s: %w", k.ID, api.ErrKernelNotFound)
 	}
 	return json.Marshal(map[string]any{"kernel_id": k.ID, "before": nb.GPUMemoryBytes, "processes": len(nb.Processes)})

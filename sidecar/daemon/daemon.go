@@ -131,17 +131,14 @@ func (c Config) shared() bool { return c.SocketMode == api.ModeShared || c.AllUs
 
 // Daemon is one `gpumem serve`.
 type Daemon struct {
-	cfg Config
-	log zerolog.Logger
-	// sampleFailures keeps a failing sample from logging every second
-	// (the sampling goroutine's own).
-	sampleFailures failureLog
-	selfUID        uint32
-	gpus           attribution.GPUSampler
-	fs             ProcReader
-	finder         discovery.ProcessFinder
-	terminate      func(ctx context.Context, pid int, start uint64, grace time.Duration) (bool, error)
-	pods           attribution.Pods
+	cfg       Config
+	log       zerolog.Logger
+	selfUID   uint32
+	gpus      attribution.GPUSampler
+	fs        ProcReader
+	finder    discovery.ProcessFinder
+	terminate func(ctx context.Context, pid int, start uint64, grace time.Duration) (bool, error)
+	pods      attribution.Pods
 	// podKernels finds kernels inside pods (nil: not followed); cgroups
 	// reads which pod a process is in.
 	podKernels PodKernelFinder
@@ -167,6 +164,10 @@ type Daemon struct {
 
 	wg       sync.WaitGroup // kernel and reclaim goroutines
 	reclaims inflight       // reclaims under way, for Settle
+
+	// sampleFailures keeps a failing sample from logging every second
+	// (the sampling goroutine's own).
+	sampleFailures failureLog
 
 	hist *historyParts // figures over time and reclaim events: history.go
 	// compute is GPU utilization over time: readings, verdicts, hoarding,
