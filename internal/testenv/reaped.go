@@ -64,6 +64,10 @@ forward:
 	for {
 		select {
 		case sig := <-sigs:
+			// Said, with the time: a signal nobody meant for the tests
+			// (a stray SIGTERM, then SIGKILL, from a process that took
+			// this one for another) shows in go test's output.
+			fmt.Fprintf(os.Stderr, "testenv: %s received %v, passed to the tests\n", time.Now().Format("15:04:05.000"), sig)
 			_ = cmd.Process.Signal(sig)
 		case werr = <-waited:
 			break forward
