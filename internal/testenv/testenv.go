@@ -30,6 +30,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -478,6 +479,7 @@ func StartServerWith(t testing.TB, kind ServerKind, o ServerOptions) *Server {
 		"--Gpumem.autostart=False"}
 	s := &Server{Kind: kind, Dir: dir, RootDir: root, Token: token, BaseURL: base, As: o.As}
 	tr := &http.Transport{DisableKeepAlives: true}
+	fixedPort := false
 	if o.Sock {
 		// A short path: unix socket paths are limited to 107 bytes.
 		sockDir, err := os.MkdirTemp("", "gpumem-sock-")
@@ -499,10 +501,10 @@ func StartServerWith(t testing.TB, kind ServerKind, o ServerOptions) *Server {
 		// kernel of another test) before the server binds it.
 		args = append(args, "--ip=127.0.0.1", "--port=0")
 	} else {
-		port := FreePort(t)
-		args = append(args, "--ip=127.0.0.1", "--port="+strconv.Itoa(port), "--port-retries=0")
-		s.URL = fmt.Sprintf("http://127.0.0.1:%d%s", port, base)
-		s.reqBase = s.URL
+		// A port picked here and freed can be taken (by another test's
+		// kernel) before the server binds it: the server then exits saying
+		// so, and is started again on another port (portArgs, below).
+		fixedPort = true
 	}
 	if kind == Notebook6 {
 		args = append(args, "--NotebookApp.token="+token, "--NotebookApp.notebook_dir="+root)
@@ -528,30 +530,61 @@ func StartServerWith(t testing.TB, kind ServerKind, o ServerOptions) *Server {
 		}
 		s.client.Jar = jar
 	}
-	s.Proc = StartAs(t, o.As, Env(dir, o.Env...), dir, args...)
 	deadline := time.Now().Add(60 * time.Second)
-	if s.URL == "" {
-		s.URL = s.waitInfoURL(t, deadline)
-		s.reqBase = s.URL
-	}
-	for {
-		// Before the password login, a 403 also tells the server is up.
-		resp, err := s.Do(http.MethodGet, "api/status", nil)
+	for attempt := 1; ; attempt++ {
+		argv := args
+		if fixedPort {
+			port := FreePort(t)
+			argv = append(slices.Clip(args), "--ip=127.0.0.1", "--port="+strconv.Itoa(port), "--port-retries=0")
+			s.URL = fmt.Sprintf("http://127.0.0.1:%d%s", port, base)
+			s.reqBase = s.URL
+		}
+		s.Proc = StartAs(t, o.As, Env(dir, o.Env...), dir, argv...)
+		if !fixedPort && !o.Sock {
+			s.URL = s.waitInfoURL(t, deadline)
+			s.reqBase = s.URL
+		}
+		err := s.waitUp(o.Password != "", deadline)
 		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 || (o.Password != "" && resp.StatusCode == 403) {
-				break
-			}
+			break
 		}
-		if s.Exited() || time.Now().After(deadline) {
-			t.Fatalf("%s did not come up on %s: %v\n%s", kind, s.URL, err, s.Output())
+		if fixedPort && s.Exited() && portTaken(s.Output()) && attempt < 5 {
+			continue
 		}
-		time.Sleep(50 * time.Millisecond)
+		t.Fatalf("%s did not come up on %s: %v\n%s", kind, s.URL, err, s.Output())
 	}
 	if o.Password != "" {
 		s.login(t, o.Password)
 	}
 	return s
+}
+
+// waitUp polls the server's api/status until it answers (before a
+// password login a 403 says it is up too), it exits, or deadline passes.
+func (s *Server) waitUp(password bool, deadline time.Time) error {
+	for {
+		resp, err := s.Do(http.MethodGet, "api/status", nil)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 || (password && resp.StatusCode == 403) {
+				return nil
+			}
+			err = fmt.Errorf("api/status answered %s", resp.Status)
+		}
+		if s.Exited() {
+			return fmt.Errorf("the server exited: %v", err)
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// portTaken reports whether a server's output says its port was taken
+// (Notebook 6 and jupyter_server 1 with --port-retries=0).
+func portTaken(output string) bool {
+	return strings.Contains(output, "is already in use") || strings.Contains(output, "is not available")
 }
 
 // portZero reports whether kind, on this stack, takes --port=0 and writes
