@@ -86,7 +86,11 @@ func (a *alertFiles) sync(l alertLayout, want map[string]alertContent) []error {
 			continue
 		}
 		if err := writeFileAtomic(path, c.data, 0o600, c.owner); err != nil {
-			errs = append(errs, fmt.Errorf("writing the notebook alert file: %w", err))
+			hint := ""
+			if errors.Is(err, fs.ErrPermission) && c.owner >= 0 && uint32(c.owner) != l.uid {
+				hint = " (giving each user an alert file of their own takes CAP_CHOWN: add it to the daemon's capabilities)"
+			}
+			errs = append(errs, fmt.Errorf("writing the notebook alert file: %w%s", err, hint))
 			continue
 		}
 		a.written[path] = c.data
