@@ -208,29 +208,12 @@ func ownView(rep attribution.Report, user string) attribution.Report {
 		out.GPUs[i].Holders = attribution.HoldersFor(out.GPUs[i], user)
 		out.GPUs[i].HoldersByUser = rep.GPUs[i].HoldersByUser
 	}
-	own := map[string]bool{} // kernel ids
 	for _, nb := range rep.Notebooks {
 		if nb.User == user {
 			out.Notebooks = append(out.Notebooks, nb)
-			own[nb.KernelID] = true
 		}
 	}
-	// A GPU's alert names users (the daemon writes it so in shared mode),
-	// and lists the user's own kernels only; a kernel's alert is its
-	// user's.
-	for _, a := range rep.Alerts {
-		if a.User != "" && a.User != user {
-			continue
-		}
-		kernels := []string{}
-		for _, k := range a.Kernels {
-			if own[k] {
-				kernels = append(kernels, k)
-			}
-		}
-		a.Kernels = kernels
-		out.Alerts = append(out.Alerts, a)
-	}
+	out.Alerts = attribution.AlertsFor(rep, user)
 	for _, o := range rep.Other {
 		if o.User == user {
 			out.Other = append(out.Other, o)

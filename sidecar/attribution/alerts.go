@@ -102,13 +102,15 @@ func OverThreshold(g GPU, threshold float64) bool {
 }
 
 // CullMessage is a cull warning's sentence, in the notebook and JupyterLab.
+// Like every alert's message it carries no "gpumem: " of its own: a face
+// that needs to say whose line it is (the notebook's) adds that.
 func CullMessage(action string, bytes uint64, idle time.Duration, at time.Time) string {
 	verb, ok := map[string]string{CullReport: "be reported as an idle GPU holder", CullFree: "have its GPU caches freed",
 		CullShutdown: "be shut down"}[action]
 	if !ok {
 		verb = "be culled"
 	}
-	return fmt.Sprintf("gpumem: this kernel holds %s and has been idle %s; it will %s at %s unless used.",
+	return fmt.Sprintf("this kernel holds %s and has been idle %s; it will %s at %s unless used.",
 		units.Bytes(bytes), idle.Round(time.Second), verb, at.Format("15:04:05"))
 }
 
@@ -178,6 +180,34 @@ func addAlerts(r *Report, in FinishInput) {
 		r.Alerts = append(r.Alerts, Alert{ID: fmt.Sprintf("oom-%s-%d", nb.KernelID, s.LastEvent), Kind: AlertOOM, GPU: gpu,
 			Kernels: []string{nb.KernelID}, User: nb.User, Bytes: s.LastRequestedBytes, Message: s.LastHeadline})
 	}
+}
+
+// AlertsFor is what user may see of r's alerts, in their view of the
+// report and in their notebook alert file: their own kernels' alerts, and
+// each GPU's (which names users only, never notebooks, where the report was
+// made for a shared daemon) listing only their own kernels.
+func AlertsFor(r Report, user string) []Alert {
+	own := map[string]bool{} // kernel ids
+	for _, nb := range r.Notebooks {
+		if nb.User == user {
+			own[nb.KernelID] = true
+		}
+	}
+	var out []Alert
+	for _, a := range r.Alerts {
+		if a.User != "" && a.User != user {
+			continue
+		}
+		kernels := []string{}
+		for _, k := range a.Kernels {
+			if own[k] {
+				kernels = append(kernels, k)
+			}
+		}
+		a.Kernels = kernels
+		out = append(out, a)
+	}
+	return out
 }
 
 // kernelsOnGPU lists the kernels holding memory (or an unknown amount) on

@@ -152,7 +152,7 @@ type Daemon struct {
 	last         metrics.Snapshot
 	alerted      map[int]bool // GPU index → alert raised
 	alertEpisode map[int]int  // GPU index → crossings so far
-	lastAlerts   []byte       // the alert file's content
+	alertFiles   alertFiles   // the notebook alert files written (alertfiles.go)
 	// evidence is, by connection file, what each kernel's magics last said
 	// its frameworks hold per GPU: the stray-context flags' evidence (why.go).
 	evidence map[string]attribution.FrameworkEvidence
@@ -346,7 +346,7 @@ loop:
 	sock.wait()
 	d.wg.Wait() // kernel goroutines close their clients: detached, kernels untouched
 	d.closeSnapshots()
-	_ = os.Remove(d.alertFile())
+	d.removeAlertFiles()
 	d.log.Info().Msg("gpumem serve stopped; kernels left untouched")
 	return runErr
 }

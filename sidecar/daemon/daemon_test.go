@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -240,14 +241,24 @@ func TestKernelNowAndKernelOfPID(t *testing.T) {
 }
 
 // Alerts: over the threshold, the alert file names the biggest holders;
-// in shared mode it names users only; a failed write is retried.
+// in shared mode it names users only, and it is the kernels' user's own
+// file (0600, in the daemon's dir beside the socket); back under, a
+// private daemon's file empties and a user's file goes; a failed write is
+// retried.
 func TestAlerts(t *testing.T) {
 	for _, mode := range []api.Mode{api.ModePrivate, api.ModeShared} {
 		t.Run(string(mode), func(t *testing.T) {
 			r, _, _ := twoKernels(t, Config{AlertThreshold: 0.1, NotebookAlerts: true, SocketMode: mode})
-			b, err := os.ReadFile(r.d.alertFile())
+			path := r.d.kernelAlertFile(uint32(os.Geteuid()))
+			if want := r.d.alertFile(); (mode == api.ModeShared) == (path == want) {
+				t.Errorf("mode %s: kernels read %s, want the one file %s in private mode only", mode, path, want)
+			}
+			b, err := os.ReadFile(path)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if fi, err := os.Lstat(path); err != nil || fi.Mode().Perm() != 0o600 {
+				t.Errorf("alert file %s: %v, %v; want 0600", path, fi.Mode(), err)
 			}
 			var doc struct {
 				Alerts []notebookAlert `json:"alerts"`
@@ -261,24 +272,32 @@ func TestAlerts(t *testing.T) {
 				if !strings.Contains(msg, "user ") || strings.Contains(msg, "kernel k") {
 					t.Errorf("shared-mode alert names more than users: %s", msg)
 				}
-			} else if !strings.Contains(msg, "kernel k2") {
+				r.setGPU()
+				r.d.sample(r.ctx)
+				if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) {
+					t.Errorf("the user's alert file once no alert stands: %v, want it gone", err)
+				}
+				r.waitLog("GPU memory back under the alert threshold")
+				return
+			}
+			if !strings.Contains(msg, "kernel k2") {
 				t.Errorf("alert does not name the biggest holder: %s", msg)
 			}
 			// Back under: the file empties; a failed write is tried again.
 			r.setGPU()
-			if err := os.Remove(r.d.alertFile()); err != nil {
+			if err := os.Remove(path); err != nil {
 				t.Fatal(err)
 			}
-			if err := os.Mkdir(r.d.alertFile(), 0o700); err != nil {
+			if err := os.Mkdir(path, 0o700); err != nil {
 				t.Fatal(err)
 			}
 			r.d.sample(r.ctx)
 			r.waitLog("writing the notebook alert file")
-			if err := os.Remove(r.d.alertFile()); err != nil {
+			if err := os.Remove(path); err != nil {
 				t.Fatal(err)
 			}
 			r.d.sample(r.ctx)
-			b, err = os.ReadFile(r.d.alertFile())
+			b, err = os.ReadFile(path)
 			if err != nil || strings.TrimSpace(string(b)) != `{"alerts":[]}` {
 				t.Errorf("alert file after the failed write: %q, %v", b, err)
 			}

@@ -368,9 +368,13 @@ func (d *Daemon) startInject(ctx context.Context, ks *kernelState, c *protocol.C
 		opts := magics.InjectOptions{SidecarSocket: d.socket, KernelID: ks.id}
 		// The daemon's socket and alert file are paths of its own mount
 		// namespace, not a pod's: there they could name other files
-		// entirely, so a pod's kernel is given neither.
-		if d.cfg.NotebookAlerts && d.cfg.AlertThreshold > 0 && ks.pod == nil {
-			opts.AlertFile = d.alertFile()
+		// entirely, so a pod's kernel is given neither. A kernel reads its
+		// own user's file (its process runs as its file's owner).
+		if d.notebookAlerts() && ks.pod == nil {
+			d.mu.Lock()
+			uid := ks.fileUID
+			d.mu.Unlock()
+			opts.AlertFile = d.kernelAlertFile(uid)
 		}
 		if ks.pod != nil {
 			opts.SidecarSocket = ""

@@ -249,8 +249,8 @@ func (d *Daemon) stepHistory(_ context.Context, t *tick) error {
 // file current.
 func (d *Daemon) stepAlerts(_ context.Context, t *tick) error {
 	d.logCrossings(t.rep, t.crossed)
-	if d.cfg.NotebookAlerts && (d.cfg.AlertThreshold > 0 || d.cfg.Cull.Enabled()) {
-		return d.writeAlerts(t.rep.Alerts)
+	if d.notebookAlerts() {
+		return d.writeAlerts(t.rep)
 	}
 	return nil
 }

@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/gpumem/gpumem/internal/textsafe"
 	"github.com/gpumem/gpumem/magics"
 	"github.com/gpumem/gpumem/protocol"
 	"github.com/gpumem/gpumem/sidecar/api"
+	"github.com/gpumem/gpumem/sidecar/daemon"
 	"github.com/gpumem/gpumem/sidecar/discovery"
 )
 
@@ -47,7 +49,7 @@ func runAttach(ctx context.Context, env Env, args []string) error {
 		// As gpumem serve injects: re-injecting must not drop the daemon's
 		// driver figures or its notebook alerts.
 		opts.SidecarSocket = sock
-		opts.AlertFile = filepath.Join(filepath.Dir(sock), "gpumem-alerts.json")
+		opts.AlertFile = kernelAlertFile(sock, k)
 	}
 	res, err := magics.Inject(ctx, c, opts)
 	if err != nil {
@@ -214,6 +216,24 @@ func daemonSocket(env Env, dirs []string) string {
 		}
 	}
 	return ""
+}
+
+// kernelAlertFile is the alert file the daemon serving sock writes for
+// k's user, as gpumem serve tells its kernels: a shared daemon (its socket
+// open to every user) writes each user their own. k's user owns its
+// connection file (its process is proven to run as that owner).
+func kernelAlertFile(sock string, k discovery.Kernel) string {
+	shared := false
+	if fi, err := os.Stat(sock); err == nil {
+		shared = fi.Mode().Perm()&0o006 != 0
+	}
+	uid := uint32(os.Geteuid())
+	if fi, err := os.Stat(k.ConnectionFile); err == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			uid = st.Uid
+		}
+	}
+	return daemon.AlertFile(sock, shared, uid)
 }
 
 // dialKernel attaches to k, naming it in errors.

@@ -1,5 +1,5 @@
 """The pre_run_cell hook that prints, once per alert, gpumem serve's line
-about a GPU this kernel uses being nearly full."""
+about a GPU this kernel uses being nearly full or this kernel being culled."""
 
 import os
 
@@ -9,16 +9,26 @@ _alert_state = {"mtime": None, "shown": set()}
 
 
 def _alert_file():
+    """The file gpumem serve told this kernel to read; else, beside the
+    socket, this user's own file of a shared daemon (its dir there), or a
+    private daemon's one file."""
     f = state.config.get("alert_file")
     if f:
         return f
     sock = state.sidecar_socket()
-    return os.path.join(os.path.dirname(sock), "gpumem-alerts.json") if sock else None
+    if not sock:
+        return None
+    per_user = os.path.join(os.path.dirname(sock), "gpumem-alerts")
+    if os.path.isdir(per_user):
+        return os.path.join(per_user, "%d.json" % os.getuid())
+    return os.path.join(os.path.dirname(sock), "gpumem-alerts.json")
 
 
 def alert_hook(*_args):
     """pre_run_cell: prints, once per alert, gpumem serve's line about a GPU
-    this kernel uses being nearly full. It costs one stat() per cell; it
+    this kernel uses being nearly full, or about this kernel being culled
+    unless used: the daemon's sentence as it wrote it, after the one
+    "gpumem: " that says whose line it is. It costs one stat() per cell; it
     never raises into the user's cell."""
     try:
         path = _alert_file()
