@@ -1,9 +1,14 @@
 """The gpumem serve daemon as this server sees it: where its socket is, and
-an HTTP client over it."""
+an HTTP client over it that vouches for every new connection (vouch.py):
+a socket root or this server's user does not serve is never used."""
 
+import contextlib
 import os
 
+import httpcore
 import httpx
+
+from . import vouch
 
 SOCKET_NAME = "gpumem.sock"
 # The Host the daemon expects from a socket client: it refuses foreign ones.
@@ -24,6 +29,50 @@ class NoDaemon(Exception):
     """Nobody serves the socket: gpumem serve is not running."""
 
 
+class UntrustedDaemon(NoDaemon):
+    """The socket is served, or may be, by someone other than root or this
+    server's user: nothing was sent to it. str() is the one line to show."""
+
+
+class _VouchedBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's network backend for a unix socket, vouched for: the path
+    before the connect, the peer on the connection itself, so that every
+    connection the pool opens is checked and none is swapped in between."""
+
+    def __init__(self, voucher):
+        self._voucher = voucher
+        self._inner = httpcore.AnyIOBackend()
+
+    async def connect_unix_socket(self, path, timeout=None, socket_options=None):
+        self._voucher.check_path(path)
+        stream = await self._inner.connect_unix_socket(path, timeout=timeout, socket_options=socket_options)
+        try:
+            self._voucher.check_peer(path, stream.get_extra_info("socket"))
+        except BaseException:
+            await stream.aclose()
+            raise
+        return stream
+
+    async def sleep(self, seconds):
+        await self._inner.sleep(seconds)
+
+
+class VouchedTransport(httpx.AsyncHTTPTransport):
+    """httpx's transport over the daemon's socket, its connection pool built
+    on _VouchedBackend (httpx takes no network backend of its own: the pool
+    it made is replaced; a test pins that requests go through this one)."""
+
+    def __init__(self, path, limits, voucher):
+        super().__init__(uds=path, limits=limits)
+        self._pool = httpcore.AsyncConnectionPool(
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            uds=path,
+            network_backend=_VouchedBackend(voucher),
+        )
+
+
 class DaemonError(Exception):
     """The daemon answered with an error status."""
 
@@ -37,17 +86,17 @@ class Daemon:
     """A client of the daemon's local API. One per server; connections are
     reused across requests."""
 
-    def __init__(self, path, timeout=5.0):
+    def __init__(self, path, timeout=5.0, voucher=None):
         self.path = path
         self.requests = 0  # made so far: the cost benchmark reads it
+        # Each open tab holds one waiting request (wait=1): many tabs need
+        # many connections.
+        limits = httpx.Limits(max_connections=2000, max_keepalive_connections=50)
         self._client = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(uds=path),
+            transport=VouchedTransport(path, limits, voucher or vouch.Voucher()),
             base_url="http://" + SOCKET_HOST,
             timeout=timeout,
             trust_env=False,
-            # Each open tab holds one waiting request (wait=1): many tabs
-            # need many connections.
-            limits=httpx.Limits(max_connections=2000, max_keepalive_connections=50),
         )
 
     async def close(self):
@@ -66,6 +115,8 @@ class Daemon:
         self.requests += 1
         try:
             r = await self._client.request(method, path, **kwargs)
+        except vouch.Untrusted as e:
+            raise UntrustedDaemon("gpumem: " + str(e)) from None
         except (httpx.ConnectError, FileNotFoundError, ConnectionRefusedError) as e:
             raise NoDaemon(self.path) from e
         try:
@@ -77,11 +128,16 @@ class Daemon:
             raise DaemonError(r.status_code, msg or "HTTP %d" % r.status_code)
         return body
 
-    def stream(self, path, timeout=None):
+    @contextlib.asynccontextmanager
+    async def stream(self, path, timeout=None):
         """An async context manager over the daemon's reply to GET path,
         streamed (a memory snapshot's raw pickle)."""
         if not os.path.exists(self.path):
             raise NoDaemon(self.path)
         self.requests += 1
         kwargs = {} if timeout is None else {"timeout": timeout}
-        return self._client.stream("GET", path, **kwargs)
+        try:
+            async with self._client.stream("GET", path, **kwargs) as r:
+                yield r
+        except vouch.Untrusted as e:
+            raise UntrustedDaemon("gpumem: " + str(e)) from None

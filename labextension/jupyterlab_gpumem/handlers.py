@@ -15,7 +15,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
 from . import view
-from .daemon import Daemon, DaemonError, NoDaemon
+from .daemon import Daemon, DaemonError, NoDaemon, UntrustedDaemon
 
 KERNEL_ID = r"(?P<kernel_id>[0-9a-fA-F-]{1,64})"
 KNOWN_KERNELS = 4096
@@ -58,6 +58,10 @@ class _Base(APIHandler):
         try:
             data = await self.daemon.request(method, path, params=params, timeout=timeout, body=body)
             return data, None
+        except UntrustedDaemon as e:
+            # Its own line (the path, who serves it, what to do), whatever
+            # the supervisor's last check said.
+            return None, (200, {"status": "no_daemon", "message": str(e), "daemon": self.daemon_status})
         except NoDaemon:
             return None, (200, view.no_daemon(self.daemon_status))
         except DaemonError as e:

@@ -7,7 +7,9 @@ The three cases a server can be in, each with the sentence the panel shows
   started      this server started the daemon that serves the socket
   shared       another process serves it (a systemd unit, the root daemon,
                another JupyterLab of the user): used as it is
-  not_running  nothing serves it, and why
+  not_running  nothing serves it, and why; or what serves it is not
+               trusted (root's or this server's user's: vouch.py), and the
+               line that says so
 """
 
 STARTED, SHARED, NOT_RUNNING = "started", "shared", "not_running"
@@ -118,6 +120,15 @@ def reason_taken(runtime_dir, socket, retry_seconds):
         "(a root --all-users daemon? point GPUMEM_SOCKET at its socket); "
         f"trying again in {retry_seconds:.0f} s"
     )
+
+
+def untrusted(sentence):
+    """The status when the socket may be served by someone other than root
+    or this server's user (vouch.Untrusted's line): not running, as far as
+    this server is concerned, and never "a daemon already serves"."""
+    d = describe(NOT_RUNNING, reason=sentence)
+    d["text"] = "gpumem: " + sentence
+    return d
 
 
 def reason_refused(socket, err):

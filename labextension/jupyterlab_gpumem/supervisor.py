@@ -5,7 +5,9 @@ serves the daemon's socket, and says which daemon serves it.
   with --exit-with-parent: the daemon ends what the server's kernels left
   and exits when the server does (Ctrl-C, SIGTERM or SIGKILL).
 - A daemon that already serves the socket is used as it is, never doubled
-  and never stopped. Two servers of one user share one daemon (the daemon
+  and never stopped, when it is root's or the server's user's (vouch.py);
+  a socket anyone else may serve is refused, said in the status, and no
+  daemon is started for it. Two servers of one user share one daemon (the daemon
   locks its runtime dir); when it goes away, the next check of either
   server starts a new one.
 - After a crash it starts the daemon again with backoff, and logs one line.
@@ -32,6 +34,7 @@ from traitlets import Bool, List, Unicode
 from traitlets.config import Configurable
 
 from . import supervision as sv
+from . import vouch
 
 LOG_NAME = "gpumem-serve.log"
 LOG_MAX_BYTES = 10 << 20
@@ -71,20 +74,24 @@ def default_binary():
     return shutil.which("gpumem") or ""
 
 
-def probe(path):
-    """Who serves the unix socket at path: ('served', pid, uid), ('none', 0, 0)
-    or ('refused', 0, error text). pid is 0 when the daemon is in a pid
-    namespace this process does not see."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(1.0)
+def probe(path, voucher=None):
+    """Who serves the unix socket at path: ('served', pid, uid), ('none', 0, 0),
+    ('refused', 0, error text), or ('untrusted', 0, the line saying why) when
+    root or this server's user may not be what serves it (vouch.py). pid is
+    0 when the daemon is in a pid namespace this process does not see."""
     try:
-        s.connect(path)
-        pid, uid, _ = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-        return ("served", pid, uid)
+        s = (voucher or vouch.Voucher()).connect(path, 1.0)
+    except vouch.Untrusted as e:
+        return ("untrusted", 0, str(e))
     except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
         return ("none", 0, 0)
     except PermissionError as e:
         return ("refused", 0, e.strerror or str(e))
+    except OSError as e:
+        return ("none", 0, str(e))
+    try:
+        pid, uid, _ = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        return ("served", pid, uid)
     except OSError as e:
         return ("none", 0, str(e))
     finally:
@@ -151,6 +158,8 @@ class Supervisor:
         self.restarts = 0
         self.served_by = None  # (pid, uid) of a daemon not ours, at the last check
         self.status = sv.describe(sv.NOT_RUNNING, reason="checking the daemon's socket")
+        self.untrusted = None  # the line said at the last check, while it holds
+        self.voucher = None  # vouch.Voucher's checks of the system (tests give others)
         self._task = None
 
     # --- the loop ---------------------------------------------------------
@@ -183,7 +192,17 @@ class Supervisor:
             self._child_exited(now)
         if self.child is not None and self.stopping_until and now > self.stopping_until:
             self.child.kill()
-        state, pid, detail = probe(self.socket)
+        state, pid, detail = probe(self.socket, self.voucher)
+        if state == "untrusted":
+            # Never "a daemon already serves", and no daemon of ours either:
+            # the socket stays whoever's it is, said in one line.
+            if self.untrusted != detail:
+                self.log.warning("gpumem: %s", detail)
+            self.untrusted = detail
+            self.served_by = None
+            self.status = sv.untrusted(detail)
+            return
+        self.untrusted = None
         if state == "refused":
             self.status = sv.describe(sv.NOT_RUNNING, reason=sv.reason_refused(self.socket, detail))
             return

@@ -57,12 +57,17 @@ type Client struct {
 }
 
 // NewClient returns a client of the daemon serving socketPath. It connects
-// on each call's demand; nothing happens here.
+// on each call's demand; nothing happens here. Each new connection is
+// vouched for (vouch.go): a socket that root or this process's user does
+// not serve gives an *UntrustedError, and nothing is sent to it.
 func NewClient(socketPath string) *Client {
+	return newClient(socketPath, systemVoucher())
+}
+
+func newClient(socketPath string, v voucher) *Client {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socketPath)
+			return v.dial(ctx, socketPath)
 		},
 		Proxy:                  nil, // never a proxy, whatever the environment says
 		MaxIdleConns:           2,
@@ -212,6 +217,10 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
+		var ue *UntrustedError
+		if errors.As(err, &ue) {
+			return ue // its own line: the path, who serves it, what to do
+		}
 		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
 			return &noDaemonError{path: c.path, err: err}
 		}

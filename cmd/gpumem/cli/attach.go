@@ -139,9 +139,10 @@ func runFree(ctx context.Context, env Env, args []string) error {
 			waiting.Stop()
 			return fmt.Errorf("daemon's free reply: %w", err)
 		}
-	// No daemon, or one that does not follow this kernel (outside its
-	// runtime dirs): standalone.
-	case errors.Is(err, api.ErrNoDaemon) || (errors.As(err, &se) && se.StatusCode == 404):
+	// No daemon, one that does not follow this kernel (outside its
+	// runtime dirs), or a socket we do not trust (said in one line):
+	// standalone.
+	case errors.Is(err, api.ErrNoDaemon) || (errors.As(err, &se) && se.StatusCode == 404) || warnUntrusted(env, err):
 		c, derr := dialKernel(ctx, env, k)
 		if derr != nil {
 			waiting.Stop()

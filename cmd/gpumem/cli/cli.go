@@ -70,7 +70,8 @@ var hiddenCommands = map[string]command{
 var errUsage = errors.New("usage")
 
 // Run runs gpumem with args (without the program name) and returns the exit
-// status: 0 on success, 1 when the command failed, 2 on a usage error.
+// status: 0 on success, 1 when the command failed, 2 on a usage error or a
+// daemon's socket it does not trust (untrusted.go).
 func Run(ctx context.Context, args []string, env Env) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		usage(env.Stdout)
@@ -91,9 +92,15 @@ func Run(ctx context.Context, args []string, env Env) int {
 		return 2
 	}
 	err := cmd.run(ctx, env, args[1:])
+	line, untrusted := untrustedLine(err)
 	switch {
 	case err == nil:
 		return 0
+	case untrusted:
+		// A socket another user may serve, where the command has no
+		// standalone way: its one line, and no figure of it.
+		fmt.Fprintln(env.Stderr, line)
+		return 2
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.Is(err, errUsage):

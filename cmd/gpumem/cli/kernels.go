@@ -89,7 +89,8 @@ func runKernels(ctx context.Context, env Env, args []string) error {
 }
 
 // kernelsFromDaemon asks a running gpumem serve, which already follows every
-// kernel of its runtime dirs; false when there is none, or it refuses us.
+// kernel of its runtime dirs; false when there is none, it refuses us, or
+// we do not trust its socket (said in one line).
 func kernelsFromDaemon(ctx context.Context, env Env, dirs []string) ([]kernelRow, bool) {
 	if len(dirs) > 0 {
 		return nil, false // the daemon watches its own dirs only
@@ -104,6 +105,7 @@ func kernelsFromDaemon(ctx context.Context, env Env, dirs []string) ([]kernelRow
 	defer cancel()
 	ks, err := c.Kernels(ctx)
 	if err != nil {
+		warnUntrusted(env, err) // then discovery, as without a daemon
 		return nil, false
 	}
 	return ks, true

@@ -74,8 +74,10 @@ func runLs(ctx context.Context, env Env, args []string) error {
 	var sampler reporter
 	probe := time.Now()
 	if sock := daemonSocket(env, dirs); sock != "" {
-		if d, ok := dialDaemonReporter(ctx, sock); ok {
+		if d, err := dialDaemonReporter(ctx, sock); err == nil {
 			sampler = d
+		} else {
+			warnUntrusted(env, err) // then standalone, as without a daemon
 		}
 	}
 	tm.mark("daemon_probe", probe)
@@ -158,17 +160,18 @@ type daemonReporter struct {
 }
 
 // dialDaemonReporter fetches a first report; a daemon that refuses us
-// (shared mode, not an admin) or does not answer means standalone.
-func dialDaemonReporter(ctx context.Context, sock string) (*daemonReporter, bool) {
+// (shared mode, not an admin), does not answer, or serves a socket we do
+// not trust (an *api.UntrustedError) means standalone.
+func dialDaemonReporter(ctx context.Context, sock string) (*daemonReporter, error) {
 	c := api.NewClient(sock)
 	tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	rep, err := c.Notebooks(tctx)
 	if err != nil {
 		c.Close()
-		return nil, false
+		return nil, err
 	}
-	return &daemonReporter{c: c, first: &rep}, true
+	return &daemonReporter{c: c, first: &rep}, nil
 }
 
 func (r *daemonReporter) Report(ctx context.Context) (attribution.Report, error) {

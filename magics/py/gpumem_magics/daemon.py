@@ -10,6 +10,9 @@ from . import state
 
 # sidecar_get's status when nobody serves the socket.
 NOT_RUNNING = -1
+# Its status when the socket may be served by someone other than root or
+# this kernel's user (vouch.py): nothing was sent; the reply is the line.
+UNTRUSTED = -2
 
 
 def not_running(sock):
@@ -23,6 +26,10 @@ def not_running(sock):
 
 
 class _NotRunning(Exception):
+    pass
+
+
+class _Untrusted(Exception):
     pass
 
 
@@ -47,6 +54,8 @@ def driver_usage(timeout=0.5, fresh=False):
         status, body = sidecar_get(path, timeout)
         if status == NOT_RUNNING:
             raise _NotRunning()
+        if status == UNTRUSTED:
+            raise _Untrusted(request_error(status, body))
         if status == 0:
             raise OSError(body.decode("utf-8", "replace"))
         return status, body
@@ -68,6 +77,8 @@ def driver_usage(timeout=0.5, fresh=False):
             nbs = json.loads(body.decode("utf-8")).get("notebooks") or []
     except _NotRunning:
         return {"error": not_running(sock)}
+    except _Untrusted as e:
+        return {"error": str(e)}
     except Exception as e:
         return {"error": "gpumem serve did not answer on %s (%s)" % (sock, state.short_exc(e))}
     for nb in nbs:
@@ -112,7 +123,7 @@ def top_data(timeout=1.0):
     my_gpus = {g["index"] for g in mine.get("per_gpu", []) if g.get("bytes")}
     status, body = sidecar_get("/api/v1/notebooks", timeout)
     if status != 200:
-        return {"kind": "top", "error": "gpumem serve answered %d: %s" % (status, api_error(body))}
+        return {"kind": "top", "error": request_error(status, body)}
     rep = json.loads(body.decode("utf-8"))
     note = ""
     if rep.get("view") == "own":
@@ -185,6 +196,8 @@ def request_error(status, reply):
     what it answered."""
     if status == NOT_RUNNING:
         return not_running(state.sidecar_socket())
+    if status == UNTRUSTED:
+        return "gpumem: " + reply.decode("utf-8", "replace")
     if status == 0:
         return "gpumem serve did not answer on %s (%s)" % (state.sidecar_socket(), reply.decode("utf-8", "replace")[:200])
     return "gpumem serve answered %d: %s" % (status, api_error(reply))
@@ -218,21 +231,19 @@ def sidecar_post(path, body, timeout):
 
 
 def sidecar_request(method, path, timeout, body=None):
+    """(status, reply bytes): NOT_RUNNING when nobody serves the socket,
+    UNTRUSTED (the reply: the line why) when root or this kernel's user may
+    not be what serves it, 0 when it did not answer."""
     import http.client
-    import socket
+
+    from . import vouch
 
     sock = state.sidecar_socket()
 
     class _UnixConn(http.client.HTTPConnection):
         def connect(self):
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.settimeout(timeout)
-            try:
-                s.connect(sock)
-            except BaseException:
-                s.close()
-                raise
-            self.sock = s
+            # The path, then the peer of this very connection (vouch.py).
+            self.sock = vouch.Voucher().connect(sock, timeout)
 
     conn = _UnixConn("local-gpumem.sock", timeout=timeout)
     headers = {"Accept": "application/json"}
@@ -242,6 +253,8 @@ def sidecar_request(method, path, timeout, body=None):
         conn.request(method, path, body=body, headers=headers)
         resp = conn.getresponse()
         return resp.status, resp.read()
+    except vouch.Untrusted as e:
+        return UNTRUSTED, str(e).encode()
     except (FileNotFoundError, ConnectionRefusedError) as e:
         # No socket, or one that nobody listens on: the daemon is not running.
         return NOT_RUNNING, str(e).encode()
