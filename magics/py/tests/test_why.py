@@ -9,7 +9,7 @@ import weakref
 import pytest
 import torch
 
-from gpumem_magics import frozen, referrers, state, why
+from gpumem_magics import frozen, referrers, state, why, why_elsewhere
 
 # Each holder plants a tensor of its own size (float32 elements), so that
 # its row is known by its bytes.
@@ -321,7 +321,7 @@ def test_frozen_list_read_only_on_a_verified_python(monkeypatch):
         monkeypatch.setattr(frozen, "_LAYOUTS", ())
         with frozen.Walk() as w:
             assert not w.ok and w.objects() == []
-        _found, objs, info = why._scan(referrers.Budget(5))
+        _found, objs, info = why_elsewhere.scan(referrers.Budget(5))
         assert objs == [] and info["read"] is False and "cannot read gc.freeze()'s objects" in info["note"], info
     finally:
         gc.unfreeze()
