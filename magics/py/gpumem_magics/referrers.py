@@ -49,9 +49,19 @@ class Budget(object):
         return int((time.perf_counter() - self.start) * 1000)
 
 
+# The package's modules are named PACKAGE.module, injected or imported.
+_PACKAGE = __name__.rpartition(".")[0] + "."
+
+
 def _is_ours(o):
+    """Whether o is a frame of gpumem's own code: by the file name the
+    bootstrap compiles it under, or by its module's name where it was
+    imported from files (the tests)."""
     if isinstance(o, types.FrameType):
-        return o.f_code.co_filename.startswith(_OUR_FILES)
+        if o.f_code.co_filename.startswith(_OUR_FILES):
+            return True
+        name = o.f_globals.get("__name__")
+        return _PACKAGE != "." and isinstance(name, str) and name.startswith(_PACKAGE)
     return False
 
 
@@ -129,6 +139,7 @@ class Search(object):
         self.ours.update((id(self.nodes), id(self.index), id(self.kids)))
         self.tinfo, self.tvalues = {}, {}
         self.frozen_objs = None
+        self.frozen_unread = False  # gc.freeze()'s objects not all read (frozen.py)
         self._parents = None
         self._frozen_ids = None
         self.tnodes = []
@@ -218,38 +229,50 @@ class Search(object):
                 break
             fset = set(id(self.nodes[i]) for i in frontier)
             refs = self._referrers([self.nodes[i] for i in frontier])
-            if self.stopped:
-                break
             self.ours.add(id(refs))
-            new = self.baseline.new_ids()
-            seen_from = set()
-            nxt = []
-            for r in refs:
-                if id(r) in self.ours or id(r) in new or _is_ours(r):
-                    continue
-                kids = [self.index[id(x)] for x in gc.get_referents(r) if id(x) in fset]
-                if not kids:
-                    continue
-                seen_from.update(kids)
-                n = self.index.get(id(r))
-                if n is not None:  # met before, for another target: a path for this one too
-                    self.kids[n].extend(kids)
-                    continue
-                root = self._root_of(r)
-                n, is_root = self._add(r, lvl)
-                self.kids[n].extend(kids)
-                if root is not None:
-                    self.roots.append((lvl, 0 if root[0] == "variable" else 1, n, root))
-                elif not is_root:
-                    nxt.append(n)
-            self.ours.discard(id(refs))
-            del refs
+            try:
+                if self.stopped:
+                    break
+                seen_from, nxt = self._level(refs, fset, lvl)
+            finally:
+                # Emptied on every way out: the referrers include frames
+                # (gpumem's own among them) that must not outlive the call.
+                self.ours.discard(id(refs))
+                refs[:] = []
+                del refs
             for i in frontier:
                 if i not in seen_from:
                     self.dead.add(i)
             frontier = nxt
             if self._resolved(self.tnodes):
                 break
+
+    def _level(self, refs, fset, lvl):
+        """Adds the referrers refs of the frontier (ids fset) as nodes of
+        level lvl: (the frontier's nodes some referrer holds, the next
+        frontier)."""
+        new = self.baseline.new_ids()
+        seen_from = set()
+        nxt = []
+        for r in refs:
+            if id(r) in self.ours or id(r) in new or _is_ours(r):
+                continue
+            kids = [self.index[id(x)] for x in gc.get_referents(r) if id(x) in fset]
+            if not kids:
+                continue
+            seen_from.update(kids)
+            n = self.index.get(id(r))
+            if n is not None:  # met before, for another target: a path for this one too
+                self.kids[n].extend(kids)
+                continue
+            root = self._root_of(r)
+            n, is_root = self._add(r, lvl)
+            self.kids[n].extend(kids)
+            if root is not None:
+                self.roots.append((lvl, 0 if root[0] == "variable" else 1, n, root))
+            elif not is_root:
+                nxt.append(n)
+        return seen_from, nxt
 
     def _resolved(self, tnodes):
         """Whether every target is below a root already (cheap check: any
@@ -295,8 +318,10 @@ class Search(object):
         return out
 
     def why_unrooted(self, t):
-        """Why target node t reached no root: 'frozen', 'cycle', 'c_level'
-        or 'budget'."""
+        """Why target node t reached no root: 'frozen', 'cycle', 'c_level',
+        'unsearched' (where it met no visible referrer and gc.freeze()'s
+        objects could not all be read: its holder may be one of them) or
+        'budget'."""
         if self.stopped:
             return "budget"
         seen, stack, dead = set(), [t], False
@@ -323,7 +348,7 @@ class Search(object):
         if is_frozen:
             return "frozen"
         if dead:
-            return "c_level"
+            return "unsearched" if self.frozen_unread else "c_level"
         return "cycle"
 
     def release(self):

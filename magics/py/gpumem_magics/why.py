@@ -131,6 +131,7 @@ def _why(shell, device, all_devices, b, baseline):
         found.clear()
         del frozen_objs[:]
     rows += why_allocator.rows(tdevs, fws, traced, want, data)
+    _unplaced(data, rows, b, all_devices)
     data["rows"] = _cap(rows)
     data["devices"] = why_allocator.device_table(fws, tdevs, want)
     frag = allocator.fragmentation(tdevs, allocator.last_oom(shell))
@@ -145,6 +146,42 @@ def _why(shell, device, all_devices, b, baseline):
     data["notes"] = notes
     data["elapsed_ms"] = b.elapsed_ms()
     return data
+
+
+def _unplaced(data, rows, b, cpu_in_scope):
+    """data["unplaced"]: the bytes, per device, that no row names a holder
+    for because gpumem could not search for it (the budget, gc.freeze()'s
+    objects it could not read), and why; absent when every byte is placed.
+    Where gc.freeze()'s objects were not all read, PyTorch's allocated
+    bytes that no tensor found accounts for (the "no Python holder" row)
+    are unplaced too: the tensors only frozen objects reach are not found.
+    On the CPU no allocator counts them, and the text says so."""
+    by_dev = data.pop("unplaced_bytes", None) or {}
+    fz = data.get("frozen") or {}
+    unread = bool(fz.get("count")) and not fz.get("read")
+    why = []
+    if unread:
+        if fz.get("partial") is not None and not data.get("stopped"):
+            data["stopped"] = {"at": "the walk of gc.freeze()'s objects", "elapsed_ms": b.elapsed_ms()}
+        for r in rows:
+            if r["category"] == "c_level" and r["bytes"] > 0:
+                by_dev[r["device"]] = by_dev.get(r["device"], 0) + r["bytes"]
+                r["note"] = r.get("note", "") + "; or tensors that only gc.freeze()'s objects (not searched) hold"
+        what = "read only %d of them" % fz["partial"] if fz.get("partial") is not None else "cannot read them on this Python"
+        why.append(
+            "gc.freeze() froze %d objects and gpumem %s: holders among them are not named, and a tensor only they "
+            "reach is not found"
+            % (fz["count"], what)
+            + (" (on the CPU no allocator counts it: its bytes are in no figure here)" if cpu_in_scope else "")
+        )
+    if data.get("stopped") and any(r.get("root") == "not searched: the budget ran out" for r in rows):
+        why.append("the search stopped at the budget before it found their holders")
+    if not why:
+        return
+    devs = [{"device": d, "bytes": n} for d, n in sorted(by_dev.items()) if n > 0]
+    if cpu_in_scope and unread and not any(d["device"] == "cpu" for d in devs):
+        devs.append({"device": "cpu", "bytes": 0})
+    data["unplaced"] = {"devices": devs, "why": "; ".join(why)}
 
 
 _HIDDEN_FIXES = (

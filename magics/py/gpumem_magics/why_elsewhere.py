@@ -9,6 +9,7 @@ import gc
 from . import allocator, fixes, frozen, holders, probes, referrers, state, workers
 
 BUFFER_KINDS = ("tensor", "storage", "cupy", "jax")
+UNSEARCHED = ("unsearched", "budget")  # the reasons a buffer's holder is not known
 
 
 def buffer_bytes(key, n, dev):
@@ -59,7 +60,17 @@ def scan(budget):
             frozen_objs = w.objects()
             info["read"] = w.ok and w.complete
             if not w.ok:
-                info["note"] = "cannot read gc.freeze()'s objects on this Python: what they hold is not searched"
+                info["note"] = (
+                    "cannot read gc.freeze()'s %d objects on this Python: what they hold is not searched" % info["count"]
+                )
+            elif not w.complete:
+                # The walk stopped at the budget: the objects after it
+                # are as unsearched as on a Python whose list cannot be read.
+                info["partial"] = len(frozen_objs)
+                info["note"] = (
+                    "read %d of gc.freeze()'s %d objects before the budget ran out: what the rest hold is not "
+                    "searched (%%gpumem why --budget 10 looks longer)" % (len(frozen_objs), info["count"])
+                )
         _pick(frozen_objs, found)
     jax = state.mod("jax")
     if jax is not None and probes.jax_initialised():
@@ -140,11 +151,13 @@ def rows(shell, found, frozen_objs, want, traced, b, baseline, data):
     if not targets:
         return []
     search = referrers.Search(shell, b, baseline, exclude=[targets, frozen_objs] + list(found.values()))
+    finfo = data.get("frozen") or {}
+    search.frozen_unread = bool(finfo.get("count")) and not finfo.get("read")
     try:
         resolved = _search(search, targets, frozen_objs, b)
         if search.stopped:
             data["stopped"] = {"at": search.stopped, "elapsed_ms": b.elapsed_ms()}
-        return _rows_for(shell, targets, tkeys, tlabel, resolved, traced)
+        return _rows_for(shell, tkeys, tlabel, resolved, traced, data.setdefault("unplaced_bytes", {}))
     finally:
         search.release()
         del targets[:]
@@ -168,13 +181,17 @@ def _search(search, targets, frozen_objs, b):
     return out
 
 
-def _rows_for(shell, targets, tkeys, tlabel, resolved, traced):
+def _rows_for(shell, tkeys, tlabel, resolved, traced, unplaced):
+    """The rows of the resolved targets, one per fix and root; the bytes
+    whose holder was not searched (the budget, gc.freeze()'s unread
+    objects) are added to unplaced, per device."""
     rows = {}
     for i, (root, objs) in enumerate(resolved):
         desc = fixes.describe(shell, root, objs)
-        r = rows.get(desc["fix"])
+        r = rows.get((desc["fix"], desc["root"]))
         if r is None:
-            r = rows[desc["fix"]] = dict(desc, category="elsewhere", bytes=0, devices=set(), count=0, types=set())
+            r = dict(desc, category="elsewhere", bytes=0, devices=set(), count=0, types=set())
+            rows[(desc["fix"], desc["root"])] = r
         for k, (n, dev, _suffix) in tkeys[i].items():
             if k in traced:
                 continue
@@ -182,6 +199,8 @@ def _rows_for(shell, targets, tkeys, tlabel, resolved, traced):
             r["bytes"] += n
             r["devices"].add(dev)
             r["count"] += 1
+            if objs is None and root[0] in UNSEARCHED:
+                unplaced[dev] = unplaced.get(dev, 0) + n
         r["types"].add(tlabel[i])
     out = []
     for r in rows.values():
