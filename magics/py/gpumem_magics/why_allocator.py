@@ -62,6 +62,13 @@ def rows(tdevs, fws, traced, want, data):
                     "fix": "free the tensors that share its segments; expandable_segments (see advice)",
                 }
             )
+    rows += _other_rows(fws, by_dev, want)
+    return rows
+
+
+def _other_rows(fws, by_dev, want):
+    """The rows of CuPy, JAX and TensorFlow, per device."""
+    rows = []
     for fw in fws:
         if fw["name"] == "torch":
             continue
