@@ -28,6 +28,7 @@ import types
 from . import referrers_steps
 
 MAX_LEVELS = 16
+_FEW = 64  # a frontier up to this size is searched with gc.get_referrers
 
 _CO_NEWLOCALS = 0x0002
 _OUR_FILES = "<gpumem_magics/"
@@ -140,8 +141,7 @@ class Search(object):
         self.tinfo, self.tvalues = {}, {}
         self.frozen_objs = None
         self.frozen_unread = False  # gc.freeze()'s objects not all read (frozen.py)
-        self._parents = None
-        self._frozen_ids = None
+        self._below = None
         self.tnodes = []
         self.baseline = baseline
         self.ours.update((id(self), id(self.__dict__)))
@@ -170,25 +170,44 @@ class Search(object):
         frontier = list(objs)
         self.ours.add(id(frontier))
         try:
-            found = gc.get_referrers(*frontier)
-            if self.frozen_objs:
-                # Which frozen objects refer to the frontier: a chunk at a
-                # time in C, and one by one only in a chunk that does.
-                ids = set(id(o) for o in frontier)
-                fo = self.frozen_objs
-                for i in range(0, len(fo), 4096):
-                    if self.budget.over():
-                        self.stopped = "the referrer search among gc.freeze()'s objects"
-                        break
-                    if ids.isdisjoint(map(id, gc.get_referents(*fo[i : i + 4096]))):
-                        continue
-                    for f in fo[i : i + 4096]:
-                        if not ids.isdisjoint(map(id, gc.get_referents(f))):
-                            found.append(f)
+            if len(frontier) <= _FEW:
+                found = gc.get_referrers(*frontier)
+            else:
+                # gc.get_referrers compares every referent of every object
+                # with each of its arguments: for thousands of targets
+                # (a frozen heap's tensors) one call ran for minutes, past
+                # any budget. One pass over gc's objects with a set instead.
+                pool = gc.get_objects()
+                self.ours.add(id(pool))
+                try:
+                    found = self._scan(pool, frontier, "the referrer search")
+                finally:
+                    self.ours.discard(id(pool))
+                    pool[:] = []
+                    del pool
+            if self.frozen_objs and not self.stopped:
+                found += self._scan(self.frozen_objs, frontier, "the referrer search among gc.freeze()'s objects")
             return found
         finally:
             self.ours.discard(id(frontier))
             del frontier
+
+    def _scan(self, pool, frontier, where):
+        """The objects of pool that refer to one of frontier: a chunk at a
+        time in C, and one by one only in a chunk that does; the budget is
+        checked between chunks (stopped says where)."""
+        ids = set(map(id, frontier))
+        out = []
+        for i in range(0, len(pool), 4096):
+            if self.budget.over():
+                self.stopped = where
+                break
+            if ids.isdisjoint(map(id, gc.get_referents(*pool[i : i + 4096]))):
+                continue
+            for f in pool[i : i + 4096]:
+                if not ids.isdisjoint(map(id, gc.get_referents(f))):
+                    out.append(f)
+        return out
 
     def run(self, targets, levels=MAX_LEVELS):
         """Searches upwards from targets; returns their node numbers."""
@@ -214,7 +233,7 @@ class Search(object):
         self.ours.add(id(frozen_objs))
         frontier = sorted(self.dead)
         self.dead = set()
-        self._parents = None
+        self._below = None
         self._levels(frontier, 1 + max([self.level[i] for i in frontier] or [0]), levels)
 
     def _levels(self, frontier, first, levels):
@@ -324,32 +343,34 @@ class Search(object):
         'budget'."""
         if self.stopped:
             return "budget"
-        seen, stack, dead = set(), [t], False
-        if self._parents is None:
-            self._parents = {}
-            for n, ks in enumerate(self.kids):
-                for k in ks:
-                    self._parents.setdefault(k, []).append(n)
-        parents = self._parents
-        if self._frozen_ids is None:  # once: a million ids, in C
-            self._frozen_ids = set(map(id, self.frozen_objs or ()))
-        frozen_ids = self._frozen_ids
-        is_frozen = False
-        while stack:
-            m = stack.pop()
-            if m in seen:
-                continue
-            seen.add(m)
-            if m in self.dead:
-                dead = True
-            if m != t and id(self.nodes[m]) in frozen_ids:
-                is_frozen = True
-            stack.extend(parents.get(m, ()))
-        if is_frozen:
+        if self._below is None:
+            self._below = self._below_frozen_and_dead()
+        below_frozen, below_dead = self._below
+        if t in below_frozen:
             return "frozen"
-        if dead:
+        if t in below_dead:
             return "unsearched" if self.frozen_unread else "c_level"
         return "cycle"
+
+    def _below_frozen_and_dead(self):
+        """(the nodes a frozen node holds, directly or not; the nodes at or
+        below one no visible referrer holds): two passes down the kids,
+        whatever the number of targets (one walk up per target was
+        quadratic, and ran for minutes with thousands of them)."""
+        frozen_ids = set(map(id, self.frozen_objs or ()))  # a million ids, in C
+
+        def down(start):
+            seen, stack = set(), list(start)
+            while stack:
+                m = stack.pop()
+                if m not in seen:
+                    seen.add(m)
+                    stack.extend(self.kids[m])
+            return seen
+
+        frozen_nodes = [n for n, o in enumerate(self.nodes) if id(o) in frozen_ids]
+        frozen_ids.clear()
+        return down(k for n in frozen_nodes for k in self.kids[n]), down(self.dead)
 
     def release(self):
         self.nodes[:] = []
@@ -358,8 +379,7 @@ class Search(object):
         self.roots[:] = []
         self.tinfo, self.tvalues = {}, {}
         self.frozen_objs = None
-        self._parents = None
-        self._frozen_ids = None
+        self._below = None
         self.tnodes = []
 
 

@@ -40,7 +40,30 @@ def frame_locals(fr, clear=False):
     return items
 
 
+# id(dict) -> {id(value): key} of the large dicts met while labelling one
+# why call's chains: thousands of chains through one dict (a cache of
+# tensors) looked each key up in a scan of it. forget() empties it: it
+# holds the keys.
+_INDEX = {}
+_INDEXED = 256  # dicts of at least this many items are indexed
+
+
+def forget():
+    """Drops the index of large dicts (at the end of each why call)."""
+    _INDEX.clear()
+
+
 def _key_of(d, value):
+    if len(d) >= _INDEXED:
+        idx = _INDEX.get(id(d))
+        if idx is None:
+            idx = _INDEX[id(d)] = {}
+            for k, v in d.items():
+                idx.setdefault(id(v), k)
+        k = idx.get(id(value), state.MISSING)
+        # Checked: another thread may have changed the dict since.
+        if k is not state.MISSING and d.get(k, state.MISSING) is value:
+            return k, True
     for k, v in d.items():
         if v is value:
             return k, True

@@ -6,7 +6,7 @@ of referrers to its root (referrers.py), grouped by the fix that frees it
 
 import gc
 
-from . import allocator, fixes, frozen, holders, probes, referrers, state, workers
+from . import allocator, fixes, frozen, holders, probes, referrers, referrers_steps, state, workers
 
 BUFFER_KINDS = ("tensor", "storage", "cupy", "jax")
 UNSEARCHED = ("unsearched", "budget")  # the reasons a buffer's holder is not known
@@ -160,6 +160,7 @@ def rows(shell, found, frozen_objs, want, traced, b, baseline, data):
         return _rows_for(shell, tkeys, tlabel, resolved, traced, data.setdefault("unplaced_bytes", {}))
     finally:
         search.release()
+        referrers_steps.forget()
         del targets[:]
 
 

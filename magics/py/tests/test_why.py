@@ -389,3 +389,53 @@ def test_a_frozen_holder_is_named_or_its_bytes_unplaced(monkeypatch, readable):
         ns.clear()
         state.configure(None, {})
         gc.collect()
+
+
+def test_thousands_of_frozen_tensors_within_the_budget():
+    """3000 tensors, each in a frozen object of an unreachable frozen list,
+    and 3000 in a frozen module's dict: one gc.get_referrers call for
+    all of them compared each referent with every target, and one walk up
+    per target, and one scan of the dict per chain, each ran for minutes,
+    past any budget. Now why keeps to its budget, and every byte is in a
+    row: named, or said to be unsearched."""
+    import time
+
+    ns = {"__name__": "__main__"}
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()  # the unreachable list must live until gc.freeze()
+    exec(
+        "import gc, sys, types, torch\n"
+        "class Holder(object):\n    pass\n"
+        "junk = []\n"
+        "for i in range(3000):\n    h = Holder(); h.t = torch.zeros(4); h.all = junk; junk.append(h)\n"
+        "del h, junk\n"
+        "m = types.ModuleType('gpumem_test_many'); sys.modules['gpumem_test_many'] = m\n"
+        "m.cache = {i: torch.zeros(2) for i in range(3000)}\n"
+        "del m\n"
+        "gc.freeze()\n",
+        ns,
+    )
+    if enabled:
+        gc.enable()
+    state.configure(Shell(ns), {})
+    try:
+        t0 = time.perf_counter()
+        data = why.why_data(all_devices=True, budget=3)
+        took = time.perf_counter() - t0
+        assert data["kind"] == "why", data
+        assert took < 9, "why took %.1f s on a 3 s budget" % took
+        rows = [r for r in data["rows"] if r["category"] == "elsewhere"]
+        assert sum(r["bytes"] for r in rows) == 3000 * 16 + 3000 * 8, [(r["name"], r["bytes"]) for r in rows]
+        if not data.get("stopped"):
+            with frozen.Walk() as w:
+                reads = w.ok
+            roots = sorted(r["root"] for r in rows)
+            if reads:
+                assert roots == ["a module attribute", "gc.freeze()'s permanent generation"], roots
+    finally:
+        gc.unfreeze()
+        sys.modules.pop("gpumem_test_many", None)
+        ns.clear()
+        state.configure(None, {})
+        gc.collect()
