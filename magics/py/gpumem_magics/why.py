@@ -166,7 +166,8 @@ def _unplaced(data, rows, b, cpu_in_scope):
         for r in rows:
             if r["category"] == "c_level" and r["bytes"] > 0:
                 by_dev[r["device"]] = by_dev.get(r["device"], 0) + r["bytes"]
-                r["note"] = r.get("note", "") + "; or tensors that only gc.freeze()'s objects (not searched) hold"
+                more = "or tensors that only gc.freeze()'s objects (not searched) hold"
+                r["note"] = "%s; %s" % (r["note"], more) if r.get("note") else more
         what = "read only %d of them" % fz["partial"] if fz.get("partial") is not None else "cannot read them on this Python"
         why.append(
             "gc.freeze() froze %d objects and gpumem %s: holders among them are not named, and a tensor only they "
