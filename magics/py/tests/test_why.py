@@ -439,3 +439,23 @@ def test_thousands_of_frozen_tensors_within_the_budget():
         ns.clear()
         state.configure(None, {})
         gc.collect()
+
+
+def test_unplaced_counts_the_allocators_bytes_no_tensor_found():
+    """On a GPU, where gc.freeze()'s objects are not read, PyTorch's
+    allocated bytes that no tensor found accounts for are unplaced too (the
+    frozen tensors are among them), beside the CPU's bytes not searched."""
+    rows = [
+        {"category": "c_level", "device": "cuda:0", "bytes": 17 * MIB, "note": "cuBLAS workspaces"},
+        {"category": "elsewhere", "device": "cpu", "bytes": 4 * MIB, "root": "gc.freeze()'s objects, not searched"},
+    ]
+    data = {"frozen": {"count": 1000, "read": False}, "unplaced_bytes": {"cpu": 4 * MIB}}
+    why._unplaced(data, rows, referrers.Budget(1), True)
+    assert data["unplaced"]["devices"] == [{"device": "cpu", "bytes": 4 * MIB}, {"device": "cuda:0", "bytes": 17 * MIB}]
+    assert "cannot read them on this Python" in data["unplaced"]["why"], data
+    assert rows[0]["note"] == "cuBLAS workspaces; or tensors that only gc.freeze()'s objects (not searched) hold"
+    # Read whole: nothing unplaced, no row changed.
+    rows[0]["note"] = "cuBLAS workspaces"
+    data = {"frozen": {"count": 1000, "read": True}}
+    why._unplaced(data, rows, referrers.Budget(1), True)
+    assert "unplaced" not in data and rows[0]["note"] == "cuBLAS workspaces"
