@@ -212,3 +212,99 @@ func TestWhyAPISilent(t *testing.T) {
 		t.Errorf("bad argument: %v %s", data, text)
 	}
 }
+
+// frozenHolders plants a 65 MiB CPU tensor in a variable, a 16 MiB one
+// frozen by gc.freeze() with its holder (a cycle), and a 4 MiB one made
+// after the freeze that only a frozen object holds.
+const frozenHolders = `import gc, torch
+class Holder(object):
+    pass
+a = torch.zeros(65 << 18)
+h = Holder(); h.me = h; h.t = torch.zeros(16 << 18)
+del h
+late = Holder(); late.me = late
+gc.freeze()
+late.t = torch.zeros(4 << 18)
+del late`
+
+type whyFrozenData struct {
+	Rows   []whyRow `json:"rows"`
+	Frozen struct {
+		Count int  `json:"count"`
+		Read  bool `json:"read"`
+	} `json:"frozen"`
+	Unplaced *struct {
+		Devices []struct {
+			Device string `json:"device"`
+			Bytes  int64  `json:"bytes"`
+		} `json:"devices"`
+		Why string `json:"why"`
+	} `json:"unplaced"`
+	Stopped map[string]any `json:"stopped"`
+}
+
+// TestWhyFrozenHolder: in a real kernel, %gpumem why --all-devices names
+// the holders gc.freeze() froze where this Python's permanent generation
+// can be read (CPython 3.11); made unreadable (as on 3.12 and later), it
+// says so, with the bytes it could not place on the CPU, and never calls
+// the holder "a holder in C". Either way nothing is left unsaid: the rows
+// and the unplaced bytes account for every tensor found.
+func TestWhyFrozenHolder(t *testing.T) {
+	const mib = 1 << 20
+	s := torchSession(t)
+	s.cell(frozenHolders, true)
+	var ver []int
+	s.probe("import sys, json; print(json.dumps(list(sys.version_info[:2])))", &ver)
+	raw, text := s.magic("%gpumem why --all-devices --budget 30")
+	var d whyFrozenData
+	remarshal(t, raw, &d)
+	byBytes := map[int64]whyRow{}
+	for _, r := range d.Rows {
+		byBytes[r.Bytes] = r
+	}
+	if r := byBytes[65*mib]; r.Category != "variables" {
+		t.Fatalf("the variable's row: %+v\n%s", r, text)
+	}
+	if d.Stopped != nil {
+		t.Fatalf("why stopped within a 30 s budget: %v\n%s", d.Stopped, text)
+	}
+	if len(ver) == 2 && ver[0] == 3 && ver[1] == 11 {
+		// Read: both frozen holders named, in one row (one root, one fix).
+		r := byBytes[20*mib]
+		if !d.Frozen.Read || r.Root != "gc.freeze()'s permanent generation" || r.Fix != "gc.unfreeze(); gc.collect()" || d.Unplaced != nil {
+			t.Errorf("Python %v: the frozen holders are not named: frozen %+v, unplaced %+v\n%s", ver, d.Frozen, d.Unplaced, text)
+		}
+	} else if d.Frozen.Read || d.Unplaced == nil {
+		t.Errorf("Python %v: frozen %+v, unplaced %+v: the frozen objects are not read, and why must say so\n%s", ver, d.Frozen, d.Unplaced, text)
+	}
+
+	// Unreadable, as on a Python whose list gpumem does not read.
+	s.cell(`import sys as _s; _s.modules["_gpumem_magics"].frozen._LAYOUTS = ()`, true)
+	raw, text = s.magic("%gpumem why --all-devices --budget 30")
+	d = whyFrozenData{}
+	remarshal(t, raw, &d)
+	var late *whyRow
+	for i := range d.Rows {
+		switch r := d.Rows[i]; {
+		case r.Bytes == 4*mib:
+			late = &d.Rows[i]
+		case r.Root == "a holder in C that gc cannot see into":
+			t.Errorf("a frozen holder taken for a holder in C: %+v\n%s", r, text)
+		}
+	}
+	if late == nil || late.Root != "gc.freeze()'s objects, not searched" {
+		t.Errorf("the tensor only a frozen object holds: %+v\n%s", late, text)
+	}
+	cpu := int64(-1)
+	if d.Unplaced != nil {
+		for _, u := range d.Unplaced.Devices {
+			if u.Device == "cpu" {
+				cpu = u.Bytes
+			}
+		}
+	}
+	if d.Frozen.Read || cpu != 4*mib || !strings.Contains(d.Unplaced.Why, "gc.freeze() froze") ||
+		!strings.Contains(text, "not placed: 4.00 MiB on cpu") {
+		t.Errorf("unreadable frozen objects: frozen %+v, unplaced %+v (cpu %d bytes)\n%s", d.Frozen, d.Unplaced, cpu, text)
+	}
+}

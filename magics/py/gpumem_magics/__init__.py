@@ -25,9 +25,10 @@ The modules, one job each:
   - units, layout, render: bytes, text and HTML (pure).
   - probes: what each framework holds, per device.
   - holders: which variables and IPython references hold that memory.
-  - why, referrers, fixes, frozen, allocator, workers, whymagic,
-    render_why: %gpumem why (every byte in one row: who holds it, through
-    which chain of references, and its fix) and %gpumem free --children.
+  - why, why_elsewhere, why_allocator, referrers, referrers_steps,
+    fixes, frozen, allocator, workers, whymagic, render_why: %gpumem why
+    (every byte in one row: who holds it, through which chain of
+    references, and its fix) and %gpumem free --children.
   - freeing: %gpumem free and `gpumem free`.
   - reports: the data of %gpumem, %gpumem vars and %%gpumem.
   - daemon: talking to gpumem serve's API (driver figure, %gpumem top).

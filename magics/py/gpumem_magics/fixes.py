@@ -17,12 +17,14 @@ _ROOT_LABELS = {
     "cycle": "an unreachable reference cycle",
     "c_level": "a holder in C that gc cannot see into",
     "budget": "not searched: the budget ran out",
+    "unsearched": "gc.freeze()'s objects, not searched",
 }
 _UNROOTED_NAMES = {
     "frozen": "an object frozen by gc.freeze(), which nothing else reaches",
     "cycle": "an unreachable reference cycle gc has not collected yet",
     "c_level": "a holder in C that gc cannot see into",
     "budget": "not searched: the budget ran out",
+    "unsearched": "no holder found: gc.freeze()'s objects, which gpumem could not read, may hold it",
 }
 _HOLDER_LABELS = {
     "hook": "a hook registry",
@@ -149,6 +151,7 @@ def unrooted(reason):
         "cycle": "gc.collect()",
         "c_level": "restart the kernel (a C extension or C++ code holds it: nothing in Python can release it)",
         "budget": "%gpumem why --budget 10",
+        "unsearched": "gc.unfreeze(); gc.collect()",
     }
     label = _ROOT_LABELS.get(reason, reason)
     return {

@@ -25,24 +25,11 @@ import sys
 import time
 import types
 
-from . import state
+from . import referrers_steps
 
 MAX_LEVELS = 16
+_FEW = 64  # a frontier up to this size is searched with gc.get_referrers
 
-_HOOK_NAMES = frozenset(
-    [
-        "_forward_hooks",
-        "_forward_pre_hooks",
-        "_backward_hooks",
-        "_backward_pre_hooks",
-        "_forward_hooks_with_kwargs",
-        "_forward_pre_hooks_with_kwargs",
-        "_state_dict_hooks",
-        "_state_dict_pre_hooks",
-        "_load_state_dict_pre_hooks",
-        "_load_state_dict_post_hooks",
-    ]
-)
 _CO_NEWLOCALS = 0x0002
 _OUR_FILES = "<gpumem_magics/"
 
@@ -63,9 +50,19 @@ class Budget(object):
         return int((time.perf_counter() - self.start) * 1000)
 
 
+# The package's modules are named PACKAGE.module, injected or imported.
+_PACKAGE = __name__.rpartition(".")[0] + "."
+
+
 def _is_ours(o):
+    """Whether o is a frame of gpumem's own code: by the file name the
+    bootstrap compiles it under, or by its module's name where it was
+    imported from files (the tests)."""
     if isinstance(o, types.FrameType):
-        return o.f_code.co_filename.startswith(_OUR_FILES)
+        if o.f_code.co_filename.startswith(_OUR_FILES):
+            return True
+        name = o.f_globals.get("__name__")
+        return _PACKAGE != "." and isinstance(name, str) and name.startswith(_PACKAGE)
     return False
 
 
@@ -94,7 +91,7 @@ def thread_locals():
                 continue
             while fr is not None:
                 if fr.f_code.co_flags & _CO_NEWLOCALS and not _is_ours(fr):
-                    for var, value in _locals(fr, clear=True):
+                    for var, value in referrers_steps.frame_locals(fr, clear=True):
                         if id(value) not in info:
                             info[id(value)] = (names.get(ident, str(ident)), fr.f_code.co_name, var)
                             values[id(value)] = value
@@ -103,19 +100,6 @@ def thread_locals():
         frames.clear()
         del frames
     return info, values
-
-
-def _locals(fr, clear=False):
-    """(name, value) of a function frame's locals. With clear, the
-    snapshot dict CPython keeps on the frame is emptied after reading."""
-    try:
-        loc = fr.f_locals
-    except Exception:
-        return []
-    items = list(loc.items())
-    if clear and type(loc) is dict:
-        loc.clear()
-    return items
 
 
 class Baseline(object):
@@ -156,8 +140,8 @@ class Search(object):
         self.ours.update((id(self.nodes), id(self.index), id(self.kids)))
         self.tinfo, self.tvalues = {}, {}
         self.frozen_objs = None
-        self._parents = None
-        self._frozen_ids = None
+        self.frozen_unread = False  # gc.freeze()'s objects not all read (frozen.py)
+        self._below = None
         self.tnodes = []
         self.baseline = baseline
         self.ours.update((id(self), id(self.__dict__)))
@@ -186,25 +170,44 @@ class Search(object):
         frontier = list(objs)
         self.ours.add(id(frontier))
         try:
-            found = gc.get_referrers(*frontier)
-            if self.frozen_objs:
-                # Which frozen objects refer to the frontier: a chunk at a
-                # time in C, and one by one only in a chunk that does.
-                ids = set(id(o) for o in frontier)
-                fo = self.frozen_objs
-                for i in range(0, len(fo), 4096):
-                    if self.budget.over():
-                        self.stopped = "the referrer search among gc.freeze()'s objects"
-                        break
-                    if ids.isdisjoint(map(id, gc.get_referents(*fo[i : i + 4096]))):
-                        continue
-                    for f in fo[i : i + 4096]:
-                        if not ids.isdisjoint(map(id, gc.get_referents(f))):
-                            found.append(f)
+            if len(frontier) <= _FEW:
+                found = gc.get_referrers(*frontier)
+            else:
+                # gc.get_referrers compares every referent of every object
+                # with each of its arguments: for thousands of targets
+                # (a frozen heap's tensors) one call ran for minutes, past
+                # any budget. One pass over gc's objects with a set instead.
+                pool = gc.get_objects()
+                self.ours.add(id(pool))
+                try:
+                    found = self._scan(pool, frontier, "the referrer search")
+                finally:
+                    self.ours.discard(id(pool))
+                    pool[:] = []
+                    del pool
+            if self.frozen_objs and not self.stopped:
+                found += self._scan(self.frozen_objs, frontier, "the referrer search among gc.freeze()'s objects")
             return found
         finally:
             self.ours.discard(id(frontier))
             del frontier
+
+    def _scan(self, pool, frontier, where):
+        """The objects of pool that refer to one of frontier: a chunk at a
+        time in C, and one by one only in a chunk that does; the budget is
+        checked between chunks (stopped says where)."""
+        ids = set(map(id, frontier))
+        out = []
+        for i in range(0, len(pool), 4096):
+            if self.budget.over():
+                self.stopped = where
+                break
+            if ids.isdisjoint(map(id, gc.get_referents(*pool[i : i + 4096]))):
+                continue
+            for f in pool[i : i + 4096]:
+                if not ids.isdisjoint(map(id, gc.get_referents(f))):
+                    out.append(f)
+        return out
 
     def run(self, targets, levels=MAX_LEVELS):
         """Searches upwards from targets; returns their node numbers."""
@@ -230,7 +233,7 @@ class Search(object):
         self.ours.add(id(frozen_objs))
         frontier = sorted(self.dead)
         self.dead = set()
-        self._parents = None
+        self._below = None
         self._levels(frontier, 1 + max([self.level[i] for i in frontier] or [0]), levels)
 
     def _levels(self, frontier, first, levels):
@@ -245,38 +248,50 @@ class Search(object):
                 break
             fset = set(id(self.nodes[i]) for i in frontier)
             refs = self._referrers([self.nodes[i] for i in frontier])
-            if self.stopped:
-                break
             self.ours.add(id(refs))
-            new = self.baseline.new_ids()
-            seen_from = set()
-            nxt = []
-            for r in refs:
-                if id(r) in self.ours or id(r) in new or _is_ours(r):
-                    continue
-                kids = [self.index[id(x)] for x in gc.get_referents(r) if id(x) in fset]
-                if not kids:
-                    continue
-                seen_from.update(kids)
-                n = self.index.get(id(r))
-                if n is not None:  # met before, for another target: a path for this one too
-                    self.kids[n].extend(kids)
-                    continue
-                root = self._root_of(r)
-                n, is_root = self._add(r, lvl)
-                self.kids[n].extend(kids)
-                if root is not None:
-                    self.roots.append((lvl, 0 if root[0] == "variable" else 1, n, root))
-                elif not is_root:
-                    nxt.append(n)
-            self.ours.discard(id(refs))
-            del refs
+            try:
+                if self.stopped:
+                    break
+                seen_from, nxt = self._level(refs, fset, lvl)
+            finally:
+                # Emptied on every way out: the referrers include frames
+                # (gpumem's own among them) that must not outlive the call.
+                self.ours.discard(id(refs))
+                refs[:] = []
+                del refs
             for i in frontier:
                 if i not in seen_from:
                     self.dead.add(i)
             frontier = nxt
             if self._resolved(self.tnodes):
                 break
+
+    def _level(self, refs, fset, lvl):
+        """Adds the referrers refs of the frontier (ids fset) as nodes of
+        level lvl: (the frontier's nodes some referrer holds, the next
+        frontier)."""
+        new = self.baseline.new_ids()
+        seen_from = set()
+        nxt = []
+        for r in refs:
+            if id(r) in self.ours or id(r) in new or _is_ours(r):
+                continue
+            kids = [self.index[id(x)] for x in gc.get_referents(r) if id(x) in fset]
+            if not kids:
+                continue
+            seen_from.update(kids)
+            n = self.index.get(id(r))
+            if n is not None:  # met before, for another target: a path for this one too
+                self.kids[n].extend(kids)
+                continue
+            root = self._root_of(r)
+            n, is_root = self._add(r, lvl)
+            self.kids[n].extend(kids)
+            if root is not None:
+                self.roots.append((lvl, 0 if root[0] == "variable" else 1, n, root))
+            elif not is_root:
+                nxt.append(n)
+        return seen_from, nxt
 
     def _resolved(self, tnodes):
         """Whether every target is below a root already (cheap check: any
@@ -322,36 +337,40 @@ class Search(object):
         return out
 
     def why_unrooted(self, t):
-        """Why target node t reached no root: 'frozen', 'cycle', 'c_level'
-        or 'budget'."""
+        """Why target node t reached no root: 'frozen', 'cycle', 'c_level',
+        'unsearched' (where it met no visible referrer and gc.freeze()'s
+        objects could not all be read: its holder may be one of them) or
+        'budget'."""
         if self.stopped:
             return "budget"
-        seen, stack, dead = set(), [t], False
-        if self._parents is None:
-            self._parents = {}
-            for n, ks in enumerate(self.kids):
-                for k in ks:
-                    self._parents.setdefault(k, []).append(n)
-        parents = self._parents
-        if self._frozen_ids is None:  # once: a million ids, in C
-            self._frozen_ids = set(map(id, self.frozen_objs or ()))
-        frozen_ids = self._frozen_ids
-        is_frozen = False
-        while stack:
-            m = stack.pop()
-            if m in seen:
-                continue
-            seen.add(m)
-            if m in self.dead:
-                dead = True
-            if m != t and id(self.nodes[m]) in frozen_ids:
-                is_frozen = True
-            stack.extend(parents.get(m, ()))
-        if is_frozen:
+        if self._below is None:
+            self._below = self._below_frozen_and_dead()
+        below_frozen, below_dead = self._below
+        if t in below_frozen:
             return "frozen"
-        if dead:
-            return "c_level"
+        if t in below_dead:
+            return "unsearched" if self.frozen_unread else "c_level"
         return "cycle"
+
+    def _below_frozen_and_dead(self):
+        """(the nodes a frozen node holds, directly or not; the nodes at or
+        below one no visible referrer holds): two passes down the kids,
+        whatever the number of targets (one walk up per target was
+        quadratic, and ran for minutes with thousands of them)."""
+        frozen_ids = set(map(id, self.frozen_objs or ()))  # a million ids, in C
+
+        def down(start):
+            seen, stack = set(), list(start)
+            while stack:
+                m = stack.pop()
+                if m not in seen:
+                    seen.add(m)
+                    stack.extend(self.kids[m])
+            return seen
+
+        frozen_nodes = [n for n, o in enumerate(self.nodes) if id(o) in frozen_ids]
+        frozen_ids.clear()
+        return down(k for n in frozen_nodes for k in self.kids[n]), down(self.dead)
 
     def release(self):
         self.nodes[:] = []
@@ -360,156 +379,10 @@ class Search(object):
         self.roots[:] = []
         self.tinfo, self.tvalues = {}, {}
         self.frozen_objs = None
-        self._parents = None
-        self._frozen_ids = None
+        self._below = None
         self.tnodes = []
 
 
-def _key_of(d, value):
-    for k, v in d.items():
-        if v is value:
-            return k, True
-    for k in d:
-        if k is value:
-            return k, False
-    return None, False
-
-
-def _ident(k):
-    return isinstance(k, str) and k.isidentifier()
-
-
-def _instance_dict(o):
-    try:
-        d = object.__getattribute__(o, "__dict__")
-    except Exception:
-        return None
-    return d if isinstance(d, dict) else None
-
-
-def _item(k):
-    if isinstance(k, (str, int, float, bool, type(None))) or (isinstance(k, tuple) and len(repr(k)) <= 60):
-        return "[%r]" % (k,)
-    return None
-
-
-def steps(objs):
-    """Labels the chain objs (the root's container first, the target last)
-    as [(code, note, kind)]: code is a Python suffix that reaches the next
-    object (None where there is none), note says more, kind is None or
-    one of 'closure', 'lru', 'class', 'hook', 'generator', 'frame',
-    'attr', 'item', 'cell'."""
-    out = []
-    i = 0
-    while i + 1 < len(objs):
-        x, y = objs[i], objs[i + 1]
-        z = objs[i + 2] if i + 2 < len(objs) else state.MISSING
-        code, note, kind, used = _step(x, y, z)
-        out.append((code, note, kind))
-        i += used
-    return out
-
-
-def root_step(container, child, root):
-    """The first step: the name under which a root's dict holds child."""
-    k, is_value = _key_of(container, child)
-    if not is_value or not isinstance(k, str):
-        return (None, "(a key of %s)" % root[0], None)
-    return (k, None, _attr_kind(None, k))
-
-
-def _other(y):
-    return (None, "-> %s" % type(y).__name__, None, 1)
-
-
-def _step(x, y, z):
-    """One step from x to y (or through y to z: used says 1 or 2)."""
-    tname = type(x).__name__
-    if isinstance(x, types.FunctionType):
-        if y is x.__closure__ and z is not state.MISSING:
-            i = next((i for i, c in enumerate(x.__closure__ or ()) if c is z), None)
-            if i is not None:
-                var = x.__code__.co_freevars[i] if i < len(x.__code__.co_freevars) else "?"
-                return (".__closure__[%d]" % i, "(cell %r of %s)" % (var, x.__qualname__), "closure", 2)
-        for attr in ("__defaults__", "__kwdefaults__", "__dict__", "__globals__", "__wrapped__"):
-            if getattr(x, attr, None) is y:
-                return ("." + attr, None, "attr", 1)
-        return _other(y)
-    if tname == "_lru_cache_wrapper":
-        note = "(a result in the functools cache of %s)" % getattr(x, "__qualname__", "?")
-        return (None, note, "lru", 2 if isinstance(y, dict) and z is not state.MISSING else 1)
-    if isinstance(x, type):
-        if isinstance(y, dict) and z is not state.MISSING:
-            k, is_value = _key_of(y, z)
-            if is_value and _ident(k):
-                return ("." + k, "(class attribute of %s)" % x.__qualname__, "class", 2)
-        return _other(y)
-    if isinstance(x, types.ModuleType):
-        if y is getattr(x, "__dict__", None) and z is not state.MISSING:
-            k, _v = _key_of(y, z)
-            if _ident(k):
-                return ("." + k, None, "attr", 2)
-        return _other(y)
-    if tname == "cell":
-        return (".cell_contents", None, "cell", 1)
-    if isinstance(x, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)):
-        fr = getattr(x, "gi_frame", None) or getattr(x, "cr_frame", None) or getattr(x, "ag_frame", None)
-        var = None
-        if fr is not None:
-            for k, v in _locals(fr, clear=True):
-                if v is y:
-                    var = k
-                    break
-        return (None, "(local %r of the suspended %s())" % (var, getattr(x, "__qualname__", "?")), "generator", 1)
-    if isinstance(x, types.FrameType):
-        var, used = None, 1
-        if isinstance(y, dict) and z is not state.MISSING and y is x.f_locals:
-            k, is_value = _key_of(y, z)
-            var, used = (k, 2) if is_value else (None, 1)
-        else:
-            for k, v in _locals(x):
-                if v is y:
-                    var = k
-                    break
-        return (".f_locals[%r]" % var if var else None, "(local %r of %s())" % (var, x.f_code.co_name), "frame", used)
-    if isinstance(x, types.TracebackType):
-        return (".tb_frame" if y is x.tb_frame else ".tb_next", None, "attr", 1)
-    if isinstance(x, BaseException):
-        for attr in ("__traceback__", "__context__", "__cause__", "args"):
-            if getattr(x, attr, None) is y:
-                return ("." + attr, None, "attr", 1)
-        return _other(y)
-    if isinstance(x, types.MethodType):
-        return (".__self__" if y is x.__self__ else ".__func__", None, "attr", 1)
-    if isinstance(x, dict):
-        k, is_value = _key_of(x, y)
-        if not is_value:
-            return (None, "(a key of a dict)" if k is not None else "-> %s" % type(y).__name__, "item", 1)
-        return (_item(k), None if _item(k) else "(under a %s key)" % type(k).__name__, "item", 1)
-    if isinstance(x, (list, tuple)) or tname == "deque":
-        for i, v in enumerate(x):
-            if v is y:
-                return ("[%d]" % i, None, "item", 1)
-        return _other(y)
-    if isinstance(x, (set, frozenset)):
-        return (None, "(a member of a %s)" % tname, "item", 1)
-    d = _instance_dict(x)
-    if d is not None:
-        if y is d and z is not state.MISSING:
-            k, is_value = _key_of(d, z)
-            if is_value and _ident(k):
-                return ("." + k, None, _attr_kind(x, k), 2)
-        k, is_value = _key_of(d, y)
-        if is_value and _ident(k):
-            return ("." + k, None, _attr_kind(x, k), 1)
-    for cls in type(x).__mro__:
-        for slot in getattr(cls, "__slots__", ()) or ():
-            if isinstance(slot, str) and getattr(x, slot, None) is y:
-                return ("." + slot, None, "attr", 1)
-    return (None, "-> %s (held by a %s)" % (type(y).__name__, tname), None, 1)
-
-
-def _attr_kind(x, name):
-    if name in _HOOK_NAMES or (name.startswith("_global_") and name.endswith("hooks")):
-        return "hook"
-    return "attr"
+# The labels of a chain's steps (referrers_steps.py), as fixes.py reads them.
+steps = referrers_steps.steps
+root_step = referrers_steps.root_step

@@ -76,6 +76,8 @@ def render_why(data):
                 % (st.get("at"), st.get("elapsed_ms"), data.get("budget_s")),
             )
         )
+    if data.get("unplaced"):
+        foot.append(("warn", unplaced_line(data["unplaced"])))
     for a in data.get("advice") or []:
         foot.append(("warn", a))
     for n in data.get("notes") or []:
@@ -86,6 +88,12 @@ def render_why(data):
     text += [x[1] for x in foot]
     body.append("".join('<div class="%s">%s</div>' % (c, layout.esc(s)) for c, s in foot))
     return "\n".join(text), layout.html_doc(title, "".join(body))
+
+
+def unplaced_line(u):
+    """The bytes why could not place, per device, and why."""
+    devs = ", ".join("%s on %s" % (units.fmt_bytes(d.get("bytes")), d.get("device")) for d in u.get("devices") or [])
+    return "not placed: %s: %s" % (devs or "bytes not known", u.get("why", ""))
 
 
 def stray_line(sc):

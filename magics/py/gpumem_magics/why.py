@@ -21,11 +21,10 @@ import gc
 import os
 import sys
 
-from . import allocator, fixes, frozen, holders, probes, referrers, state, units, workers
+from . import allocator, holders, probes, referrers, state, why_allocator, why_elsewhere, workers
 
 CATEGORIES = ("variables", "hidden", "elsewhere", "c_level", "cache", "untraceable", "outside", "child", "unexplained")
 _ROWS_SHOWN = 40  # rows per category; the rest in one "more" row
-_BUFFER_KINDS = ("tensor", "storage", "cupy", "jax")
 USAGE = "usage: %gpumem why [--device N] [--all-devices] [--budget SECONDS]"
 
 
@@ -57,109 +56,6 @@ def _wanted(device, all_devices):
     if all_devices:
         return lambda dev: True
     return holders.is_gpu
-
-
-def _bytes(key, n, dev):
-    """A buffer's bytes as its allocator counts them."""
-    return allocator.round_block(n) if key[0] == "torch" and dev.startswith("cuda") else n
-
-
-def _classify(tp):
-    k = holders.kind_of(tp)
-    if k in ("tensor", "module", "cupy", "jax"):
-        return k
-    torch = state.mod("torch")
-    if torch is not None:
-        for c in (getattr(torch, "UntypedStorage", None), getattr(getattr(torch, "storage", None), "TypedStorage", None)):
-            try:
-                if c is not None and issubclass(tp, c):
-                    return "storage"
-            except TypeError:
-                pass
-    return workers.handle_kind(tp)
-
-
-def _storages(obj, kind, out):
-    if kind == "storage":
-        try:
-            dev, ptr, n = str(obj.device), int(obj.data_ptr()), int(obj.nbytes())
-            if n and dev != "meta":
-                out.append((("torch", dev, ptr) if ptr else ("id", id(obj)), n, dev))
-        except Exception:
-            pass
-    else:
-        holders._leaf_storages(obj, kind, out)
-
-
-def _scan(budget):
-    """One pass over gc's objects and the frozen ones: {kind: [objects]},
-    the frozen objects, and what the walk of the frozen ones found."""
-    found = {}
-    objs = gc.get_objects()
-    try:
-        _pick(objs, found)
-    finally:
-        del objs
-    info = {"count": frozen.count(), "read": False}
-    frozen_objs = []
-    if info["count"]:
-        with frozen.Walk(budget.deadline) as w:
-            frozen_objs = w.objects()
-            info["read"] = w.ok and w.complete
-            if not w.ok:
-                info["note"] = "cannot read gc.freeze()'s objects on this Python: what they hold is not searched"
-        _pick(frozen_objs, found)
-    jax = state.mod("jax")
-    if jax is not None and probes.jax_initialised():
-        try:
-            found["jax"] = list(jax.live_arrays())
-        except Exception:
-            pass
-    return found, frozen_objs, info
-
-
-def _pick(objs, found):
-    """Adds objs of the kinds _classify names to found, by kind. The pass
-    over a million objects runs in C (map, set, compress): Python runs
-    once per type."""
-    import itertools
-
-    kinds = {}
-    for tp in set(map(type, objs)):
-        k = _classify(tp)
-        if k is not None:
-            kinds[tp] = k
-    if not kinds:
-        return
-    for o in itertools.compress(objs, map(kinds.__contains__, map(type, objs))):
-        found.setdefault(kinds[type(o)], []).append(o)
-    kinds.clear()
-
-
-def _module_groups(modules):
-    """id(tensor) -> (top module, path from it) for modules' parameters and
-    buffers: a module is searched for once, not each of its tensors."""
-    owner, parent = {}, {}
-    for m in modules:
-        try:
-            for attr in ("_parameters", "_buffers"):
-                for name, t in (getattr(m, attr, None) or {}).items():
-                    if t is not None:
-                        owner.setdefault(id(t), (m, "." + name))
-            for name, c in (getattr(m, "_modules", None) or {}).items():
-                if c is not None:
-                    parent.setdefault(id(c), (m, "." + name))
-        except Exception:
-            continue
-    out = {}
-    for tid, (m, path) in owner.items():
-        seen = set()
-        while id(m) in parent and id(m) not in seen:
-            seen.add(id(m))
-            m, name = parent[id(m)]
-            path = name + path
-        out[tid] = (m, path)
-    return out
 
 
 def why_data(device=None, all_devices=False, budget=2.0):
@@ -207,7 +103,7 @@ def _why(shell, device, all_devices, b, baseline):
     del named, hidden
     owned = {}  # id(row) -> its bytes
     for k, (row, n, dev) in claims.items():
-        owned[id(row)] = owned.get(id(row), 0) + _bytes(k, n, dev)
+        owned[id(row)] = owned.get(id(row), 0) + why_elsewhere.buffer_bytes(k, n, dev)
     for r in vrows:
         r["bytes"] = owned.get(id(r), 0)
         if not r["bytes"] and r.get("shared_with"):
@@ -218,25 +114,26 @@ def _why(shell, device, all_devices, b, baseline):
             rows.append(dict(r, category="variables", chain=[r["name"]], hops=1, fix="%%gpumem free %s" % r["name"]))
     traced = {}  # storage key -> (bytes, device)
     for k, (_row, n, dev) in claims.items():
-        traced[k] = (_bytes(k, n, dev), dev)
+        traced[k] = (why_elsewhere.buffer_bytes(k, n, dev), dev)
     claims.clear()
 
     # Every other live buffer, and who holds it.
-    found, frozen_objs, finfo = _scan(b)
+    found, frozen_objs, finfo = why_elsewhere.scan(b)
     data["frozen"] = finfo
     if finfo.get("note"):
         notes.append(finfo["note"])
     try:
-        handles = {k: found.pop(k) for k in list(found) if k not in _BUFFER_KINDS and k != "module"}
+        handles = {k: found.pop(k) for k in list(found) if k not in why_elsewhere.BUFFER_KINDS and k != "module"}
         data["children_known"] = {str(pid): what for pid, what in workers.describe(handles).items()}
         handles.clear()
-        rows += _elsewhere(shell, found, frozen_objs, want, traced, b, baseline, data)
+        rows += why_elsewhere.rows(shell, found, frozen_objs, want, traced, b, baseline, data)
     finally:
         found.clear()
         del frozen_objs[:]
-    rows += _allocator_rows(tdevs, fws, traced, want, data)
+    rows += why_allocator.rows(tdevs, fws, traced, want, data)
+    _unplaced(data, rows, b, all_devices)
     data["rows"] = _cap(rows)
-    data["devices"] = _device_table(fws, tdevs, want)
+    data["devices"] = why_allocator.device_table(fws, tdevs, want)
     frag = allocator.fragmentation(tdevs, allocator.last_oom(shell))
     advice = []
     if frag:
@@ -249,6 +146,43 @@ def _why(shell, device, all_devices, b, baseline):
     data["notes"] = notes
     data["elapsed_ms"] = b.elapsed_ms()
     return data
+
+
+def _unplaced(data, rows, b, cpu_in_scope):
+    """data["unplaced"]: the bytes, per device, that no row names a holder
+    for because gpumem could not search for it (the budget, gc.freeze()'s
+    objects it could not read), and why; absent when every byte is placed.
+    Where gc.freeze()'s objects were not all read, PyTorch's allocated
+    bytes that no tensor found accounts for (the "no Python holder" row)
+    are unplaced too: the tensors only frozen objects reach are not found.
+    On the CPU no allocator counts them, and the text says so."""
+    by_dev = data.pop("unplaced_bytes", None) or {}
+    fz = data.get("frozen") or {}
+    unread = bool(fz.get("count")) and not fz.get("read")
+    why = []
+    if unread:
+        if fz.get("partial") is not None and not data.get("stopped"):
+            data["stopped"] = {"at": "the walk of gc.freeze()'s objects", "elapsed_ms": b.elapsed_ms()}
+        for r in rows:
+            if r["category"] == "c_level" and r["bytes"] > 0:
+                by_dev[r["device"]] = by_dev.get(r["device"], 0) + r["bytes"]
+                more = "or tensors that only gc.freeze()'s objects (not searched) hold"
+                r["note"] = "%s; %s" % (r["note"], more) if r.get("note") else more
+        what = "read only %d of them" % fz["partial"] if fz.get("partial") is not None else "cannot read them on this Python"
+        why.append(
+            "gc.freeze() froze %d objects and gpumem %s: holders among them are not named, and a tensor only they "
+            "reach is not found"
+            % (fz["count"], what)
+            + (" (on the CPU no allocator counts it: its bytes are in no figure here)" if cpu_in_scope else "")
+        )
+    if data.get("stopped") and any(r.get("root") == "not searched: the budget ran out" for r in rows):
+        why.append("the search stopped at the budget before it found their holders")
+    if not why:
+        return
+    devs = [{"device": d, "bytes": n} for d, n in sorted(by_dev.items()) if n > 0]
+    if cpu_in_scope and unread and not any(d["device"] == "cpu" for d in devs):
+        devs.append({"device": "cpu", "bytes": 0})
+    data["unplaced"] = {"devices": devs, "why": "; ".join(why)}
 
 
 _HIDDEN_FIXES = (
@@ -273,219 +207,6 @@ def _hidden_row(r):
         chain = [r["name"]]
     out = dict(r, category="hidden", chain=chain, hops=len(chain), fix=fix)
     out.pop("hidden", None)
-    return out
-
-
-def _elsewhere(shell, found, frozen_objs, want, traced, b, baseline, data):
-    """Rows of the buffers no variable holds, by the fix that frees them."""
-    groups = _module_groups(found.get("module", ()))
-    targets, tkeys, tlabel = [], [], []
-    tindex = {}
-    for kind in _BUFFER_KINDS:
-        for obj in found.get(kind, ()):
-            sts = []
-            _storages(obj, kind, sts)
-            keys = [(k, _bytes(k, n, dev), dev) for k, n, dev in sts if want(dev) and k not in traced]
-            if not keys:
-                continue
-            holder, suffix = groups.get(id(obj), (obj, ""))
-            i = tindex.get(id(holder))
-            if i is None:
-                i = tindex[id(holder)] = len(targets)
-                targets.append(holder)
-                tkeys.append({})
-                tlabel.append(type(holder).__name__)
-            for k, n, dev in keys:
-                tkeys[i].setdefault(k, (n, dev, suffix))
-    tindex.clear()
-    groups.clear()
-    if not targets:
-        return []
-    search = referrers.Search(shell, b, baseline, exclude=[targets, frozen_objs] + list(found.values()))
-    try:
-        resolved = _search(search, targets, frozen_objs, b)
-        if search.stopped:
-            data["stopped"] = {"at": search.stopped, "elapsed_ms": b.elapsed_ms()}
-        return _rows_for(shell, targets, tkeys, tlabel, resolved, traced)
-    finally:
-        search.release()
-        del targets[:]
-
-
-def _search(search, targets, frozen_objs, b):
-    """[(root, chain objects) or ((reason,), None)] per target."""
-    tnodes = search.run(targets)
-    chains = search.chains(tnodes)
-    if len(chains) < len(tnodes) and frozen_objs and search.dead and not b.over():
-        # On from where no visible referrer was, among the frozen objects.
-        search.extend(frozen_objs)
-        chains = search.chains(tnodes)
-    out = []
-    for t in tnodes:
-        c = chains.get(t)
-        if c is not None:
-            out.append((c[0], [search.nodes[i] for i in c[1]]))
-        else:
-            out.append(((search.why_unrooted(t),), None))
-    return out
-
-
-def _rows_for(shell, targets, tkeys, tlabel, resolved, traced):
-    rows = {}
-    for i, (root, objs) in enumerate(resolved):
-        desc = fixes.describe(shell, root, objs)
-        r = rows.get(desc["fix"])
-        if r is None:
-            r = rows[desc["fix"]] = dict(desc, category="elsewhere", bytes=0, devices=set(), count=0, types=set())
-        for k, (n, dev, _suffix) in tkeys[i].items():
-            if k in traced:
-                continue
-            traced[k] = (n, dev)
-            r["bytes"] += n
-            r["devices"].add(dev)
-            r["count"] += 1
-        r["types"].add(tlabel[i])
-    out = []
-    for r in rows.values():
-        if not r["bytes"]:
-            continue
-        r["device"] = "+".join(sorted(r.pop("devices")))
-        types_ = sorted(r.pop("types"))
-        r["type"] = types_[0] if len(types_) == 1 else "+".join(types_[:3])
-        if r["count"] > 1:
-            r["detail"] = "%d tensors/arrays" % r["count"]
-        r.pop("count")
-        out.append(r)
-    out.sort(key=lambda r: -r["bytes"])
-    return out
-
-
-def _allocator_rows(tdevs, fws, traced, want, data):
-    """Per device: allocated with no Python holder, and the caches."""
-    rows = []
-    by_dev = {}
-    for k, (n, dev) in traced.items():
-        by_dev[(k[0], dev)] = by_dev.get((k[0], dev), 0) + n
-    for d in tdevs:
-        dev = d["device"]
-        seen = by_dev.get(("torch", dev), 0)
-        d["traced"] = seen
-        if d["allocated"] > seen:
-            rows.append(
-                {
-                    "category": "c_level",
-                    "name": "allocated by PyTorch, no Python tensor holds it",
-                    "note": "cuBLAS workspaces, autograd graphs' saved tensors, CUDA graph pools, C++ caches",
-                    "device": dev,
-                    "bytes": d["allocated"] - seen,
-                    "fix": "%gpumem free (clears cuBLAS workspaces); del the outputs whose graph keeps tensors; "
-                    "else restart the kernel",
-                }
-            )
-        elif seen > d["allocated"]:
-            rows.append(
-                {
-                    "category": "unexplained",
-                    "name": "counted above PyTorch's allocated figure",
-                    "note": "memory shared with another framework, or allocated outside the caching allocator?",
-                    "device": dev,
-                    "bytes": d["allocated"] - seen,
-                    "fix": "-",
-                }
-            )
-        if d["releasable"]:
-            rows.append(
-                {
-                    "category": "cache",
-                    "name": "PyTorch's cache, releasable",
-                    "device": dev,
-                    "bytes": d["releasable"],
-                    "fix": "%gpumem free (torch.cuda.empty_cache())",
-                }
-            )
-        if d["fragmented"]:
-            rows.append(
-                {
-                    "category": "cache",
-                    "name": "PyTorch's cache, fragmented",
-                    "note": "free blocks inside segments still in use; the largest is %s"
-                    % units.fmt_bytes(d["largest_free_block"]),
-                    "device": dev,
-                    "bytes": d["fragmented"],
-                    "fix": "free the tensors that share its segments; expandable_segments (see advice)",
-                }
-            )
-    for fw in fws:
-        if fw["name"] == "torch":
-            continue
-        for d in fw.get("devices", ()):
-            dev = d["device"]
-            if not want(dev):
-                continue
-            used, held = int(d.get("used") or 0), d.get("held")
-            if fw["name"] == "tensorflow":
-                rows.append(
-                    {
-                        "category": "untraceable",
-                        "name": "TensorFlow, in use",
-                        "note": "TensorFlow's memory cannot be traced to Python holders",
-                        "device": dev,
-                        "bytes": used,
-                        "fix": "restart the kernel (TensorFlow returns GPU memory only when the process exits)",
-                    }
-                )
-                continue
-            key = fw["name"]
-            seen = by_dev.get((key, dev), 0)
-            if used > seen:
-                rows.append(
-                    {
-                        "category": "c_level",
-                        "name": "%s: in use with no Python array found" % fw["label"],
-                        "device": dev,
-                        "bytes": used - seen,
-                        "fix": "restart the kernel" if key == "jax" else "%gpumem free",
-                    }
-                )
-            if held is not None and held > used:
-                rows.append(
-                    {
-                        "category": "cache",
-                        "name": "%s's pool, free" % fw["label"],
-                        "device": dev,
-                        "bytes": held - used,
-                        "fix": "%gpumem free (free_all_blocks())"
-                        if key == "cupy"
-                        else "restart with XLA_PYTHON_CLIENT_ALLOCATOR=platform (JAX keeps its pool)",
-                    }
-                )
-    return rows
-
-
-def _device_table(fws, tdevs, want):
-    """What each framework holds from the driver per device, for the join
-    with the driver's figure (done in Go)."""
-    out = []
-    for d in tdevs:
-        out.append({k: d[k] for k in d if k in ("device", "framework", "index", "uuid", "total")})
-        out[-1].update(held=d["reserved"], used=d["allocated"])
-    for fw in fws:
-        if fw["name"] == "torch":
-            continue
-        for d in fw.get("devices", ()):
-            if not want(d["device"]):
-                continue
-            used = int(d.get("used") or 0)
-            held = d.get("held")
-            out.append(
-                {
-                    "device": d["device"],
-                    "framework": fw["name"],
-                    "index": int(d["device"].split(":")[-1]) if d["device"].startswith("cuda:") else None,
-                    "held": used if held is None else int(held),
-                    "used": used,
-                }
-            )
     return out
 
 

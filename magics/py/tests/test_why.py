@@ -9,7 +9,7 @@ import weakref
 import pytest
 import torch
 
-from gpumem_magics import frozen, referrers, state, why
+from gpumem_magics import frozen, referrers, state, why, why_elsewhere
 
 # Each holder plants a tensor of its own size (float32 elements), so that
 # its row is known by its bytes.
@@ -321,7 +321,141 @@ def test_frozen_list_read_only_on_a_verified_python(monkeypatch):
         monkeypatch.setattr(frozen, "_LAYOUTS", ())
         with frozen.Walk() as w:
             assert not w.ok and w.objects() == []
-        _found, objs, info = why._scan(referrers.Budget(5))
-        assert objs == [] and info["read"] is False and "cannot read gc.freeze()'s objects" in info["note"], info
+        _found, objs, info = why_elsewhere.scan(referrers.Budget(5))
+        assert objs == [] and info["read"] is False and "cannot read gc.freeze()'s" in info["note"], info
     finally:
         gc.unfreeze()
+
+
+FROZEN_HOLDERS = """
+import gc, torch
+
+class Holder(object):
+    pass
+
+a = torch.zeros(65 << 18)  # 65 MiB, a variable
+h = Holder(); h.me = h; h.t = torch.zeros(16 << 18)  # frozen with its holder
+del h
+late = Holder(); late.me = late
+gc.freeze()
+late.t = torch.zeros(4 << 18)  # made after gc.freeze(): only a frozen object holds it
+del late
+"""
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize("readable", [True, False], ids=["as-this-python-reads", "unreadable"])
+def test_a_frozen_holder_is_named_or_its_bytes_unplaced(monkeypatch, readable):
+    """A CPU tensor held only by objects gc.freeze() froze: where the
+    permanent generation can be read (CPython 3.11), why names the frozen
+    holder; where it cannot (3.12 and later, or any Python with the list
+    read as unreadable here), it says so, with the bytes it could not place
+    on the CPU, never a silent gap or "a holder in C"."""
+    from gpumem_magics import render_why
+
+    if not readable:
+        monkeypatch.setattr(frozen, "_LAYOUTS", ())
+    ns = {"__name__": "__main__"}
+    gc.collect()
+    exec(FROZEN_HOLDERS, ns)
+    state.configure(Shell(ns), {})
+    try:
+        with frozen.Walk() as w:
+            reads = w.ok
+        data = why.why_data(all_devices=True, budget=30)
+        text, _html = render_why.render_why(data)
+        assert data["kind"] == "why" and not data.get("stopped"), data
+        by = {r["bytes"]: r for r in data["rows"]}
+        assert by[65 * MIB]["category"] == "variables", text
+        if reads:
+            # Both holders in one row: the same root, the same fix.
+            r = by[20 * MIB]
+            assert r["root"] == "gc.freeze()'s permanent generation" and r["fix"] == "gc.unfreeze(); gc.collect()", text
+            assert "unplaced" not in data and data["frozen"]["read"] is True, data
+            return
+        # Not read: the tensor made after gc.freeze() is found, its holder
+        # not; the frozen one is not found at all. Both are said.
+        assert 16 * MIB not in by, text
+        r = by[4 * MIB]
+        assert r["root"] == "gc.freeze()'s objects, not searched" and "could not read" in r["name"], r
+        u = data["unplaced"]
+        assert {"device": "cpu", "bytes": 4 * MIB} in u["devices"], u
+        assert "gc.freeze() froze %d objects" % data["frozen"]["count"] in u["why"], u
+        assert "on the CPU no allocator counts it" in u["why"], u
+        assert "not placed: 4.00 MiB on cpu: gc.freeze() froze" in text, text
+        assert "cannot read gc.freeze()'s" in " ".join(data["notes"]), data["notes"]
+    finally:
+        gc.unfreeze()
+        ns.clear()
+        state.configure(None, {})
+        gc.collect()
+
+
+def test_thousands_of_frozen_tensors_within_the_budget():
+    """3000 tensors, each in a frozen object of an unreachable frozen list,
+    and 3000 in a frozen module's dict: one gc.get_referrers call for
+    all of them compared each referent with every target, and one walk up
+    per target, and one scan of the dict per chain, each ran for minutes,
+    past any budget. Now why keeps to its budget, and every byte is in a
+    row: named, or said to be unsearched."""
+    import time
+
+    ns = {"__name__": "__main__"}
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()  # the unreachable list must live until gc.freeze()
+    exec(
+        "import gc, sys, types, torch\n"
+        "class Holder(object):\n    pass\n"
+        "junk = []\n"
+        "for i in range(3000):\n    h = Holder(); h.t = torch.zeros(4); h.all = junk; junk.append(h)\n"
+        "del h, junk\n"
+        "m = types.ModuleType('gpumem_test_many'); sys.modules['gpumem_test_many'] = m\n"
+        "m.cache = {i: torch.zeros(2) for i in range(3000)}\n"
+        "del m\n"
+        "gc.freeze()\n",
+        ns,
+    )
+    if enabled:
+        gc.enable()
+    state.configure(Shell(ns), {})
+    try:
+        t0 = time.perf_counter()
+        data = why.why_data(all_devices=True, budget=3)
+        took = time.perf_counter() - t0
+        assert data["kind"] == "why", data
+        assert took < 9, "why took %.1f s on a 3 s budget" % took
+        rows = [r for r in data["rows"] if r["category"] == "elsewhere"]
+        assert sum(r["bytes"] for r in rows) == 3000 * 16 + 3000 * 8, [(r["name"], r["bytes"]) for r in rows]
+        if not data.get("stopped"):
+            with frozen.Walk() as w:
+                reads = w.ok
+            roots = sorted(r["root"] for r in rows)
+            if reads:
+                assert roots == ["a module attribute", "gc.freeze()'s permanent generation"], roots
+    finally:
+        gc.unfreeze()
+        sys.modules.pop("gpumem_test_many", None)
+        ns.clear()
+        state.configure(None, {})
+        gc.collect()
+
+
+def test_unplaced_counts_the_allocators_bytes_no_tensor_found():
+    """On a GPU, where gc.freeze()'s objects are not read, PyTorch's
+    allocated bytes that no tensor found accounts for are unplaced too (the
+    frozen tensors are among them), beside the CPU's bytes not searched."""
+    rows = [
+        {"category": "c_level", "device": "cuda:0", "bytes": 17 * MIB, "note": "cuBLAS workspaces"},
+        {"category": "elsewhere", "device": "cpu", "bytes": 4 * MIB, "root": "gc.freeze()'s objects, not searched"},
+    ]
+    data = {"frozen": {"count": 1000, "read": False}, "unplaced_bytes": {"cpu": 4 * MIB}}
+    why._unplaced(data, rows, referrers.Budget(1), True)
+    assert data["unplaced"]["devices"] == [{"device": "cpu", "bytes": 4 * MIB}, {"device": "cuda:0", "bytes": 17 * MIB}]
+    assert "cannot read them on this Python" in data["unplaced"]["why"], data
+    assert rows[0]["note"] == "cuBLAS workspaces; or tensors that only gc.freeze()'s objects (not searched) hold"
+    # Read whole: nothing unplaced, no row changed.
+    rows[0]["note"] = "cuBLAS workspaces"
+    data = {"frozen": {"count": 1000, "read": True}}
+    why._unplaced(data, rows, referrers.Budget(1), True)
+    assert "unplaced" not in data and rows[0]["note"] == "cuBLAS workspaces"
