@@ -170,12 +170,14 @@ def children_before(timeout=10.0):
     return err
 
 
-def free_children(timeout=90.0):
+def free_children(timeout=90.0, pids=None):
     """Asks gpumem serve to end this kernel's GPU-holding worker processes
-    (POST /api/v1/kernels/<id>/children/free). None without the sidecar."""
+    (POST /api/v1/kernels/<id>/children/free): the idle ones, or only pids,
+    confirmed by the user, whatever they compute. None without the
+    sidecar."""
     if not state.sidecar_socket() or not state.config.get("kernel_id"):
         return None
-    rep, err = _post_kernel("children/free", None, timeout)
+    rep, err = _post_kernel("children/free", {"pids": list(pids)} if pids else None, timeout)
     return {"error": err} if err else rep
 
 

@@ -21,10 +21,35 @@ def line(cmd, args):
         if data.get("kind") != "why":
             return data
         return daemon.why_join(data)
-    rest = [a for a in args if a != "--children"]
-    if rest:
-        return {"kind": "error", "message": "free --children takes no other argument (got %s)" % " ".join(rest)}
+    try:
+        pids = parse_children_args(args)
+    except ValueError as e:
+        return {"kind": "error", "message": str(e)}
+    if pids:
+        return confirmed_children_data(pids)
     return children_data()
+
+
+def parse_children_args(args):
+    """The pids of `free --children [--pid N,...]` (repeatable), [] for
+    none; ValueError says what is wrong."""
+    pids, i = [], 0
+    while i < len(args):
+        a = args[i]
+        if a == "--children":
+            i += 1
+            continue
+        if a == "--pid" or a.startswith("--pid="):
+            value = a[len("--pid=") :] if a.startswith("--pid=") else (args[i + 1] if i + 1 < len(args) else "")
+            i += 1 if a.startswith("--pid=") else 2
+            for f in value.split(","):
+                if not f.isdigit() or int(f) <= 0:
+                    raise ValueError("free --children --pid: %r is not a process id" % f)
+                if int(f) not in pids:
+                    pids.append(int(f))
+            continue
+        raise ValueError("free --children takes only --pid N,... (got %s)" % a)
+    return pids
 
 
 def teardown_data():
@@ -37,6 +62,28 @@ def teardown_data():
         "teardown_errors": td["errors"],
         "known": td["known"],
     }
+
+
+def confirmed_children_data(pids):
+    """free --children --pid: gpumem serve ends those workers of this
+    kernel, computing or not, and only them; no teardown runs (it would end
+    every worker it knows)."""
+    data = {"kind": "children", "schema": state.SCHEMA, "teardown": [], "teardown_errors": [], "confirmed": pids}
+    rep = daemon.free_children(pids=pids)
+    if rep is None:
+        data["notes"] = [NO_SIDECAR_CHILDREN]
+        return data
+    if rep.get("error"):
+        data["error"] = rep["error"]
+        return data
+    for k in ("ended", "left", "returned_bytes", "before", "after", "notes"):
+        if k in rep:
+            data[k] = rep[k]
+    known = workers.describe(workers.scan_handles())
+    for p in (data.get("ended") or []) + (data.get("left") or []):
+        if not p.get("what") and p.get("pid") in known:
+            p["what"] = known[p.get("pid")]
+    return data
 
 
 def children_data():
