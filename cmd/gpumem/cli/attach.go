@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/gpumem/gpumem/internal/textsafe"
@@ -183,18 +184,31 @@ func freeChildren(ctx context.Context, env Env, dirs []string, k discovery.Kerne
 	if err != nil {
 		return fmt.Errorf("kernel %s (%s): %w", orDash(k.ID), orDash(k.Notebook), err)
 	}
-	if asJSON {
-		_, err := fmt.Fprintf(env.Stdout, "%s\n", raw)
-		return err
-	}
 	var rep magics.ChildrenReport
 	if err := json.Unmarshal(raw, &rep); err != nil {
 		return fmt.Errorf("daemon's reply: %w", err)
 	}
-	// The kernel's text marked as its own, then the daemon's account.
-	hint := func(pid int) string { return fmt.Sprintf("gpumem free %s --children --pid %d", k.ID, pid) }
-	_, err = fmt.Fprintf(env.Stdout, "kernel %s (%s)\n%s\n", orDash(k.ID), orDash(k.Notebook), rep.Render(hint))
-	return err
+	if asJSON {
+		_, err = fmt.Fprintf(env.Stdout, "%s\n", raw)
+	} else {
+		// The kernel's text marked as its own, then the daemon's account.
+		hint := func(pid int) string { return fmt.Sprintf("gpumem free %s --children --pid %d", k.ID, pid) }
+		_, err = fmt.Fprintf(env.Stdout, "kernel %s (%s)\n%s\n", orDash(k.ID), orDash(k.Notebook), rep.Render(hint))
+	}
+	if err != nil {
+		return err
+	}
+	// Each pid confirmed was asked to end: one that was not is a failure.
+	notEnded := 0
+	for _, pid := range req.PIDs {
+		if !slices.ContainsFunc(rep.Ended, func(o magics.ChildOutcome) bool { return o.PID == pid }) {
+			notEnded++
+		}
+	}
+	if notEnded > 0 {
+		return fmt.Errorf("kernel %s: %d of the %d pids confirmed were not ended (the report says why)", orDash(k.ID), notEnded, len(req.PIDs))
+	}
+	return nil
 }
 
 func freeViaDaemon(ctx context.Context, env Env, dirs []string, kernelID string, req api.FreeRequest) (json.RawMessage, error) {
