@@ -59,8 +59,11 @@ func (o ChildOutcome) LeftMessage() string {
 		}
 	}
 	switch {
-	case o.Compute == "computing" && o.SMPercent != nil:
+	case o.Compute == "computing" && o.SMPercent != nil && *o.SMPercent > 0:
 		return fmt.Sprintf("pid %d %s computes at %d%% SM on %s", o.PID, name, *o.SMPercent, on)
+	case o.Compute == "computing" && o.SMPercent != nil:
+		// Memory-bound work, or a pause in it just now.
+		return fmt.Sprintf("pid %d %s computes on %s (0%% SM just now)", o.PID, name, on)
 	case o.Compute == "computing":
 		return fmt.Sprintf("pid %d %s computes on %s", o.PID, name, on)
 	}

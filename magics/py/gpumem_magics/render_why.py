@@ -162,7 +162,9 @@ def left_running_line(p):
     on = ("GPUs " if len(gpus) > 1 else "GPU ") + ", ".join(str(g) for g in gpus) if gpus else "a GPU"
     if p.get("compute") == "computing":
         sm = p.get("sm_percent")
-        does = "computes at %d%% SM on %s" % (sm, on) if sm is not None else "computes on %s" % on
+        does = "computes at %d%% SM on %s" % (sm, on) if sm else "computes on %s" % on
+        if sm == 0:
+            does += " (0% SM just now)"
     else:
         does = "holds %s on %s and whether it computes is unknown" % (units.fmt_bytes(p.get("bytes")), on)
     return "left running: pid %s %s %s; to end it: %%gpumem free --children --pid %s" % (p.get("pid"), name, does, p.get("pid"))
