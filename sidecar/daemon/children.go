@@ -375,14 +375,16 @@ const childrenBeforeTTL = 2 * time.Minute
 
 // ChildrenBefore implements api.Backend: the driver's figures of the
 // kernel's tree, read now, kept for the FreeChildren from inside the
-// kernel that follows its own teardown.
+// kernel that follows its own teardown; and the workers free --children
+// would leave running for what they compute (left_running): the kernel
+// then runs no teardown, which ends every worker it knows.
 func (a apiBackend) ChildrenBefore(ctx context.Context, k api.KernelRef) (json.RawMessage, error) {
 	d := a.d
-	obs, err := d.observe(ctx)
+	sv, err := d.surveyChildren(ctx, k, nil)
 	if err != nil {
 		return nil, err
 	}
-	nb, _ := notebookOf(obs.Report, k.ConnectionFile)
+	nb, _ := notebookOf(sv.obs.Report, k.ConnectionFile)
 	d.mu.Lock()
 	ks, found := d.kernels[k.ConnectionFile]
 	found = found && ks.id == k.ID
@@ -393,7 +395,13 @@ func (a apiBackend) ChildrenBefore(ctx context.Context, k api.KernelRef) (json.R
 	if !found {
 		return nil, fmt.Errorf("kernel %s: %w", k.ID, api.ErrKernelNotFound)
 	}
-	return json.Marshal(map[string]any{"kernel_id": k.ID, "before": nb.GPUMemoryBytes, "processes": len(nb.Processes)})
+	left := []int{}
+	for _, p := range sv.plans {
+		if p.confirm {
+			left = append(left, p.ID.PID)
+		}
+	}
+	return json.Marshal(map[string]any{"kernel_id": k.ID, "before": nb.GPUMemoryBytes, "processes": len(nb.Processes), "left_running": left})
 }
 
 // takeChildrenBefore hands over, once, the figures ChildrenBefore kept for

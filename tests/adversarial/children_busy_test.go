@@ -174,3 +174,63 @@ func fmtRC(rc *int) string {
 	}
 	return fmt.Sprint(*rc)
 }
+
+// %gpumem free --children from inside the kernel: a multiprocessing pool's
+// worker computes (75 % SM), a subprocess only holds memory. The idle one
+// is ended; the pool is not torn down (its teardown would end its computing
+// worker): the worker is named with its SM % and the magic that ends it,
+// and the pool still answers. Then that magic ends it. An older build
+// terminates the pool.
+func TestFreeChildrenMagicLeavesAComputingPoolWorker(t *testing.T) {
+	t.Parallel()
+	dir := jupyterDir(t)
+	k := testenv.StartKernel(t, dir)
+	testenv.WaitKernelListening(t, k.ConnectionFile, 60*time.Second)
+	pids := cellInts(t, k, `import json, multiprocessing, subprocess, sys
+_pool = multiprocessing.get_context("fork").Pool(1)
+_idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(json.dumps([_pool._pool[0].pid, _idle.pid]))`)
+	worker, idle := pids[0], pids[1]
+	killLater(t, worker, idle)
+	gpu := testenv.NewFakeGPU(t)
+	gpu.Set(t, testenv.FakeProc{PID: k.Cmd.Process.Pid, UsedBytes: 1 << 30},
+		testenv.FakeProc{PID: worker, UsedBytes: 2 << 30, SMPercent: 75}, testenv.FakeProc{PID: idle, UsedBytes: 1 << 30})
+	d := testenv.StartDaemon(t, gpumemBin, dir, gpu, "--interval=100ms")
+	d.WaitLog(t, 60*time.Second, "magics injected", map[string]any{"kernel_id": k.ID})
+	waitRecorded(t, d, k.ID, worker, idle)
+
+	magic := func(args string) string {
+		t.Helper()
+		r := testenv.RunCell(t, k.ConnectionFile, fmt.Sprintf(`from IPython.utils.capture import capture_output
+with capture_output() as _c:
+    get_ipython().run_line_magic("gpumem", %q)
+print("\n".join(o.data.get("text/plain", "") for o in _c.outputs))`, args), 120*time.Second)
+		if r.Status != "ok" {
+			t.Fatalf("%%gpumem %s: %+v", args, r)
+		}
+		return r.Stdout
+	}
+	out := magic("free --children")
+	testenv.Poll(t, 20*time.Second, "the idle subprocess ends", func() bool { return !testenv.Alive(idle) })
+	if !testenv.Alive(worker) {
+		t.Fatalf("%%gpumem free --children ended the pool's computing worker %d:\n%s", worker, out)
+	}
+	left := regexp.MustCompile(fmt.Sprintf(`left running: pid %d \S+ \(multiprocessing pool worker\) computes at 75%% SM on GPU 0; `+
+		`to end it: %%gpumem free --children --pid %d\n`, worker, worker))
+	if !left.MatchString(out) || !strings.Contains(out, "the frameworks' teardown was not run") {
+		t.Errorf("%%gpumem free --children does not name the computing pool worker %d, its SM %% and the magic that ends it:\n%s", worker, out)
+	}
+	if r := testenv.RunCell(t, k.ConnectionFile, "print(_pool.apply(abs, (-3,)))", 60*time.Second); strings.TrimSpace(r.Stdout) != "3" {
+		t.Errorf("the pool does not answer after %%gpumem free --children: %+v", r)
+	}
+	staysAlive(t, time.Second, "%gpumem free --children", worker, k.Cmd.Process.Pid)
+
+	out = magic(fmt.Sprintf("free --children --pid %d", worker))
+	testenv.Poll(t, 20*time.Second, "the confirmed pool worker ends", func() bool { return !testenv.Alive(worker) })
+	if !regexp.MustCompile(fmt.Sprintf(`%d .*SIGTERM`, worker)).MatchString(out) {
+		t.Errorf("%%gpumem free --children --pid %d does not say it ended it:\n%s", worker, out)
+	}
+	if !testenv.Alive(k.Cmd.Process.Pid) {
+		t.Fatal("the kernel itself was ended")
+	}
+}

@@ -90,8 +90,18 @@ def children_data():
     # gpumem serve reads the figures first: a sample of its own between
     # the teardown and the request would miss the workers the teardown
     # ended. Without them, the free still runs, on its last sample.
-    before_err = daemon.children_before()
-    data = teardown_data()
+    before, before_err = daemon.children_before()
+    busy = [p for p in (before or {}).get("left_running") or [] if isinstance(p, int)]
+    if busy:
+        # The teardown ends every worker it knows, computing or not.
+        data = {"kind": "children", "schema": state.SCHEMA, "teardown": [], "teardown_errors": []}
+        data["known"] = {str(k): v for k, v in workers.describe(workers.scan_handles()).items()}
+        skipped = [
+            "the frameworks' teardown was not run: it ends every worker it knows, and pid %s is left running for what it computes"
+            % ", ".join(str(p) for p in busy)
+        ]
+    else:
+        data, skipped = teardown_data(), []
     rep = daemon.free_children()
     if rep is None:
         data["notes"] = [NO_SIDECAR_CHILDREN]
@@ -102,6 +112,7 @@ def children_data():
     for k in ("ended", "left", "returned_bytes", "before", "after", "notes"):
         if k in rep:
             data[k] = rep[k]
+    data["notes"] = skipped + list(data.get("notes") or [])
     if before_err:
         data["notes"] = list(data.get("notes") or []) + [
             "the figures before the teardown could not be read (%s): the driver's figure before is gpumem serve's last sample"
