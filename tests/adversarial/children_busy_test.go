@@ -122,6 +122,11 @@ print(json.dumps([_p.pid]))`)[0]
 		t.Errorf("the reply does not say it ended the idle worker %d and left the computing %d running, with its SM %% and how to end it:\n%s",
 			idle, busy, stdout)
 	}
+	// The figure after is read once the idle worker is gone from the
+	// driver's list of the kernel's tree (a zombie until the cell reaps it).
+	if want := "driver (NVML, read by gpumem serve): 4.0 GiB -> 3.0 GiB for this kernel (-1.0 GiB)"; !strings.Contains(stdout, want) {
+		t.Errorf("the reply does not say %q:\n%s", want, stdout)
+	}
 	for _, pid := range []int{other, theirs[0], k2.Cmd.Process.Pid} {
 		if namesPID(stdout, pid) {
 			t.Errorf("the reply names pid %d, which is not the kernel's:\n%s", pid, stdout)
@@ -150,8 +155,9 @@ print(json.dumps([_p.pid]))`)[0]
 		t.Fatalf("free --children --pid %d: %v\n%s\n%s", busy, err, stdout, stderr)
 	}
 	testenv.Poll(t, 20*time.Second, "the confirmed computing worker ends", func() bool { return !testenv.Alive(busy) })
-	if !regexp.MustCompile(fmt.Sprintf(`ended pid %d .*SIGTERM`, busy)).MatchString(stdout) {
-		t.Errorf("the reply does not say it ended pid %d:\n%s", busy, stdout)
+	if !regexp.MustCompile(fmt.Sprintf(`ended pid %d .*SIGTERM`, busy)).MatchString(stdout) ||
+		!strings.Contains(stdout, "3.0 GiB -> 1.0 GiB for this kernel (-2.0 GiB)") {
+		t.Errorf("the reply does not say it ended pid %d, returning its 2 GiB:\n%s", busy, stdout)
 	}
 	staysAlive(t, time.Second, "free --children --pid of the computing worker", k.Cmd.Process.Pid, other, theirs[0], k2.Cmd.Process.Pid)
 
