@@ -3,6 +3,7 @@ package magics_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -82,12 +83,42 @@ func TestChildrenReportRender(t *testing.T) {
 		"ended pid 4310 (python3 -c spawn\\x1b]0;t\\x07), 518.0 MiB: SIGTERM\n" +
 		"left pid 4320 (python3 helper.py), 1.0 GiB: owned by uid 1001, not ours\n" +
 		"driver (NVML, read by gpumem serve): 3.0 GiB -> 2.0 GiB for this kernel (-1.0 GiB); the kernel itself was left running"
-	if got := rep.Render(); got != want {
+	if got := rep.Render(nil); got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
 	none := magics.ChildrenReport{Text: "nothing", Before: 1 << 30, After: 1 << 30}
-	if got := none.Render(); !strings.Contains(got, "gpumem serve: no worker process of this kernel held GPU memory\n") {
+	if got := none.Render(nil); !strings.Contains(got, "gpumem serve: no worker process of this kernel held GPU memory\n") {
 		t.Errorf("no processes:\n%s", got)
+	}
+}
+
+// A worker left running for what it computes is named with its SM % and
+// the command that ends it; one whose work is unknown, with what it
+// holds; the kernel's name for it, and the daemon's notes, escaped. No
+// kernel text: none is written (the kernel was busy).
+func TestChildrenReportLeftRunning(t *testing.T) {
+	sm := uint32(90)
+	rep := magics.ChildrenReport{
+		Left: []magics.ChildOutcome{
+			{PID: 1234, Command: "/usr/bin/python3 -c work", Bytes: 1 << 30, Reason: "computing on a GPU (3 readings)", What: "DataLoader\x1b worker 0",
+				GPUs: []int{0}, SMPercent: &sm, Compute: "computing", Confirm: true},
+			{PID: 1235, Command: "python3", Bytes: 2 << 30, Reason: "its GPU utilization is unknown", GPUs: []int{0, 1}, Compute: "unknown", Confirm: true},
+		},
+		Notes:  []string{"the kernel runs a cell\x1b[2J"},
+		Before: 3 << 30, After: 3 << 30,
+	}
+	got := rep.Render(func(pid int) string { return fmt.Sprintf("gpumem free k1 --children --pid %d", pid) })
+	for _, want := range []string{
+		"left running: pid 1234 python3 (DataLoader\\x1b worker 0) computes at 90% SM on GPU 0; to end it: gpumem free k1 --children --pid 1234\n",
+		"left running: pid 1235 python3 holds 2.0 GiB on GPUs 0, 1 and whether it computes is unknown; to end it: gpumem free k1 --children --pid 1235\n",
+		"the kernel runs a cell\\x1b[2J\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the report lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "kernel|") {
+		t.Errorf("the report shows kernel text where the kernel wrote none:\n%s", got)
 	}
 }
 

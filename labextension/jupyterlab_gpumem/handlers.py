@@ -158,14 +158,31 @@ class FreeHandler(KernelHandler):
             self.reply(200, {"status": "ok", "free": rep})
 
 
+def pids_body(raw, what):
+    """The {"pids": [...]} body of a request that ends processes, or None
+    for none named; HTTPError 400 for anything else."""
+    if not raw:
+        return None
+    try:
+        req = json.loads(raw)
+        pids = req.get("pids", [])
+        if not isinstance(pids, list) or not all(isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in pids):
+            raise ValueError("pids must be a list of process ids")
+    except (ValueError, AttributeError) as e:
+        raise tornado.web.HTTPError(400, f"{what}: {e}") from e
+    return {"pids": pids} if pids else None
+
+
 class ChildrenHandler(KernelHandler):
-    """POST kernels/{id}/children/free: end the kernel's GPU-holding worker
-    processes (never the kernel), through the daemon."""
+    """POST kernels/{id}/children/free, body {"pids": [...]} (optional): end
+    the kernel's idle GPU-holding worker processes, or the pids the user
+    confirmed (computing or not), never the kernel, through the daemon."""
 
     @tornado.web.authenticated
     async def post(self, kernel_id):
         self.check_own(kernel_id)
-        rep = await self.call_daemon("POST", f"/api/v1/kernels/{kernel_id}/children/free", timeout=120)
+        body = pids_body(self.request.body, "children/free")
+        rep = await self.call_daemon("POST", f"/api/v1/kernels/{kernel_id}/children/free", timeout=120, body=body)
         if rep is not None:
             self.reply(200, {"status": "ok", "children": rep})
 
@@ -180,16 +197,7 @@ class EndOrphansHandler(KernelHandler):
     async def post(self, kernel_id):
         if kernel_id not in self.known_kernel_ids():
             raise tornado.web.HTTPError(403, f"kernel {kernel_id} is not one of this server's kernels")
-        body = None
-        if self.request.body:
-            try:
-                req = json.loads(self.request.body)
-                pids = req.get("pids", [])
-                if not isinstance(pids, list) or not all(isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in pids):
-                    raise ValueError("pids must be a list of process ids")
-            except (ValueError, AttributeError) as e:
-                raise tornado.web.HTTPError(400, f"orphans/end: {e}") from e
-            body = {"pids": pids} if pids else None
+        body = pids_body(self.request.body, "orphans/end")
         rep = await self.call_daemon("POST", f"/api/v1/kernels/{kernel_id}/orphans/end", timeout=60, body=body)
         if rep is not None:
             self.reply(200, {"status": "ok", "end": rep})

@@ -74,9 +74,16 @@ export function fetchWhy(kernelId: string): Promise<KernelReply<'why'>> {
   return call(`kernels/${encodeURIComponent(kernelId)}/why`);
 }
 
-/** Ends the kernel's GPU-holding worker processes (never the kernel). */
-export function freeChildren(kernelId: string): Promise<KernelReply<'children'>> {
-  return call(`kernels/${encodeURIComponent(kernelId)}/children/free`, { method: 'POST' });
+/**
+ * Ends the kernel's GPU-holding worker processes (never the kernel): the
+ * idle ones, or, with pids, those (confirmed by the user) and only them.
+ */
+export function freeChildren(kernelId: string, pids: number[] = []): Promise<KernelReply<'children'>> {
+  const init: RequestInit = { method: 'POST' };
+  if (pids.length > 0) {
+    init.body = JSON.stringify({ pids });
+  }
+  return call(`kernels/${encodeURIComponent(kernelId)}/children/free`, init);
 }
 
 /** A kernel's memory snapshots (newest last), kept by the daemon. */

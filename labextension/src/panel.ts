@@ -7,7 +7,7 @@
 // when asked. It draws what the state source holds: no request of its own
 // but its actions'.
 
-import { Notification } from '@jupyterlab/apputils';
+import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { JupyterFrontEnd } from '@jupyterlab/application';
 import { Menu, Widget } from '@lumino/widgets';
 import type uPlot from 'uplot';
@@ -19,6 +19,7 @@ import { GPU, Notebook, notebookLabel, plotRange, sparkPath, Stacked, stackNoteb
 import { drawSnapshot, OOMEvent, reportNode, SnapshotReduction } from './oom';
 import { currentTheme, plotData, plotOptions, PlotTheme, PLOT_HEIGHT } from './plot';
 import { StateSource } from './source';
+import { busyLines, choiceOf, FreeWorkersChoice, pidsToConfirm, planFreeWorkers } from './workers';
 
 /** What the panel needs from the application. */
 export interface PanelActions {
@@ -556,25 +557,63 @@ export class GpuPanel extends Widget {
     box.scrollIntoView({ block: 'nearest' });
   }
 
-  /** Ends a kernel's GPU-holding worker processes (never the kernel) and says what it returned. */
+  /**
+   * Ends a kernel's GPU-holding worker processes (never the kernel) and
+   * says what it returned. A worker that computes (or whose work is
+   * unknown) is ended only if the user confirms it (workers.ts).
+   */
   async freeWorkers(kernelId: string): Promise<void> {
     const trans = this._trans;
     const label = this._label(kernelId);
+    const plan = planFreeWorkers(this._source.state?.notebooks.find(n => n.kernel_id === kernelId));
+    let choice: FreeWorkersChoice = 'idle';
+    if (plan.busy.length > 0) {
+      const body = el('div', 'jp-gpumem-confirm');
+      body.append(
+        el(
+          'p',
+          '',
+          trans.__('These workers of %1 compute on a GPU, or whether they do is unknown; ending them may lose their work:', label)
+        )
+      );
+      for (const line of busyLines(plan.busy, trans)) {
+        body.append(el('div', '', line));
+      }
+      const answer = await showDialog({
+        title: trans.__('Free workers of %1', label),
+        body: new Widget({ node: body }),
+        buttons: [
+          Dialog.cancelButton({ label: trans.__('Cancel') }),
+          Dialog.okButton({ label: trans.__('Free idle workers only') }),
+          Dialog.warnButton({ label: trans.__('End them too') })
+        ]
+      });
+      choice = choiceOf(answer.button);
+    }
+    const pids = pidsToConfirm(plan, choice);
+    if (pids === null) {
+      return;
+    }
     try {
-      const r = await freeChildren(kernelId);
+      const r = await freeChildren(kernelId, pids);
       if (r.status !== 'ok') {
         Notification.warning(trans.__('Free workers of %1: %2', label, r.message ?? trans.__('failed')), { autoClose: 8000 });
         return;
       }
-      const rep = r.children as { ended?: unknown[]; returned_bytes?: number } | undefined;
+      const rep = r.children as
+        { ended?: unknown[]; left?: { confirm?: boolean; message?: string }[]; returned_bytes?: number } | undefined;
       const ended = rep?.ended?.length ?? 0;
-      const msg = trans._n(
+      const running = (rep?.left ?? []).filter(p => p.confirm && p.message).map(p => p.message as string);
+      let msg = trans._n(
         'Free workers of %2: ended %1 worker process, %3 returned',
         'Free workers of %2: ended %1 worker processes, %3 returned',
         ended,
         label,
         formatBytes(rep?.returned_bytes ?? 0)
       );
+      if (running.length > 0) {
+        msg += '; ' + trans.__('left running: %1', running.join('; '));
+      }
       if (ended > 0) {
         Notification.success(msg, { autoClose: 6000 });
       } else {

@@ -99,6 +99,14 @@ def test_only_this_servers_kernels(stack):
     r = lab.post(f"gpumem/api/v1/kernels/{mine}/children/free")
     assert r.status_code == 200, r.text
     assert r.json()["children"]["kind"] == "children" and r.json()["children"]["ended"] == [], r.json()
+    # Confirmed pids are passed on, checked: a bad list is refused here, and
+    # a pid of no worker of the kernel (init) ends nothing.
+    assert lab.post(f"gpumem/api/v1/kernels/{mine}/children/free", {"pids": ["x"]}).status_code == 400
+    r = lab.post(f"gpumem/api/v1/kernels/{mine}/children/free", {"pids": [1]})
+    assert r.status_code == 200, r.text
+    rep = r.json()["children"]
+    assert rep["ended"] == [] and [p["pid"] for p in rep["left"]] == [1], rep
+    assert "not a process of this kernel's tree" in rep["left"][0]["reason"], rep
 
     # A bad since is the caller's error, not the daemon's.
     assert lab.get("gpumem/api/v1/state", params={"since": "yesterday"}).status_code == 400

@@ -57,8 +57,10 @@ type Backend interface {
 	// FreeChildren ends the GPU-holding worker processes of a live kernel,
 	// never the kernel. fromKernel says the request came from inside the
 	// kernel (the caller's process is in its tree), which has run the
-	// frameworks' teardown itself.
-	FreeChildren(ctx context.Context, k KernelRef, fromKernel bool) (json.RawMessage, error)
+	// frameworks' teardown itself. req has been validated: its pids are
+	// confirmed for ending whatever they compute, and only them; without
+	// pids only the idle workers are ended.
+	FreeChildren(ctx context.Context, k KernelRef, fromKernel bool, req FreeChildrenRequest) (json.RawMessage, error)
 	// ChildrenBefore reads the driver's figures of the kernel's tree now
 	// and keeps them for the FreeChildren from inside the kernel that
 	// follows: the kernel runs its teardown between the two, and what the

@@ -154,10 +154,21 @@ func (c *Client) Free(ctx context.Context, kernelID string, req FreeRequest) (js
 }
 
 // FreeChildren ends the GPU-holding worker processes of a kernel (never the
-// kernel) and returns the daemon's report as is.
-func (c *Client) FreeChildren(ctx context.Context, kernelID string) (json.RawMessage, error) {
+// kernel): the idle ones, or only those req.PIDs confirms. It returns the
+// daemon's report as is.
+func (c *Client) FreeChildren(ctx context.Context, kernelID string, req FreeChildrenRequest) (json.RawMessage, error) {
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	body := []byte{}
+	if len(req.PIDs) > 0 {
+		var err error
+		if body, err = json.Marshal(req); err != nil {
+			return nil, fmt.Errorf("encode free --children request: %w", err)
+		}
+	}
 	var reply json.RawMessage
-	err := c.do(ctx, http.MethodPost, "/api/v1/kernels/"+url.PathEscape(kernelID)+"/children/free", []byte{}, &reply)
+	err := c.do(ctx, http.MethodPost, "/api/v1/kernels/"+url.PathEscape(kernelID)+"/children/free", body, &reply)
 	return reply, err
 }
 

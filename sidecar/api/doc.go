@@ -23,7 +23,7 @@
 //	GET  /api/v1/kernels/{id}/why     %gpumem why joined with the driver's figures (?device=&all_devices=1&budget=)
 //	POST /api/v1/kernels/{id}/why     body: a kernel's own why data; reply: it joined
 //	POST /api/v1/kernels/{id}/children/before  from the kernel's own cell: read its tree's figures before its teardown
-//	POST /api/v1/kernels/{id}/children/free  end the kernel's GPU-holding workers, never the kernel
+//	POST /api/v1/kernels/{id}/children/free  body: optional FreeChildrenRequest; end the kernel's idle GPU-holding workers (or the confirmed pids), never the kernel
 //	POST /api/v1/kernels/{id}/orphans/end    body: optional EndOrphansRequest; end processes reclaim left running
 //	POST /api/v1/oom                  body: oom.Request; reply: oom.Event (oom.go)
 //	GET  /api/v1/oom                  {"events":[oom.Event...]}

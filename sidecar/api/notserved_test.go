@@ -33,7 +33,7 @@ func (b *fakeBackend) JoinWhy(context.Context, KernelRef, json.RawMessage) (json
 	return nil, ErrNotServed
 }
 
-func (b *fakeBackend) FreeChildren(context.Context, KernelRef, bool) (json.RawMessage, error) {
+func (b *fakeBackend) FreeChildren(context.Context, KernelRef, bool, FreeChildrenRequest) (json.RawMessage, error) {
 	return nil, ErrNotServed
 }
 

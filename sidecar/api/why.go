@@ -63,22 +63,6 @@ func (s *Server) serveWhyJoin(w http.ResponseWriter, r *http.Request, c caller) 
 	s.writeKernelReply(w, r, c.kernel.ID, reply, err)
 }
 
-func (s *Server) serveFreeChildren(w http.ResponseWriter, r *http.Request, c caller) {
-	id := c.kernel.ID
-	fromKernel := s.fromKernel(r, c)
-	ctx, cancel := context.WithTimeout(r.Context(), maxFreeWait)
-	defer cancel()
-	reply, err := s.backend.FreeChildren(ctx, c.kernel, fromKernel)
-	if s.notServed(w, r, err, "this daemon cannot end a kernel's workers") {
-		return
-	}
-	if err == nil {
-		s.log.Info().Str("kernel_id", id).Str("connection_file", c.kernel.ConnectionFile).Int("pid", c.peer.PID).
-			Uint32("uid", c.peer.UID).Bool("from_kernel", fromKernel).Msg("ended a kernel's worker processes on request")
-	}
-	s.writeKernelReply(w, r, id, reply, err)
-}
-
 func (s *Server) serveChildrenBefore(w http.ResponseWriter, r *http.Request, c caller) {
 	if !s.fromKernel(r, c) {
 		s.writeError(w, r, http.StatusConflict, fmt.Sprintf("kernel %s: only the kernel's own cell asks for the figures "+

@@ -68,7 +68,7 @@ func (b *whyBackend) JoinWhy(_ context.Context, k KernelRef, data json.RawMessag
 	return json.RawMessage(`{"kind":"why","driver":{}}`), nil
 }
 
-func (b *whyBackend) FreeChildren(_ context.Context, k KernelRef, fromKernel bool) (json.RawMessage, error) {
+func (b *whyBackend) FreeChildren(_ context.Context, k KernelRef, fromKernel bool, _ FreeChildrenRequest) (json.RawMessage, error) {
 	b.record(fmt.Sprintf("children %s from_kernel=%v", k.ConnectionFile, fromKernel))
 	if err := b.known(k); err != nil {
 		return nil, err

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -60,10 +61,11 @@ func runAttach(ctx context.Context, env Env, args []string) error {
 }
 
 func runFree(ctx context.Context, env Env, args []string) error {
-	fs := newFlagSet(env, "free", "KERNEL [--vars a,b] [--all] [--children] [--orphans [--pid N,...]] [--runtime-dir DIR ...]\n\n"+
+	fs := newFlagSet(env, "free", "KERNEL [--vars a,b] [--all] [--children [--pid N,...]] [--orphans [--pid N,...]] [--runtime-dir DIR ...]\n\n"+
 		"KERNEL is at least "+fmt.Sprint(minKernelPrefix)+" characters of a kernel id, a notebook path (or its file name), or a connection file.\n"+
 		"By default only caches are freed (gc, then the frameworks' caches): no user variable is touched.\n"+
-		"--children ends the kernel's worker processes that hold GPU memory instead (never the kernel).\n"+
+		"--children ends the kernel's idle worker processes that hold GPU memory instead (never the kernel); one that computes\n"+
+		"on a GPU, or whose work is unknown, is left running and named: --children --pid N,... ends those pids, and only them.\n"+
 		"--orphans ends instead the processes of KERNEL's dead tree that gpumem serve left running (they were computing on a GPU).")
 	var dirs dirList
 	fs.Var(&dirs, "runtime-dir", "also look in this Jupyter runtime `dir` (repeatable; it must exist)")
@@ -73,7 +75,7 @@ func runFree(ctx context.Context, env Env, args []string) error {
 	asJSON := fs.Bool("json", false, "print the kernel's report as JSON")
 	timeout := fs.Duration("timeout", 10*time.Minute, "how long to wait for the kernel's current cell to finish")
 	orphans := fs.Bool("orphans", false, "end the processes reclaim left running for KERNEL (the notebook's user or root only; through gpumem serve)")
-	orphanPIDs := fs.String("pid", "", "with --orphans, only these processes (comma-separated pids)")
+	orphanPIDs := fs.String("pid", "", "with --orphans, only these processes; with --children, end these workers (and only them) even though they compute (comma-separated pids)")
 	pos, err := parseFlags(fs, args)
 	if err != nil {
 		return err
@@ -87,15 +89,18 @@ func runFree(ctx context.Context, env Env, args []string) error {
 	if err := longEnoughToAct(pos[0]); err != nil {
 		return err
 	}
-	if *orphans || *orphanPIDs != "" {
+	pids, err := parsePIDs(*orphanPIDs)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if *orphans || (*orphanPIDs != "" && !*children) {
 		if !*orphans || *vars != "" || *all || *children {
-			return fmt.Errorf("%w: --pid goes with --orphans, which ends processes and takes no --vars, --all or --children", errUsage)
-		}
-		pids, err := parsePIDs(*orphanPIDs)
-		if err != nil {
-			return fmt.Errorf("%w: %v", errUsage, err)
+			return fmt.Errorf("%w: --pid goes with --orphans or --children, which end processes and take no --vars or --all", errUsage)
 		}
 		return runFreeOrphans(ctx, env, dirs, pos[0], pids, *asJSON)
+	}
+	if *orphanPIDs != "" && len(pids) == 0 {
+		return fmt.Errorf("%w: --children --pid names no process", errUsage)
 	}
 	req := api.FreeRequest{All: *all, Vars: splitList(*vars)}
 	if err := req.Validate(); err != nil {
@@ -111,7 +116,7 @@ func runFree(ctx context.Context, env Env, args []string) error {
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	if *children {
-		return freeChildren(ctx, env, dirs, k, *asJSON)
+		return freeChildren(ctx, env, dirs, k, api.FreeChildrenRequest{PIDs: pids}, *asJSON)
 	}
 
 	var rep magics.FreeReport
@@ -169,8 +174,8 @@ func runFree(ctx context.Context, env Env, args []string) error {
 
 // freeChildren ends a kernel's GPU-holding worker processes through the
 // daemon, which alone knows the kernel's recorded tree and applies
-// reclaim's policy to it.
-func freeChildren(ctx context.Context, env Env, dirs []string, k discovery.Kernel, asJSON bool) error {
+// reclaim's policy to it: the idle ones, or the pids req confirms.
+func freeChildren(ctx context.Context, env Env, dirs []string, k discovery.Kernel, req api.FreeChildrenRequest, asJSON bool) error {
 	sock := daemonSocket(env, dirs)
 	if sock == "" {
 		return fmt.Errorf("kernel %s (%s): --children needs gpumem serve: it ends only processes it recorded in the kernel's "+
@@ -178,21 +183,35 @@ func freeChildren(ctx context.Context, env Env, dirs []string, k discovery.Kerne
 	}
 	c := api.NewClient(sock)
 	defer c.Close()
-	raw, err := c.FreeChildren(ctx, k.ID)
+	raw, err := c.FreeChildren(ctx, k.ID, req)
 	if err != nil {
 		return fmt.Errorf("kernel %s (%s): %w", orDash(k.ID), orDash(k.Notebook), err)
-	}
-	if asJSON {
-		_, err := fmt.Fprintf(env.Stdout, "%s\n", raw)
-		return err
 	}
 	var rep magics.ChildrenReport
 	if err := json.Unmarshal(raw, &rep); err != nil {
 		return fmt.Errorf("daemon's reply: %w", err)
 	}
-	// The kernel's text marked as its own, then the daemon's account.
-	_, err = fmt.Fprintf(env.Stdout, "kernel %s (%s)\n%s\n", orDash(k.ID), orDash(k.Notebook), rep.Render())
-	return err
+	if asJSON {
+		_, err = fmt.Fprintf(env.Stdout, "%s\n", raw)
+	} else {
+		// The kernel's text marked as its own, then the daemon's account.
+		hint := func(pid int) string { return fmt.Sprintf("gpumem free %s --children --pid %d", k.ID, pid) }
+		_, err = fmt.Fprintf(env.Stdout, "kernel %s (%s)\n%s\n", orDash(k.ID), orDash(k.Notebook), rep.Render(hint))
+	}
+	if err != nil {
+		return err
+	}
+	// Each pid confirmed was asked to end: one that was not is a failure.
+	notEnded := 0
+	for _, pid := range req.PIDs {
+		if !slices.ContainsFunc(rep.Ended, func(o magics.ChildOutcome) bool { return o.PID == pid }) {
+			notEnded++
+		}
+	}
+	if notEnded > 0 {
+		return fmt.Errorf("kernel %s: %d of the %d pids confirmed were not ended (the report says why)", orDash(k.ID), notEnded, len(req.PIDs))
+	}
+	return nil
 }
 
 func freeViaDaemon(ctx context.Context, env Env, dirs []string, kernelID string, req api.FreeRequest) (json.RawMessage, error) {

@@ -322,6 +322,11 @@ func TestRunExitCodes(t *testing.T) {
 		// A kernel to change is named by at least 4 characters of its id.
 		{[]string{"free", "0"}, 2, `"0" is too short to name the kernel to change: give at least 4 characters`},
 		{[]string{"free", "abc", "--all"}, 2, "too short"},
+		// --pid confirms processes to end: with --orphans or --children only.
+		{[]string{"free", "abcd", "--pid", "12"}, 2, "--pid goes with --orphans or --children"},
+		{[]string{"free", "abcd", "--children", "--orphans", "--pid", "12"}, 2, "--pid goes with --orphans or --children"},
+		{[]string{"free", "abcd", "--children", "--pid", "x"}, 2, `--pid: "x" is not a process id`},
+		{[]string{"free", "abcd", "--children", "--pid", ","}, 2, "--children --pid names no process"},
 		{[]string{"--version"}, 0, ""},
 		{[]string{"version", "extra"}, 2, "takes no arguments"},
 	} {

@@ -173,20 +173,22 @@ def why_join(data, timeout=5.0):
 def children_before(timeout=10.0):
     """Asks gpumem serve to read this kernel's tree's figures now, before
     its teardown (POST /api/v1/kernels/<id>/children/before): what the
-    teardown ends is known only from figures read before it. The error, or
-    None."""
+    teardown ends is known only from figures read before it. (reply, error):
+    the reply's left_running are the workers it would leave running for
+    what they compute; (None, None) without the sidecar."""
     if not state.sidecar_socket() or not state.config.get("kernel_id"):
-        return None
-    _, err = _post_kernel("children/before", None, timeout)
-    return err
+        return None, None
+    return _post_kernel("children/before", None, timeout)
 
 
-def free_children(timeout=90.0):
+def free_children(timeout=90.0, pids=None):
     """Asks gpumem serve to end this kernel's GPU-holding worker processes
-    (POST /api/v1/kernels/<id>/children/free). None without the sidecar."""
+    (POST /api/v1/kernels/<id>/children/free): the idle ones, or only pids,
+    confirmed by the user, whatever they compute. None without the
+    sidecar."""
     if not state.sidecar_socket() or not state.config.get("kernel_id"):
         return None
-    rep, err = _post_kernel("children/free", None, timeout)
+    rep, err = _post_kernel("children/free", {"pids": list(pids)} if pids else None, timeout)
     return {"error": err} if err else rep
 
 

@@ -10,7 +10,7 @@ from .display import rendered, show
 
 USAGE = (
     "usage: %gpumem [vars [--all-devices] | why [--device N] [--all-devices] [--budget S] | "
-    "free [NAME ...] [--all] [--keep NAME ...] [--dry-run] | free --children | top"
+    "free [NAME ...] [--all] [--keep NAME ...] [--dry-run] | free --children [--pid N,...] | top"
     " | record on [--max-entries N] | record off | snapshot | help]"
 )
 

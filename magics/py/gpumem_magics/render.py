@@ -353,7 +353,11 @@ _HELP = [
         "%gpumem why [--device N] [--all-devices] [--budget S]",
         "every byte of this kernel's GPU memory in one row, with who holds it and the fix",
     ),
-    ("%gpumem free --children", "end this kernel's GPU-holding worker processes (never the kernel; needs gpumem serve)"),
+    (
+        "%gpumem free --children [--pid N,...]",
+        "end this kernel's idle GPU-holding worker processes (never the kernel; needs gpumem serve); "
+        "--pid ends those workers even though they compute, and only them",
+    ),
     ("%gpumem record on [--max-entries N]", "record PyTorch's memory history (off by default; `record off` stops it)"),
     ("%gpumem snapshot", "save PyTorch's memory snapshot (memory_viz's .pickle); gpumem serve draws it in JupyterLab"),
     ("%gpumem help", "this help"),

@@ -142,6 +142,10 @@ def render_children(data):
         msg = "No child process of this kernel holds GPU memory."
         text.append(msg)
         body.append(layout.html_lines([msg], "dim"))
+    running = [left_running_line(p) for p in data.get("left") or [] if p.get("confirm")]
+    if running:
+        text += [""] + running
+        body.append(layout.html_lines(running))
     foot = []
     if data.get("returned_bytes") is not None:
         foot.append(
@@ -152,6 +156,26 @@ def render_children(data):
     text += [""] + foot
     body.append(layout.html_lines(foot, "dim"))
     return "\n".join(text), layout.html_doc(title, "".join(body))
+
+
+def left_running_line(p):
+    """The line for a worker gpumem serve left running for what it
+    computes: "left running: pid 1234 python (DataLoader worker 0) computes
+    at 90% SM on GPU 0; to end it: %gpumem free --children --pid 1234"."""
+    argv = (p.get("command") or "").split()
+    name = argv[0].rsplit("/", 1)[-1] if argv else "process"
+    if p.get("what"):
+        name += " (%s)" % p["what"]
+    gpus = p.get("gpus") or []
+    on = ("GPUs " if len(gpus) > 1 else "GPU ") + ", ".join(str(g) for g in gpus) if gpus else "a GPU"
+    if p.get("compute") == "computing":
+        sm = p.get("sm_percent")
+        does = "computes at %d%% SM on %s" % (sm, on) if sm else "computes on %s" % on
+        if sm == 0:
+            does += " (0% SM just now)"
+    else:
+        does = "holds %s on %s and whether it computes is unknown" % (units.fmt_bytes(p.get("bytes")), on)
+    return "left running: pid %s %s %s; to end it: %%gpumem free --children --pid %s" % (p.get("pid"), name, does, p.get("pid"))
 
 
 def render_error(data):

@@ -40,7 +40,7 @@ def test_every_request_says_the_one_sentence(tmp_path, monkeypatch):
     monkeypatch.setitem(state.config, "kernel_id", "4c1f2e0a-aaaa")
     want = panel_sentence(sock)
     assert daemon.free_children() == {"error": want}
-    assert daemon.children_before() == want
+    assert daemon.children_before() == (None, want)
     assert daemon.why_join({"rows": []})["driver"] == {"error": want}
     status, reply = daemon.sidecar_post("/api/v1/oom", {}, 1)
     assert daemon.request_error(status, reply) == want
