@@ -27,7 +27,12 @@ $JUPYTER_RUNTIME_DIR) and one `gpumem serve` beside them, and checks:
      flagged on GPU 0;
   5. DataLoader persistent workers holding CUDA memory: gpumem free KERNEL
      --children ends them (NVML drops by their bytes), the kernel lives on
-     and its loader starts new workers, which %gpumem free --children ends.
+     and its loader starts new workers, which %gpumem free --children ends;
+  6. a busy kernel's workers: while a cell runs, one spawned worker computes
+     (a matmul loop) and one only holds memory; gpumem free KERNEL --children
+     ends the holder alone and names the computing one (pid, SM %) as left
+     running, which nvidia-smi still lists and the cell still waits on; then
+     --children --pid <it> ends it, and the cell sees it end.
 No stray flag may appear in 1, 3 and 5. Every scenario's rows must add up
 to the driver's figure.
 
@@ -491,6 +496,77 @@ def workers():
         k.close()
 
 
+BUSYW = """import time
+import torch
+def compute(seconds):
+    a = torch.randn(4096, 4096, device="cuda")
+    end = time.time() + seconds
+    while time.time() < end:
+        a = a @ a
+        a = a / a.norm()
+    torch.cuda.synchronize()
+def hold(seconds):
+    x = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    time.sleep(seconds)
+"""
+BUSY_CELL = """import sys, json, multiprocessing as mp
+sys.path.insert(0, %(d)r)
+import busyw
+ctx = mp.get_context("spawn")
+pc = ctx.Process(target=busyw.compute, args=(300,))
+ph = ctx.Process(target=busyw.hold, args=(300,))
+pc.start(); ph.start()
+open(%(d)r + "/pids.json", "w").write(json.dumps([pc.pid, ph.pid]))
+pc.join()
+print("compute worker exit code", pc.exitcode)
+"""
+
+
+def busy_workers():
+    d = tempfile.mkdtemp(prefix="busyw-")
+    with open(os.path.join(d, "busyw.py"), "w") as f:
+        f.write(BUSYW)
+    k = Kernel("busy-workers")
+    try:
+        msg_id = k.kc.execute(BUSY_CELL % {"d": d})
+        pidfile = os.path.join(d, "pids.json")
+        wait("the cell starts its workers", lambda: os.path.exists(pidfile) and os.path.getsize(pidfile) > 0, 120)
+        with open(pidfile) as f:
+            pc, ph = json.load(f)
+        wait("nvidia-smi lists both workers", lambda: (lambda s: {pc, ph} <= {p for (_g, p) in s} or None)(smi()), 120)
+        wait(
+            "the daemon judges the notebook computing",
+            lambda: (
+                lambda n: n if n and {pc, ph} <= set(n["pids"]) and (n.get("compute") or {}).get("state") == "computing" else None
+            )(k.tree()),
+            120,
+        )
+        held = smi_pids({ph})
+        r = gpumem("free", k.id, "--children")
+        print("---- gpumem free --children (a cell runs)\n" + r.stdout + r.stderr + "----", flush=True)
+        gone = wait("the holder ends", lambda: ph not in {p for (_g, p) in smi()} or None, 30)
+        check(bool(gone), "free --children of a busy kernel ended the idle holder %d (%.0f MiB)" % (ph, held / MIB))
+        check(pc in {p for (_g, p) in smi()}, "the computing worker %d is left running (nvidia-smi lists it)" % pc)
+        named = [ln for ln in (r.stdout + r.stderr).splitlines() if "left running" in ln and str(pc) in ln]
+        check(
+            bool(named) and "SM" in named[0],
+            "the reply names the computing worker with its SM %%: %s" % (named[:1] or r.stdout[-300:]),
+        )
+        r2 = gpumem("free", k.id, "--children", "--pid", str(pc))
+        print("---- gpumem free --children --pid %d\n" % pc + r2.stdout + r2.stderr + "----", flush=True)
+        gone = wait("the confirmed worker ends", lambda: pc not in {p for (_g, p) in smi()} or None, 30)
+        check(r2.returncode == 0 and bool(gone), "--children --pid %d ended the confirmed computing worker" % pc)
+        reply = None
+        while reply is None:
+            m = k.kc.get_shell_msg(timeout=60)
+            if m["parent_header"].get("msg_id") == msg_id:
+                reply = m
+        check(reply["content"]["status"] == "ok" and k.proc.poll() is None, "the cell ends and the kernel lives on")
+    finally:
+        k.close()
+
+
 def main():
     # timeout(1)'s SIGTERM unwinds: every kernel and the daemon are ended.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("why_check.py: terminated"))
@@ -499,7 +575,7 @@ def main():
     daemon = serve(BIN, os.path.join(OUT, "why-gpumem-serve.log"), "--interval=500ms", "--runtime-dir", RUNTIME)
     try:
         wait("gpumem serve's socket", lambda: os.path.exists(os.path.join(RUNTIME, "gpumem.sock")), 30)
-        steps = (seven_holders, million_objects, fragmentation, stray_contexts, workers)
+        steps = (seven_holders, million_objects, fragmentation, stray_contexts, workers, busy_workers)
         only = os.environ.get("WHY_STEPS", "").split(",")  # e.g. WHY_STEPS=seven_holders
         for step in [s for s in steps if only == [""] or s.__name__ in only]:
             print("== %s" % step.__name__, flush=True)
