@@ -39,29 +39,51 @@ func (a apiBackend) KernelWhy(ctx context.Context, k api.KernelRef, q api.WhyQue
 // now. The kernel renders the reply.
 func (a apiBackend) JoinWhy(ctx context.Context, k api.KernelRef, raw json.RawMessage) (json.RawMessage, error) {
 	d := a.d
-	joined, err := d.joinWhy(ctx, k, raw)
-	if err != nil {
-		return nil, err
+	return d.joinWhy(ctx, k, raw)
+}
+
+// whyFields is a kernel's why data, its top level only: each field is
+// kept as the kernel wrote it, for the kernel's renderer, and only those
+// the join reads are decoded, into types (a generic decode of a body costs
+// many times its size).
+type whyFields map[string]json.RawMessage
+
+// decodeWhy reads the fields of a kernel's why data the join needs.
+func decodeWhy(raw json.RawMessage) (whyFields, attribution.WhyKernel, []json.RawMessage, error) {
+	var (
+		fields whyFields
+		k      attribution.WhyKernel
+		kind   string
+		rows   []json.RawMessage
+	)
+	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
+		return nil, k, nil, fmt.Errorf("%w: the kernel's why data is not a JSON object: %v", api.ErrRefused, err)
 	}
-	return json.Marshal(joined)
+	if err := json.Unmarshal(fields["kind"], &kind); err != nil || kind != "why" {
+		return nil, k, nil, fmt.Errorf("%w: the kernel's data is of kind %.40s, not why", api.ErrRefused, fields["kind"])
+	}
+	if err := json.Unmarshal(raw, &k); err != nil {
+		return nil, k, nil, fmt.Errorf("%w: the kernel's why data: %v", api.ErrRefused, err)
+	}
+	if r, ok := fields["rows"]; ok {
+		if err := json.Unmarshal(r, &rows); err != nil {
+			return nil, k, nil, fmt.Errorf("%w: the kernel's why rows are not a list: %v", api.ErrRefused, err)
+		}
+	}
+	if rows == nil {
+		rows = []json.RawMessage{}
+	}
+	return fields, k, rows, nil
 }
 
 // joinWhy adds to a kernel's why data the rows only the driver's
 // per-process figures give (attribution.JoinWhy), and keeps the kernel's
 // framework figures as evidence for its stray-context flags.
-func (d *Daemon) joinWhy(ctx context.Context, ref api.KernelRef, raw json.RawMessage) (map[string]any, error) {
-	var data map[string]any
-	if err := json.Unmarshal(raw, &data); err != nil {
-		return nil, fmt.Errorf("%w: the kernel's why data is not a JSON object: %v", api.ErrRefused, err)
+func (d *Daemon) joinWhy(ctx context.Context, ref api.KernelRef, raw json.RawMessage) (json.RawMessage, error) {
+	data, k, rows, err := decodeWhy(raw)
+	if err != nil {
+		return nil, err
 	}
-	if data["kind"] != "why" {
-		return nil, fmt.Errorf("%w: the kernel's data is of kind %v, not why", api.ErrRefused, data["kind"])
-	}
-	var k attribution.WhyKernel
-	if err := json.Unmarshal(raw, &k); err != nil {
-		return nil, fmt.Errorf("%w: the kernel's why data: %v", api.ErrRefused, err)
-	}
-	rows, _ := data["rows"].([]any)
 	obs, err := d.observe(ctx)
 	if err != nil {
 		return nil, err
@@ -87,12 +109,18 @@ func (d *Daemon) joinWhy(ctx context.Context, ref api.KernelRef, raw json.RawMes
 	attribution.FlagStrayContexts(&one, ev)
 	j = attribution.JoinWhy(k, one.Notebooks[0], obs.Report.GPUs, commands)
 	for _, r := range j.Rows {
-		rows = append(rows, r)
+		b, err := json.Marshal(r)
+		if err != nil {
+			return nil, fmt.Errorf("kernel %s: encode a why row: %w", ref.ID, err)
+		}
+		rows = append(rows, b)
 	}
-	data["rows"] = rows
-	data["driver"] = j.Driver
-	data["stray_contexts"] = j.StrayContexts
-	return data, nil
+	for key, v := range map[string]any{"rows": rows, "driver": j.Driver, "stray_contexts": j.StrayContexts} {
+		if data[key], err = json.Marshal(v); err != nil {
+			return nil, fmt.Errorf("kernel %s: encode the why data's %s: %w", ref.ID, key, err)
+		}
+	}
+	return json.Marshal(data)
 }
 
 // strayEvidence is the evidence the kernels' magics gave (for
