@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -48,13 +49,13 @@ func (a apiBackend) JoinWhy(ctx context.Context, k api.KernelRef, raw json.RawMe
 // many times its size).
 type whyFields map[string]json.RawMessage
 
-// decodeWhy reads the fields of a kernel's why data the join needs.
-func decodeWhy(raw json.RawMessage) (whyFields, attribution.WhyKernel, []json.RawMessage, error) {
+// decodeWhy reads the fields of a kernel's why data the join needs; its
+// rows stay one list as the kernel wrote it ("[]" when it has none).
+func decodeWhy(raw json.RawMessage) (whyFields, attribution.WhyKernel, json.RawMessage, error) {
 	var (
 		fields whyFields
 		k      attribution.WhyKernel
 		kind   string
-		rows   []json.RawMessage
 	)
 	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
 		return nil, k, nil, fmt.Errorf("%w: the kernel's why data is not a JSON object: %v", api.ErrRefused, err)
@@ -65,15 +66,32 @@ func decodeWhy(raw json.RawMessage) (whyFields, attribution.WhyKernel, []json.Ra
 	if err := json.Unmarshal(raw, &k); err != nil {
 		return nil, k, nil, fmt.Errorf("%w: the kernel's why data: %v", api.ErrRefused, err)
 	}
-	if r, ok := fields["rows"]; ok {
-		if err := json.Unmarshal(r, &rows); err != nil {
-			return nil, k, nil, fmt.Errorf("%w: the kernel's why rows are not a list: %v", api.ErrRefused, err)
-		}
-	}
-	if rows == nil {
-		rows = []json.RawMessage{}
+	rows := bytes.TrimSpace(fields["rows"])
+	switch {
+	case len(rows) == 0 || string(rows) == "null":
+		rows = []byte("[]")
+	case rows[0] != '[': // valid JSON (Unmarshal checked it): a list starts so, and ends with ']'
+		return nil, k, nil, fmt.Errorf("%w: the kernel's why rows are not a list", api.ErrRefused)
 	}
 	return fields, k, rows, nil
+}
+
+// appendRows is the list rows (valid JSON) with more appended.
+func appendRows(rows json.RawMessage, more []attribution.WhyRow) (json.RawMessage, error) {
+	if len(more) == 0 {
+		return rows, nil
+	}
+	enc, err := json.Marshal(more)
+	if err != nil {
+		return nil, err
+	}
+	head := bytes.TrimSpace(rows[1 : len(rows)-1])
+	out := make([]byte, 0, len(rows)+len(enc)+1)
+	out = append(out, '[')
+	if len(head) > 0 {
+		out = append(append(out, head...), ',')
+	}
+	return append(out, enc[1:]...), nil
 }
 
 // joinWhy adds to a kernel's why data the rows only the driver's
@@ -108,14 +126,10 @@ func (d *Daemon) joinWhy(ctx context.Context, ref api.KernelRef, raw json.RawMes
 	one := attribution.Report{Notebooks: []attribution.Notebook{nb}}
 	attribution.FlagStrayContexts(&one, ev)
 	j = attribution.JoinWhy(k, one.Notebooks[0], obs.Report.GPUs, commands)
-	for _, r := range j.Rows {
-		b, err := json.Marshal(r)
-		if err != nil {
-			return nil, fmt.Errorf("kernel %s: encode a why row: %w", ref.ID, err)
-		}
-		rows = append(rows, b)
+	if data["rows"], err = appendRows(rows, j.Rows); err != nil {
+		return nil, fmt.Errorf("kernel %s: encode the why rows: %w", ref.ID, err)
 	}
-	for key, v := range map[string]any{"rows": rows, "driver": j.Driver, "stray_contexts": j.StrayContexts} {
+	for key, v := range map[string]any{"driver": j.Driver, "stray_contexts": j.StrayContexts} {
 		if data[key], err = json.Marshal(v); err != nil {
 			return nil, fmt.Errorf("kernel %s: encode the why data's %s: %w", ref.ID, key, err)
 		}
