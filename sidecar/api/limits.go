@@ -76,9 +76,6 @@ func (s *Server) limited(w http.ResponseWriter, r *http.Request, peer Peer, h ht
 	if peer.UID == 0 || peer.UID == s.daemonUID {
 		limit = maxInFlightAdmin
 	}
-	if s.maxInFlight > 0 {
-		limit = s.maxInFlight
-	}
 	if !s.inFlight.acquire(peer.UID, limit) {
 		w.Header().Set("Retry-After", "1")
 		s.writeError(w, r, http.StatusTooManyRequests, fmt.Sprintf("uid %d already has %d requests in flight to gpumem serve, "+

@@ -59,7 +59,6 @@ type Server struct {
 	userName     func(uid uint32) string
 	inFlight     inFlight
 	refusals     refusalLog
-	maxInFlight  int // tests: every uid's limit; 0: maxInFlightUser, maxInFlightAdmin
 }
 
 // NewServer returns a Server over backend. Admin rights go to root and to
