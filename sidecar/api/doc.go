@@ -96,6 +96,22 @@
 // and whose owner is the caller's uid (Backend.KernelOfPID: its connection
 // file, the kernel's identity), in either mode. No kernel can report for
 // another; a process of no kernel gets 403, one of a kernel the last
-// sample does not have yet 404. A user sees only the events and snapshots
-// of their own kernels, a kernel's snapshots being those of its file.
+// sample does not have yet 404. A caller whose uid owns no kernel of the
+// last sample is refused from its credentials alone, before anything of
+// /proc is read; the proof itself reads the caller's ancestry (a stat per
+// generation), never all of /proc. A user sees only the events and
+// snapshots of their own kernels, a kernel's snapshots being those of its
+// file.
+//
+// # Bounds
+//
+// In shared mode every local user may call a daemon that runs as root, so
+// what one caller may make it spend is bounded (limits.go): each uid may
+// have 16 requests in flight (admins 64), and one more gets 429 with
+// Retry-After, before its body is read; another uid keeps its own share.
+// Every body is bounded by what its clients send (413 past it: a why body
+// 256 KiB, a free 64 KiB, an out-of-memory report oom.MaxRequestBody, a
+// snapshot 8 KiB). Refused and failed requests are logged at most 5 a
+// minute per uid, then counted, and the count logged; a line holds only a
+// capped, escaped prefix of what the caller sent.
 package api

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 
+	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/oom"
 )
 
@@ -27,17 +29,29 @@ type OOMEventsResponse struct {
 // live tree holds the caller's SO_PEERCRED pid, by its connection file
 // (KernelOfPID), and the uid must be the kernel's owner's (a pid reused
 // by another user is not the kernel). Its entry is the last report's.
+//
+// Anyone may call these endpoints, as often as they like: a caller whose
+// uid owns no kernel of the last report is refused from its credentials
+// alone, before anything of /proc is read.
 func (s *Server) callerKernel(ctx context.Context, c caller) (KernelRef, error) {
 	if c.peer.PID <= 0 {
 		return KernelRef{}, fmt.Errorf("the caller's pid is not visible to the daemon (another pid namespace): only a kernel's own process may use this endpoint")
 	}
-	file, owner, ok := s.backend.KernelOfPID(ctx, c.peer.PID)
-	if !ok || owner != c.peer.UID {
-		return KernelRef{}, fmt.Errorf("pid %d (uid %d) is not a process of a kernel the daemon follows: only a kernel's own process may use this endpoint", c.peer.PID, c.peer.UID)
-	}
 	rep, err := s.backend.Report(ctx)
 	if err != nil {
 		return KernelRef{}, fmt.Errorf("no GPU memory snapshot: %w", err)
+	}
+	user := c.user
+	if c.role != roleUser {
+		user = s.userName(c.peer.UID)
+	}
+	if !slices.ContainsFunc(rep.Notebooks, func(nb attribution.Notebook) bool { return nb.User == user }) {
+		return KernelRef{}, fmt.Errorf("uid %d owns no kernel of the daemon's last sample: only a kernel's own process may use this endpoint "+
+			"(a kernel that started within the last sample: try again)", c.peer.UID)
+	}
+	file, owner, ok := s.backend.KernelOfPID(ctx, c.peer.PID)
+	if !ok || owner != c.peer.UID {
+		return KernelRef{}, fmt.Errorf("pid %d (uid %d) is not a process of a kernel the daemon follows: only a kernel's own process may use this endpoint", c.peer.PID, c.peer.UID)
 	}
 	for _, nb := range rep.Notebooks {
 		if nb.ConnectionFile == file {

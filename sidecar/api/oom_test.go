@@ -56,7 +56,7 @@ func rawPost(t *testing.T, sock, path, contentType, body string) (int, string) {
 
 func TestOOMEndpoints(t *testing.T) {
 	b := &oomBackend{fakeBackend: fakeBackend{report: testReport()}}
-	ts := startServer(t, "", ModePrivate, b)
+	ts := startServerWith(t, "", ModePrivate, b, asAlice)
 	const report = `{"framework":"torch","message":"CUDA out of memory.\u001b[2J","requested_bytes":1}`
 
 	// This process is in no kernel: it may not report.
@@ -128,7 +128,7 @@ func TestOOMEndpoints(t *testing.T) {
 func TestOOMEndpointsWithoutBackend(t *testing.T) {
 	b := &fakeBackend{report: testReport()}
 	b.setKernel(os.Getpid(), fakeKernel{id: "kernel-a", owner: uint32(os.Geteuid())})
-	ts := startServer(t, "", ModePrivate, b)
+	ts := startServerWith(t, "", ModePrivate, b, asAlice)
 	if st, body := rawPost(t, ts.path, "/api/v1/oom", "application/json", `{"framework":"torch"}`); st != 404 {
 		t.Errorf("POST: %d %s", st, body)
 	}
@@ -136,3 +136,7 @@ func TestOOMEndpointsWithoutBackend(t *testing.T) {
 		t.Errorf("POST snapshots: %d %s", st, body)
 	}
 }
+
+// asAlice names the test's own uid alice, the owner of kernel-a and
+// kernel-c in testReport.
+func asAlice(s *Server) { s.userName = func(uint32) string { return "alice" } }

@@ -38,8 +38,9 @@ var ErrRefused = errors.New("refused")
 
 // Options configure a Server.
 type Options struct {
-	// Logger gets one line per refused or failed request and per free.
-	// Headers and bodies are never logged.
+	// Logger gets one line per free, and per refused or failed request up
+	// to a few a minute per uid (refusalLog). Headers and bodies are never
+	// logged.
 	Logger zerolog.Logger
 }
 
@@ -56,13 +57,15 @@ type Server struct {
 	daemonUID    uint32
 	selfFreeWait time.Duration
 	userName     func(uid uint32) string
+	inFlight     inFlight
+	refusals     refusalLog
 }
 
 // NewServer returns a Server over backend. Admin rights go to root and to
 // the process's effective uid.
 func NewServer(backend Backend, opts Options) *Server {
 	return &Server{backend: backend, log: opts.Logger, daemonUID: uint32(os.Geteuid()), selfFreeWait: selfFreeWait,
-		userName: lookupUserName}
+		userName: lookupUserName, refusals: refusalLog{now: time.Now}}
 }
 
 // Serve serves the API on ln until ctx is done, then shuts down (in-flight
@@ -112,10 +115,12 @@ func (s *Server) Serve(ctx context.Context, ln *Listener) error {
 	if !syncutil.WaitTimeout(&conns, shutdownTimeout) {
 		s.log.Error().Str("socket", ln.Path()).Msg("api connections still running after shutdown")
 	}
+	s.refusals.flush(s.log)
 	return err
 }
 
-// handler is the whole API: browser checks, peer check, routes.
+// handler is the whole API: peer check, requests in flight per uid,
+// browser checks, routes.
 func (s *Server) handler(mode Mode) http.Handler {
 	mux := http.NewServeMux()
 	for _, rt := range routes {
@@ -135,12 +140,16 @@ func (s *Server) handler(mode Mode) http.Handler {
 		s.writeError(w, r, http.StatusNotFound, fmt.Sprintf("no such endpoint: %s", r.URL.Path))
 	})
 
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	checked := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := checkNotBrowser(r); err != nil {
 			s.writeError(w, r, http.StatusForbidden, err.Error())
 			return
 		}
-		if pr, ok := r.Context().Value(peerKey{}).(peerResult); !ok || pr.err != nil {
+		mux.ServeHTTP(w, r)
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		pr, ok := r.Context().Value(peerKey{}).(peerResult)
+		if !ok || pr.err != nil {
 			msg := "cannot identify the caller"
 			if ok {
 				msg = fmt.Sprintf("cannot identify the caller: %v", pr.err)
@@ -148,7 +157,7 @@ func (s *Server) handler(mode Mode) http.Handler {
 			s.writeError(w, r, http.StatusForbidden, msg)
 			return
 		}
-		mux.ServeHTTP(w, r)
+		s.limited(w, r, pr.peer, checked)
 	})
 }
 
@@ -402,26 +411,4 @@ func (s *Server) writeBody(w http.ResponseWriter, status int, body []byte) {
 // errorBody is every error reply.
 type errorBody struct {
 	Error string `json:"error"`
-}
-
-func (s *Server) writeError(w http.ResponseWriter, r *http.Request, status int, msg string) {
-	ev := s.log.Debug()
-	if status == http.StatusForbidden {
-		ev = s.log.Warn()
-	} else if status >= 500 {
-		ev = s.log.Error()
-	}
-	ev = ev.Str("method", r.Method).Str("path", r.URL.Path).Int("status", status)
-	if pr, ok := r.Context().Value(peerKey{}).(peerResult); ok && pr.err == nil {
-		ev = ev.Int("pid", pr.peer.PID).Uint32("uid", pr.peer.UID)
-	}
-	// Messages of other client errors may quote the request body: they go
-	// to the caller only.
-	if status == http.StatusForbidden || status >= 500 {
-		ev.Msg(msg)
-	} else {
-		ev.Msg(http.StatusText(status))
-	}
-	body, _ := json.Marshal(errorBody{Error: msg}) // a struct of one string always encodes
-	s.writeBody(w, status, append(body, '\n'))
 }

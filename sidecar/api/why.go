@@ -16,7 +16,14 @@ type WhyQuery struct {
 	Budget     float64 // budget=S: seconds the kernel may spend (0: its default)
 }
 
-const maxWhyBody = 4 << 20
+// maxWhyBody bounds POST .../why's body: the why data a kernel computed
+// itself. The kernel caps its rows at 40 per category (why.py's
+// _ROWS_SHOWN), so the data stays small: 2 KB for a kernel of a dozen
+// tensors, 67 KB measured for the largest we could make (41 rows of named
+// variables and 41 of memory held elsewhere, behind referrer chains of 13
+// levels of long names). 256 KiB is four times that. A body over it gets
+// 413, and the kernel shows its rows without the driver's.
+const maxWhyBody = 256 << 10
 
 func (s *Server) serveWhy(w http.ResponseWriter, r *http.Request, c caller) {
 	q := r.URL.Query()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/gpumem/gpumem/magics"
@@ -12,6 +13,7 @@ import (
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/metrics"
+	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
 // apiBackend is the daemon as the local API sees it (api.Backend): the
@@ -72,10 +74,39 @@ func (a apiBackend) ReportJSON(ctx context.Context) ([]byte, error) {
 }
 
 // KernelOfPID implements api.Backend: the kernel (its connection file)
-// whose live process tree holds pid.
+// whose live process tree holds pid. A process belongs to a kernel exactly
+// when it or an ancestor is the kernel or in the kernel's session or
+// process group (Table.KernelProcesses's rule): so the rule is applied to
+// a table of pid's ancestry and of the kernels' own pids it names, a stat
+// per generation, never all of /proc (any local user may ask, through
+// POST /api/v1/oom, as often as they like).
 func (a apiBackend) KernelOfPID(ctx context.Context, pid int) (string, uint32, bool) {
 	d := a.d
-	table, err := d.fs.ScanTree([]int{pid})
+	type root struct {
+		file string
+		uid  uint32
+		id   procID
+	}
+	var roots []root
+	d.mu.Lock()
+	for _, ks := range d.kernels {
+		if !ks.cur.isZero() {
+			roots = append(roots, root{ks.connFile, ks.uid, ks.cur})
+		}
+	}
+	d.mu.Unlock()
+	if len(roots) == 0 || pid <= 0 {
+		return "", 0, false
+	}
+	table, err := d.lineageOf(pid, func(p procs.Proc) []int {
+		var pids []int
+		for _, r := range roots {
+			if r.id.PID == p.PID || r.id.PID == p.SID || r.id.PID == p.PGID {
+				pids = append(pids, r.id.PID)
+			}
+		}
+		return pids
+	})
 	if err != nil {
 		return "", 0, false
 	}
@@ -83,19 +114,53 @@ func (a apiBackend) KernelOfPID(ctx context.Context, pid int) (string, uint32, b
 	if !ok {
 		return "", 0, false
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, ks := range d.kernels {
-		if ks.cur.isZero() {
-			continue
-		}
-		for _, p := range table.KernelProcesses(ks.cur.PID, ks.cur.Start) {
+	for _, r := range roots {
+		for _, p := range table.KernelProcesses(r.id.PID, r.id.Start) {
 			if p.PID == caller.PID && p.StartTime == caller.StartTime {
-				return ks.connFile, ks.uid, true
+				return r.file, r.uid, true
 			}
 		}
 	}
 	return "", 0, false
+}
+
+// lineageReader reads a process's ancestry and single processes' stat
+// (procs.FS, procs.Tracker).
+type lineageReader interface {
+	Ancestry(pid, maxDepth int) ([]procs.Proc, error)
+	ReadStats(pids []int) ([]procs.Proc, error)
+}
+
+// maxLineage bounds the generations read above a caller: a kernel's
+// processes are a few deep, and a deeper chain only costs the reads.
+const maxLineage = 256
+
+// lineageOf is the table of pid's ancestry and of the kernel pids that
+// kernels names for a process of it (read too: a kernel pid alive with
+// another start time is reused, and then its session is no kernel's). A
+// reader that reads no single process gives the whole table.
+func (d *Daemon) lineageOf(pid int, kernels func(procs.Proc) []int) (*procs.Table, error) {
+	lr, ok := d.fs.(lineageReader)
+	if !ok {
+		return d.fs.ScanTree([]int{pid})
+	}
+	line, err := lr.Ancestry(pid, maxLineage)
+	if err != nil {
+		return nil, err
+	}
+	var more []int
+	for _, p := range line {
+		for _, k := range kernels(p) {
+			if !slices.Contains(more, k) && !slices.ContainsFunc(line, func(q procs.Proc) bool { return q.PID == k }) {
+				more = append(more, k)
+			}
+		}
+	}
+	own, err := lr.ReadStats(more)
+	if err != nil {
+		return nil, err
+	}
+	return procs.NewTable(append(line, own...)), nil
 }
 
 // KernelNow implements api.Backend: the kernel's figures from a reading

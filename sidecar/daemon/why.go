@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -39,29 +40,68 @@ func (a apiBackend) KernelWhy(ctx context.Context, k api.KernelRef, q api.WhyQue
 // now. The kernel renders the reply.
 func (a apiBackend) JoinWhy(ctx context.Context, k api.KernelRef, raw json.RawMessage) (json.RawMessage, error) {
 	d := a.d
-	joined, err := d.joinWhy(ctx, k, raw)
+	return d.joinWhy(ctx, k, raw)
+}
+
+// whyFields is a kernel's why data, its top level only: each field is
+// kept as the kernel wrote it, for the kernel's renderer, and only those
+// the join reads are decoded, into types (a generic decode of a body costs
+// many times its size).
+type whyFields map[string]json.RawMessage
+
+// decodeWhy reads the fields of a kernel's why data the join needs; its
+// rows stay one list as the kernel wrote it ("[]" when it has none).
+func decodeWhy(raw json.RawMessage) (whyFields, attribution.WhyKernel, json.RawMessage, error) {
+	var (
+		fields whyFields
+		k      attribution.WhyKernel
+		kind   string
+	)
+	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
+		return nil, k, nil, fmt.Errorf("%w: the kernel's why data is not a JSON object: %v", api.ErrRefused, err)
+	}
+	if err := json.Unmarshal(fields["kind"], &kind); err != nil || kind != "why" {
+		return nil, k, nil, fmt.Errorf("%w: the kernel's data is of kind %.40s, not why", api.ErrRefused, fields["kind"])
+	}
+	if err := json.Unmarshal(raw, &k); err != nil {
+		return nil, k, nil, fmt.Errorf("%w: the kernel's why data: %v", api.ErrRefused, err)
+	}
+	rows := bytes.TrimSpace(fields["rows"])
+	switch {
+	case len(rows) == 0 || string(rows) == "null":
+		rows = []byte("[]")
+	case rows[0] != '[': // valid JSON (Unmarshal checked it): a list starts so, and ends with ']'
+		return nil, k, nil, fmt.Errorf("%w: the kernel's why rows are not a list", api.ErrRefused)
+	}
+	return fields, k, rows, nil
+}
+
+// appendRows is the list rows (valid JSON) with more appended.
+func appendRows(rows json.RawMessage, more []attribution.WhyRow) (json.RawMessage, error) {
+	if len(more) == 0 {
+		return rows, nil
+	}
+	enc, err := json.Marshal(more)
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(joined)
+	head := bytes.TrimSpace(rows[1 : len(rows)-1])
+	out := make([]byte, 0, len(rows)+len(enc)+1)
+	out = append(out, '[')
+	if len(head) > 0 {
+		out = append(append(out, head...), ',')
+	}
+	return append(out, enc[1:]...), nil
 }
 
 // joinWhy adds to a kernel's why data the rows only the driver's
 // per-process figures give (attribution.JoinWhy), and keeps the kernel's
 // framework figures as evidence for its stray-context flags.
-func (d *Daemon) joinWhy(ctx context.Context, ref api.KernelRef, raw json.RawMessage) (map[string]any, error) {
-	var data map[string]any
-	if err := json.Unmarshal(raw, &data); err != nil {
-		return nil, fmt.Errorf("%w: the kernel's why data is not a JSON object: %v", api.ErrRefused, err)
+func (d *Daemon) joinWhy(ctx context.Context, ref api.KernelRef, raw json.RawMessage) (json.RawMessage, error) {
+	data, k, rows, err := decodeWhy(raw)
+	if err != nil {
+		return nil, err
 	}
-	if data["kind"] != "why" {
-		return nil, fmt.Errorf("%w: the kernel's data is of kind %v, not why", api.ErrRefused, data["kind"])
-	}
-	var k attribution.WhyKernel
-	if err := json.Unmarshal(raw, &k); err != nil {
-		return nil, fmt.Errorf("%w: the kernel's why data: %v", api.ErrRefused, err)
-	}
-	rows, _ := data["rows"].([]any)
 	obs, err := d.observe(ctx)
 	if err != nil {
 		return nil, err
@@ -86,13 +126,15 @@ func (d *Daemon) joinWhy(ctx context.Context, ref api.KernelRef, raw json.RawMes
 	one := attribution.Report{Notebooks: []attribution.Notebook{nb}}
 	attribution.FlagStrayContexts(&one, ev)
 	j = attribution.JoinWhy(k, one.Notebooks[0], obs.Report.GPUs, commands)
-	for _, r := range j.Rows {
-		rows = append(rows, r)
+	if data["rows"], err = appendRows(rows, j.Rows); err != nil {
+		return nil, fmt.Errorf("kernel %s: encode the why rows: %w", ref.ID, err)
 	}
-	data["rows"] = rows
-	data["driver"] = j.Driver
-	data["stray_contexts"] = j.StrayContexts
-	return data, nil
+	for key, v := range map[string]any{"driver": j.Driver, "stray_contexts": j.StrayContexts} {
+		if data[key], err = json.Marshal(v); err != nil {
+			return nil, fmt.Errorf("kernel %s: encode the why data's %s: %w", ref.ID, key, err)
+		}
+	}
+	return json.Marshal(data)
 }
 
 // strayEvidence is the evidence the kernels' magics gave (for

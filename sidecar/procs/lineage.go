@@ -110,3 +110,65 @@ func (fs *FS) readPIDs(pids []int) ([]Proc, error) {
 	}
 	return out, nil
 }
+
+// Ancestry reads the stat of pid and of each of its ancestors, up to init
+// or maxDepth generations, pid's first: with the stat of a kernel's own
+// pid (ReadStats), the table in which KernelProcesses tells whether pid
+// belongs to that kernel (see ScanLineage), read in proportion to pid's
+// depth, never to the host. A pid that is gone or hidden from us gives
+// none; any other failure is an error, as for Scan.
+func (fs *FS) Ancestry(pid, maxDepth int) ([]Proc, error) {
+	rootfd, err := fs.openRoot()
+	if err != nil {
+		return nil, err
+	}
+	defer syscall.Close(rootfd)
+	var out []Proc
+	buf := make([]byte, 0, 1024)
+	for next := pid; next > 0 && len(out) < maxDepth && !slices.ContainsFunc(out, func(p Proc) bool { return p.PID == next }); {
+		p, ok, b, err := fs.readStat(rootfd, next, buf)
+		buf = b[:0]
+		if err != nil {
+			return nil, fmt.Errorf("read processes: %w", err)
+		}
+		if !ok {
+			break
+		}
+		out = append(out, p)
+		next = p.PPID
+	}
+	return out, nil
+}
+
+// ReadStats reads the stat of each positive pid of pids, and nothing
+// else. A pid that is gone or hidden is missing; any other failure is an
+// error, as for Scan.
+func (fs *FS) ReadStats(pids []int) ([]Proc, error) {
+	rootfd, err := fs.openRoot()
+	if err != nil {
+		return nil, err
+	}
+	defer syscall.Close(rootfd)
+	var out []Proc
+	buf := make([]byte, 0, 1024)
+	for _, pid := range pids {
+		if pid <= 0 {
+			continue
+		}
+		p, ok, b, err := fs.readStat(rootfd, pid, buf)
+		buf = b[:0]
+		if err != nil {
+			return nil, fmt.Errorf("read processes: %w", err)
+		}
+		if ok {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// Ancestry is FS.Ancestry.
+func (t *Tracker) Ancestry(pid, maxDepth int) ([]Proc, error) { return t.fs.Ancestry(pid, maxDepth) }
+
+// ReadStats is FS.ReadStats.
+func (t *Tracker) ReadStats(pids []int) ([]Proc, error) { return t.fs.ReadStats(pids) }
