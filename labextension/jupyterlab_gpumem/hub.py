@@ -139,9 +139,12 @@ class GPUArbiter:
         """The daemon's facts for this round: one fetch serves the servers
         the culler asks about within cache_seconds (it asks about them all
         at once)."""
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
+        # A lock of this loop: one made in another (a test's earlier
+        # asyncio.run) cannot be waited on here.
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock[0] is not loop:
+            self._lock = (loop, asyncio.Lock())
+        async with self._lock[1]:
             if self._facts is None or time.monotonic() - self._fetched_at >= self.cache_seconds:
                 self._facts = await self._fetch()
                 self._fetched_at = time.monotonic()
