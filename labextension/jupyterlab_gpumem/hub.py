@@ -163,16 +163,7 @@ class GPUArbiter:
             report = await daemon.request("GET", "/api/v1/notebooks")
             kernels = await daemon.request("GET", "/api/v1/kernels")
         except NoDaemon as e:
-            cause = e.__cause__
-            error = (
-                "nothing serves %s (%s): start the root daemon (gpumem serve --all-users --socket-mode shared --socket %s)"
-                % (
-                    self.socket,
-                    cause or "no such socket",
-                    self.socket,
-                )
-            )
-            return self._failed(error)
+            return self._failed(self._unreachable(e.__cause__))
         except DaemonError as e:
             return self._failed("the daemon at %s answered %d: %s" % (self.socket, e.status, e.message))
         except (httpx.HTTPError, OSError, ValueError) as e:
@@ -186,6 +177,15 @@ class GPUArbiter:
         urls = {k.get("connection_file", ""): k.get("server_url", "") for k in kernels.get("kernels") or []}
         self._idle_since = hubpolicy.track(self._idle_since, report, self.clock(), parse_time)
         return hubpolicy.Facts(report=report, server_urls=urls, idle_since=dict(self._idle_since))
+
+    def _unreachable(self, cause):
+        """What to say of a socket that could not be reached."""
+        sock = self.socket
+        if isinstance(cause, PermissionError):
+            how = "run the culler as root, or the daemon with --socket-mode shared"
+            return "%s may not be opened by this culler (uid %d): %s" % (sock, os.geteuid(), how)
+        how = "start the root daemon (gpumem serve --all-users --socket-mode shared --socket %s)" % sock
+        return "nothing serves %s (%s): %s" % (sock, cause or "no such socket", how)
 
     def _failed(self, error):
         # What the daemon said before the gap does not cover the gap.

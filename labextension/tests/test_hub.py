@@ -97,3 +97,10 @@ def test_bad_settings_are_refused():
             assert "0 or more" in str(e)
         else:
             raise AssertionError("GPUArbiter(%r) was accepted" % (kwargs,))
+
+
+def test_what_an_unreachable_socket_says():
+    a = GPUArbiter(socket="/run/gpumem/gpumem.sock")
+    assert "may not be opened by this culler" in a._unreachable(PermissionError(13, "Permission denied"))
+    said = a._unreachable(ConnectionRefusedError(111, "Connection refused"))
+    assert said.startswith("nothing serves /run/gpumem/gpumem.sock ([Errno 111] Connection refused): start the root daemon"), said
