@@ -22,7 +22,6 @@ and logs every decision with its evidence.
 import asyncio
 import logging
 import os
-import re
 import socket as sockets
 import struct
 import time
@@ -46,23 +45,6 @@ def culler_now():
     except ImportError:
         return datetime.now(timezone.utc)
     return jupyterhub_idle_culler.utcnow()
-
-
-_FRACTION = re.compile(r"(\.\d{6})\d+")
-
-
-def parse_time(s):
-    """An RFC 3339 time of the daemon (Go's: nanoseconds, Z) as an aware
-    datetime; None for none. Python before 3.11 reads neither Z nor more
-    than six digits of a fraction."""
-    if not s:
-        return None
-    t = _FRACTION.sub(r"\1", s.replace("Z", "+00:00"))
-    try:
-        d = datetime.fromisoformat(t)
-    except ValueError:
-        return None
-    return d if d.tzinfo else d.replace(tzinfo=timezone.utc)
 
 
 def daemon_instance(path, timeout):
@@ -175,7 +157,7 @@ class GPUArbiter:
         if instance != self._instance:
             self._idle_since, self._instance = {}, instance
         urls = {k.get("connection_file", ""): k.get("server_url", "") for k in kernels.get("kernels") or []}
-        self._idle_since = hubpolicy.track(self._idle_since, report, self.clock(), parse_time)
+        self._idle_since = hubpolicy.track(self._idle_since, report, self.clock())
         return hubpolicy.Facts(report=report, server_urls=urls, idle_since=dict(self._idle_since))
 
     def _unreachable(self, cause):

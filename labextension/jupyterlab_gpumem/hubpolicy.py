@@ -12,8 +12,9 @@ outside the hub) may be any of the user's servers': it keeps them all
 while it may be in use, and it never makes one cullable.
 """
 
+import re
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Dict, Optional, Tuple
 from urllib.parse import unquote, urlparse
 
@@ -197,6 +198,23 @@ def decide(server, facts, inactive, inactive_limit, now, rules, system_user=None
     if why:
         return veto(why)
     n = len(placed)
+    worked = last_gpu_work(placed + unplaced)
+    if (
+        inactive is not None
+        and inactive.total_seconds() >= inactive_limit
+        and worked is not None
+        and now - worked[0] < timedelta(seconds=inactive_limit)
+    ):
+        # GPU work is use, as the daemon's own culling counts it: a run
+        # that left the GPU for a while (its data loading, an evaluation
+        # on the CPU) is not idle since its notebook's last message.
+        return Decision(
+            False,
+            "keep",
+            "inactive for %s, but %s computed on a GPU %s ago (limit %s)"
+            % (_td(inactive), _name(worked[1]), _td(now - worked[0]), _td(timedelta(seconds=inactive_limit))),
+            **ev,
+        )
     if inactive is not None and inactive.total_seconds() >= inactive_limit:
         return Decision(
             True,
@@ -233,6 +251,17 @@ def _gpu_idle_note(rules, held, gpu_idle):
     return "; GPU-idle rule: computed nothing for %s of %s" % (_td(gpu_idle), _td(timedelta(seconds=rules.gpu_idle_after)))
 
 
+def last_gpu_work(notebooks):
+    """(when, notebook) of the latest GPU work the daemon saw among
+    notebooks (its last_computed_at), or None."""
+    out = None
+    for nb in notebooks:
+        at = parse_time((nb.get("compute") or {}).get("last_computed_at"))
+        if at is not None and (out is None or at > out[0]):
+            out = (at, nb)
+    return out
+
+
 def gpu_idle_for(placed, idle_since, now):
     """How long every kernel of placed that holds GPU memory has computed
     nothing (the shortest of theirs), or None when one was not seen idle."""
@@ -247,13 +276,12 @@ def gpu_idle_for(placed, idle_since, now):
     return min(spans) if spans else None
 
 
-def track(idle_since, report, now, parse_time):
+def track(idle_since, report, now):
     """The new idle_since from the last one and a fresh report: for each
     kernel, since when it has been judged idle without a break. A kernel
     judged anything else starts again from now; a kernel seen for the first
     time starts from now too (the arbiter saw nothing before), or from the
-    daemon's last_computed_at when later. parse_time: RFC 3339 -> aware
-    datetime (None for none)."""
+    daemon's last_computed_at when later."""
     out = {}
     for nb in report.get("notebooks") or []:
         key = nb.get("connection_file") or ""
@@ -275,3 +303,20 @@ def _td(td):
         return "unknown"
     s = max(int(td.total_seconds()), 0)
     return "%02d:%02d:%02d" % (s // 3600, s % 3600 // 60, s % 60)
+
+
+_FRACTION = re.compile(r"(\.\d{6})\d+")
+
+
+def parse_time(s):
+    """An RFC 3339 time of the daemon (Go's: nanoseconds, Z) as an aware
+    datetime; None for none. Python before 3.11 reads neither Z nor more
+    than six digits of a fraction."""
+    if not s:
+        return None
+    t = _FRACTION.sub(r"\1", s.replace("Z", "+00:00"))
+    try:
+        d = datetime.fromisoformat(t)
+    except ValueError:
+        return None
+    return d if d.tzinfo else d.replace(tzinfo=timezone.utc)

@@ -4,8 +4,7 @@ the daemon's report. Pure: tables of server models, reports and clocks."""
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from jupyterlab_gpumem.hub import parse_time
-from jupyterlab_gpumem.hubpolicy import Facts, Rules, decide, server_identity, track
+from jupyterlab_gpumem.hubpolicy import Facts, Rules, decide, parse_time, server_identity, track
 
 GiB = 1 << 30
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
@@ -53,6 +52,26 @@ SINCE_2H = {"/home/alice/rt/kernel-k.json": NOW - 2 * HOUR}
             "idle past the limit: the culler's rule",
             ALICE,
             facts(nb("k", held=8 * GiB)),
+            2 * HOUR,
+            Rules(),
+            True,
+            "culler",
+            "inactive for 02:00:00",
+        ),
+        (
+            "GPU work within the limit is use: kept",
+            ALICE,
+            facts(nb("k", held=8 * GiB, last_computed="2026-12-01T11:40:00Z")),
+            2 * HOUR,
+            Rules(),
+            False,
+            "keep",
+            "but kernel k (/home/alice/k.ipynb) computed on a GPU 00:20:00 ago (limit 01:00:00)",
+        ),
+        (
+            "GPU work before the limit: the culler's rule",
+            ALICE,
+            facts(nb("k", held=8 * GiB, last_computed="2026-12-01T10:40:00Z")),
             2 * HOUR,
             Rules(),
             True,
@@ -376,19 +395,19 @@ def test_track():
     k = "/home/alice/rt/kernel-k.json"
     r = {"notebooks": [nb("k", held=GiB)]}
     # First sighting: from now.
-    s = track({}, r, NOW, parse_time)
+    s = track({}, r, NOW)
     assert s == {k: NOW}
     # Still idle later: the start stands.
-    assert track(s, r, NOW + HOUR, parse_time) == {k: NOW}
+    assert track(s, r, NOW + HOUR) == {k: NOW}
     # The daemon saw it compute between two rounds: from then.
     r2 = {"notebooks": [nb("k", held=GiB, last_computed="2026-12-01T12:30:00.123456789Z")]}
-    assert track(s, r2, NOW + HOUR, parse_time) == {k: datetime(2026, 12, 1, 12, 30, 0, 123456, tzinfo=timezone.utc)}
+    assert track(s, r2, NOW + HOUR) == {k: datetime(2026, 12, 1, 12, 30, 0, 123456, tzinfo=timezone.utc)}
     # Judged computing or unknown: starts again.
     for state in ("computing", "unknown"):
         r3 = {"notebooks": [nb("k", compute=state, held=GiB)]}
-        assert track(s, r3, NOW + HOUR, parse_time) == {k: NOW + HOUR}
+        assert track(s, r3, NOW + HOUR) == {k: NOW + HOUR}
     # Gone: forgotten.
-    assert track(s, {"notebooks": []}, NOW + HOUR, parse_time) == {}
+    assert track(s, {"notebooks": []}, NOW + HOUR) == {}
 
 
 @pytest.mark.parametrize(

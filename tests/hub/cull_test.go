@@ -149,16 +149,17 @@ func TestHubCullArbiter(t *testing.T) {
 	})
 }
 
-// waitVerdicts waits (30 s) until the daemon judges each kernel as want
-// says and its server reports its activity (the arbiter needs both).
+// waitVerdicts waits (60 s) until the daemon judges each kernel as want
+// says and sees it idle (the arbiter needs both; the daemon's own code on
+// attach keeps a kernel busy for a while on a loaded machine).
 func waitVerdicts(t *testing.T, d *testenv.Daemon, want map[string]string) {
 	t.Helper()
 	var last []attribution.Notebook
-	if testenv.Eventually(30*time.Second, func() bool {
+	if testenv.Eventually(60*time.Second, func() bool {
 		last = d.Report(t).Notebooks
 		ok := 0
 		for _, nb := range last {
-			if w, in := want[nb.KernelID]; in && nb.Compute != nil && nb.Compute.State == w && nb.Activity != nil {
+			if w, in := want[nb.KernelID]; in && nb.Compute != nil && nb.Compute.State == w && nb.Activity != nil && nb.Activity.ExecutionState == "idle" {
 				ok++
 			}
 		}
@@ -169,7 +170,7 @@ func waitVerdicts(t *testing.T, d *testenv.Daemon, want map[string]string) {
 	for _, nb := range last {
 		t.Logf("kernel %s of %s: compute %+v activity %+v", nb.KernelID, nb.User, nb.Compute, nb.Activity)
 	}
-	t.Fatalf("timed out after 30 s waiting for the daemon's verdicts %v", want)
+	t.Fatalf("timed out after 60 s waiting for the daemon's verdicts %v on idle kernels", want)
 }
 
 // trainerUnharmed checks that the trainer's server, kernel and computing
