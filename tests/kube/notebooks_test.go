@@ -197,7 +197,10 @@ fcntl.ioctl(s.fileno(), 0x8914, struct.pack("16sH", b"lo", flags | 1))`
 		}
 		kernelPID = pids[0]
 		workers = childrenByArgv(kernelPID)
-		return len(workers) == 3
+		// By their own argv: a child between its fork and its exec still
+		// shows the kernel's, and three children are not yet the three
+		// sleeps.
+		return workers["3601"] > 0 && workers["3602"] > 0 && workers["3603"] > 0
 	})
 	if _, err := os.Stat(filepath.Join(podDir, "runtime", connName)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the kernel's connection file is visible outside the pod (stat: %v): the pod's mounts are not its own", err)
@@ -404,6 +407,11 @@ func testCgroup(t *testing.T, rel string) string {
 
 func moveToCgroup(t *testing.T, dir string, pid int) {
 	t.Helper()
+	// Writing 0 to cgroup.procs moves the writer: this test binary would
+	// join the cgroup, and the cgroup's cleanup would SIGKILL it.
+	if pid <= 0 {
+		t.Fatalf("moving pid %d into %s: not a process", pid, dir)
+	}
 	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
 		t.Fatalf("moving pid %d into %s: %v", pid, dir, err)
 	}
