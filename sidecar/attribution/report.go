@@ -27,7 +27,7 @@ const ReportSchema = 1
 type Report struct {
 	// Schema is ReportSchema when Finish finished the report; 0 for one
 	// that was never finished (a daemon older than the field).
-	Schema    int            `json:"schema"`
+	Schema    int            `json:"schema,omitempty"`
 	GPUs      []GPU          `json:"gpus"`
 	Notebooks []Notebook     `json:"notebooks"`
 	Other     []OtherProcess `json:"other"`
