@@ -108,8 +108,8 @@ func goldenReport() attribution.Report {
 		switch nb.User {
 		case "alice", "dave":
 			nb.Compute = &attribution.Compute{State: attribution.ComputeIdle,
-				Reason:          "120 readings, 0 at or above 5% SM or memory, in the last 10 min",
-				LastComputedAt:  goldenAt.Add(-3 * time.Hour), HoardedGiBHours: &hoarded}
+				Reason:         "120 readings, 0 at or above 5% SM or memory, in the last 10 min",
+				LastComputedAt: goldenAt.Add(-3 * time.Hour), HoardedGiBHours: &hoarded}
 		case "bob":
 			nb.Compute = &attribution.Compute{State: attribution.ComputeComputing,
 				Reason: "118 readings at or above 5% SM or memory in the last 10 min", LastComputedAt: goldenAt.Add(-time.Second)}
