@@ -42,6 +42,12 @@ func goldenGPUProc(pid int, used uint64, sm, mem uint32) nvml.Process {
 		ComputeInstanceID: nvml.NoInstance, Util: nvml.Utilization{Known: true, SMPercent: sm, MemoryPercent: mem}}
 }
 
+// unknownUtil is p on a GPU that cannot say its processes' utilization.
+func unknownUtil(p nvml.Process) nvml.Process {
+	p.Util = nvml.Utilization{}
+	return p
+}
+
 // goldenPods puts every process of alice's in her JupyterHub pod.
 type goldenPods struct{}
 
@@ -78,7 +84,7 @@ func goldenInputs() (nvml.Snapshot, *procs.Table, []attribution.Kernel) {
 				goldenGPUProc(300, 16*gib, 93, 41), goldenGPUProc(400, 8*gib, 12, 3), goldenGPUProc(500, 4*gib, 0, 0)}},
 		{Index: 1, UUID: "GPU-1c2d", Name: "NVIDIA H200", MemoryTotalBytes: 80 * gib, MemoryUsedBytes: 12*gib + 518*mib,
 			UtilizationMissing: "per-process utilization is not supported on this GPU",
-			Processes: []nvml.Process{goldenGPUProc(200, 12*gib, 0, 0), goldenGPUProc(300, 518*mib, 0, 0),
+			Processes: []nvml.Process{unknownUtil(goldenGPUProc(200, 12*gib, 0, 0)), unknownUtil(goldenGPUProc(300, 518*mib, 0, 0)),
 				{PID: 400, GPUInstanceID: nvml.NoInstance, ComputeInstanceID: nvml.NoInstance}}},
 	}}
 	kernels := []attribution.Kernel{
