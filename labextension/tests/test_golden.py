@@ -36,9 +36,11 @@ def test_alices_server():
     for key in ("activity", "stray_contexts", "compute", "pod", "peak_bytes", "utilization"):
         assert key in st["notebooks"][0], key
     assert "oom" in st["notebooks"][1]
-    # Who holds each GPU names other servers' notebooks: never passed on.
+    # Who holds each GPU names other servers' notebooks: never passed on,
+    # whatever the daemon calls it.
     assert [g["index"] for g in st["gpus"]] == [0, 1]
     assert all("holders" not in g and "holders_by_user" not in g for g in st["gpus"])
+    assert "/home/bob" not in json.dumps(st["gpus"]) and "serve.py" not in json.dumps(st["gpus"])
     assert st["gpus"][0]["memory_used_bytes"] == GOLDEN["gpus"][0]["memory_used_bytes"]
     assert st["warnings"] == GOLDEN["warnings"]
     kinds = {a["kind"]: a for a in st["alerts"]}

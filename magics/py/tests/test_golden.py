@@ -50,7 +50,7 @@ def test_notebook_usage():
     rep = golden("golden-report.json")
     bob = next(nb for nb in rep["notebooks"] if nb["user"] == "bob")
     u = daemon.notebook_usage(bob)
-    assert u["bytes"] == bob["gpu_memory_bytes"] and u["pids"] == [300]
+    assert u["bytes"] == (16 << 30) + (518 << 20) and u["pids"] == [300]
     assert [g["index"] for g in u["per_gpu"]] == [0, 1]
     assert [s["cause"] for s in u["stray_contexts"]] == ["default_device"]
     assert u["utilization"] is None  # GPU 1 cannot say: unknown, never 0
