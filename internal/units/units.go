@@ -74,8 +74,8 @@ func ParseBytes(s string) (uint64, error) {
 
 // Duration renders d for people in at most two units, the second left out
 // when 0, rounded to the smaller unit shown: "250 ms", "45 s",
-// "1 min 30 s", "3 h 5 min", "2 d 3 h". Zero and negative durations are
-// "0 s". Never Go's "3h0m0s": people read it, and the other faces write
+// "1 min 30 s", "3 h 5 min", "27 h 13 min", "2 d 3 h": hours up to 48,
+// as people count a day or two. Zero and negative durations are "0 s". Never Go's "3h0m0s": people read it, and the other faces write
 // the same text (testdata/formats.json).
 func Duration(d time.Duration) string {
 	const day = 24 * time.Hour
@@ -89,7 +89,7 @@ func Duration(d time.Duration) string {
 	} else if s < time.Hour {
 		return twoUnits(int64(s/time.Minute), "min", int64(s%time.Minute/time.Second), "s")
 	}
-	if m := d.Round(time.Minute); m < day {
+	if m := d.Round(time.Minute); m < 2*day {
 		return twoUnits(int64(m/time.Hour), "h", int64(m%time.Hour/time.Minute), "min")
 	}
 	h := d.Round(time.Hour)

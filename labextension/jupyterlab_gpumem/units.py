@@ -45,7 +45,8 @@ def _two(a, unit_a, b, unit_b):
 def fmt_duration(seconds):
     """A duration for people, in at most two units, the second left out
     when 0, rounded to the smaller unit shown: 250 ms, 45 s, 1 min 30 s,
-    3 h 5 min, 2 d 3 h; "0 s" for none (or less), "?" when unknown."""
+    3 h 5 min, 27 h 13 min, 2 d 3 h (hours up to 48); "0 s" for none (or
+    less), "?" when unknown."""
     if seconds is None:
         return "?"
     seconds = float(seconds)
@@ -62,7 +63,7 @@ def fmt_duration(seconds):
     if s < 3600:
         return _two(s // 60, "min", s % 60, "s")
     m = _round(seconds / 60)
-    if m < 24 * 60:
+    if m < 48 * 60:
         return _two(m // 60, "h", m % 60, "min")
     h = _round(seconds / 3600)
     return _two(h // 24, "d", h % 24, "h")

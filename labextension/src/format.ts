@@ -50,7 +50,8 @@ function twoUnits(a: number, unitA: string, b: number, unitB: string): string {
 /**
  * A duration for people, in at most two units, the second left out when
  * 0, rounded to the smaller unit shown: "250 ms", "45 s", "1 min 30 s",
- * "3 h 5 min", "2 d 3 h"; "0 s" for none (or less). Go's units.Duration.
+ * "3 h 5 min", "27 h 13 min", "2 d 3 h" (hours up to 48); "0 s" for none
+ * (or less). Go's units.Duration.
  */
 export function formatDuration(seconds: number): string {
   if (!Number.isFinite(seconds)) {
@@ -71,7 +72,7 @@ export function formatDuration(seconds: number): string {
     return twoUnits(Math.floor(s / 60), 'min', s % 60, 's');
   }
   const m = Math.round(seconds / 60);
-  if (m < 24 * 60) {
+  if (m < 48 * 60) {
     return twoUnits(Math.floor(m / 60), 'h', m % 60, 'min');
   }
   const h = Math.round(seconds / 3600);
