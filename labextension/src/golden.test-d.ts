@@ -7,6 +7,7 @@ import { expectTypeOf, test } from 'vitest';
 
 import goldenOOM from '../../testdata/report/golden-oom.json';
 import golden from '../../testdata/report/golden-report.json';
+import goldenOwn from '../../testdata/report/golden-report-own.json';
 import { Notebook, State } from './model';
 import { OOMEvent } from './oom';
 import { Report } from './report';
@@ -26,7 +27,9 @@ type Wide<T> = T extends string
 
 test('the golden report is a Report', () => {
   const report: Wide<Report> = golden;
+  const own: Wide<Report> = goldenOwn;
   expectTypeOf(report).toEqualTypeOf<Wide<Report>>();
+  expectTypeOf(own).toEqualTypeOf<Wide<Report>>();
 });
 
 test("the golden report's parts are the State's", () => {

@@ -59,6 +59,17 @@ def test_bobs_server():
     assert st["left_running"] == []
 
 
+def test_a_users_own_view():
+    # A shared daemon serves a user's server their own view (sidecar/api's TestGoldenOwnView).
+    with open(os.path.join(REPO, "testdata", "report", "golden-report-own.json")) as f:
+        own = json.load(f)
+    assert own["schema"] == 1 and own["view"] == "own"
+    history = {"now": 1772460000, "report": own}
+    st = server_view(history, {TRAIN, EVAL}, {})
+    assert [nb["kernel_id"] for nb in st["notebooks"]] == [TRAIN, EVAL]
+    assert "/home/bob" not in json.dumps(st["gpus"])
+
+
 def test_a_kernel_it_ran_earlier():
     # train.ipynb's kernel was this server's: the process left running is still its to end.
     st = view(set(), known={TRAIN})

@@ -198,7 +198,8 @@ func TestGoldenReport(t *testing.T) {
 			t.Fatalf("%v (go test ./sidecar/attribution -run Golden -update writes it)", err)
 		}
 		if !bytes.Equal(got, want) {
-			t.Errorf("%s differs from what Go writes now: go test ./sidecar/attribution -run Golden -update rewrites it, "+
+			t.Errorf("%s differs from what Go writes now: go test -p 1 ./sidecar/attribution ./sidecar/api -run Golden -update "+
+				"rewrites it (and the own view of it), "+
 				"then the TypeScript and Python tests say what their readers make of it; a field renamed or removed "+
 				"bumps attribution.ReportSchema.\n--- got ---\n%s", path, got)
 		}
@@ -232,7 +233,8 @@ func checkGoldenComplete(t *testing.T, rep attribution.Report) {
 		covered[k.field] = covered[k.field] || seen[k.path]
 	}
 	for _, f := range fields {
-		// View is the API's own view's ("own"), never Finish's.
+		// View is the API's own view's ("own"), never Finish's: sidecar/api's
+		// TestGoldenOwnView writes alice's view of this report beside it.
 		if !covered[f] && f != "Report.view" {
 			t.Errorf("the golden report has no %s: fill it in goldenReport, so the other languages' tests read it", f)
 		}

@@ -37,6 +37,16 @@ def test_top():
     assert "this kernel" in html and not data["note"]
 
 
+def test_top_in_shared_mode():
+    # Alice's own view (sidecar/api's TestGoldenOwnView): every other user is one holder.
+    data = daemon.top_view(golden("golden-report-own.json"), {0}, TRAIN)
+    text, _html = render.render(data)
+    assert data["note"] and data["note"] in text
+    names = [h["name"] for h in data["gpus"][0]["holders"]]
+    want = ["/home/alice/train.ipynb", "user bob (1 notebook)", "user carol (0 notebooks)", "user dave (1 notebook)"]
+    assert names == want, names
+
+
 def test_top_of_the_gpus_used():
     data = daemon.top_view(golden("golden-report.json"), {1}, EVAL)
     assert [g["index"] for g in data["gpus"]] == [1]
