@@ -95,10 +95,10 @@ func TestExampleNotebook(t *testing.T) {
 	}
 	all := strings.Join(texts, "\n\n")
 	for _, want := range []string{
-		"Out[4]/_4/_/last_execution_result  Tensor  cpu     64.00 MiB", // leak 1 found
-		"dropped Out[4]/_4/_ (output cache)",                           // and freed
-		"RuntimeError traceback: forward() locals",                     // leak 2 found
-		"batch  Tensor  cpu     64.00 MiB  freed",                      // and freed
+		"Out[4]/_4/_/last_execution_result  Tensor  cpu     64.0 MiB", // leak 1 found
+		"dropped Out[4]/_4/_ (output cache)",                          // and freed
+		"RuntimeError traceback: forward() locals",                    // leak 2 found
+		"batch  Tensor  cpu     64.0 MiB  freed",                      // and freed
 		"dropped RuntimeError traceback: forward() locals (saved traceback)",
 		"gpumem: this cell's GPU memory", // %%gpumem
 	} {

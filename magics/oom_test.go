@@ -67,7 +67,7 @@ def alloc(n):
 	}
 	text := r.Text()
 	for _, w := range []string{"gpumem: out of memory in cell [", "line 1: alloc(3 << 30)",
-		"asked for 3.00 GiB (cupy.cuda.memory.OutOfMemoryError)", "this is what the kernel alone knows"} {
+		"asked for 3.0 GiB (cupy.cuda.memory.OutOfMemoryError)", "this is what the kernel alone knows"} {
 		if !strings.Contains(text, w) {
 			t.Errorf("report lacks %q:\n%s", w, text)
 		}

@@ -57,7 +57,7 @@ func TestSummaryWithSidecar(t *testing.T) {
 
 	s.inject(magics.InjectOptions{SidecarSocket: sock, KernelID: s.k.ID})
 	data, text := s.magic("%gpumem")
-	want := "driver (NVML, via gpumem serve): 3.00 GiB for this kernel (GPU 0: 2.00 GiB, GPU 1: 1.00 GiB); pids "
+	want := "driver (NVML, via gpumem serve): 3.0 GiB for this kernel (GPU 0: 2.0 GiB, GPU 1: 1.0 GiB); pids "
 	if !strings.Contains(text, want) {
 		t.Errorf("%%gpumem with a sidecar lacks %q:\n%s\n%v", want, text, data)
 	}

@@ -167,7 +167,7 @@ func TestFreeDisplayedAndTraceback(t *testing.T) {
 	if !reflect.DeepEqual(before.IDs, after.IDs) {
 		t.Errorf("other variables changed:\nbefore %v\n after %v", before.IDs, after.IDs)
 	}
-	for _, want := range []string{"a     Tensor  cpu     3.91 KiB  freed", "b     Tensor  cpu     7.81 KiB  freed", "dropped Out[2]/_2/_"} {
+	for _, want := range []string{"a     Tensor  cpu     3.9 KiB  freed", "b     Tensor  cpu     7.8 KiB  freed", "dropped Out[2]/_2/_"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("free report lacks %q:\n%s", want, text)
 		}

@@ -315,7 +315,7 @@ func TestWhyFrozenHolder(t *testing.T) {
 		}
 	}
 	if d.Frozen.Read || cpu != 4*mib || !strings.Contains(d.Unplaced.Why, "gc.freeze() froze") ||
-		!strings.Contains(text, "not placed: 4.00 MiB on cpu") {
+		!strings.Contains(text, "not placed: 4.0 MiB on cpu") {
 		t.Errorf("unreadable frozen objects: frozen %+v, unplaced %+v (cpu %d bytes)\n%s", d.Frozen, d.Unplaced, cpu, text)
 	}
 }

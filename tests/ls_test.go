@@ -302,7 +302,7 @@ func watchLs(t *testing.T, env []string, args ...string) string {
 	}
 	if !slices.Contains(args, "--json") {
 		last := out[strings.LastIndex(out, "\x1b[H\x1b[2J"):]
-		if !strings.Contains(last, "Every 200ms") || !strings.Contains(last, "(simulated)") {
+		if !strings.Contains(last, "Every 200 ms") || !strings.Contains(last, "(simulated)") {
 			t.Errorf("last frame is incomplete:\n%q", last)
 		}
 	}

@@ -1,7 +1,11 @@
-// Package units formats byte counts for people, in binary (IEC) units, as
-// every Go output of gpumem prints them (`gpumem ls`, the daemon's alerts and
-// logs). Bytes are uint64 counts everywhere inside; this is the one place
-// that turns them into text. Pure: no I/O, no state.
+// Package units formats byte counts and durations for people, as every Go
+// output of gpumem prints them (`gpumem ls`, the daemon's alerts, reasons
+// and errors): bytes in binary (IEC) units with one decimal, durations in
+// at most two short units ("3 h 5 min"). Bytes are uint64 counts and
+// durations time.Durations everywhere inside; this is the one place that
+// turns them into text. The faces in TypeScript and Python have twins of
+// Bytes and Duration; all of them are tested against one table of cases,
+// testdata/formats.json at the repository's root. Pure: no I/O, no state.
 package units
 
 import (
@@ -9,6 +13,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Bytes renders b with one decimal in the largest binary unit that keeps
@@ -65,4 +70,49 @@ func ParseBytes(s string) (uint64, error) {
 		return 0, fmt.Errorf("%q is not a byte count: write e.g. 8GiB, 512MiB or 1073741824", s)
 	}
 	return uint64(v * mult), nil
+}
+
+// Duration renders d for people in at most two units, the second left out
+// when 0, rounded to the smaller unit shown: "250 ms", "45 s",
+// "1 min 30 s", "3 h 5 min", "27 h 13 min", "2 d 3 h": hours up to 48,
+// as people count a day or two. Zero and negative durations are "0 s". Never Go's "3h0m0s": people read it, and the other faces write
+// the same text (testdata/formats.json).
+func Duration(d time.Duration) string {
+	const day = 24 * time.Hour
+	if ms := d.Round(time.Millisecond); ms <= 0 {
+		return "0 s"
+	} else if ms < time.Second {
+		return strconv.FormatInt(int64(ms/time.Millisecond), 10) + " ms"
+	}
+	if s := d.Round(time.Second); s < time.Minute {
+		return strconv.FormatInt(int64(s/time.Second), 10) + " s"
+	} else if s < time.Hour {
+		return twoUnits(int64(s/time.Minute), "min", int64(s%time.Minute/time.Second), "s")
+	}
+	if m := d.Round(time.Minute); m < 2*day {
+		return twoUnits(int64(m/time.Hour), "h", int64(m%time.Hour/time.Minute), "min")
+	}
+	h := d.Round(time.Hour)
+	return twoUnits(int64(h/day), "d", int64(h%day/time.Hour), "h")
+}
+
+// Seconds is Duration of a count of seconds (the report's idle_seconds).
+func Seconds(s float64) string {
+	switch ns := math.Round(s * 1e9); {
+	case math.IsNaN(s) || s <= 0:
+		return "0 s"
+	case ns >= math.MaxInt64: // converting it would overflow
+		return Duration(math.MaxInt64)
+	default:
+		return Duration(time.Duration(ns))
+	}
+}
+
+// twoUnits is "<a> <unitA>", with " <b> <unitB>" unless b is 0.
+func twoUnits(a int64, unitA string, b int64, unitB string) string {
+	out := strconv.FormatInt(a, 10) + " " + unitA
+	if b != 0 {
+		out += " " + strconv.FormatInt(b, 10) + " " + unitB
+	}
+	return out
 }

@@ -12,6 +12,8 @@ The three cases a server can be in, each with the sentence the panel shows
                line that says so
 """
 
+from .units import fmt_duration
+
 STARTED, SHARED, NOT_RUNNING = "started", "shared", "not_running"
 
 # A daemon that ran this long before it exited is restarted at once: the
@@ -49,8 +51,8 @@ def exit_line(pid, code, ran_seconds, last_line, retry_seconds, log_path):
     status = f"status {code}" if code >= 0 else f"signal {-code}"
     words = f": {last_line}" if last_line else ""
     return (
-        f"gpumem serve (pid {pid}) exited with {status} after {ran_seconds:.0f} s{words}; "
-        f"starting it again in {retry_seconds:.0f} s (its log: {log_path})"
+        f"gpumem serve (pid {pid}) exited with {status} after {fmt_duration(ran_seconds)}{words}; "
+        f"starting it again in {fmt_duration(retry_seconds)} (its log: {log_path})"
     )
 
 
@@ -105,20 +107,20 @@ STARTING_SECONDS = 30.0
 def reason_starting(pid, seconds=0.0, log_path=""):
     if seconds < STARTING_SECONDS:
         return f"starting it (pid {pid})"
-    return f"gpumem serve (pid {pid}) has not served its socket {seconds:.0f} s after it started: see its log, {log_path}"
+    return f"gpumem serve (pid {pid}) has not served its socket {fmt_duration(seconds)} after it started: see its log, {log_path}"
 
 
 def reason_exited(code, last_line, retry_seconds):
     status = f"status {code}" if code >= 0 else f"signal {-code}"
     words = f" ({last_line})" if last_line else ""
-    return f"it exited with {status}{words}; starting it again in {retry_seconds:.0f} s"
+    return f"it exited with {status}{words}; starting it again in {fmt_duration(retry_seconds)}"
 
 
 def reason_taken(runtime_dir, socket, retry_seconds):
     return (
         f"another gpumem daemon holds the runtime dir {runtime_dir} but nothing answers on {socket} "
         "(a root --all-users daemon? point GPUMEM_SOCKET at its socket); "
-        f"trying again in {retry_seconds:.0f} s"
+        f"trying again in {fmt_duration(retry_seconds)}"
     )
 
 

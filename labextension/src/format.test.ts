@@ -1,9 +1,13 @@
+import { readFileSync } from 'fs';
+import { resolve } from 'path';
+
 import { describe, expect, it } from 'vitest';
 
 import {
   baseName,
   binaryTicks,
   formatBytes,
+  formatDuration,
   formatPercent,
   formatTick,
   formatUtil,
@@ -13,21 +17,41 @@ import {
   timeTick
 } from './format';
 
+// The table every face of gpumem is tested against (Go, TypeScript, Python).
+const formats = JSON.parse(readFileSync(resolve(__dirname, '../../testdata/formats.json'), 'utf8')) as {
+  bytes: [number, string][];
+  seconds: [number, string][];
+};
+
 describe('formatBytes', () => {
+  it('lists cases', () => {
+    expect(formats.bytes.length).toBeGreaterThan(10);
+  });
+  it.each(formats.bytes)('%s bytes is %s (testdata/formats.json)', (n, want) => {
+    expect(formatBytes(n)).toBe(want);
+  });
   it.each([
-    [0, '0 B'],
-    [1023, '1023 B'],
-    [1024, '1.0 KiB'],
-    [1536, '1.5 KiB'],
-    [2 * 1024 ** 3, '2.0 GiB'],
     [3.2 * 1024 ** 3, '3.2 GiB'],
-    [80 * 1024 ** 3, '80.0 GiB'],
-    [5 * 1024 ** 4, '5.0 TiB'],
-    [2048 * 1024 ** 4, '2048.0 TiB'],
+    [2048 * 1024 ** 4, '2.0 PiB'],
     [-1, '?'],
     [Number.NaN, '?']
   ])('%s bytes is %s', (n, want) => {
     expect(formatBytes(n)).toBe(want);
+  });
+});
+
+describe('formatDuration', () => {
+  it('lists cases', () => {
+    expect(formats.seconds.length).toBeGreaterThan(10);
+  });
+  it.each(formats.seconds)('%s seconds is %s (testdata/formats.json)', (s, want) => {
+    expect(formatDuration(s)).toBe(want);
+  });
+  it.each([
+    [Number.POSITIVE_INFINITY, '?'],
+    [Number.NaN, '?']
+  ])('%s seconds is %s', (s, want) => {
+    expect(formatDuration(s)).toBe(want);
   });
 });
 

@@ -1,7 +1,10 @@
 // Formatting of figures for the status bar, the panel and notifications.
-// Pure: unit-tested in format.test.ts.
+// Bytes and durations read as every face of gpumem writes them: the twins
+// of Go's units.Bytes and units.Duration, tested against the same table
+// (testdata/formats.json at the repository's root). Pure: unit-tested in
+// format.test.ts.
 
-const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'];
 
 /** bytes in the largest binary unit that keeps the number at or above 1: [number, unit index]. */
 function inUnit(bytes: number): [number, number] {
@@ -14,16 +17,66 @@ function inUnit(bytes: number): [number, number] {
   return [v, u];
 }
 
-/** Bytes in binary units with one decimal ("3.2 GiB"), as gpumem prints them. */
+/**
+ * Bytes in binary units with one decimal ("3.2 GiB"), as gpumem prints
+ * them: a tie goes to the even tenth, as Go's strconv and Python's "%.1f"
+ * round (toFixed would write 1.25 KiB as "1.3 KiB", they "1.2 KiB").
+ */
 export function formatBytes(bytes: number): string {
   if (!Number.isFinite(bytes) || bytes < 0) {
     return '?';
   }
-  const [v, u] = inUnit(bytes);
+  const whole = Math.round(bytes);
+  const [, u] = inUnit(whole);
   if (u === 0) {
-    return `${v} B`;
+    return `${whole} B`;
   }
-  return `${v.toFixed(1)} ${UNITS[u]}`;
+  // In tenths of the unit, exactly: the unit is a power of two.
+  const div = 1024n ** BigInt(u);
+  const scaled = BigInt(whole) * 10n;
+  let tenths = scaled / div;
+  const twice = 2n * (scaled % div);
+  if (twice > div || (twice === div && tenths % 2n === 1n)) {
+    tenths += 1n;
+  }
+  return `${tenths / 10n}.${tenths % 10n} ${UNITS[u]}`;
+}
+
+/** "<a> <unitA>", with " <b> <unitB>" unless b is 0. */
+function twoUnits(a: number, unitA: string, b: number, unitB: string): string {
+  return b ? `${a} ${unitA} ${b} ${unitB}` : `${a} ${unitA}`;
+}
+
+/**
+ * A duration for people, in at most two units, the second left out when
+ * 0, rounded to the smaller unit shown: "250 ms", "45 s", "1 min 30 s",
+ * "3 h 5 min", "27 h 13 min", "2 d 3 h" (hours up to 48); "0 s" for none
+ * (or less). Go's units.Duration.
+ */
+export function formatDuration(seconds: number): string {
+  if (!Number.isFinite(seconds)) {
+    return '?';
+  }
+  const ms = Math.round(seconds * 1000);
+  if (ms <= 0) {
+    return '0 s';
+  }
+  if (ms < 1000) {
+    return `${ms} ms`;
+  }
+  const s = Math.round(seconds);
+  if (s < 60) {
+    return `${s} s`;
+  }
+  if (s < 3600) {
+    return twoUnits(Math.floor(s / 60), 'min', s % 60, 's');
+  }
+  const m = Math.round(seconds / 60);
+  if (m < 48 * 60) {
+    return twoUnits(Math.floor(m / 60), 'h', m % 60, 'min');
+  }
+  const h = Math.round(seconds / 3600);
+  return twoUnits(Math.floor(h / 24), 'd', h % 24, 'h');
 }
 
 /** A share as a whole percentage ("42%"); "?" when the total is unknown. */

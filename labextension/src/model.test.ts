@@ -4,7 +4,6 @@ import {
   alertChanges,
   alertText,
   Alert,
-  formatDuration,
   History,
   mainGPU,
   Notebook,
@@ -286,13 +285,5 @@ describe('labels, frameworks, vars', () => {
     expect(rows.map(r => r.name)).toEqual(['Out[3]', 'a']);
     expect(rows[0].hidden).toBe(true);
     expect(varRows({})).toEqual([]);
-  });
-});
-
-describe('formatDuration', () => {
-  it('formats durations', () => {
-    expect(formatDuration(40)).toBe('40 s');
-    expect(formatDuration(720)).toBe('12 min');
-    expect(formatDuration(7200)).toBe('2 h');
   });
 });

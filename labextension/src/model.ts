@@ -5,92 +5,20 @@
 // in model.test.ts.
 
 import { baseName } from './format';
+import { Alert, LeftRunning, ReportGPU, ReportNotebook, UserUsage } from './report';
 
-export interface GPUBytes {
-  index: number;
-  bytes: number;
-  bytes_unknown?: boolean;
-  /** Absent when the GPU cannot say: unknown, never 0. */
-  utilization?: Utilization;
-}
+export type { Activity, Alert, Compute, GPUBytes, LeftRunning, StrayContext, Utilization } from './report';
 
-/** NVML's per-process utilization, as the daemon charges it. */
-export interface Utilization {
-  sm_percent: number;
-  memory_percent: number;
-}
+/** A GPU as the server extension passes it on: the report's, without its holders (they name other servers' notebooks). */
+export type GPU = Omit<ReportGPU, 'holders' | 'holders_by_user'>;
 
-/** The daemon's verdict on a notebook's GPU work, and its hoarding. */
-export interface Compute {
-  state: 'computing' | 'idle' | 'unknown';
-  reason?: string;
-  last_computed_at?: string;
-  hoarded_gib_hours?: number;
-}
-
-/** A process of a dead kernel's tree that reclaim left running. */
-export interface LeftRunning {
-  kernel_id: string;
-  pid: number;
-  message: string;
-}
-
-/** A (GPU, pid) of a notebook's tree holding memory with no framework memory there, as the daemon flags it. */
-export interface StrayContext {
-  gpu: number;
-  pid: number;
-  bytes: number;
-  label: string;
-  why: string;
-  avoid: string;
-}
-
-export interface GPU {
-  index: number;
-  uuid: string;
-  name: string;
-  memory_total_bytes: number;
-  memory_used_bytes: number;
-  simulated: boolean;
-  notebook_bytes: number;
-  other_bytes: number;
-  free_bytes: number;
-}
-
-export interface Notebook {
-  kernel_id: string;
-  notebook: string;
+/** A notebook of this server's, as the report has it, with its path relative to the server's root (for "Open"). */
+export interface Notebook extends ReportNotebook {
   path: string;
-  pids: number[];
-  user: string;
-  gpu_memory_bytes: number;
-  peak_bytes?: number;
-  per_gpu: GPUBytes[];
-  processes: { pid: number; per_gpu: GPUBytes[] }[];
-  /** The kernel's server's view of its activity, and any planned cull. */
-  activity?: Activity;
-  stray_contexts?: StrayContext[];
-  /** Summed over its GPUs; absent when unknown. */
-  utilization?: Utilization;
-  compute?: Compute;
-}
-
-export interface Activity {
-  execution_state: string;
-  last_activity: string;
-  idle_seconds: number;
-  cull_at?: string;
-  cull_action?: string;
 }
 
 /** One user's totals beyond this server's kernels, as gpumem serve totals them. */
-export interface OtherUser {
-  user: string;
-  notebooks: number;
-  other_processes: number;
-  gpu_memory_bytes: number;
-  per_gpu: GPUBytes[];
-}
+export type OtherUser = UserUsage;
 
 export interface Series {
   id: string;
@@ -377,26 +305,6 @@ export function mainGPU(state: State, nb: Notebook | undefined): GPU | undefined
   return state.gpus[0];
 }
 
-/**
- * An alert that stands, as gpumem serve wrote it (its id, kind and
- * sentence): the threshold's per GPU, culling's per kernel. The server
- * extension keeps those of this server's kernels, and lists only them in
- * kernels.
- */
-export interface Alert {
-  id: string;
-  kind: 'threshold' | 'cull' | 'left_running' | 'oom';
-  gpu: number;
-  kernels: string[];
-  user?: string;
-  bytes: number;
-  deadline?: string;
-  action?: string;
-  message: string;
-  /** The daemon's line for a notification, where message is longer than a toast shows. */
-  headline?: string;
-}
-
 /** What a notification says of an alert: the daemon's headline, or its message. */
 export function alertText(a: Alert): string {
   return a.headline || a.message;
@@ -454,18 +362,4 @@ export function varRows(vars: unknown): VarRow[] {
       hidden: Boolean(r.hidden)
     }))
     .sort((a, b) => b.bytes - a.bytes);
-}
-
-/** A duration for people: "3 h 5 min", "12 min", "40 s". */
-export function formatDuration(seconds: number): string {
-  const s = Math.max(0, Math.round(seconds));
-  const h = Math.floor(s / 3600);
-  const m = Math.floor((s % 3600) / 60);
-  if (h > 0) {
-    return m > 0 ? `${h} h ${m} min` : `${h} h`;
-  }
-  if (m > 0) {
-    return `${m} min`;
-  }
-  return `${s} s`;
 }

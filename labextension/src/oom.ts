@@ -8,8 +8,7 @@
 import type uPlot from 'uplot';
 
 import { el, headedTable } from './dom';
-import { formatBytes, plainTrans, Trans } from './format';
-import { formatDuration } from './model';
+import { formatBytes, formatDuration, plainTrans, Trans } from './format';
 
 export interface OOMHolder {
   kind: 'notebook' | 'process';

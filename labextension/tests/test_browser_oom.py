@@ -69,7 +69,7 @@ def test_oom_notification_and_report(stack):
 
             # The cell fails; the report is under its traceback; one notification.
             text = run_cell(page, 0, "gpumem: out of memory")
-            assert "hold.ipynb" in text and "60.00 GiB" in text and "advice:" in text, text
+            assert "hold.ipynb" in text and "60.0 GiB" in text and "advice:" in text, text
             toast = page.locator(".Toastify__toast", has_text="Out of memory in train.ipynb on GPU 0: 60.0 GiB held by your")
             toast.first.wait_for(timeout=15_000)
             for _ in range(3):  # three more polls: still one

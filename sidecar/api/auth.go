@@ -201,7 +201,7 @@ func pickKernel(c caller, id, file string, notebooks []attribution.Notebook) (Ke
 // Others appear only as per-user totals (GET /api/v1/users).
 func ownView(rep attribution.Report, user string) attribution.Report {
 	out := attribution.Report{GPUs: slices.Clone(rep.GPUs), Notebooks: []attribution.Notebook{}, Other: []attribution.OtherProcess{},
-		View: "own", Users: rep.Users}
+		Schema: rep.Schema, View: "own", Users: rep.Users}
 	// Other users' notebooks and processes are theirs: on each GPU they
 	// are shown as one holder per user.
 	for i := range out.GPUs {

@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gpumem/gpumem/internal/syncutil"
+	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 )
 
@@ -330,9 +331,9 @@ func (s *Server) serveFree(w http.ResponseWriter, r *http.Request, c caller) {
 	switch {
 	case self && errors.Is(err, context.DeadlineExceeded):
 		log.Warn().Err(err).Msg("free from inside the kernel timed out")
-		s.writeError(w, r, http.StatusGatewayTimeout, fmt.Sprintf("kernel %s did not run the free within %v: "+
+		s.writeError(w, r, http.StatusGatewayTimeout, fmt.Sprintf("kernel %s did not run the free within %s: "+
 			"the request came from inside this kernel, whose running cell is waiting for it, and the free runs only "+
-			"after that cell; use %%gpumem free in the notebook instead", id, s.selfFreeWait))
+			"after that cell; use %%gpumem free in the notebook instead", id, units.Duration(s.selfFreeWait)))
 		return
 	case errors.Is(err, ErrKernelNotFound):
 		s.writeError(w, r, http.StatusNotFound, err.Error())

@@ -111,7 +111,7 @@ func CullMessage(action string, bytes uint64, idle time.Duration, at time.Time) 
 		verb = "be culled"
 	}
 	return fmt.Sprintf("this kernel holds %s and has been idle %s; it will %s at %s unless used.",
-		units.Bytes(bytes), idle.Round(time.Second), verb, at.Format("15:04:05"))
+		units.Bytes(bytes), units.Duration(idle), verb, at.Format("15:04:05"))
 }
 
 // thresholdMessage is a threshold alert's sentence (the GPU, how full,

@@ -16,7 +16,10 @@ import (
 //
 // Steps that depend on time or on the daemon's state take it from in:
 // the caller gathers it, Finish decides nothing the caller must undo.
+// It stamps the report with its schema (ReportSchema): Finish is the one
+// writer of a report for output.
 func Finish(rep *Report, in FinishInput) {
+	rep.Schema = ReportSchema
 	for _, s := range finishSteps {
 		s.apply(rep, in)
 	}

@@ -95,7 +95,7 @@ func TestFinishAlerts(t *testing.T) {
 		{"a cull warning", FinishInput{Culls: []CullWarning{cull}}, []Alert{{
 			ID: "cull-b-2", Kind: AlertCull, GPU: -1, Kernels: []string{"b"}, User: "alice", Bytes: 12 << 30,
 			Deadline: deadline, Action: CullShutdown,
-			Message: "this kernel holds 12.0 GiB and has been idle 3h0m0s; it will be shut down at 14:05:00 unless used."}}},
+			Message: "this kernel holds 12.0 GiB and has been idle 3 h; it will be shut down at 14:05:00 unless used."}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rep := finishReport()
@@ -120,7 +120,7 @@ func TestCullMessage(t *testing.T) {
 		if strings.HasPrefix(msg, "gpumem") {
 			t.Errorf("CullMessage(%q) = %q: the notebook adds \"gpumem: \" itself, once", action, msg)
 		}
-		for _, w := range []string{"holds 12.0 GiB", "idle 3h0m0s", want} {
+		for _, w := range []string{"holds 12.0 GiB", "idle 3 h", want} {
 			if !strings.Contains(msg, w) {
 				t.Errorf("CullMessage(%q) = %q lacks %q", action, msg, w)
 			}

@@ -3,12 +3,31 @@
 // per-notebook GPU memory, and finishes that report once (Finish: pods,
 // activity, who holds each GPU, per-user totals, alerts and their text) for
 // every face to render. It does no I/O.
+//
+// # The report's schema
+//
+// The finished report's JSON is a contract between the daemon and the
+// faces written in other languages (the magics and the server extension
+// in Python, JupyterLab in TypeScript): Report.Schema carries
+// ReportSchema, which Finish sets. A breaking change bumps it: a field
+// renamed or removed, or a field's meaning or unit changed. Adding a
+// field does not (readers ignore what they do not know). The golden
+// report (testdata/report/golden-report.json at the repository's root,
+// TestGoldenReport) is what the other languages' tests read: a change of
+// the shape shows there first.
 package attribution
 
 import "time"
 
+// ReportSchema is the version of the report's JSON (Report.Schema): see
+// the package doc for what bumps it.
+const ReportSchema = 1
+
 // Report is what `gpumem ls --json` prints and GET /api/v1/notebooks serves.
 type Report struct {
+	// Schema is ReportSchema when Finish finished the report; 0 for one
+	// that was never finished (a daemon older than the field).
+	Schema    int            `json:"schema,omitempty"`
 	GPUs      []GPU          `json:"gpus"`
 	Notebooks []Notebook     `json:"notebooks"`
 	Other     []OtherProcess `json:"other"`

@@ -3,6 +3,8 @@ package daemon
 import (
 	"fmt"
 	"time"
+
+	"github.com/gpumem/gpumem/internal/units"
 )
 
 // "Computing", as reclaim and culling use it: a process computes when, in
@@ -142,9 +144,9 @@ func (j judgement) why() string {
 	case j.note != "":
 		return j.note
 	case j.verdict == verdictComputing:
-		return fmt.Sprintf("%d readings at or above %d%% SM or memory in the last %v", j.active, j.threshold, j.window)
+		return fmt.Sprintf("%d readings at or above %d%% SM or memory in the last %s", j.active, j.threshold, units.Duration(j.window))
 	case j.verdict == verdictIdle:
-		return fmt.Sprintf("%d readings, %d at or above %d%% SM or memory, in the last %v", j.known, j.active, j.threshold, j.window)
+		return fmt.Sprintf("%d readings, %d at or above %d%% SM or memory, in the last %s", j.known, j.active, j.threshold, units.Duration(j.window))
 	case j.settling || j.unknown == 0:
 		return fmt.Sprintf("%d readings so far, %d needed to call it idle", j.known, computeMinKnown)
 	}

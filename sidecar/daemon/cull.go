@@ -316,7 +316,7 @@ func (c CullConfig) summary() string {
 	if !c.Enabled() {
 		return "off"
 	}
-	s := fmt.Sprintf("%s after %v idle holding >= %s, warned %v before", c.Action, c.Idle, units.Bytes(c.MinMemory), c.Warn)
+	s := fmt.Sprintf("%s after %s idle holding >= %s, warned %s before", c.Action, units.Duration(c.Idle), units.Bytes(c.MinMemory), units.Duration(c.Warn))
 	if len(c.Users) > 0 {
 		s += "; users " + strings.Join(c.Users, ",")
 	}

@@ -77,7 +77,7 @@ func TestCullConfig(t *testing.T) {
 	if (CullConfig{}).Validate() != nil || (CullConfig{}).Enabled() {
 		t.Error("culling off by default")
 	}
-	if s := (CullConfig{Idle: time.Hour, Action: CullFree, MinMemory: 1 << 30, Users: []string{"a"}, ExemptUsers: []string{"b"}}).summary(); !strings.Contains(s, "free after 1h0m0s") || !strings.Contains(s, "exempt b") {
+	if s := (CullConfig{Idle: time.Hour, Action: CullFree, MinMemory: 1 << 30, Users: []string{"a"}, ExemptUsers: []string{"b"}}).summary(); !strings.Contains(s, "free after 1 h idle") || !strings.Contains(s, "exempt b") {
 		t.Errorf("summary %q", s)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/history"
@@ -107,7 +108,7 @@ func (a apiBackend) RecordOOM(ctx context.Context, k api.KernelRef, req oom.Requ
 		return oom.Event{}, errors.New("no sample yet: the daemon started less than --interval ago")
 	}
 	if !d.ooms.allow(k.ConnectionFile, now) {
-		return oom.Event{}, fmt.Errorf("kernel %s reported more than %d out-of-memory errors in %v: %w", k.ID, oomBurst, oomWindow, api.ErrTooMany)
+		return oom.Event{}, fmt.Errorf("kernel %s reported more than %d out-of-memory errors in %s: %w", k.ID, oomBurst, units.Duration(oomWindow), api.ErrTooMany)
 	}
 	ev := oom.Assess(rep, k.ID, k.ConnectionFile, req, sampledAt, now)
 	ev.Seq = d.hist.events.Add(history.Event{Time: ev.Time, Kind: "oom", KernelID: k.ID, ConnectionFile: k.ConnectionFile,

@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/gpumem/gpumem/internal/syncutil"
+	"github.com/gpumem/gpumem/internal/units"
 )
 
 // ErrNonLoopback is matched by Listen's error for an address that is not
@@ -110,7 +111,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	_ = s.Close()
 	if !syncutil.WaitTimeout(&s.conns, shutdownTimeout) && err == nil {
-		err = fmt.Errorf("metrics server on %s: connections still open %v after shutdown", s.ln.Addr(), shutdownTimeout)
+		err = fmt.Errorf("metrics server on %s: connections still open %s after shutdown", s.ln.Addr(), units.Duration(shutdownTimeout))
 	}
 	return err
 }

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 )
 
@@ -129,7 +130,7 @@ func refsText(refs []string) string {
 func holderAdvice(rep attribution.Report, ev Event, h Holder, gpu string) string {
 	idle := ""
 	if h.State == "idle" && h.IdleSeconds > 0 {
-		idle = "idle " + IdleText(h.IdleSeconds)
+		idle = "idle " + units.Seconds(h.IdleSeconds)
 	}
 	if ev.User != "" && h.User == ev.User {
 		if h.Kind == "process" {

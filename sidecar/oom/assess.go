@@ -2,7 +2,6 @@ package oom
 
 import (
 	"cmp"
-	"fmt"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -266,21 +265,6 @@ func shortID(id string) string {
 		return id[:8]
 	}
 	return id
-}
-
-// IdleText renders an idle time as people say it: "40 s", "12 min", "3 h",
-// "2 d".
-func IdleText(seconds float64) string {
-	d := time.Duration(seconds * float64(time.Second))
-	switch {
-	case d < time.Minute:
-		return fmt.Sprintf("%d s", int(d/time.Second))
-	case d < time.Hour:
-		return fmt.Sprintf("%d min", int(d/time.Minute))
-	case d < 48*time.Hour:
-		return fmt.Sprintf("%d h", int(d/time.Hour))
-	}
-	return fmt.Sprintf("%d d", int(d/(24*time.Hour)))
 }
 
 // bytesText is units.Bytes, the one byte formatter of the Go outputs.

@@ -345,11 +345,3 @@ func TestRequestClean(t *testing.T) {
 		}
 	}
 }
-
-func TestIdleText(t *testing.T) {
-	for in, want := range map[float64]string{0: "0 s", 59: "59 s", 60: "1 min", 3599: "59 min", 3600: "1 h", 47 * 3600: "47 h", 49 * 3600: "2 d"} {
-		if got := IdleText(in); got != want {
-			t.Errorf("IdleText(%v) = %q, want %q", in, got, want)
-		}
-	}
-}

@@ -185,7 +185,7 @@ print("\n".join(o.data.get("text/plain", "") for o in _c.outputs))`, mustJSON(t,
 	if r.Status != "ok" || !strings.Contains(r.Stdout, "DataLoader worker") || !strings.Contains(r.Stdout, "ended during the frameworks' teardown") {
 		t.Fatalf("%%gpumem free --children: %+v", r)
 	}
-	if want := "(the driver's figure for this kernel: 3.50 GiB -> 2.00 GiB)"; !strings.Contains(r.Stdout, want) {
+	if want := "(the driver's figure for this kernel: 3.5 GiB -> 2.0 GiB)"; !strings.Contains(r.Stdout, want) {
 		t.Errorf("%%gpumem free --children does not say %q:\n%s", want, r.Stdout)
 	}
 	for _, pid := range again {

@@ -44,7 +44,7 @@ func TestServeNotebookAlerts(t *testing.T) {
 	}
 
 	top := nb.front.Cell(t, "%gpumem top").Text()
-	for _, want := range []string{"model.ipynb", "<- this kernel", "/bin/sleep 600", "40.00 GiB", "10.00 GiB"} {
+	for _, want := range []string{"model.ipynb", "<- this kernel", "/bin/sleep 600", "40.0 GiB", "10.0 GiB"} {
 		if !strings.Contains(top, want) {
 			t.Errorf("%%gpumem top lacks %q:\n%s", want, top)
 		}

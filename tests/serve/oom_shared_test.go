@@ -86,7 +86,7 @@ func TestServeOOMSharedMode(t *testing.T) {
 	if !bobRow || !selfRow {
 		t.Errorf("holders: %+v", data.Event.Holders)
 	}
-	if !strings.Contains(text, "user "+bob.Name+"'s notebook") || !strings.Contains(text, "60.00 GiB") ||
+	if !strings.Contains(text, "user "+bob.Name+"'s notebook") || !strings.Contains(text, "60.0 GiB") ||
 		!strings.Contains(text, "other users' notebooks are shown by user and bytes only") {
 		t.Errorf("alice's report does not name bob's notebook by user and bytes:\n%s", text)
 	}

@@ -152,7 +152,7 @@ func TestServeOOMReport(t *testing.T) {
 		t.Errorf("advice: %s", ev.Advice)
 	}
 	text := r.Text()
-	for _, s := range []string{"asked for 20.00 GiB on cuda:0", "GPU 0 (Simulated H200, simulated)", "hold.ipynb", "60.00 GiB",
+	for _, s := range []string{"asked for 20.0 GiB on cuda:0", "GPU 0 (Simulated H200, simulated)", "hold.ipynb", "60.0 GiB",
 		"/bin/sleep 600", "this kernel", "advice: hold.ipynb (yours"} {
 		if !strings.Contains(text, s) {
 			t.Errorf("report lacks %q", s)

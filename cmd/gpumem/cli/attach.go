@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpumem/gpumem/internal/textsafe"
+	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/magics"
 	"github.com/gpumem/gpumem/protocol"
 	"github.com/gpumem/gpumem/sidecar/api"
@@ -131,10 +132,10 @@ func runFree(ctx context.Context, env Env, args []string) error {
 		defer cancel()
 		if err := protocol.Ping(pctx, k.Connection); err != nil {
 			fmt.Fprintf(env.Stderr, "gpumem: kernel %s does not answer its heartbeat (stopped, hung or dead: %v); "+
-				"the free waits for it (up to %v)\n", orDash(k.ID), err, *timeout)
+				"the free waits for it (up to %s)\n", orDash(k.ID), err, units.Duration(*timeout))
 			return
 		}
-		fmt.Fprintf(env.Stderr, "gpumem: kernel %s is busy (a cell is running); the free runs after it (waiting up to %v)\n", orDash(k.ID), *timeout)
+		fmt.Fprintf(env.Stderr, "gpumem: kernel %s is busy (a cell is running); the free runs after it (waiting up to %s)\n", orDash(k.ID), units.Duration(*timeout))
 	})
 	raw, err := freeViaDaemon(ctx, env, dirs, k.ID, req)
 	var se *api.StatusError

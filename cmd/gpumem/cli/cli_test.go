@@ -242,15 +242,7 @@ func TestWriteProse(t *testing.T) {
 	}
 }
 
-func TestIdleTimeAndGiBHours(t *testing.T) {
-	for d, want := range map[time.Duration]string{
-		42 * time.Second: "42s", 4*time.Minute + 59*time.Second: "4m59s",
-		27*time.Hour + 13*time.Minute + 42*time.Second: "27h14m", 3 * time.Hour: "3h0m",
-	} {
-		if got := idleTime(d); got != want {
-			t.Errorf("idleTime(%v) = %q, want %q", d, got, want)
-		}
-	}
+func TestGiBHours(t *testing.T) {
 	for v, want := range map[float64]string{0: "0.00 GiB·h", 12.5: "12.50 GiB·h", 99.994: "99.99 GiB·h", 99.996: "100 GiB·h", 1234.5: "1234 GiB·h"} {
 		if got := gibHours(v); got != want {
 			t.Errorf("gibHours(%v) = %q, want %q", v, got, want)

@@ -125,7 +125,7 @@ func runLs(ctx context.Context, env Env, args []string) error {
 		} else {
 			// Home the cursor and clear, as watch(1) does, in one write.
 			b.WriteString("\x1b[H\x1b[2J")
-			fmt.Fprintf(&b, "Every %v: gpumem ls    %s\n\n", watch.interval, time.Now().Format("2006-01-02 15:04:05"))
+			fmt.Fprintf(&b, "Every %s: gpumem ls    %s\n\n", units.Duration(watch.interval), time.Now().Format("2006-01-02 15:04:05"))
 			if err == nil && *idle {
 				_ = writeIdle(&b, rep, time.Now(), width)
 			} else if err == nil {
@@ -454,16 +454,6 @@ func gibHours(v float64) string {
 	return fmt.Sprintf("%.2f GiB·h", v)
 }
 
-// idleTime renders how long a kernel has been idle: to the minute from an
-// hour on ("27h13m"), to the second below.
-func idleTime(d time.Duration) string {
-	if d >= time.Hour {
-		d = d.Round(time.Minute)
-		return fmt.Sprintf("%dh%dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
-	}
-	return d.Round(time.Second).String()
-}
-
 // writeIdle renders each kernel's activity beside its GPU memory, largest
 // holder first: who sits on GPU memory without using it. width as writeLs.
 func writeIdle(w io.Writer, rep attribution.Report, now time.Time, width int) error {
@@ -482,10 +472,10 @@ func writeIdle(w io.Writer, rep attribution.Report, now time.Time, width int) er
 		if a := nb.Activity; a != nil {
 			state = orDash(a.ExecutionState)
 			if a.ExecutionState == "idle" {
-				state += " " + idleTime(time.Duration(a.IdleSeconds*float64(time.Second)))
+				state += " " + units.Seconds(a.IdleSeconds)
 			}
 			if !a.CullAt.IsZero() {
-				cull = fmt.Sprintf("%s in %s", orDash(a.CullAction), a.CullAt.Sub(now).Round(time.Second))
+				cull = fmt.Sprintf("%s in %s", orDash(a.CullAction), units.Duration(a.CullAt.Sub(now)))
 			}
 		}
 		work, hoarded := "-", "-"
@@ -506,7 +496,7 @@ func writeIdle(w io.Writer, rep attribution.Report, now time.Time, width int) er
 			parts[i] = orDash(h.User) + " " + gibHours(h.GiBHours)
 		}
 		window := time.Duration(rep.Hoarding[0].WindowSeconds) * time.Second
-		writeProse(w, "", 2, fmt.Sprintf("GPU memory held while computing nothing, per user, last %s: %s", window, strings.Join(parts, ", ")), width)
+		writeProse(w, "", 2, fmt.Sprintf("GPU memory held while computing nothing, per user, last %s: %s", units.Duration(window), strings.Join(parts, ", ")), width)
 	}
 	writeLeftRunning(w, rep, width)
 	return nil

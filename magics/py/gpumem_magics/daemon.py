@@ -83,16 +83,22 @@ def driver_usage(timeout=0.5, fresh=False):
         return {"error": "gpumem serve did not answer on %s (%s)" % (sock, state.short_exc(e))}
     for nb in nbs:
         if (kid and nb.get("kernel_id") == kid) or pid in (nb.get("pids") or []):
-            return {
-                "bytes": int(nb.get("gpu_memory_bytes") or 0),
-                "per_gpu": [{"index": g.get("index"), "bytes": int(g.get("bytes") or 0)} for g in nb.get("per_gpu") or []],
-                "pids": [int(p) for p in nb.get("pids") or []],
-                "stray_contexts": nb.get("stray_contexts") or [],
-                # Absent (None) when the GPU cannot say: unknown, never 0.
-                "utilization": nb.get("utilization"),
-                "compute": nb.get("compute"),
-            }
+            return notebook_usage(nb)
     return {"bytes": 0, "per_gpu": [], "pids": [pid]}
+
+
+def notebook_usage(nb):
+    """The driver's figures for a notebook of gpumem serve's report, as
+    %gpumem shows them. Pure."""
+    return {
+        "bytes": int(nb.get("gpu_memory_bytes") or 0),
+        "per_gpu": [{"index": g.get("index"), "bytes": int(g.get("bytes") or 0)} for g in nb.get("per_gpu") or []],
+        "pids": [int(p) for p in nb.get("pids") or []],
+        "stray_contexts": nb.get("stray_contexts") or [],
+        # Absent (None) when the GPU cannot say: unknown, never 0.
+        "utilization": nb.get("utilization"),
+        "compute": nb.get("compute"),
+    }
 
 
 def api_error(body):
@@ -124,16 +130,21 @@ def top_data(timeout=1.0):
     status, body = sidecar_get("/api/v1/notebooks", timeout)
     if status != 200:
         return {"kind": "top", "error": request_error(status, body)}
-    rep = json.loads(body.decode("utf-8"))
+    return top_view(json.loads(body.decode("utf-8")), my_gpus, state.config.get("kernel_id"))
+
+
+def top_view(rep, gpus_used, kernel_id):
+    """%gpumem top's data from gpumem serve's report (GET
+    /api/v1/notebooks): the holders of the GPUs in gpus_used (indices), as
+    the daemon ranked and named them; kernel_id's own row marked. Pure."""
     note = ""
     if rep.get("view") == "own":
         # A shared daemon shows a user their own holders, and the other
         # users as one holder each.
         note = "gpumem serve runs in shared mode: other users' notebooks are shown as per-user totals."
-    # Who holds each GPU is gpumem serve's (ranked, named): this renders it.
     gpus = []
     for g in rep.get("gpus") or []:
-        if g.get("index") not in my_gpus:
+        if g.get("index") not in gpus_used:
             continue
         holders = []
         for h in g.get("holders") or []:
@@ -145,7 +156,7 @@ def top_data(timeout=1.0):
                 name = "%s (%d notebook%s)" % (name, n, "" if n == 1 else "s")
             holder = {"name": name, "user": h.get("user", ""), "bytes": int(h.get("bytes", 0))}
             if h.get("kind") == "notebook":
-                holder["self"] = h.get("kernel_id") == state.config.get("kernel_id")
+                holder["self"] = h.get("kernel_id") == kernel_id
             holders.append(holder)
         gpus.append(
             {

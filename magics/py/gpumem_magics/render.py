@@ -295,7 +295,7 @@ def _render_free(data):
         body.append(layout.html_lines([line]))
     notes = list(data.get("notes", []))
     if data.get("elapsed_ms") is not None:
-        notes.append("took %d ms" % data["elapsed_ms"])
+        notes.append("took " + units.fmt_duration(data["elapsed_ms"] / 1000.0))
     if notes:
         text.append("")
         text += notes
@@ -333,7 +333,7 @@ def _render_cell(data):
         body.append(layout.html_lines([msg], "dim"))
     notes = list(data.get("notes", []))
     if data.get("elapsed_ms") is not None:
-        notes.append("cell ran %d ms" % data["elapsed_ms"])
+        notes.append("cell ran " + units.fmt_duration(data["elapsed_ms"] / 1000.0))
     if notes:
         text += [""] + notes
         body.append(layout.html_lines(notes, "dim"))

@@ -109,11 +109,7 @@ def _holder_name(h):
 
 def _holder_state(h):
     if h.get("state") == "idle" and h.get("idle_seconds"):
-        s = int(h["idle_seconds"])
-        for unit, n in (("d", 86400), ("h", 3600), ("min", 60)):
-            if s >= n * (2 if unit == "d" else 1):
-                return "idle %d %s" % (s // n, unit)
-        return "idle %d s" % s
+        return "idle " + units.fmt_duration(h["idle_seconds"])
     return h.get("state") or ""
 
 
@@ -147,8 +143,8 @@ def render_snapshot(data):
     if data.get("error"):
         return title + ": " + data["error"], layout.html_doc(title, '<div class="err">%s</div>' % layout.esc(data["error"]))
     lines = [
-        "saved %s (%s in %.1f s): pytorch.org/memory_viz opens it"
-        % (data.get("path"), _B(data.get("bytes")), data.get("seconds") or 0.0)
+        "saved %s (%s in %s): pytorch.org/memory_viz opens it"
+        % (data.get("path"), _B(data.get("bytes")), units.fmt_duration(data.get("seconds") or 0.0))
     ]
     if data.get("reason") == "oom":
         lines[0] = "after the out-of-memory error, " + lines[0]

@@ -37,6 +37,6 @@ def test_left_running_names_the_worker_its_sm_and_how_to_end_it():
         "left running: pid 12 python3 (DataLoader worker 0) computes at 90% SM on GPU 0; "
         "to end it: %gpumem free --children --pid 12" in text
     ), text
-    assert "left running: pid 13 python3 holds 2.00 GiB on GPUs 0, 1 and whether it computes is unknown" in text, text
+    assert "left running: pid 13 python3 holds 2.0 GiB on GPUs 0, 1 and whether it computes is unknown" in text, text
     assert "pid 14" not in text.split("left running:")[-1] and "left running: pid 14" not in text, text
     assert "computes at 90% SM" in html

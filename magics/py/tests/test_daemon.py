@@ -1,8 +1,9 @@
 """The magics without gpumem serve: one clear sentence, the panel's."""
 
-import importlib.util
+import importlib
 import os
 import socket
+import sys
 
 from gpumem_magics import daemon, state
 
@@ -10,11 +11,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 
 
 def panel_sentence(sock):
-    spec = importlib.util.spec_from_file_location(
-        "gpumem_supervision", os.path.join(REPO, "labextension", "jupyterlab_gpumem", "supervision.py")
-    )
-    supervision = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(supervision)
+    # The server extension's module, in its package (it imports the
+    # package's units); the package's __init__ imports nothing of Jupyter's.
+    sys.path.insert(0, os.path.join(REPO, "labextension"))
+    try:
+        supervision = importlib.import_module("jupyterlab_gpumem.supervision")
+    finally:
+        sys.path.pop(0)
     status = supervision.describe(supervision.NOT_RUNNING, reason=supervision.reason_nothing_listens(sock))
     return status["text"]
 

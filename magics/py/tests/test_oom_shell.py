@@ -37,7 +37,7 @@ def test_report_under_the_traceback_without_daemon(shell, capsys):
     tb = out.index("OutOfMemoryError")
     rep = out.index("gpumem: out of memory in cell [")
     assert tb < rep, out
-    assert "asked for 1.00 GiB (cupy.cuda.memory.OutOfMemoryError)" in out
+    assert "asked for 1.0 GiB (cupy.cuda.memory.OutOfMemoryError)" in out
     assert "line 1: raise CUPY_OOM(" in out
     assert "gpumem serve is not running: this is what the kernel alone knows." in out
     assert out.count("gpumem: out of memory") == 1
@@ -47,7 +47,7 @@ def test_torch_error_as_torch_raises_it(shell, capsys, torch):
     cls = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
     shell.user_ns["TorchOOM"] = cls
     out = run(shell, capsys, "def step():\n    x = [1] * 10\n    raise TorchOOM(%r)\nstep()" % TORCH_MSG)
-    assert "asked for 4.00 GiB on cuda:0 (%s.%s)" % (cls.__module__, cls.__name__) in out, out
+    assert "asked for 4.0 GiB on cuda:0 (%s.%s)" % (cls.__module__, cls.__name__) in out, out
     # The innermost frame in the cell: the line that raised, inside step().
     assert "gpumem: out of memory in cell [" in out and ", line 3: raise TorchOOM(" in out
     shell.user_ns.pop("TorchOOM", None)

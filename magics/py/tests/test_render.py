@@ -36,8 +36,8 @@ def test_summary_rows_and_driver():
         "driver": {"bytes": 4 << 30, "per_gpu": [{"index": 0, "bytes": 4 << 30}], "pids": [1, 2]},
     }
     text, html = render.render(data)
-    assert "cuda:0  PyTorch    1.00 GiB  2.00 GiB  3.00 GiB" in text
-    assert "driver (NVML, via gpumem serve): 4.00 GiB for this kernel (GPU 0: 4.00 GiB); pids 1, 2" in text
+    assert "cuda:0  PyTorch    1.0 GiB  2.0 GiB  3.0 GiB" in text
+    assert "driver (NVML, via gpumem serve): 4.0 GiB for this kernel (GPU 0: 4.0 GiB); pids 1, 2" in text
     well_formed(html)
 
 
@@ -78,11 +78,11 @@ def test_free_report():
     }
     text, html = render.render(data)
     lines = text.splitlines()
-    assert "  a     Tensor  cuda:0  1.00 MiB  freed" in lines
-    assert "  b     Tensor  cuda:0  2.00 KiB  still referenced by c" in lines
+    assert "  a     Tensor  cuda:0  1.0 MiB  freed" in lines
+    assert "  b     Tensor  cuda:0  2.0 KiB  still referenced by c" in lines
     assert "  dropped Out[3] (output cache)" in lines
-    assert "PyTorch    cuda:0  3.00 MiB / 8.00 MiB     0 B / 0 B              8.00 MiB" in lines
-    assert "driver (NVML): 1.00 GiB -> 512.00 MiB for this kernel (-512.00 MiB)" in lines
+    assert "PyTorch    cuda:0  3.0 MiB / 8.0 MiB       0 B / 0 B              8.0 MiB" in lines
+    assert "driver (NVML): 1.0 GiB -> 512.0 MiB for this kernel (-512.0 MiB)" in lines
     assert lines[-2:] == ["a note", "took 12 ms"]
     well_formed(html)
 

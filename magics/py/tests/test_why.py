@@ -382,7 +382,7 @@ def test_a_frozen_holder_is_named_or_its_bytes_unplaced(monkeypatch, readable):
         assert {"device": "cpu", "bytes": 4 * MIB} in u["devices"], u
         assert "gc.freeze() froze %d objects" % data["frozen"]["count"] in u["why"], u
         assert "on the CPU no allocator counts it" in u["why"], u
-        assert "not placed: 4.00 MiB on cpu: gc.freeze() froze" in text, text
+        assert "not placed: 4.0 MiB on cpu: gc.freeze() froze" in text, text
         assert "cannot read gc.freeze()'s" in " ".join(data["notes"]), data["notes"]
     finally:
         gc.unfreeze()
