@@ -26,10 +26,10 @@ const (
 	// maxSnapshotsPerUser are kept per uid; a user's next evicts their
 	// oldest (and stops its reduction).
 	maxSnapshotsPerUser = 8
-	// maxSnapshotBytes bounds a snapshot file: 256 MiB is about 1.9
-	// million trace entries as torch writes them (%gpumem record keeps
-	// 100,000 by default: about 14 MB).
-	maxSnapshotBytes = 256 << 20
+	// maxSnapshotBytes bounds a snapshot file: 128 MiB is about 950,000
+	// trace entries as torch writes them (%gpumem record keeps 100,000 by
+	// default: about 14 MB), which the reader's 64 MiB hold.
+	maxSnapshotBytes = 128 << 20
 	// maxReductionBytes bounds one reduction's JSON (a real snapshot's is
 	// 0.1 to 2 MB), maxKeptPerUser all of a user's: past it their oldest
 	// go.

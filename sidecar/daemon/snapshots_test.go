@@ -260,7 +260,7 @@ func TestSnapshotBounds(t *testing.T) {
 	}
 	f.Close()
 	if _, err := r.d.api().AddSnapshot(ctx, refOf("k1"), uid, api.SnapshotRequest{Path: big, Reason: "manual"}); err == nil ||
-		!strings.Contains(err.Error(), "over the 256 MiB gpumem reduces: record fewer entries") {
+		!strings.Contains(err.Error(), "over the 128 MiB gpumem reduces: record fewer entries") {
 		t.Errorf("a file over maxSnapshotBytes: %v", err)
 	}
 	cases := []struct {

@@ -38,9 +38,11 @@ type Limits struct {
 	CheckEvery int64
 }
 
-// DefaultLimits suit a snapshot of millions of trace entries (which the
-// reducer consumes as they are read) within 96 MiB.
-var DefaultLimits = Limits{Bytes: 96 << 20, Stack: 1 << 20, Depth: 256, MemoSlots: 1 << 22,
+// DefaultLimits suit a snapshot of a million trace entries and more
+// (which the reducer consumes as they are read; the memo's slots, 2 an
+// entry, are most of what stays: 900,000 entries are estimated at 36
+// MiB) within 64 MiB.
+var DefaultLimits = Limits{Bytes: 64 << 20, Stack: 1 << 20, Depth: 256, MemoSlots: 1 << 22,
 	WorkPerByte: 16, WorkBase: 1 << 24, CheckEvery: 1 << 12}
 
 // ErrLimit is wrapped by a reader's error when a pickle passes a Limit.
@@ -49,7 +51,8 @@ var ErrLimit = errors.New("over the reader's limits")
 // Per-value costs in the memory estimate: an interface slot and what it
 // boxes; a dict's or list's own header.
 const (
-	slotCost = 24
+	slotCost     = 24
+	memoSlotCost = 16 // the memo holds pointers (containers, strings) in its slots: none boxed
 	dictCost = 64
 	listCost = 40
 )

@@ -90,7 +90,7 @@ func (d *Decoder) Offset() int64 { return d.off }
 
 // cost is the estimate of what the decoder and its reducer hold.
 func (d *Decoder) cost() int64 {
-	return d.m.held + slotCost*int64(cap(d.stack)+cap(d.memo)) + 8*int64(cap(d.marks))
+	return d.m.held + slotCost*int64(cap(d.stack)) + memoSlotCost*int64(cap(d.memo)) + 8*int64(cap(d.marks))
 }
 
 // Forget empties dict (read by this decoder, and consumed) and drops it
