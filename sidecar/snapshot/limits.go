@@ -53,8 +53,8 @@ var ErrLimit = errors.New("over the reader's limits")
 const (
 	slotCost     = 24
 	memoSlotCost = 16 // the memo holds pointers (containers, strings) in its slots: none boxed
-	dictCost = 64
-	listCost = 40
+	dictCost     = 64
+	listCost     = 40
 )
 
 // meter counts what one reduction holds and does, and looks at its
