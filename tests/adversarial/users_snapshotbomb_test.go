@@ -167,11 +167,14 @@ pickle.dump({"segments": [seg], "device_traces": [tr]}, open(%q, "wb"))`, path)
 
 // handOver POSTs path as a snapshot from the kernel of connFile and
 // returns its id.
-func handOver(t *testing.T, connFile, path string) string {
+func (r *snapshotRig) handOver(t *testing.T, connFile, path string) string {
 	t.Helper()
 	st, body := kernelPost(t, connFile, "/api/v1/snapshots", fmt.Sprintf(`{"path":%q,"reason":"manual"}`, path))
 	var info struct{ ID string }
 	if st != 202 || json.Unmarshal([]byte(body), &info) != nil || info.ID == "" {
+		if r.rss.killedNow() {
+			t.Fatalf("hand over %s: the daemon is gone, killed when its RSS passed %d MiB", path, maxDaemonRSS>>20)
+		}
 		t.Fatalf("hand over %s: %d %.300s", path, st, body)
 	}
 	return info.ID
@@ -258,9 +261,9 @@ func TestSnapshotMemoryBombFromAnotherUser(t *testing.T) {
 	t.Parallel()
 	r := startSnapshotRig(t, 1)
 	bk := r.bks[0]
-	memo := handOver(t, bk.ConnectionFile, writeAs(t, r.bob, "memo.pickle", snapshottest.MemoIndexBomb()))
-	dup := handOver(t, bk.ConnectionFile, writeAs(t, r.bob, "dup.pickle", snapshottest.DupBomb(24<<20)))
-	hers := handOver(t, r.ak.ConnectionFile, r.aliceSnapshot(t))
+	memo := r.handOver(t, bk.ConnectionFile, writeAs(t, r.bob, "memo.pickle", snapshottest.MemoIndexBomb()))
+	dup := r.handOver(t, bk.ConnectionFile, writeAs(t, r.bob, "dup.pickle", snapshottest.DupBomb(24<<20)))
+	hers := r.handOver(t, r.ak.ConnectionFile, r.aliceSnapshot(t))
 	r.checkPace(t, 3<<30)
 	for id, want := range map[string]string{memo: "memo slot 33554416 stored when only 0 were", dup: "values on the stack"} {
 		if got := r.waitStatus(t, r.bob, bk, id, 60*time.Second); got.Status != "failed" || !strings.Contains(got.Error, want) {
@@ -286,8 +289,8 @@ func TestSnapshotCPUBombFromAnotherUser(t *testing.T) {
 	t.Parallel()
 	r := startSnapshotRig(t, 1)
 	bk := r.bks[0]
-	bomb := handOver(t, bk.ConnectionFile, writeAs(t, r.bob, "cpu.pickle", snapshottest.CPUBomb(100000, 1000000, 0)))
-	hers := handOver(t, r.ak.ConnectionFile, r.aliceSnapshot(t))
+	bomb := r.handOver(t, bk.ConnectionFile, writeAs(t, r.bob, "cpu.pickle", snapshottest.CPUBomb(100000, 1000000, 0)))
+	hers := r.handOver(t, r.ak.ConnectionFile, r.aliceSnapshot(t))
 	start := time.Now()
 	got := r.waitStatus(t, r.alice, r.ak, hers, 30*time.Second)
 	t.Logf("alice's snapshot reduced %v after it was handed over, beside bob's bomb", time.Since(start).Round(time.Millisecond))
@@ -307,14 +310,14 @@ func TestSnapshotCPUBombFromAnotherUser(t *testing.T) {
 func TestSnapshotsOfAnotherUserEvictNone(t *testing.T) {
 	t.Parallel()
 	r := startSnapshotRig(t, 2)
-	hers := handOver(t, r.ak.ConnectionFile, r.aliceSnapshot(t))
+	hers := r.handOver(t, r.ak.ConnectionFile, r.aliceSnapshot(t))
 	if got := r.waitStatus(t, r.alice, r.ak, hers, 60*time.Second); got.Status != "ready" {
 		t.Fatalf("alice's snapshot: %+v", got)
 	}
 	bobs := writeAs(t, r.bob, "his.pickle", []byte("\x80\x04}(\x8c\x08segments]u."))
 	var first string
 	for i := 0; i < 9; i++ {
-		id := handOver(t, r.bks[i/6].ConnectionFile, bobs) // 6 a minute per kernel
+		id := r.handOver(t, r.bks[i/6].ConnectionFile, bobs) // 6 a minute per kernel
 		if i == 0 {
 			first = id
 		}
@@ -344,12 +347,12 @@ func TestSIGTERMDuringSnapshotReductions(t *testing.T) {
 	t.Parallel()
 	r := startSnapshotRig(t, 1)
 	bk := r.bks[0]
-	handOver(t, bk.ConnectionFile, writeAs(t, r.bob, "cpu.pickle", snapshottest.CPUBomb(100000, 1000000, 0)))
+	r.handOver(t, bk.ConnectionFile, writeAs(t, r.bob, "cpu.pickle", snapshottest.CPUBomb(100000, 1000000, 0)))
 	var large bytes.Buffer
 	if err := snapshottest.WriteLarge(&large, 4_000_000); err != nil {
 		t.Fatal(err)
 	}
-	big := handOver(t, bk.ConnectionFile, writeAs(t, r.bob, "large.pickle", large.Bytes()))
+	big := r.handOver(t, bk.ConnectionFile, writeAs(t, r.bob, "large.pickle", large.Bytes()))
 	large.Reset()
 	cpu0, err := testenv.ProcCPU(r.d.PID())
 	if err != nil {
