@@ -378,4 +378,7 @@ func TestSIGTERMDuringSnapshotReductions(t *testing.T) {
 	if !exited {
 		t.Fatalf("the daemon was still running 5 s after SIGTERM, during bob's reductions")
 	}
+	if _, ok := r.d.FindLog("memory snapshot not reduced", map[string]any{"snapshot": big, "error": "~the daemon stopped"}); !ok {
+		t.Errorf("no line says bob's large snapshot %s was stopped by the daemon's end", big)
+	}
 }
