@@ -89,3 +89,10 @@ func WriteLarge(w io.Writer, entries int) error {
 	bw.WriteString("eu.")
 	return bw.Flush()
 }
+
+// SlotBomb is a list of batches × 1,000 Nones, appended 1,000 at a time
+// as CPython batches them (1 byte a value): a reader that holds the list
+// spends 16 bytes a byte of file.
+func SlotBomb(batches int) []byte {
+	return []byte("\x80\x04]" + strings.Repeat("("+strings.Repeat("N", 1000)+"e", batches) + ".")
+}
