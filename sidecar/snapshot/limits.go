@@ -42,7 +42,7 @@ type Limits struct {
 // (which the reducer consumes as they are read; the memo's slots, 2 an
 // entry, are most of what stays: 900,000 entries are estimated at 36
 // MiB) within 64 MiB.
-var DefaultLimits = Limits{Bytes: 64 << 20, Stack: 1 << 20, Depth: 256, MemoSlots: 1 << 22,
+var DefaultLimits = Limits{Bytes: 64 << 20, Stack: 1 << 18, Depth: 256, MemoSlots: 1 << 22,
 	WorkPerByte: 16, WorkBase: 1 << 24, CheckEvery: 1 << 12}
 
 // ErrLimit is wrapped by a reader's error when a pickle passes a Limit.
