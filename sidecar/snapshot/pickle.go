@@ -315,6 +315,11 @@ func (d *Decoder) appendTo(items []any) error {
 	if l.replaced {
 		return errors.New("APPEND to a list the reader already consumed (not a snapshot layout gpumem reads)")
 	}
+	for _, it := range items {
+		if m, ok := it.(*Dict); ok && m.consumed { // a trace entry met again: torch's never are
+			return errors.New("APPEND of a dict the reader already consumed (not a snapshot layout gpumem reads)")
+		}
+	}
 	before := cap(l.Items)
 	if l.Items == nil { // most lists get all their items in one APPENDS
 		l.Items = make([]any, 0, len(items))

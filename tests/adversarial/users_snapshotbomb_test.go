@@ -281,15 +281,17 @@ func TestSnapshotMemoryBombFromAnotherUser(t *testing.T) {
 }
 
 // TestSnapshotCPUBombFromAnotherUser: bob hands over 2.3 MB that append
-// one trace entry of 100,000 keys a million times through the memo (an
-// old reader compared every key at every append: hours of one core);
-// alice's snapshot, handed over next, is reduced within seconds, and the
-// daemon keeps its pace.
+// one trace entry of 100,000 keys a million times through the memo, and
+// 260 KB that list one segment of 20,000 keys 100,000 times (an old
+// reader compared every key at every reference: hours of one core);
+// both fail within seconds, alice's snapshot, handed over next, is
+// reduced meanwhile, and the daemon keeps its pace.
 func TestSnapshotCPUBombFromAnotherUser(t *testing.T) {
 	t.Parallel()
 	r := startSnapshotRig(t, 1)
 	bk := r.bks[0]
 	bomb := r.handOver(t, bk.ConnectionFile, writeAs(t, r.bob, "cpu.pickle", snapshottest.CPUBomb(100000, 1000000, 0)))
+	segs := r.handOver(t, bk.ConnectionFile, writeAs(t, r.bob, "segs.pickle", snapshottest.SegmentBomb(20000, 100000)))
 	hers := r.handOver(t, r.ak.ConnectionFile, r.aliceSnapshot(t))
 	start := time.Now()
 	got := r.waitStatus(t, r.alice, r.ak, hers, 30*time.Second)
@@ -298,8 +300,11 @@ func TestSnapshotCPUBombFromAnotherUser(t *testing.T) {
 		t.Errorf("alice's snapshot: %+v, want ready", got)
 	}
 	r.checkPace(t, 3<<30)
-	if got := r.waitStatus(t, r.bob, bk, bomb, 30*time.Second); got.Status != "failed" {
-		t.Errorf("bob's CPU bomb: %+v, want failed", got)
+	if got := r.waitStatus(t, r.bob, bk, bomb, 30*time.Second); got.Status != "failed" || !strings.Contains(got.Error, "already consumed") {
+		t.Errorf("bob's CPU bomb: %+v, want failed: a dict met again", got)
+	}
+	if got := r.waitStatus(t, r.bob, bk, segs, 30*time.Second); got.Status != "failed" || !strings.Contains(got.Error, "CPU bound") {
+		t.Errorf("bob's segment bomb: %+v, want failed: past the CPU bound", got)
 	}
 	r.rss.check(t, r.d, "bob's CPU bomb")
 }

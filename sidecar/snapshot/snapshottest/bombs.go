@@ -96,3 +96,23 @@ func WriteLarge(w io.Writer, entries int) error {
 func SlotBomb(batches int) []byte {
 	return []byte("\x80\x04]" + strings.Repeat("("+strings.Repeat("N", 1000)+"e", batches) + ".")
 }
+
+// SegmentBomb lists one segment of keys keys refs times through the memo
+// (2 bytes a reference): a reader that looks the segment's fields up at
+// each reference compares about 8 × keys × refs keys (20,000 × 1,000,000
+// in 2.1 MB: an hour of one core).
+func SegmentBomb(keys, refs int) []byte {
+	var b strings.Builder
+	b.WriteString("\x80\x04}(\x8c\x08segments](}(\x8c\x01xq\x00N")
+	for i := 1; i < keys; i++ { // in SETITEMS of 1,000 pairs
+		if b.WriteString("h\x00N"); i%1000 == 0 {
+			b.WriteString("u(")
+		}
+	}
+	b.WriteString("\x8c\x06deviceK\x00uq\x01e")
+	for done := 0; done < refs; done += 1000 {
+		b.WriteString("(" + strings.Repeat("h\x01", min(1000, refs-done)) + "e")
+	}
+	b.WriteString("u.")
+	return []byte(b.String())
+}
