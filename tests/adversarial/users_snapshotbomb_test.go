@@ -173,7 +173,7 @@ func (r *snapshotRig) handOver(t *testing.T, connFile, path string) string {
 	var info struct{ ID string }
 	if st != 202 || json.Unmarshal([]byte(body), &info) != nil || info.ID == "" {
 		if r.rss.killedNow() {
-			t.Fatalf("hand over %s: the daemon is gone, killed when its RSS passed %d MiB", path, maxDaemonRSS>>20)
+			t.Fatalf("hand over %s: the daemon is gone, killed when its RSS reached %.1f MiB (over %d MiB)", path, float64(r.rss.peakNow())/(1<<20), maxDaemonRSS>>20)
 		}
 		t.Fatalf("hand over %s: %d %.300s", path, st, body)
 	}
@@ -214,6 +214,12 @@ func (r *snapshotRig) waitStatus(t *testing.T, u testenv.User, k *testenv.Kernel
 		return false
 	})
 	return got
+}
+
+func (w *rssWatch) peakNow() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.peak
 }
 
 func (w *rssWatch) killedNow() bool {
