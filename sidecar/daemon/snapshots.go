@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,34 +17,57 @@ import (
 	"github.com/gpumem/gpumem/sidecar/snapshot"
 )
 
-// What the daemon keeps of memory snapshots: the last few, each with its
-// file open (for the raw download, whatever happens to the path) and its
-// reduction; one reduced at a time.
+// What the daemon keeps of memory snapshots: per user the last few, each
+// with its file open (for the raw download, whatever happens to the path)
+// and its reduction; each user's reduced one at a time, apart from other
+// users'. A snapshot is a user's file: every bound below holds whatever it
+// holds, and one user's snapshots never evict or delay another's.
 const (
-	maxSnapshots     = 8
-	maxSnapshotBytes = 8 << 30
-	reduceTimeout    = 5 * time.Minute
+	// maxSnapshotsPerUser are kept per uid; a user's next evicts their
+	// oldest (and stops its reduction).
+	maxSnapshotsPerUser = 8
+	// maxSnapshotBytes bounds a snapshot file: 128 MiB is about 950,000
+	// trace entries as torch writes them (%gpumem record keeps 100,000 by
+	// default: about 14 MB), which the reader's 64 MiB hold.
+	maxSnapshotBytes = 128 << 20
+	// maxReductionBytes bounds one reduction's JSON (900,000 trace
+	// entries reduce to 135 KB; 8 GPUs of 2,000 segments each would take
+	// a few MB), maxKeptPerUser all of a user's: past it their oldest go.
+	maxReductionBytes = 8 << 20
+	maxKeptPerUser    = 32 << 20
+	reduceTimeout     = 2 * time.Minute
 	// A kernel hands over at most this many snapshots a minute.
 	snapshotBurst = 6
 )
 
 type snapshotEntry struct {
 	info      api.SnapshotInfo
+	uid       uint32
 	file      *os.File
 	reduction []byte
+	ctx       context.Context // ends when the entry is evicted or the daemon stops
+	cancel    context.CancelFunc
 }
+
+// reduceFunc reduces a snapshot pickle (snapshot.Reduce within its
+// default limits; tests put a stand-in).
+type reduceFunc func(ctx context.Context, r io.Reader) (*snapshot.Reduction, error)
 
 // snapshotStore is the daemon's snapshots. Its mutex is its own.
 type snapshotStore struct {
 	mu      sync.Mutex
 	next    int
 	entries []*snapshotEntry
-	recent  map[string][]time.Time // by connection file
-	reduce  chan struct{}          // one reduction at a time
+	recent  map[string][]time.Time   // by connection file
+	slots   map[uint32]chan struct{} // per uid: one reduction at a time
+	reduce  reduceFunc
 }
 
 func newSnapshotStore() *snapshotStore {
-	return &snapshotStore{recent: map[string][]time.Time{}, reduce: make(chan struct{}, 1)}
+	return &snapshotStore{recent: map[string][]time.Time{}, slots: map[uint32]chan struct{}{},
+		reduce: func(ctx context.Context, r io.Reader) (*snapshot.Reduction, error) {
+			return snapshot.Reduce(ctx, r, snapshot.DefaultLimits)
+		}}
 }
 
 // AddSnapshot implements api.Backend: the file is opened now (the
@@ -54,31 +78,12 @@ func (a apiBackend) AddSnapshot(ctx context.Context, k api.KernelRef, uid uint32
 	st := d.snapshots
 	kernelID := k.ID
 	now := time.Now()
-	st.mu.Lock()
-	keep := st.recent[k.ConnectionFile][:0]
-	for _, t := range st.recent[k.ConnectionFile] {
-		if now.Sub(t) < time.Minute {
-			keep = append(keep, t)
-		}
+	if n, ok := st.admit(k.ConnectionFile, now); !ok {
+		return api.SnapshotInfo{}, fmt.Errorf("kernel %s handed over %d snapshots in the last minute: %w", kernelID, n, api.ErrTooMany)
 	}
-	if len(keep) >= snapshotBurst {
-		st.recent[k.ConnectionFile] = keep
-		st.mu.Unlock()
-		return api.SnapshotInfo{}, fmt.Errorf("kernel %s handed over %d snapshots in the last minute: %w", kernelID, len(keep), api.ErrTooMany)
-	}
-	st.recent[k.ConnectionFile] = append(keep, now)
-	st.mu.Unlock()
-
-	f, _, err := safefile.OpenOwned(req.Path, uid, maxSnapshotBytes)
+	f, err := d.openSnapshot(k, uid, req.Path)
 	if err != nil {
-		d.log.Warn().Err(err).Str("kernel_id", kernelID).Str("connection_file", k.ConnectionFile).Uint32("uid", uid).Msg("memory snapshot refused")
-		if uid != 0 && uid != d.selfUID {
-			// Another user learns nothing of files not theirs: not whether
-			// one exists, nor whose it is.
-			return api.SnapshotInfo{}, fmt.Errorf("snapshot of kernel %s: %s is not a regular file of yours of at most %d bytes "+
-				"reached through no symlink", kernelID, req.Path, int64(maxSnapshotBytes))
-		}
-		return api.SnapshotInfo{}, fmt.Errorf("snapshot of kernel %s: %w", kernelID, err)
+		return api.SnapshotInfo{}, err
 	}
 	fi, err := f.Stat()
 	if err != nil {
@@ -86,52 +91,148 @@ func (a apiBackend) AddSnapshot(ctx context.Context, k api.KernelRef, uid uint32
 		return api.SnapshotInfo{}, fmt.Errorf("snapshot %s: %w", req.Path, err)
 	}
 	notebook, user := k.Notebook.Notebook, k.Notebook.User
+	e := &snapshotEntry{file: f, uid: uid, info: api.SnapshotInfo{KernelID: kernelID, ConnectionFile: k.ConnectionFile,
+		Notebook: notebook, User: user, Time: now.Unix(), Reason: req.Reason, OOMEvent: req.OOMEvent, Bytes: fi.Size(), Status: "reducing"}}
+	e.ctx, e.cancel = context.WithCancel(d.runContext)
 	st.mu.Lock()
 	st.next++
-	e := &snapshotEntry{file: f, info: api.SnapshotInfo{ID: "s" + strconv.Itoa(st.next), KernelID: kernelID, ConnectionFile: k.ConnectionFile,
-		Notebook: notebook, User: user, Time: now.Unix(), Reason: req.Reason, OOMEvent: req.OOMEvent, Bytes: fi.Size(), Status: "reducing"}}
+	e.info.ID = "s" + strconv.Itoa(st.next)
 	st.entries = append(st.entries, e)
-	var dropped []*snapshotEntry
-	if len(st.entries) > maxSnapshots {
-		dropped = append(dropped, st.entries[:len(st.entries)-maxSnapshots]...)
-		st.entries = append([]*snapshotEntry(nil), st.entries[len(st.entries)-maxSnapshots:]...)
-	}
+	dropped := st.evictLocked(uid, e)
 	info := e.info
 	st.mu.Unlock()
-	for _, old := range dropped {
-		_ = old.file.Close() // a download in flight gets an error; the reduction reads its own section
-	}
+	dropEntries(dropped)
 	d.log.Info().Str("kernel_id", kernelID).Str("notebook", notebook).Str("snapshot", info.ID).Int64("bytes", info.Bytes).
-		Str("reason", req.Reason).Msg("memory snapshot handed over")
+		Uint32("uid", uid).Str("reason", req.Reason).Msg("memory snapshot handed over")
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		d.reduceSnapshot(d.runContext, e)
+		d.reduceSnapshot(e)
 	}()
 	return info, nil
 }
 
-// reduceSnapshot reduces e's file, after any reduction before it, within
-// reduceTimeout, and says so in the event log.
-func (d *Daemon) reduceSnapshot(ctx context.Context, e *snapshotEntry) {
+// admit counts a handover of the kernel of connFile: false, with the
+// count, past snapshotBurst in the last minute.
+func (st *snapshotStore) admit(connFile string, now time.Time) (int, bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	keep := st.recent[connFile][:0]
+	for _, t := range st.recent[connFile] {
+		if now.Sub(t) < time.Minute {
+			keep = append(keep, t)
+		}
+	}
+	if len(keep) >= snapshotBurst {
+		st.recent[connFile] = keep
+		return len(keep), false
+	}
+	st.recent[connFile] = append(keep, now)
+	return 0, true
+}
+
+// openSnapshot opens the caller's file at path, within maxSnapshotBytes.
+func (d *Daemon) openSnapshot(k api.KernelRef, uid uint32, path string) (*os.File, error) {
+	f, _, err := safefile.OpenOwned(path, uid, maxSnapshotBytes)
+	if err == nil {
+		return f, nil
+	}
+	d.log.Warn().Err(err).Str("kernel_id", k.ID).Str("connection_file", k.ConnectionFile).Uint32("uid", uid).Msg("memory snapshot refused")
+	if errors.Is(err, safefile.ErrTooLarge) { // checked after the owner: the file is the caller's
+		return nil, fmt.Errorf("snapshot of kernel %s: %s is over the %d MiB gpumem reduces: record fewer entries "+
+			"(%%gpumem record on --max-entries N) or open the file in pytorch.org/memory_viz", k.ID, path, maxSnapshotBytes>>20)
+	}
+	if uid != 0 && uid != d.selfUID {
+		// Another user learns nothing of files not theirs: not whether
+		// one exists, nor whose it is.
+		return nil, fmt.Errorf("snapshot of kernel %s: %s is not a regular file of yours reached through no symlink", k.ID, path)
+	}
+	return nil, fmt.Errorf("snapshot of kernel %s: %w", k.ID, err)
+}
+
+// evictLocked takes out uid's oldest entries past maxSnapshotsPerUser
+// or maxKeptPerUser (never keep, nor another user's) and returns them.
+func (st *snapshotStore) evictLocked(uid uint32, keep *snapshotEntry) []*snapshotEntry {
+	count, kept := 0, 0
+	for _, e := range st.entries {
+		if e.uid == uid {
+			count, kept = count+1, kept+len(e.reduction)
+		}
+	}
+	var dropped []*snapshotEntry
+	out := st.entries[:0]
+	for _, e := range st.entries {
+		if e.uid == uid && e != keep && (count > maxSnapshotsPerUser || kept > maxKeptPerUser) {
+			dropped = append(dropped, e)
+			count, kept = count-1, kept-len(e.reduction)
+			continue
+		}
+		out = append(out, e)
+	}
+	clear(st.entries[len(out):])
+	st.entries = out
+	return dropped
+}
+
+// dropEntries stops the reductions of entries taken out and closes their
+// files (a download in flight gets an error; a reduction reads its own
+// section, and stops).
+func dropEntries(entries []*snapshotEntry) {
+	for _, e := range entries {
+		e.cancel()
+		_ = e.file.Close()
+	}
+}
+
+// reduceSnapshot reduces e's file, after the reductions of its user's
+// before it, within reduceTimeout, and says so in the event log.
+func (d *Daemon) reduceSnapshot(e *snapshotEntry) {
 	st := d.snapshots
+	st.mu.Lock()
+	slot := st.slots[e.uid]
+	if slot == nil {
+		slot = make(chan struct{}, 1)
+		st.slots[e.uid] = slot
+	}
+	st.mu.Unlock()
 	select {
-	case st.reduce <- struct{}{}:
-	case <-ctx.Done():
-		d.finishSnapshot(e, nil, 0, ctx.Err())
+	case slot <- struct{}{}:
+	case <-e.ctx.Done():
+		d.finishSnapshot(e, nil, 0, reduceError(e, e.ctx.Err()))
 		return
 	}
-	defer func() { <-st.reduce }()
-	ctx, cancel := context.WithTimeout(ctx, reduceTimeout)
+	defer func() { <-slot }()
+	ctx, cancel := context.WithTimeout(e.ctx, reduceTimeout)
 	defer cancel()
 	start := time.Now()
-	r := &ctxReader{ctx: ctx, r: io.NewSectionReader(e.file, 0, e.info.Bytes)}
-	red, err := snapshot.Reduce(r, snapshot.DefaultLimits)
+	red, err := st.reduce(ctx, io.NewSectionReader(e.file, 0, e.info.Bytes))
 	var body []byte
 	if err == nil {
 		body, err = json.Marshal(red)
 	}
-	d.finishSnapshot(e, body, time.Since(start), err)
+	if err == nil && len(body) > maxReductionBytes {
+		err = fmt.Errorf("its reduction is %d MiB of JSON, over the %d MiB the daemon keeps: %w", len(body)>>20, maxReductionBytes>>20, snapshot.ErrLimit)
+		body = nil
+	}
+	d.finishSnapshot(e, body, time.Since(start), reduceError(e, err))
+}
+
+// reduceError says what a failed reduction's user can do.
+func reduceError(e *snapshotEntry, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("snapshot %s took longer than %v to reduce (the daemon's bound): open its raw file in pytorch.org/memory_viz, "+
+			"or record fewer entries (%%gpumem record on --max-entries N)", e.info.ID, reduceTimeout)
+	case e.ctx.Err() != nil:
+		return fmt.Errorf("snapshot %s was not reduced: the daemon stopped, or dropped it for a newer one of its user's (it keeps %d a user)",
+			e.info.ID, maxSnapshotsPerUser)
+	case errors.Is(err, snapshot.ErrLimit):
+		return fmt.Errorf("snapshot %s (%d bytes) is past what gpumem reduces: %w; open its raw file in pytorch.org/memory_viz, "+
+			"or record fewer entries (%%gpumem record on --max-entries N)", e.info.ID, e.info.Bytes, err)
+	}
+	return err
 }
 
 func (d *Daemon) finishSnapshot(e *snapshotEntry, body []byte, took time.Duration, err error) {
@@ -145,10 +246,11 @@ func (d *Daemon) finishSnapshot(e *snapshotEntry, body []byte, took time.Duratio
 		e.info.Status = "ready"
 	}
 	info := e.info
+	dropEntries(st.evictLocked(e.uid, e))
 	st.mu.Unlock()
-	log := d.log.With().Str("kernel_id", info.KernelID).Str("snapshot", info.ID).Logger()
+	log := d.log.With().Str("kernel_id", info.KernelID).Str("snapshot", info.ID).Uint32("uid", e.uid).Logger()
 	if err != nil {
-		log.Warn().Err(err).Msg("memory snapshot not reduced")
+		log.Warn().Err(err).Dur("took", took).Msg("memory snapshot not reduced")
 	} else {
 		log.Info().Dur("took", took).Int("json_bytes", len(body)).Msg("memory snapshot reduced")
 	}
@@ -182,7 +284,7 @@ func (d *Daemon) snapshotEntry(k api.KernelRef, id string) (*snapshotEntry, api.
 			return e, e.info, e.reduction, nil
 		}
 	}
-	return nil, api.SnapshotInfo{}, nil, fmt.Errorf("snapshot %s of kernel %s (the daemon keeps the last %d): %w", id, k.ID, maxSnapshots, api.ErrKernelNotFound)
+	return nil, api.SnapshotInfo{}, nil, fmt.Errorf("snapshot %s of kernel %s (the daemon keeps the last %d of each user): %w", id, k.ID, maxSnapshotsPerUser, api.ErrKernelNotFound)
 }
 
 // MemorySnapshot implements api.Backend.
@@ -208,21 +310,6 @@ func (d *Daemon) closeSnapshots() {
 	st := d.snapshots
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	for _, e := range st.entries {
-		_ = e.file.Close()
-	}
+	dropEntries(st.entries)
 	st.entries = nil
-}
-
-// ctxReader stops a long read when ctx ends.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c *ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, fmt.Errorf("reduction stopped: %w", err)
-	}
-	return c.r.Read(p)
 }

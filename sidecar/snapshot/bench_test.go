@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -40,23 +41,25 @@ func BenchmarkReduce900k(b *testing.B) {
 	path := synth900k(b)
 	b.ResetTimer()
 	var out int
+	var peak int64
 	for i := 0; i < b.N; i++ {
 		f, err := os.Open(path)
 		if err != nil {
 			b.Fatal(err)
 		}
-		red, err := Reduce(f, DefaultLimits)
+		red, err := Reduce(context.Background(), f, DefaultLimits)
 		f.Close()
 		if err != nil {
 			b.Fatal(err)
 		}
 		body, _ := json.Marshal(red)
-		out = len(body)
+		out, peak = len(body), red.PeakBytes
 	}
 	b.StopTimer()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	b.ReportMetric(float64(out)/1e6, "MB-json")
+	b.ReportMetric(float64(peak)/(1<<20), "MiB-estimated-peak")
 	b.ReportMetric(float64(ms.HeapSys)/(1<<20), "MiB-heap-sys")
 }
 

@@ -2,12 +2,12 @@ package snapshot
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
-	"math"
-	"math/big"
 )
 
 // The pickle reader: the data opcodes of protocols 2 to 5 (what CPython's
@@ -22,8 +22,9 @@ import (
 // List is a pickled list. Items is nil for a list whose items a
 // decoder's OnAppend consumed.
 type List struct {
-	Items []any
-	memo  int // memo slot holding the list, -1 if none
+	Items    []any
+	memo     int  // memo slot holding the list, -1 if none
+	replaced bool // consumed: Replace put a value of the reducer's in its slot
 }
 
 // Dict is a pickled dict, its keys in order.
@@ -32,17 +33,27 @@ type Dict struct {
 	memo       int
 	// tag is the reducer's own mark (a frame dict's id + 1), so that a
 	// frame met again costs no lookup.
-	tag int32
+	tag      int32
+	consumed bool // Forget emptied it
 }
 
 // Get returns the value of string key k.
 func (d *Dict) Get(k string) (any, bool) {
+	i := d.index(k)
+	if i < 0 {
+		return nil, false
+	}
+	return d.Vals[i], true
+}
+
+// index is the position of string key k, -1 if none.
+func (d *Dict) index(k string) int {
 	for i, key := range d.Keys {
 		if s, ok := key.(string); ok && s == k {
-			return d.Vals[i], true
+			return i
 		}
 	}
-	return nil, false
+	return -1
 }
 
 // Tuple is a pickled tuple.
@@ -52,61 +63,62 @@ type Tuple []any
 // an error (the snapshots gpumem reads never do).
 type forgotten struct{}
 
-// Limits bound what a pickle may make the decoder hold: a hostile file
-// gets an error, never the daemon's memory.
-type Limits struct {
-	MemoSlots int // memo entries
-	Retained  int // container items held (not consumed) at once
-	Depth     int // nested containers and marks
-}
-
-// DefaultLimits suit a snapshot of tens of millions of trace entries.
-var DefaultLimits = Limits{MemoSlots: 1 << 25, Retained: 1 << 24, Depth: 256}
-
-// ErrLimit is wrapped by a decoder's error when a pickle passes a Limit.
-var ErrLimit = errors.New("over the reader's limits")
-
 // Decoder reads one pickle.
 type Decoder struct {
-	r      *bufio.Reader
-	off    int64
-	limits Limits
-	stack  []any
-	marks  []int
-	memo   []any
-	held   int
-	buf    []byte
+	r     *bufio.Reader
+	off   int64
+	m     *meter
+	stack []any
+	marks []int
+	memo  []any
+	buf   []byte
 	// OnAppend is offered the items about to be appended to l (APPEND,
 	// APPENDS); when it returns true they are not appended, and it may
-	// Forget them.
-	OnAppend func(l *List, items []any) bool
+	// Forget them. An error it returns ends the decoding.
+	OnAppend func(l *List, items []any) (bool, error)
 }
 
-// NewDecoder reads from r.
+// NewDecoder reads from r within limits.
 func NewDecoder(r io.Reader, limits Limits) *Decoder {
-	return &Decoder{r: bufio.NewReaderSize(r, 1<<20), limits: limits, buf: make([]byte, 256)}
+	d := &Decoder{r: bufio.NewReaderSize(r, 1<<16), buf: make([]byte, 256)}
+	d.m = newMeter(context.Background(), limits, d.Offset)
+	return d
 }
 
 // Offset is how many bytes were read.
 func (d *Decoder) Offset() int64 { return d.off }
 
-// Forget drops dict (read by this decoder, and consumed) from the memo
-// and from the count of values held: its memory goes once its caller lets
-// it go.
+// cost is the estimate of what the decoder and its reducer hold.
+func (d *Decoder) cost() int64 {
+	return d.m.held + slotCost*int64(cap(d.stack)) + memoSlotCost*int64(cap(d.memo)) + 8*int64(cap(d.marks))
+}
+
+// Forget empties dict (read by this decoder, and consumed) and drops it
+// from the memo: its memory goes even if the pickle refers to it again
+// (it then reads as an empty dict).
 func (d *Decoder) Forget(dict *Dict) {
+	if dict.consumed {
+		return
+	}
+	dict.consumed = true
 	if dict.memo >= 0 && dict.memo < len(d.memo) {
 		d.memo[dict.memo] = forgotten{}
 	}
-	d.held -= len(dict.Keys)
+	d.m.free(dictCost + slotCost*int64(cap(dict.Keys)+cap(dict.Vals)))
+	dict.Keys, dict.Vals = nil, nil
 }
 
 // Replace puts v in the memo slot of l, which was consumed, and drops l's
 // items: a later reference to l reads v.
 func (d *Decoder) Replace(l *List, v any) {
+	if l.replaced {
+		return
+	}
+	l.replaced = true
 	if l.memo >= 0 && l.memo < len(d.memo) {
 		d.memo[l.memo] = v
 	}
-	d.held -= len(l.Items)
+	d.m.free(listCost + slotCost*int64(cap(l.Items)))
 	l.Items = nil
 }
 
@@ -163,18 +175,27 @@ const (
 	opShortBinString = 'U'
 )
 
-// maxString bounds one string or bytes value.
-const maxString = 64 << 20
+// maxString bounds one string or bytes value: a snapshot's are file
+// names, function names and a few words.
+const maxString = 1 << 20
 
-// Decode reads the pickle's one value.
-func (d *Decoder) Decode() (any, error) {
+// Decode reads the pickle's one value; it stops when ctx ends.
+func (d *Decoder) Decode(ctx context.Context) (any, error) {
+	d.m.ctx = ctx
 	for {
 		at := d.off
 		op, err := d.byte()
 		if err != nil {
 			return nil, d.eof(err)
 		}
-		if err := d.step(op); err != nil {
+		err = d.m.step(1)
+		if err == nil {
+			err = d.step(op)
+		}
+		if err == nil {
+			err = d.bounded()
+		}
+		if err != nil {
 			if errors.Is(err, errStop) {
 				if len(d.stack) != 1 || len(d.marks) != 0 {
 					return nil, fmt.Errorf("pickle: STOP at byte %d with %d values and %d marks on the stack", at, len(d.stack), len(d.marks))
@@ -186,6 +207,21 @@ func (d *Decoder) Decode() (any, error) {
 	}
 }
 
+// bounded checks the stack's height and the memory estimate after an
+// opcode (each grows them by a bounded amount, a string's length aside,
+// which is checked before it is read).
+func (d *Decoder) bounded() error {
+	if len(d.stack) > d.m.limits.Stack {
+		return fmt.Errorf("more than %d values on the stack: %w", d.m.limits.Stack, ErrLimit)
+	}
+	c := d.cost()
+	d.m.peak = max(d.m.peak, c)
+	if c > d.m.limits.Bytes {
+		return d.m.overBytes("the values read")
+	}
+	return nil
+}
+
 var errStop = errors.New("stop")
 
 func (d *Decoder) eof(err error) error {
@@ -195,243 +231,48 @@ func (d *Decoder) eof(err error) error {
 	return fmt.Errorf("pickle: read at byte %d: %w", d.off, err)
 }
 
-func (d *Decoder) step(op byte) error {
-	switch op {
-	case opProto:
-		v, err := d.byte()
-		if err != nil {
-			return err
-		}
-		if v < 2 || v > 5 {
-			return fmt.Errorf("protocol %d: only protocols 2 to 5 are read", v)
-		}
-	case opFrame:
-		_, err := d.n(8) // frames only group opcodes for buffering
-		return err
-	case opStop:
-		return errStop
-	case opMark:
-		if len(d.marks) >= d.limits.Depth {
-			return fmt.Errorf("more than %d nested marks: %w", d.limits.Depth, ErrLimit)
-		}
-		d.marks = append(d.marks, len(d.stack))
-	case opPop:
-		if _, err := d.pop(); err != nil {
-			return err
-		}
-	case opPopMark:
-		if _, err := d.popMark(); err != nil {
-			return err
-		}
-	case opDup:
-		v, err := d.top()
-		if err != nil {
-			return err
-		}
-		d.push(v)
-	case opNone:
-		d.push(nil)
-	case opNewTrue:
-		d.push(true)
-	case opNewFalse:
-		d.push(false)
-	case opBinInt:
-		b, err := d.n(4)
-		if err != nil {
-			return err
-		}
-		d.push(int64(int32(binary.LittleEndian.Uint32(b))))
-	case opBinInt1:
-		b, err := d.byte()
-		if err != nil {
-			return err
-		}
-		d.push(int64(b))
-	case opBinInt2:
-		b, err := d.n(2)
-		if err != nil {
-			return err
-		}
-		d.push(int64(binary.LittleEndian.Uint16(b)))
-	case opLong1, opLong4:
-		var n int
-		if op == opLong1 {
-			b, err := d.byte()
-			if err != nil {
-				return err
-			}
-			n = int(b)
-		} else {
-			b, err := d.n(4)
-			if err != nil {
-				return err
-			}
-			n = int(int32(binary.LittleEndian.Uint32(b)))
-			if n < 0 || n > 1<<16 {
-				return fmt.Errorf("LONG4 of %d bytes", n)
-			}
-		}
-		b, err := d.n(n)
-		if err != nil {
-			return err
-		}
-		d.push(decodeLong(b))
-	case opBinFloat:
-		b, err := d.n(8)
-		if err != nil {
-			return err
-		}
-		d.push(math.Float64frombits(binary.BigEndian.Uint64(b)))
-	case opShortBinUni, opShortBinBytes, opShortBinString:
-		n, err := d.byte()
-		if err != nil {
-			return err
-		}
-		return d.pushText(int64(n), op == opShortBinUni || op == opShortBinString)
-	case opBinUnicode, opBinBytes:
-		b, err := d.n(4)
-		if err != nil {
-			return err
-		}
-		return d.pushText(int64(binary.LittleEndian.Uint32(b)), op == opBinUnicode)
-	case opBinUnicode8, opBinBytes8:
-		b, err := d.n(8)
-		if err != nil {
-			return err
-		}
-		n := binary.LittleEndian.Uint64(b)
-		if n > maxString {
-			return fmt.Errorf("a string of %d bytes: %w", n, ErrLimit)
-		}
-		return d.pushText(int64(n), op == opBinUnicode8)
-	case opEmptyDict:
-		d.push(&Dict{memo: -1})
-	case opEmptyList:
-		d.push(&List{memo: -1})
-	case opEmptyTuple:
-		d.push(Tuple{})
-	case opDict:
-		items, err := d.popMark()
-		if err != nil {
-			return err
-		}
-		if len(items)%2 != 0 {
-			return errors.New("DICT with an odd number of items")
-		}
-		dict := &Dict{memo: -1}
-		for i := 0; i < len(items); i += 2 {
-			dict.Keys, dict.Vals = append(dict.Keys, items[i]), append(dict.Vals, items[i+1])
-		}
-		d.push(dict)
-	case opList:
-		items, err := d.popMark()
-		if err != nil {
-			return err
-		}
-		d.push(&List{Items: append([]any(nil), items...), memo: -1})
-	case opTuple:
-		items, err := d.popMark()
-		if err != nil {
-			return err
-		}
-		d.push(append(Tuple(nil), items...))
-	case opTuple1, opTuple2, opTuple3:
-		n := int(op-opTuple1) + 1
-		if len(d.stack)-d.markFloor() < n {
-			return fmt.Errorf("TUPLE%d with %d values on the stack", n, len(d.stack)-d.markFloor())
-		}
-		t := append(Tuple(nil), d.stack[len(d.stack)-n:]...)
-		d.stack = d.stack[:len(d.stack)-n]
-		d.push(t)
-	case opAppend:
-		v, err := d.pop()
-		if err != nil {
-			return err
-		}
-		return d.appendTo([]any{v})
-	case opAppends:
-		items, err := d.popMark()
-		if err != nil {
-			return err
-		}
-		return d.appendTo(items)
-	case opSetItem:
-		if len(d.stack)-d.markFloor() < 3 {
-			return errors.New("SETITEM without a dict, key and value")
-		}
-		n := len(d.stack)
-		return d.setItems(d.stack[n-3], d.stack[n-2:], n-2)
-	case opSetItems:
-		items, err := d.popMark()
-		if err != nil {
-			return err
-		}
-		if len(items)%2 != 0 {
-			return errors.New("SETITEMS with an odd number of items")
-		}
-		if len(d.stack) == 0 {
-			return errors.New("SETITEMS without a dict")
-		}
-		return d.setItems(d.stack[len(d.stack)-1], items, -1)
-	case opMemoize:
-		v, err := d.top()
-		if err != nil {
-			return err
-		}
-		return d.put(len(d.memo), v)
-	case opBinPut, opLongBinPut:
-		idx, err := d.index(op == opLongBinPut)
-		if err != nil {
-			return err
-		}
-		v, err := d.top()
-		if err != nil {
-			return err
-		}
-		return d.put(idx, v)
-	case opBinGet, opLongBinGet:
-		idx, err := d.index(op == opLongBinGet)
-		if err != nil {
-			return err
-		}
-		if idx >= len(d.memo) || d.memo[idx] == nil {
-			return fmt.Errorf("memo slot %d was never stored", idx)
-		}
-		v := d.memo[idx]
-		if _, ok := v.(forgotten); ok {
-			return fmt.Errorf("memo slot %d holds a value the reader already consumed (not a snapshot layout gpumem reads)", idx)
-		}
-		if m, ok := v.(memoNil); ok {
-			v = m.v
-		}
-		d.push(v)
-	default:
-		return fmt.Errorf("not plain data: gpumem reads only pickles of dicts, lists, tuples, strings and numbers "+
-			"(as torch.cuda.memory._dump_snapshot writes them); opcode %q is not one of them", rune(op))
-	}
-	return nil
-}
-
 // memoNil stores a memoized None, told apart from a slot never stored.
 type memoNil struct{ v any }
 
+// put stores v in memo slot idx: the next slot (as CPython's pickler
+// numbers them) or one stored before; never one past the end, so that a
+// slot costs what was read to reach it.
 func (d *Decoder) put(idx int, v any) error {
-	if idx >= d.limits.MemoSlots {
-		return fmt.Errorf("memo slot %d: %w", idx, ErrLimit)
+	if idx > len(d.memo) {
+		return fmt.Errorf("memo slot %d stored when only %d were: the pickler numbers them in order (not a pickle CPython writes)", idx, len(d.memo))
+	}
+	if idx >= d.m.limits.MemoSlots {
+		return fmt.Errorf("more than %d memo slots: %w", d.m.limits.MemoSlots, ErrLimit)
 	}
 	if v == nil {
 		v = memoNil{}
 	}
-	for len(d.memo) <= idx {
-		d.memo = append(d.memo, nil)
+	if idx == len(d.memo) {
+		d.memo = append(d.memo, v)
+	} else {
+		d.memo[idx] = v
 	}
-	d.memo[idx] = v
 	switch x := v.(type) {
 	case *List:
 		x.memo = idx
 	case *Dict:
 		x.memo = idx
 	}
+	return nil
+}
+
+func (d *Decoder) get(idx int) error {
+	if idx >= len(d.memo) {
+		return fmt.Errorf("memo slot %d was never stored", idx)
+	}
+	v := d.memo[idx]
+	if _, ok := v.(forgotten); ok {
+		return fmt.Errorf("memo slot %d holds a value the reader already consumed (not a snapshot layout gpumem reads)", idx)
+	}
+	if m, ok := v.(memoNil); ok {
+		v = m.v
+	}
+	d.push(v)
 	return nil
 }
 
@@ -447,6 +288,14 @@ func (d *Decoder) index(long bool) (int, error) {
 	return int(b), err
 }
 
+// grown charges the slots a slice's growth from before to after items.
+func (d *Decoder) grown(before, after int, what string) error {
+	if after > before {
+		return d.m.alloc(slotCost*int64(after-before), what)
+	}
+	return nil
+}
+
 // appendTo appends items to the list now on top of the stack, unless
 // OnAppend consumes them.
 func (d *Decoder) appendTo(items []any) error {
@@ -457,17 +306,26 @@ func (d *Decoder) appendTo(items []any) error {
 	if !ok {
 		return fmt.Errorf("APPEND to a %T, not a list", d.stack[len(d.stack)-1])
 	}
-	if d.OnAppend != nil && d.OnAppend(l, items) {
-		return nil
+	if d.OnAppend != nil {
+		consumed, err := d.OnAppend(l, items)
+		if err != nil || consumed {
+			return err
+		}
 	}
-	if d.held += len(items); d.held > d.limits.Retained {
-		return fmt.Errorf("more than %d values held: %w", d.limits.Retained, ErrLimit)
+	if l.replaced {
+		return errors.New("APPEND to a list the reader already consumed (not a snapshot layout gpumem reads)")
 	}
+	for _, it := range items {
+		if m, ok := it.(*Dict); ok && m.consumed { // a trace entry met again: torch's never are
+			return errors.New("APPEND of a dict the reader already consumed (not a snapshot layout gpumem reads)")
+		}
+	}
+	before := cap(l.Items)
 	if l.Items == nil { // most lists get all their items in one APPENDS
 		l.Items = make([]any, 0, len(items))
 	}
 	l.Items = append(l.Items, items...)
-	return nil
+	return d.grown(before, cap(l.Items), "a list")
 }
 
 // setItems sets key/value pairs of kv into dict; cut >= 0 pops the stack
@@ -477,9 +335,10 @@ func (d *Decoder) setItems(dict any, kv []any, cut int) error {
 	if !ok {
 		return fmt.Errorf("SETITEM(S) on a %T, not a dict", dict)
 	}
-	if d.held += len(kv) / 2; d.held > d.limits.Retained {
-		return fmt.Errorf("more than %d values held: %w", d.limits.Retained, ErrLimit)
+	if m.consumed {
+		return errors.New("SETITEM(S) on a dict the reader already consumed (not a snapshot layout gpumem reads)")
 	}
+	before := cap(m.Keys) + cap(m.Vals)
 	if m.Keys == nil {
 		m.Keys, m.Vals = make([]any, 0, len(kv)/2), make([]any, 0, len(kv)/2)
 	}
@@ -489,21 +348,42 @@ func (d *Decoder) setItems(dict any, kv []any, cut int) error {
 	if cut >= 0 {
 		d.stack = d.stack[:cut]
 	}
-	return nil
+	return d.grown(before, cap(m.Keys)+cap(m.Vals), "a dict")
 }
 
+// pushText reads a string or bytes value of n bytes. It is charged before
+// it is read, and grows only as its bytes arrive: a length that the file
+// does not hold costs nothing.
 func (d *Decoder) pushText(n int64, text bool) error {
 	if n > maxString {
-		return fmt.Errorf("a string of %d bytes: %w", n, ErrLimit)
+		return fmt.Errorf("a string of %d bytes (the reader takes at most %d): %w", n, maxString, ErrLimit)
 	}
-	b, err := d.n(int(n))
-	if err != nil {
+	if err := d.m.alloc(n+slotCost, "a string"); err != nil {
 		return err
 	}
+	if n <= int64(cap(d.buf)) {
+		b, err := d.n(int(n))
+		if err != nil {
+			return err
+		}
+		if text {
+			d.push(string(b))
+		} else {
+			d.push(append([]byte(nil), b...))
+		}
+		return nil
+	}
+	var buf bytes.Buffer
+	buf.Grow(int(min(n, 1<<16)))
+	got, err := io.CopyN(&buf, d.r, n)
+	d.off += got
+	if err != nil {
+		return d.eofErr(err)
+	}
 	if text {
-		d.push(string(b))
+		d.push(buf.String())
 	} else {
-		d.push(append([]byte(nil), b...))
+		d.push(buf.Bytes())
 	}
 	return nil
 }
@@ -557,13 +437,11 @@ func (d *Decoder) byte() (byte, error) {
 	return b, nil
 }
 
-// n reads n bytes into the decoder's buffer (valid until the next read).
+// n reads n bytes (at most the buffer's 256, or 8 for a length) into
+// the decoder's buffer (valid until the next read).
 func (d *Decoder) n(n int) ([]byte, error) {
-	if n < 0 {
-		return nil, fmt.Errorf("negative length %d", n)
-	}
-	if cap(d.buf) < n {
-		d.buf = make([]byte, n)
+	if n < 0 || n > cap(d.buf) {
+		return nil, fmt.Errorf("length %d out of range", n)
 	}
 	b := d.buf[:n]
 	if _, err := io.ReadFull(d.r, b); err != nil {
@@ -578,35 +456,4 @@ func (d *Decoder) eofErr(err error) error {
 		return fmt.Errorf("the file ends at byte %d, inside an opcode (truncated?): %w", d.off, io.ErrUnexpectedEOF)
 	}
 	return err
-}
-
-// decodeLong is a LONG1/LONG4 value: little-endian two's complement; an
-// int64 when it fits, else a float64.
-func decodeLong(b []byte) any {
-	if len(b) == 0 {
-		return int64(0)
-	}
-	if len(b) <= 8 {
-		var u uint64
-		for i := len(b) - 1; i >= 0; i-- {
-			u = u<<8 | uint64(b[i])
-		}
-		if shift := 64 - 8*uint(len(b)); shift > 0 {
-			return int64(u<<shift) >> shift
-		}
-		return int64(u)
-	}
-	be := make([]byte, len(b))
-	for i := range b {
-		be[len(b)-1-i] = b[i]
-	}
-	n := new(big.Int).SetBytes(be)
-	if b[len(b)-1]&0x80 != 0 {
-		n.Sub(n, new(big.Int).Lsh(big.NewInt(1), uint(8*len(b))))
-	}
-	if n.IsInt64() {
-		return n.Int64()
-	}
-	f, _ := new(big.Float).SetInt(n).Float64()
-	return f
 }

@@ -9,11 +9,11 @@
 package snapshot
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"sort"
-	"strings"
 	"time"
 )
 
@@ -26,6 +26,14 @@ const (
 	MaxTopStacks      = 20
 	MaxStackFrames    = 24
 	MaxOOMs           = 10
+	// MaxDevices bounds the devices a snapshot may name (torch numbers a
+	// host's GPUs from 0).
+	MaxDevices = 64
+	// MaxActions bounds the distinct trace actions counted by name (torch
+	// has a dozen); the rest count as "other".
+	MaxActions = 32
+	// MaxString bounds each file or function name the reduction carries.
+	MaxString = 512
 )
 
 // Reduction is a snapshot reduced for the panel. Its JSON is the panel's
@@ -37,8 +45,11 @@ type Reduction struct {
 	Stacks []Stack `json:"stacks"`
 	// ExpandableSegments is the allocator's setting, when the snapshot says.
 	ExpandableSegments *bool `json:"expandable_segments,omitempty"`
-	// InputBytes is how much pickle was read; Seconds how long it took.
+	// InputBytes is how much pickle was read; Seconds how long it took;
+	// PeakBytes the most the reader held meanwhile, as it estimates it
+	// (Limits.Bytes bounds it).
 	InputBytes int64   `json:"input_bytes"`
+	PeakBytes  int64   `json:"peak_bytes"`
 	Seconds    float64 `json:"seconds"`
 }
 
@@ -133,21 +144,23 @@ type Frame struct {
 // PyTorch memory snapshot.
 var ErrNotSnapshot = errors.New("not a PyTorch memory snapshot")
 
-// Reduce reads a snapshot pickle from r and reduces it.
-func Reduce(r io.Reader, limits Limits) (*Reduction, error) {
+// Reduce reads a snapshot pickle from r and reduces it within limits;
+// it stops soon after ctx ends.
+func Reduce(ctx context.Context, r io.Reader, limits Limits) (*Reduction, error) {
 	start := time.Now()
-	red := newReducer()
 	dec := NewDecoder(r, limits)
-	dec.OnAppend = func(l *List, items []any) bool { return red.offer(dec, l, items) }
-	top, err := dec.Decode()
+	red := newReducer(dec)
+	dec.OnAppend = red.offer
+	top, err := dec.Decode(ctx)
 	if err != nil {
 		return nil, err
 	}
+	dec.stack, dec.memo = nil, nil // what finish reads is reached from top
 	out, err := red.finish(top)
 	if err != nil {
 		return nil, err
 	}
-	out.InputBytes, out.Seconds = dec.Offset(), time.Since(start).Seconds()
+	out.InputBytes, out.PeakBytes, out.Seconds = dec.Offset(), max(dec.m.peak, dec.m.held), time.Since(start).Seconds()
 	return out, nil
 }
 
@@ -158,6 +171,8 @@ type stackRef int
 
 // reducer accumulates the trace entries as the decoder reads them.
 type reducer struct {
+	dec      *Decoder
+	m        *meter
 	frameTab []*Dict // frame id -> its dict (whose tag is id + 1)
 	stacks   *stackTable
 	refs     []*stackRef      // stack id -> the value standing for it in the memo
@@ -165,8 +180,8 @@ type reducer struct {
 	traces   map[*List]*trace // per device list, until its index is known
 }
 
-func newReducer() *reducer {
-	return &reducer{stacks: newStackTable(), traces: map[*List]*trace{}}
+func newReducer(dec *Decoder) *reducer {
+	return &reducer{dec: dec, m: dec.m, stacks: newStackTable(), traces: map[*List]*trace{}}
 }
 
 // ref is the shared value that stands for stack id (-1: none).
@@ -182,25 +197,36 @@ func (rd *reducer) ref(id int) *stackRef {
 	return rd.refs[id]
 }
 
+// Costs of the reducer's own tables in the memory estimate.
+const (
+	traceCost = 2048 // a device's trace: its maps and timeline
+	liveCost  = 64   // one live allocation of a trace
+	frameCost = 16   // a frame's place in the frame table
+	stackCost = 96   // a stack's entry in the tables, beside 8 bytes a frame
+)
+
 // offer sees the dicts appended to any list. Those with "frames" (trace
 // entries, segments, blocks) get their frames list interned as a stack,
 // which then stands in for the list everywhere; trace entries (with an
 // "action") are consumed: tallied, then forgotten.
-func (rd *reducer) offer(dec *Decoder, l *List, items []any) bool {
+func (rd *reducer) offer(l *List, items []any) (bool, error) {
 	if len(items) == 0 {
-		return false
+		return false, nil
 	}
 	first, ok := items[0].(*Dict)
 	if !ok {
-		return false
+		return false, nil
 	}
-	_, isTrace := first.Get("action")
-	if _, hasFrames := first.Get("frames"); !isTrace && !hasFrames {
-		return false
+	_, isTrace := rd.get(first, "action")
+	if _, hasFrames := rd.get(first, "frames"); !isTrace && !hasFrames {
+		return false, rd.m.step(1)
 	}
 	var tr *trace
 	if isTrace {
 		if tr = rd.traces[l]; tr == nil {
+			if err := rd.m.alloc(traceCost, "a device trace"); err != nil {
+				return false, err
+			}
 			tr = newTrace()
 			rd.traces[l] = tr
 		}
@@ -211,33 +237,41 @@ func (rd *reducer) offer(dec *Decoder, l *List, items []any) bool {
 			continue
 		}
 		stack := -1
-		for i, k := range e.Keys {
-			if k == "frames" {
-				stack = rd.intern(dec, e.Vals[i])
-				e.Vals[i] = rd.ref(stack)
-				break
+		if i := e.index("frames"); i >= 0 {
+			var err error
+			if stack, err = rd.intern(e.Vals[i]); err != nil {
+				return false, err
 			}
+			e.Vals[i] = rd.ref(stack)
+		}
+		if err := rd.m.step(int64(len(e.Keys)) + 1); err != nil {
+			return false, err
 		}
 		if isTrace {
-			tr.add(e, stack)
-			dec.Forget(e)
+			if err := tr.add(rd, e, stack); err != nil {
+				return false, err
+			}
+			rd.dec.Forget(e)
 		}
 	}
-	return isTrace
+	return isTrace, nil
 }
 
 // intern is the stack id of a frames value (a list of frame dicts, or one
 // interned before); -1 for none.
-func (rd *reducer) intern(dec *Decoder, v any) int {
+func (rd *reducer) intern(v any) (int, error) {
 	switch f := v.(type) {
 	case *stackRef:
-		return int(*f)
+		return int(*f), nil
 	case *List:
-		if f.Items == nil { // interned already, met again through the memo
-			if ref, ok := dec.memoValue(f).(*stackRef); ok {
-				return int(*ref)
+		if f.replaced { // interned already, met again through the memo
+			if ref, ok := rd.dec.memoValue(f).(*stackRef); ok {
+				return int(*ref), nil
 			}
-			return -1
+			return -1, nil
+		}
+		if err := rd.m.step(int64(len(f.Items)) + 1); err != nil {
+			return -1, err
 		}
 		ids := rd.ids[:0]
 		for _, it := range f.Items {
@@ -246,6 +280,9 @@ func (rd *reducer) intern(dec *Decoder, v any) int {
 				continue
 			}
 			if fd.tag == 0 {
+				if err := rd.m.alloc(frameCost, "the frame table"); err != nil {
+					return -1, err
+				}
 				rd.frameTab = append(rd.frameTab, fd)
 				fd.tag = int32(len(rd.frameTab))
 			}
@@ -254,12 +291,28 @@ func (rd *reducer) intern(dec *Decoder, v any) int {
 		rd.ids = ids
 		id := -1
 		if len(ids) > 0 {
-			id = rd.stacks.intern(ids)
+			var isNew bool
+			if id, isNew = rd.stacks.intern(ids); isNew {
+				if err := rd.m.alloc(stackCost+8*int64(len(ids)), "the stack table"); err != nil {
+					return -1, err
+				}
+			}
 		}
-		dec.Replace(f, rd.ref(id))
-		return id
+		rd.dec.Replace(f, rd.ref(id))
+		return id, nil
 	}
-	return -1
+	return -1, nil
+}
+
+// get is d.Get, its keys' comparisons counted as work.
+func (rd *reducer) get(d *Dict, k string) (any, bool) {
+	i := d.index(k)
+	if i < 0 {
+		rd.m.count(int64(len(d.Keys)))
+		return nil, false
+	}
+	rd.m.count(int64(i))
+	return d.Vals[i], true
 }
 
 // finish reads the top-level dict: segments, the device traces (by now
@@ -269,7 +322,7 @@ func (rd *reducer) finish(top any) (*Reduction, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: the pickle holds a %s, not a dict", ErrNotSnapshot, typeName(top))
 	}
-	segsV, ok := root.Get("segments")
+	segsV, ok := rd.get(root, "segments")
 	if !ok {
 		return nil, fmt.Errorf("%w: the dict has no \"segments\"", ErrNotSnapshot)
 	}
@@ -279,20 +332,32 @@ func (rd *reducer) finish(top any) (*Reduction, error) {
 	}
 	out := &Reduction{Schema: 1, Devices: []Device{}, Stacks: []Stack{}}
 	devs := map[int]*deviceAcc{}
-	dev := func(i int) *deviceAcc {
+	dev := func(i int) (*deviceAcc, error) {
 		if devs[i] == nil {
+			if len(devs) >= MaxDevices {
+				return nil, fmt.Errorf("more than %d devices (device %d): %w", MaxDevices, i, ErrLimit)
+			}
 			devs[i] = &deviceAcc{Device: Device{Device: i, Actions: map[string]int{}}, live: map[int]*StackBytes{}}
 		}
-		return devs[i]
+		return devs[i], nil
 	}
 	for _, sv := range segs.Items {
 		s, ok := sv.(*Dict)
 		if !ok {
 			return nil, fmt.Errorf("%w: a segment is a %s, not a dict", ErrNotSnapshot, typeName(sv))
 		}
-		dev(int(intOf(s, "device"))).addSegment(rd, s)
+		d, err := dev(int(rd.int(s, "device")))
+		if err == nil {
+			err = d.addSegment(rd, s)
+		}
+		if err == nil {
+			err = rd.m.step(1)
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
-	if tv, ok := root.Get("device_traces"); ok {
+	if tv, ok := rd.get(root, "device_traces"); ok {
 		traces, ok := tv.(*List)
 		if !ok {
 			return nil, fmt.Errorf("%w: \"device_traces\" is a %s, not a list", ErrNotSnapshot, typeName(tv))
@@ -302,19 +367,28 @@ func (rd *reducer) finish(top any) (*Reduction, error) {
 			if !ok {
 				continue
 			}
-			d := dev(i)
+			d, err := dev(i)
+			if err != nil {
+				return nil, err
+			}
 			d.tr = rd.traces[l]
 		}
 	}
-	if sv, ok := root.Get("allocator_settings"); ok {
+	if sv, ok := rd.get(root, "allocator_settings"); ok {
 		if s, ok := sv.(*Dict); ok {
-			if v, ok := s.Get("expandable_segments"); ok {
+			if v, ok := rd.get(s, "expandable_segments"); ok {
 				if b, ok := v.(bool); ok {
 					out.ExpandableSegments = &b
 				}
 			}
 		}
 	}
+	return out, rd.finishDevices(out, devs)
+}
+
+// finishDevices ranks and bounds each device's part, in device order, and
+// renders the stacks they name.
+func (rd *reducer) finishDevices(out *Reduction, devs map[int]*deviceAcc) error {
 	idx := make([]int, 0, len(devs))
 	for i := range devs {
 		idx = append(idx, i)
@@ -322,7 +396,10 @@ func (rd *reducer) finish(top any) (*Reduction, error) {
 	sort.Ints(idx)
 	used := map[int]bool{}
 	for _, i := range idx {
-		d := devs[i].finish()
+		d, err := devs[i].finish(rd.m)
+		if err != nil {
+			return err
+		}
 		for _, lists := range [][]StackBytes{d.TopStacks, d.TraceTopStacks} {
 			for _, s := range lists {
 				used[s.Stack] = true
@@ -341,48 +418,13 @@ func (rd *reducer) finish(top any) (*Reduction, error) {
 	}
 	sort.Ints(ids)
 	for _, id := range ids {
-		out.Stacks = append(out.Stacks, rd.stack(id))
-	}
-	return out, nil
-}
-
-// stack renders stack id's frames.
-func (rd *reducer) stack(id int) Stack {
-	ids := rd.stacks.get(id)
-	st := Stack{ID: id, Frames: []Frame{}, FramesTotal: len(ids)}
-	for _, fid := range ids {
-		fd := rd.frameTab[fid]
-		f := Frame{Filename: strOf(fd, "filename"), Line: intOf(fd, "line"), Name: strOf(fd, "name")}
-		if !pythonFrame(f.Filename) {
-			continue
+		st, err := rd.stack(id)
+		if err != nil {
+			return err
 		}
-		if st.Where == nil && !torchFrame(f.Filename) {
-			w := f
-			st.Where = &w
-		}
-		if len(st.Frames) < MaxStackFrames {
-			st.Frames = append(st.Frames, f)
-		}
+		out.Stacks = append(out.Stacks, st)
 	}
-	return st
-}
-
-// pythonFrame: not a C/C++ frame (those name .cpp/.h files, or nothing).
-func pythonFrame(fn string) bool {
-	if fn == "" || fn == "??" {
-		return false
-	}
-	for _, ext := range []string{".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".cu", ".cuh"} {
-		if strings.HasSuffix(fn, ext) {
-			return false
-		}
-	}
-	return true
-}
-
-// torchFrame: a frame of torch's own Python.
-func torchFrame(fn string) bool {
-	return strings.Contains(fn, "/torch/") || strings.HasPrefix(fn, "torch/")
+	return nil
 }
 
 func typeName(v any) string {
@@ -409,8 +451,9 @@ func typeName(v any) string {
 	return fmt.Sprintf("%T", v)
 }
 
-func intOf(d *Dict, k string) int64 {
-	v, _ := d.Get(k)
+// int is d's integer value of key k (0 if none), the lookup counted.
+func (rd *reducer) int(d *Dict, k string) int64 {
+	v, _ := rd.get(d, k)
 	switch x := v.(type) {
 	case int64:
 		return x
@@ -424,15 +467,15 @@ func intOf(d *Dict, k string) int64 {
 	return 0
 }
 
-func uintOf(d *Dict, k string) uint64 {
-	if v := intOf(d, k); v > 0 {
+func (rd *reducer) uint(d *Dict, k string) uint64 {
+	if v := rd.int(d, k); v > 0 {
 		return uint64(v)
 	}
 	return 0
 }
 
-func strOf(d *Dict, k string) string {
-	v, _ := d.Get(k)
+func (rd *reducer) str(d *Dict, k string) string {
+	v, _ := rd.get(d, k)
 	s, _ := v.(string)
 	return s
 }

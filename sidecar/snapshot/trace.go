@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"encoding/binary"
 	"slices"
 	"sort"
 )
@@ -27,18 +28,30 @@ func newTrace() *trace {
 		timeline: downsampler{per: 1}}
 }
 
-func (t *trace) add(e *Dict, stack int) {
-	action := strOf(e, "action")
-	size := uintOf(e, "size")
+func (t *trace) add(rd *reducer, e *Dict, stack int) error {
+	action := rd.str(e, "action")
+	size := rd.uint(e, "size")
 	t.entries++
+	if _, known := t.actions[action]; !known && len(t.actions) >= MaxActions {
+		action = "other"
+	}
 	t.actions[action]++
 	switch action {
 	case "alloc":
 		t.alloc += int64(size)
-		t.live[uintOf(e, "addr")] = liveAlloc{size, stack}
+		addr := rd.uint(e, "addr")
+		if _, ok := t.live[addr]; !ok {
+			if err := rd.m.alloc(liveCost, "the live allocations"); err != nil {
+				return err
+			}
+		}
+		t.live[addr] = liveAlloc{size, stack}
 		if stack >= 0 {
 			sb := t.byStack[stack]
 			if sb == nil {
+				if err := rd.m.alloc(liveCost, "the stacks' tallies"); err != nil {
+					return err
+				}
 				sb = &StackBytes{Stack: stack}
 				t.byStack[stack] = sb
 			}
@@ -47,18 +60,23 @@ func (t *trace) add(e *Dict, stack int) {
 		}
 	case "free_completed":
 		t.alloc -= int64(size)
-		delete(t.live, uintOf(e, "addr"))
+		addr := rd.uint(e, "addr")
+		if _, ok := t.live[addr]; ok {
+			delete(t.live, addr)
+			rd.m.free(liveCost)
+		}
 	case "segment_alloc", "segment_map":
 		t.reserved += int64(size)
 	case "segment_free", "segment_unmap":
 		t.reserved -= int64(size)
 	case "oom":
 		if len(t.ooms) < MaxOOMs {
-			t.ooms = append(t.ooms, OOM{TimeUS: intOf(e, "time_us"), RequestedBytes: size,
-				DeviceFreeBytes: uintOf(e, "device_free"), Stack: stack})
+			t.ooms = append(t.ooms, OOM{TimeUS: rd.int(e, "time_us"), RequestedBytes: size,
+				DeviceFreeBytes: rd.uint(e, "device_free"), Stack: stack})
 		}
 	}
-	t.timeline.add(intOf(e, "time_us"), t.alloc, t.reserved)
+	t.timeline.add(rd.int(e, "time_us"), t.alloc, t.reserved)
+	return nil
 }
 
 // downsampler keeps at most MaxTimelinePoints/2 buckets of `per` entries
@@ -168,32 +186,32 @@ func clampU(v int64) uint64 {
 	return uint64(v)
 }
 
-// stackTable interns stacks (sequences of frame ids). The hash needs no
-// secret: a collision costs a comparison, never a wrong stack.
+// stackTable interns stacks (sequences of frame ids), keyed by their
+// ids' bytes: Go's map hashes with a seed of its own, so no pickle can
+// make its stacks collide.
 type stackTable struct {
-	byHash map[uint64][]int
+	byKey  map[string]int
 	stacks [][]int32
+	key    []byte // scratch
 }
 
 func newStackTable() *stackTable {
-	return &stackTable{byHash: map[uint64][]int{}}
+	return &stackTable{byKey: map[string]int{}}
 }
 
-// intern is ids' stack id; ids is copied when new.
-func (st *stackTable) intern(ids []int32) int {
-	h := uint64(14695981039346656037) // FNV-1a over the ids
+// intern is ids' stack id, and whether it is new; ids is copied when new.
+func (st *stackTable) intern(ids []int32) (int, bool) {
+	st.key = st.key[:0]
 	for _, id := range ids {
-		h = (h ^ uint64(uint32(id))) * 1099511628211
+		st.key = binary.LittleEndian.AppendUint32(st.key, uint32(id))
 	}
-	for _, cand := range st.byHash[h] {
-		if slices.Equal(st.stacks[cand], ids) {
-			return cand
-		}
+	if id, ok := st.byKey[string(st.key)]; ok {
+		return id, false
 	}
 	id := len(st.stacks)
 	st.stacks = append(st.stacks, slices.Clone(ids))
-	st.byHash[h] = append(st.byHash[h], id)
-	return id
+	st.byKey[string(st.key)] = id
+	return id, true
 }
 
 func (st *stackTable) get(id int) []int32 {
@@ -212,46 +230,34 @@ type deviceAcc struct {
 	tr        *trace
 }
 
-func (d *deviceAcc) addSegment(rd *reducer, s *Dict) {
-	seg := Segment{Address: uintOf(s, "address"), TotalBytes: uintOf(s, "total_size"),
-		AllocatedBytes: uintOf(s, "allocated_size"), Type: strOf(s, "segment_type"), Stream: uintOf(s, "stream")}
+// Costs of a segment and of a block copied into the reduction.
+const (
+	segmentCost = 160
+	blockCost   = 48
+)
+
+func (d *deviceAcc) addSegment(rd *reducer, s *Dict) error {
+	seg := Segment{Address: rd.uint(s, "address"), TotalBytes: rd.uint(s, "total_size"),
+		AllocatedBytes: rd.uint(s, "allocated_size"), Type: clip(rd.str(s, "segment_type")), Stream: rd.uint(s, "stream")}
 	d.Segments.Count++
 	d.Segments.ReservedBytes += seg.TotalBytes
 	d.Segments.AllocatedBytes += seg.AllocatedBytes
-	d.Segments.ActiveBytes += uintOf(s, "active_size")
-	if bv, ok := s.Get("blocks"); ok {
+	d.Segments.ActiveBytes += rd.uint(s, "active_size")
+	if err := rd.m.alloc(segmentCost, "the segments"); err != nil {
+		return err
+	}
+	if bv, ok := rd.get(s, "blocks"); ok {
 		if bl, ok := bv.(*List); ok {
+			if err := rd.m.alloc(blockCost*int64(len(bl.Items)), "the segments' blocks"); err != nil {
+				return err
+			}
 			for _, it := range bl.Items {
-				b, ok := it.(*Dict)
-				if !ok {
-					continue
+				if err := rd.m.step(1); err != nil {
+					return err
 				}
-				blk := Block{Bytes: uintOf(b, "size"), State: blockState(strOf(b, "state"))}
-				if a := uintOf(b, "address"); a >= seg.Address {
-					blk.Offset = a - seg.Address
+				if b, ok := it.(*Dict); ok {
+					seg.Blocks = append(seg.Blocks, d.block(rd, seg.Address, b))
 				}
-				switch blk.State {
-				case "a":
-					stack := -1
-					if v, ok := b.Get("frames"); ok {
-						if ref, ok := v.(*stackRef); ok {
-							stack = int(*ref)
-						}
-					}
-					if stack >= 0 {
-						d.withStack = true
-						sb := d.live[stack]
-						if sb == nil {
-							sb = &StackBytes{Stack: stack}
-							d.live[stack] = sb
-						}
-						sb.Bytes += blk.Bytes
-						sb.Count++
-					}
-				case "i":
-					d.Segments.InactiveBytes += blk.Bytes
-				}
-				seg.Blocks = append(seg.Blocks, blk)
 			}
 		}
 	}
@@ -259,6 +265,37 @@ func (d *deviceAcc) addSegment(rd *reducer, s *Dict) {
 		seg.Blocks = []Block{}
 	}
 	d.segs = append(d.segs, seg)
+	return nil
+}
+
+// block is b, a block of the segment at segAddr, tallied.
+func (d *deviceAcc) block(rd *reducer, segAddr uint64, b *Dict) Block {
+	blk := Block{Bytes: rd.uint(b, "size"), State: blockState(rd.str(b, "state"))}
+	if a := rd.uint(b, "address"); a >= segAddr {
+		blk.Offset = a - segAddr
+	}
+	switch blk.State {
+	case "a":
+		stack := -1
+		if v, ok := rd.get(b, "frames"); ok {
+			if ref, ok := v.(*stackRef); ok {
+				stack = int(*ref)
+			}
+		}
+		if stack >= 0 {
+			d.withStack = true
+			sb := d.live[stack]
+			if sb == nil {
+				sb = &StackBytes{Stack: stack}
+				d.live[stack] = sb
+			}
+			sb.Bytes += blk.Bytes
+			sb.Count++
+		}
+	case "i":
+		d.Segments.InactiveBytes += blk.Bytes
+	}
+	return blk
 }
 
 func blockState(s string) string {
@@ -272,8 +309,11 @@ func blockState(s string) string {
 }
 
 // finish ranks and bounds what was gathered.
-func (d *deviceAcc) finish() Device {
+func (d *deviceAcc) finish(m *meter) (Device, error) {
 	out := d.Device
+	if err := m.step(int64(len(d.segs)) + 1); err != nil {
+		return out, err
+	}
 	sort.SliceStable(d.segs, func(i, j int) bool { return d.segs[i].TotalBytes > d.segs[j].TotalBytes })
 	out.Segments.List = []Segment{}
 	blocks := 0
@@ -310,7 +350,7 @@ func (d *deviceAcc) finish() Device {
 		out.OOMs = append(out.OOMs, tr.ooms...)
 		out.Timeline = tr.timeline.points(int64(d.Segments.AllocatedBytes), int64(d.Segments.ReservedBytes), tr.alloc, tr.reserved)
 	}
-	return out
+	return out, nil
 }
 
 func topStacks(m map[int]*StackBytes) []StackBytes {
