@@ -89,7 +89,7 @@ func sharedReport() attribution.Report {
 func TestUserAlertDocs(t *testing.T) {
 	rep := sharedReport()
 	cull := notebookAlert{ID: "cull-a1-1", GPU: -1, Kernels: []string{"a1"},
-		Message: "this kernel holds 40.0 GiB and has been idle 1h0m0s; it will be shut down at 14:05:00 unless used."}
+		Message: "this kernel holds 40.0 GiB and has been idle 1 h; it will be shut down at 14:05:00 unless used."}
 	gpu0 := func(kernels ...string) notebookAlert {
 		return notebookAlert{ID: "gpu0-1", GPU: 0, Kernels: kernels,
 			Message: "GPU 0 (H200) is 88% full: 70.0 GiB of 80.0 GiB used; biggest: user alice 40.0 GiB, user bob 30.0 GiB. " +
