@@ -84,6 +84,9 @@ type KernelFile struct {
 	ShellPort int
 	UID       uint32
 	ID        procs.FileID
+	// Unparsed is true for a file that does not parse: only a process
+	// naming it can be found (brokenAdvice asks who still does).
+	Unparsed bool
 }
 
 // Owner is a process identified by pid and start time.
@@ -186,9 +189,11 @@ func Discover(ctx context.Context, opts Options) Result {
 				continue
 			}
 			seenFile[file] = true
-			k, err := opts.KernelFiles.read(file)
+			k, err := opts.KernelFiles.readSettled(ctx, file)
 			if err != nil {
-				res.Problems = append(res.Problems, err)
+				if !errors.Is(err, errSettling) {
+					res.Problems = append(res.Problems, brokenAdvice(err, opts.Procs))
+				}
 				continue
 			}
 			res.Kernels = append(res.Kernels, k)
