@@ -182,3 +182,29 @@ func TestBrokenAdvice(t *testing.T) {
 		}
 	}
 }
+
+// A port owner that does not name the file judged is not a problem when
+// the file was rewritten since (a kernel restarting names the new one).
+func TestRewritten(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kernel-r.json")
+	if err := os.WriteFile(path, []byte(goodConn), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	k, err := ReadKernelFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rewritten(k) {
+		t.Fatal("the file read is taken for rewritten")
+	}
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, []byte(goodConn), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	if !rewritten(k) {
+		t.Error("a file replaced by another is not taken for rewritten")
+	}
+}
