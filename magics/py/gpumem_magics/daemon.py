@@ -87,7 +87,10 @@ def driver_usage(timeout=0.5, fresh=False):
         if (kid and nb.get("kernel_id") == kid) or pid in (nb.get("pids") or []):
             usage = notebook_usage(nb)
             break
-    if rep is None:
+    if rep is None and not usage["per_gpu"]:
+        # No figure for this kernel: whether the daemon sees a GPU at all
+        # is in its report (asked only then: a kernel with figures makes one
+        # request).
         rep = _report(timeout)
     if rep is not None:
         usage.update(gpu_note(rep))

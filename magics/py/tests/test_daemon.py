@@ -164,20 +164,31 @@ def test_no_gpu_without_the_daemons_reason(tmp_path, monkeypatch):
 def test_simulated_gpus_said(tmp_path, monkeypatch):
     from gpumem_magics import render
 
-    nb = {"kernel_id": "k-mine", "gpu_memory_bytes": 5, "per_gpu": [{"index": 0, "bytes": 5}], "pids": [1]}
+    nb = {"kernel_id": "k-mine", "gpu_memory_bytes": 0, "per_gpu": [], "pids": [1]}
     gpu = {"index": 0, "name": "Simulated H100", "simulated": True, "memory_used_bytes": 5, "memory_total_bytes": 80}
     fake_daemon(monkeypatch, tmp_path, {"gpus": [gpu], "notebooks": [nb]}, nb)
     drv = daemon.driver_usage()
     assert drv["simulated"] == daemon.SIMULATED and "no_gpu" not in drv, drv
     text, _ = render.render({"kind": "summary", "pid": 1, "frameworks": [], "driver": drv, "advice": None})
-    assert daemon.SIMULATED in text and "5 B for this kernel" in text, text
-    assert daemon.SIMULATED in render.render(daemon.top_data())[0]
+    assert daemon.SIMULATED in text and "0 B for this kernel" in text, text
+    top = daemon.top_view({"gpus": [gpu]}, {0}, "k-mine")
+    assert daemon.SIMULATED in render.render(top)[0]
 
 
-def test_real_gpus_no_note(tmp_path, monkeypatch):
+def test_real_gpus_no_note_one_request(tmp_path, monkeypatch):
+    # A kernel with figures asks for its own only (the one request a
+    # kernel makes in shared mode); one without asks for the report too.
     nb = {"kernel_id": "k-mine", "gpu_memory_bytes": 5, "per_gpu": [{"index": 0, "bytes": 5}], "pids": [1]}
     gpu = {"index": 0, "name": "NVIDIA H200", "memory_used_bytes": 5, "memory_total_bytes": 80}
     fake_daemon(monkeypatch, tmp_path, {"gpus": [gpu], "notebooks": [nb]}, nb)
+    asked = []
+    get = daemon.sidecar_get
+    monkeypatch.setattr(daemon, "sidecar_get", lambda path, timeout: asked.append(path) or get(path, timeout))
     drv = daemon.driver_usage()
     assert "no_gpu" not in drv and "simulated" not in drv, drv
+    assert asked == ["/api/v1/kernels/k-mine"], asked
     assert daemon.gpu_note({"gpus": [gpu]}) == {}
+    nb.update(gpu_memory_bytes=0, per_gpu=[])
+    asked.clear()
+    assert "no_gpu" not in daemon.driver_usage()
+    assert asked == ["/api/v1/kernels/k-mine", "/api/v1/notebooks"], asked
