@@ -208,3 +208,40 @@ func TestRewritten(t *testing.T) {
 		t.Error("a file replaced by another is not taken for rewritten")
 	}
 }
+
+// A file written in place (jupyter_client), emptied at each restart and
+// written back with the same bytes: each empty read starts anew, never
+// adding up to a file that stayed broken.
+func TestKernelFileRewrittenInPlace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kernel-inplace.json")
+	write := func(data string) {
+		t.Helper()
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600) // same inode
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteString(data); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var c KernelFiles
+	for range 3 {
+		write("")
+		if _, err := c.read(path); !errors.Is(err, errSettling) {
+			t.Fatalf("an empty read: %v, want it settling", err)
+		}
+		if b := c.broken[path]; b == nil || b.scans != 1 {
+			t.Fatalf("an empty read after the file parsed continues an old one: %+v", b)
+		}
+		write(goodConn)
+		if _, err := c.read(path); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := c.broken[path]; ok {
+			t.Fatal("a file that parses is still remembered as broken")
+		}
+	}
+}

@@ -48,8 +48,14 @@ func (c *KernelFiles) read(path string) (Kernel, error) {
 	if c != nil {
 		c.mu.Lock()
 		f, ok := c.files[path]
+		hit := ok && f.st == st && bytes.Equal(f.data, data)
+		if hit {
+			// Parsable again (jupyter_client rewrites in place): a later
+			// empty read is a new write, not the old one lasting.
+			delete(c.broken, path)
+		}
 		c.mu.Unlock()
-		if ok && f.st == st && bytes.Equal(f.data, data) {
+		if hit {
 			return f.kernel, nil
 		}
 	}
