@@ -514,7 +514,7 @@ func (f knownFinder) FindKernels(files []discovery.KernelFile) (map[string]disco
 	f.d.mu.Unlock()
 	var rest []discovery.KernelFile
 	for _, kf := range files {
-		if !known[kf.Path] {
+		if !known[kf.Path] || kf.Unparsed { // who still names a broken file
 			rest = append(rest, kf)
 		}
 	}

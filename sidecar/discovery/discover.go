@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gpumem/gpumem/internal/safefile"
@@ -84,6 +85,9 @@ type KernelFile struct {
 	ShellPort int
 	UID       uint32
 	ID        procs.FileID
+	// Unparsed is true for a file that does not parse: only a process
+	// naming it can be found (brokenAdvice asks who still does).
+	Unparsed bool
 }
 
 // Owner is a process identified by pid and start time.
@@ -186,9 +190,11 @@ func Discover(ctx context.Context, opts Options) Result {
 				continue
 			}
 			seenFile[file] = true
-			k, err := opts.KernelFiles.read(file)
+			k, err := opts.KernelFiles.readSettled(ctx, file)
 			if err != nil {
-				res.Problems = append(res.Problems, err)
+				if !errors.Is(err, errSettling) {
+					res.Problems = append(res.Problems, brokenAdvice(err, opts.Procs))
+				}
 				continue
 			}
 			res.Kernels = append(res.Kernels, k)
@@ -421,12 +427,24 @@ func resolvePIDs(pf ProcessFinder, kernels []Kernel) []error {
 			if o.Proven {
 				k.sessionName, k.ppid = o.SessionName, o.PPID
 			}
-			if !o.Proven && o.FromPort {
+			if !o.Proven && o.FromPort && !rewritten(*k) {
 				problems = append(problems, fmt.Errorf("kernel connection file %s: not counted as a kernel: %s", k.ConnectionFile, o.Why))
 			}
 		}
 	}
 	return problems
+}
+
+// rewritten reports whether k's file is no longer the one read: a kernel
+// restarting rewrites it (ipykernel deletes and writes it anew), and its
+// process then names the new file, not the one judged. The next scan
+// judges the new one.
+func rewritten(k Kernel) bool {
+	var st syscall.Stat_t
+	if err := syscall.Lstat(k.ConnectionFile, &st); err != nil {
+		return true
+	}
+	return procs.FileID{Dev: uint64(st.Dev), Ino: st.Ino} != k.FileID
 }
 
 // pickKernel chooses the kernel among processes naming its connection file.

@@ -2,7 +2,10 @@ package discovery
 
 import (
 	"bytes"
+	"errors"
+	"io/fs"
 	"sync"
+	"time"
 
 	"github.com/gpumem/gpumem/internal/safefile"
 	"github.com/gpumem/gpumem/protocol"
@@ -16,8 +19,9 @@ import (
 // zero value is ready; safe for concurrent use; a nil *KernelFiles parses
 // every file.
 type KernelFiles struct {
-	mu    sync.Mutex
-	files map[string]readKernelFile
+	mu     sync.Mutex
+	files  map[string]readKernelFile
+	broken map[string]*brokenFile // files that did not parse (see settle)
 }
 
 type readKernelFile struct {
@@ -36,23 +40,36 @@ func (c *KernelFiles) read(path string) (Kernel, error) {
 		err = checkDirOwner("kernel connection file", path, st)
 	}
 	if err != nil {
+		if c != nil && errors.Is(err, fs.ErrNotExist) {
+			c.parsed(path)
+		}
 		return Kernel{}, err
 	}
 	if c != nil {
 		c.mu.Lock()
 		f, ok := c.files[path]
+		hit := ok && f.st == st && bytes.Equal(f.data, data)
+		if hit {
+			// Parsable again (jupyter_client rewrites in place): a later
+			// empty read is a new write, not the old one lasting.
+			delete(c.broken, path)
+		}
 		c.mu.Unlock()
-		if ok && f.st == st && bytes.Equal(f.data, data) {
+		if hit {
 			return f.kernel, nil
 		}
 	}
 	info, err := protocol.ParseConnectionFile(data, path)
 	if err != nil {
-		return Kernel{}, err
+		if c == nil {
+			return Kernel{}, &settledError{path: path, st: st, err: err}
+		}
+		return Kernel{}, c.settle(path, data, st, err, time.Now())
 	}
 	k := kernelFile(path, info, st)
 	if c != nil {
 		c.mu.Lock()
+		delete(c.broken, path)
 		if c.files == nil || len(c.files) >= maxKernelFiles {
 			c.files = map[string]readKernelFile{}
 		}

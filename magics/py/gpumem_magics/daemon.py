@@ -69,22 +69,70 @@ def driver_usage(timeout=0.5, fresh=False):
                 return {"error": "gpumem serve does not know this kernel (%s) yet" % kid}
             if status != 200:
                 return {"error": "gpumem serve answered %d: %s" % (status, api_error(body))}
-            nbs = [json.loads(body.decode("utf-8"))]
+            nbs, rep = [json.loads(body.decode("utf-8"))], None
         else:
             status, body = get("/api/v1/notebooks")
             if status != 200:
                 return {"error": "gpumem serve answered %d: %s" % (status, api_error(body))}
-            nbs = json.loads(body.decode("utf-8")).get("notebooks") or []
+            rep = json.loads(body.decode("utf-8"))
+            nbs = rep.get("notebooks") or []
     except _NotRunning:
         return {"error": not_running(sock)}
     except _Untrusted as e:
         return {"error": str(e)}
     except Exception as e:
         return {"error": "gpumem serve did not answer on %s (%s)" % (sock, state.short_exc(e))}
+    usage = {"bytes": 0, "per_gpu": [], "pids": [pid]}
     for nb in nbs:
         if (kid and nb.get("kernel_id") == kid) or pid in (nb.get("pids") or []):
-            return notebook_usage(nb)
-    return {"bytes": 0, "per_gpu": [], "pids": [pid]}
+            usage = notebook_usage(nb)
+            break
+    if rep is None and not usage["per_gpu"]:
+        # No figure for this kernel: whether the daemon sees a GPU at all
+        # is in its report (asked only then: a kernel with figures makes one
+        # request).
+        rep = _report(timeout)
+    if rep is not None:
+        usage.update(gpu_note(rep))
+    return usage
+
+
+def _report(timeout):
+    """gpumem serve's report (GET /api/v1/notebooks), None when it cannot
+    be had: what it says of the GPUs is only a note."""
+    import json
+
+    status, body = sidecar_get("/api/v1/notebooks", timeout)
+    if status != 200:
+        return None
+    try:
+        return json.loads(body.decode("utf-8"))
+    except ValueError:
+        return None
+
+
+# What follows gpumem serve's own words when it has no GPU figure.
+NO_GPU_STEP = ": on a machine with NVIDIA GPUs, check that nvidia-smi works where gpumem serve runs"
+
+SIMULATED = (
+    "These GPU figures are simulated (gpumem serve reads a simulated-GPU file, GPUMEM_FAKE_GPU): "
+    "they are not this machine's GPUs."
+)
+
+
+def gpu_note(rep):
+    """What gpumem serve's report (GET /api/v1/notebooks) says when it has
+    no real GPU figure, in one sentence: {"no_gpu": ...} when it sees no
+    GPU, why in the daemon's own words (its warnings, such as "no NVIDIA
+    driver found"), then the next step; {"simulated": ...} when its GPUs
+    are simulated; {} otherwise. Pure."""
+    gpus = rep.get("gpus") or []
+    if not gpus:
+        why = "; ".join(rep.get("warnings") or []) or "gpumem serve sees no GPU on this machine"
+        return {"no_gpu": why + NO_GPU_STEP}
+    if all(g.get("simulated") for g in gpus):
+        return {"simulated": SIMULATED}
+    return {}
 
 
 def notebook_usage(nb):
@@ -167,7 +215,7 @@ def top_view(rep, gpus_used, kernel_id):
                 "holders": holders,
             }
         )
-    return {"kind": "top", "gpus": gpus, "note": note}
+    return dict({"kind": "top", "gpus": gpus, "note": note}, **gpu_note(rep))
 
 
 def why_join(data, timeout=5.0):

@@ -102,6 +102,10 @@ def _render_summary(data):
     if drv:
         if drv.get("error"):
             extra.append(("warn", "driver: %s" % drv["error"]))
+        elif drv.get("no_gpu"):
+            # Without a GPU there is no figure: 0 B, or a GPU that cannot
+            # report its utilization, would say something false.
+            extra.append(("warn", "GPU n/a: " + drv["no_gpu"]))
         else:
             per = ", ".join("GPU %s: %s" % (g.get("index"), units.fmt_bytes(g.get("bytes"))) for g in drv.get("per_gpu", []))
             pids = ", ".join(str(p) for p in drv.get("pids", []))
@@ -114,6 +118,8 @@ def _render_summary(data):
             )
             if "utilization" in drv:
                 extra.append(_gpu_work(drv.get("utilization"), drv.get("compute")))
+            if drv.get("simulated"):
+                extra.append(("dim", drv["simulated"]))
     elif data.get("driver_hint"):
         extra.append(("dim", data["driver_hint"]))
     for sc in (drv or {}).get("stray_contexts") or []:
@@ -401,11 +407,18 @@ def _render_top(data):
         text.append("")
         body.append("<h4>%s</h4>" % layout.esc(head))
         body.append(layout.html_table(["holder", "user", "memory"], rows, numeric=(2,)))
-    if data.get("note"):
-        text.append(data["note"])
-        body.append(layout.html_lines([data["note"]], "dim"))
-    if not data.get("gpus"):
-        text.append("This kernel holds no GPU memory that gpumem serve knows of.")
+    for note, cls in ((data.get("note"), "dim"), (data.get("simulated"), "dim")):
+        if note:
+            text.append(note)
+            body.append(layout.html_lines([note], cls))
+    if data.get("no_gpu"):
+        line = "GPU n/a: " + data["no_gpu"]
+        text.append(line)
+        body.append(layout.html_lines([line], "warn"))
+    elif not data.get("gpus"):
+        line = "This kernel holds no GPU memory that gpumem serve knows of."
+        text.append(line)
+        body.append(layout.html_lines([line], "dim"))
     return "\n".join(text).rstrip(), layout.html_doc(title, "".join(body))
 
 

@@ -110,3 +110,85 @@ def test_top_renders_the_daemons_holders(tmp_path, monkeypatch):
         {"name": "user cy (1 notebook)", "user": "cy", "bytes": 1},
     ]
     assert "shared mode" in top["note"]
+
+
+def no_driver_warning():
+    # The daemon's own words (nvml.NoDriverWarning): the magics repeat them.
+    import re
+
+    with open(os.path.join(REPO, "nvml", "source.go")) as f:
+        return re.search(r'const NoDriverWarning = "([^"]+)"', f.read()).group(1)
+
+
+def fake_daemon(monkeypatch, tmp_path, report, notebook):
+    import json
+
+    with_socket(monkeypatch, str(tmp_path / "gpumem.sock"))
+    monkeypatch.setitem(state.config, "kernel_id", "k-mine")
+
+    def get(path, timeout):
+        if path.startswith("/api/v1/kernels/k-mine"):
+            return 200, json.dumps(notebook).encode()
+        if path == "/api/v1/notebooks":
+            return 200, json.dumps(report).encode()
+        return 404, b'{"error": "no such route"}'
+
+    monkeypatch.setattr(daemon, "sidecar_get", get)
+
+
+def test_no_driver_said_in_the_daemons_words(tmp_path, monkeypatch):
+    # Without a driver the daemon reports no GPU and says why: %gpumem and
+    # %gpumem top say that sentence, never "0 B" nor a MIG guess.
+    from gpumem_magics import render
+
+    why = no_driver_warning()
+    nb = {"kernel_id": "k-mine", "gpu_memory_bytes": 0, "per_gpu": [], "pids": [os.getpid()]}
+    fake_daemon(monkeypatch, tmp_path, {"gpus": [], "notebooks": [nb], "warnings": [why]}, nb)
+    drv = daemon.driver_usage()
+    assert drv["no_gpu"].startswith(why) and "nvidia-smi" in drv["no_gpu"], drv
+    text, html = render.render({"kind": "summary", "pid": 1, "frameworks": [], "driver": drv, "advice": None})
+    assert "GPU n/a: " + why in text and why in html, text
+    assert "0 B" not in text and "MIG" not in text, text
+    top = daemon.top_data()
+    text, html = render.render(top)
+    assert "GPU n/a: " + why in text and why in html, text
+
+
+def test_no_gpu_without_the_daemons_reason(tmp_path, monkeypatch):
+    # A shared daemon shows a user no warnings: the panel's words then.
+    nb = {"kernel_id": "k-mine", "gpu_memory_bytes": 0, "per_gpu": [], "pids": [1]}
+    fake_daemon(monkeypatch, tmp_path, {"gpus": [], "notebooks": [nb], "view": "own"}, nb)
+    assert daemon.driver_usage()["no_gpu"].startswith("gpumem serve sees no GPU on this machine")
+
+
+def test_simulated_gpus_said(tmp_path, monkeypatch):
+    from gpumem_magics import render
+
+    nb = {"kernel_id": "k-mine", "gpu_memory_bytes": 0, "per_gpu": [], "pids": [1]}
+    gpu = {"index": 0, "name": "Simulated H100", "simulated": True, "memory_used_bytes": 5, "memory_total_bytes": 80}
+    fake_daemon(monkeypatch, tmp_path, {"gpus": [gpu], "notebooks": [nb]}, nb)
+    drv = daemon.driver_usage()
+    assert drv["simulated"] == daemon.SIMULATED and "no_gpu" not in drv, drv
+    text, _ = render.render({"kind": "summary", "pid": 1, "frameworks": [], "driver": drv, "advice": None})
+    assert daemon.SIMULATED in text and "0 B for this kernel" in text, text
+    top = daemon.top_view({"gpus": [gpu]}, {0}, "k-mine")
+    assert daemon.SIMULATED in render.render(top)[0]
+
+
+def test_real_gpus_no_note_one_request(tmp_path, monkeypatch):
+    # A kernel with figures asks for its own only (the one request a
+    # kernel makes in shared mode); one without asks for the report too.
+    nb = {"kernel_id": "k-mine", "gpu_memory_bytes": 5, "per_gpu": [{"index": 0, "bytes": 5}], "pids": [1]}
+    gpu = {"index": 0, "name": "NVIDIA H200", "memory_used_bytes": 5, "memory_total_bytes": 80}
+    fake_daemon(monkeypatch, tmp_path, {"gpus": [gpu], "notebooks": [nb]}, nb)
+    asked = []
+    get = daemon.sidecar_get
+    monkeypatch.setattr(daemon, "sidecar_get", lambda path, timeout: asked.append(path) or get(path, timeout))
+    drv = daemon.driver_usage()
+    assert "no_gpu" not in drv and "simulated" not in drv, drv
+    assert asked == ["/api/v1/kernels/k-mine"], asked
+    assert daemon.gpu_note({"gpus": [gpu]}) == {}
+    nb.update(gpu_memory_bytes=0, per_gpu=[])
+    asked.clear()
+    assert "no_gpu" not in daemon.driver_usage()
+    assert asked == ["/api/v1/kernels/k-mine", "/api/v1/notebooks"], asked
