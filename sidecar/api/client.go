@@ -34,14 +34,57 @@ func (e *noDaemonError) Unwrap() error        { return e.err }
 func (e *noDaemonError) Is(target error) bool { return target == ErrNoDaemon }
 
 // StatusError is a reply of the daemon other than 200: Message is its
-// {"error": ...}.
+// {"error": ...}. Its Error is a sentence for the user of the CLI: what
+// the daemon said and what to do, never the HTTP status, which is the
+// API's detail (StatusCode keeps it for callers that branch on it).
 type StatusError struct {
 	StatusCode int
 	Message    string
 }
 
 func (e *StatusError) Error() string {
-	return fmt.Sprintf("gpumem daemon: %d %s: %s", e.StatusCode, http.StatusText(e.StatusCode), e.Message)
+	msg := e.Message
+	if msg == "" {
+		msg = "it gave no reason"
+	}
+	return statusLead(e.StatusCode) + msg + statusAdvice(e.StatusCode)
+}
+
+// statusLead says what the daemon did, by the kind of its answer.
+func statusLead(code int) string {
+	switch {
+	case code == http.StatusForbidden:
+		return "the gpumem daemon refused: "
+	case code == http.StatusNotFound:
+		return "the gpumem daemon does not know it: "
+	case code == http.StatusTooManyRequests:
+		return "the gpumem daemon is busy: "
+	case code == http.StatusGatewayTimeout:
+		return "timed out: "
+	case code == http.StatusBadGateway:
+		return "the kernel did not answer the gpumem daemon: "
+	case code >= 500:
+		return "the gpumem daemon failed: "
+	default:
+		return "the gpumem daemon refused the request: "
+	}
+}
+
+// statusAdvice is the next step, where the daemon's message has none of
+// its own to give.
+func statusAdvice(code int) string {
+	switch {
+	case code == http.StatusTooManyRequests:
+		return " (try again in a moment)"
+	case code == http.StatusUnprocessableEntity:
+		return " (nothing was changed)"
+	case code >= 500:
+		return " (gpumem serve's log says more; try again, or restart gpumem serve if it keeps failing)"
+	case code == http.StatusBadRequest || code == http.StatusRequestEntityTooLarge || code == http.StatusUnsupportedMediaType:
+		return " (this gpumem and the daemon may be different versions: gpumem version, and the daemon's, tell)"
+	default:
+		return ""
+	}
 }
 
 // DefaultTimeout bounds a Client call whose ctx has no deadline.
