@@ -62,7 +62,11 @@ func runLs(ctx context.Context, env Env, args []string) error {
 	fs.Var(&watch, "watch", "redraw every INTERVAL (default 2s) until Ctrl-C")
 	var dirs dirList
 	fs.Var(&dirs, "runtime-dir", "also scan this Jupyter runtime `dir` (repeatable; it must exist)")
-	if _, err := parseFlags(fs, args); err != nil {
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos); err != nil {
 		return err
 	}
 	width := tableWidth

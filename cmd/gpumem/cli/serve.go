@@ -63,7 +63,11 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	exitWith := fs.Int("exit-with-parent", 0, "the pid of this daemon's parent (the Jupyter server whose extension started it): when it exits, wait for its kernels to end, reclaim what they left, then stop")
 	kf := addKubeFlags(fs, env)
 	setFlagGroups(env, fs, "[flags]", serveFlagGroups)
-	if _, err := parseFlags(fs, args); err != nil {
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos); err != nil {
 		return err
 	}
 	for _, d := range []struct {
