@@ -28,7 +28,8 @@ type noDaemonError struct {
 }
 
 func (e *noDaemonError) Error() string {
-	return fmt.Sprintf("no gpumem daemon serves %s: %v", e.path, e.err)
+	return fmt.Sprintf("no gpumem daemon serves %s (%v): start gpumem serve, or set GPUMEM_SOCKET to the socket of one that runs",
+		e.path, unwrapURL(e.err))
 }
 func (e *noDaemonError) Unwrap() error        { return e.err }
 func (e *noDaemonError) Is(target error) bool { return target == ErrNoDaemon }
@@ -278,12 +279,13 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
 			return &noDaemonError{path: c.path, err: err}
 		}
-		return fmt.Errorf("gpumem daemon at %s: %w", c.path, err)
+		return transportError(ctx, c.path, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes))
 	if err != nil {
-		return fmt.Errorf("gpumem daemon at %s: read reply to %s %s: %w", c.path, method, path, err)
+		return fmt.Errorf("the gpumem daemon at %s broke off its reply (%w): try again; if it keeps failing, "+
+			"gpumem serve's log says why", c.path, unwrapURL(err))
 	}
 	if resp.StatusCode != http.StatusOK {
 		var eb errorBody
@@ -293,7 +295,32 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 		return &StatusError{StatusCode: resp.StatusCode, Message: eb.Error}
 	}
 	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("gpumem daemon at %s: decode reply to %s %s: %w", c.path, method, path, err)
+		return fmt.Errorf("the gpumem daemon at %s sent a reply this gpumem cannot read (%w): "+
+			"it may be another version (compare gpumem version with the daemon's) or restart gpumem serve", c.path, err)
 	}
 	return nil
+}
+
+// transportError says why a call got no reply, without the request's
+// URL or method (http.Client's wording): the socket, and what to do.
+func transportError(ctx context.Context, path string, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+		return fmt.Errorf("the gpumem daemon at %s did not answer in time (%w): it may be busy or hung; "+
+			"try again, or restart gpumem serve if it keeps not answering", path, context.DeadlineExceeded)
+	}
+	if errors.Is(err, context.Canceled) {
+		return fmt.Errorf("call to the gpumem daemon at %s: %w", path, context.Canceled)
+	}
+	return fmt.Errorf("the gpumem daemon at %s did not answer (%w): try again; if it keeps failing, "+
+		"restart gpumem serve (its log says why)", path, unwrapURL(err))
+}
+
+// unwrapURL is the cause inside http.Client's *url.Error, whose text
+// names the request ("Get \"http://...\": ...").
+func unwrapURL(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
 }
