@@ -215,7 +215,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	if parent == nil {
-		return d.Run(ctx)
+		return servedBy(env, d.Run(ctx), sock, runtimeDirs)
 	}
 	var leaving sync.WaitGroup
 	leaving.Add(1)
@@ -224,7 +224,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		leaveWithParent(ctx, parent, *exitWith, d, log)
 		stopRun()
 	}()
-	err = d.Run(ctx)
+	err = servedBy(env, d.Run(ctx), sock, runtimeDirs)
 	stopRun()
 	leaving.Wait()
 	return err
