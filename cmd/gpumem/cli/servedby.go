@@ -27,6 +27,7 @@ func servedBy(env Env, err error, sock string, runtimeDirs []string) error {
 		return err
 	}
 	lines := strings.Split(err.Error(), "\n")
+	var holders []string
 	seen := map[int]bool{}
 	for _, path := range append(append([]string(nil), runtimeDirs...), sock+".lock") {
 		pid, ok := lockHolder(env.procRoot(), path)
@@ -35,11 +36,15 @@ func servedBy(env Env, err error, sock string, runtimeDirs []string) error {
 		}
 		seen[pid] = true
 		self, parent := holderProcs(env.procFS(), pid)
-		lines = append(lines, holderText(pid, self, parent, uint32(os.Geteuid()), sock))
+		holders = append(holders, holderText(pid, self, parent, uint32(os.Geteuid()), sock))
 	}
-	if len(seen) == 0 {
-		lines = append(lines, "which process it is is hidden from this user; `gpumem ls` works with it as it is")
+	if len(holders) == 0 {
+		holders = append(holders, "which process it is is hidden from this user; `gpumem ls` works with it as it is")
 	}
+	// On the refusal's own line: JupyterLab's extension reads the last
+	// line of a daemon that exited to tell "another daemon won" from a
+	// crash (supervision.py's TAKEN_MARK).
+	lines[len(lines)-1] += "; " + strings.Join(holders, "; ")
 	return &linesError{lines: lines}
 }
 
