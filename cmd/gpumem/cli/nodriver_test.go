@@ -75,9 +75,10 @@ func TestLsIdleNoDriverRun(t *testing.T) {
 		t.Skip("this host has an NVIDIA driver")
 	}
 	var out, errb bytes.Buffer
+	home := t.TempDir() // no runtime dir, no daemon's socket: standalone
 	env := Env{Stdout: &out, Stderr: &errb, Getenv: func(k string) string {
 		if k == "JUPYTER_RUNTIME_DIR" || k == "HOME" {
-			return t.TempDir()
+			return home
 		}
 		return ""
 	}}
