@@ -28,20 +28,64 @@ type noDaemonError struct {
 }
 
 func (e *noDaemonError) Error() string {
-	return fmt.Sprintf("no gpumem daemon serves %s: %v", e.path, e.err)
+	return fmt.Sprintf("no gpumem daemon serves %s (%v): start gpumem serve, or set GPUMEM_SOCKET to the socket of one that runs",
+		e.path, unwrapURL(e.err))
 }
 func (e *noDaemonError) Unwrap() error        { return e.err }
 func (e *noDaemonError) Is(target error) bool { return target == ErrNoDaemon }
 
 // StatusError is a reply of the daemon other than 200: Message is its
-// {"error": ...}.
+// {"error": ...}. Its Error is a sentence for the user of the CLI: what
+// the daemon said and what to do, never the HTTP status, which is the
+// API's detail (StatusCode keeps it for callers that branch on it).
 type StatusError struct {
 	StatusCode int
 	Message    string
 }
 
 func (e *StatusError) Error() string {
-	return fmt.Sprintf("gpumem daemon: %d %s: %s", e.StatusCode, http.StatusText(e.StatusCode), e.Message)
+	msg := e.Message
+	if msg == "" {
+		msg = "it gave no reason"
+	}
+	return statusLead(e.StatusCode) + msg + statusAdvice(e.StatusCode)
+}
+
+// statusLead says what the daemon did, by the kind of its answer.
+func statusLead(code int) string {
+	switch {
+	case code == http.StatusForbidden:
+		return "the gpumem daemon refused: "
+	case code == http.StatusNotFound:
+		return "the gpumem daemon does not know it: "
+	case code == http.StatusTooManyRequests:
+		return "the gpumem daemon is busy: "
+	case code == http.StatusGatewayTimeout:
+		return "timed out: "
+	case code == http.StatusBadGateway:
+		return "the kernel did not answer the gpumem daemon: "
+	case code >= 500:
+		return "the gpumem daemon failed: "
+	default:
+		return "the gpumem daemon refused the request: "
+	}
+}
+
+// statusAdvice is the next step, where the daemon's message has none of
+// its own to give.
+func statusAdvice(code int) string {
+	switch {
+	case code == http.StatusTooManyRequests:
+		return " (try again in a moment)"
+	case code == http.StatusUnprocessableEntity:
+		return " (nothing was changed)"
+	case code >= 500:
+		return " (gpumem serve's log says more; try again, or restart gpumem serve if it keeps failing)"
+	case code == http.StatusBadRequest || code == http.StatusRequestEntityTooLarge || code == http.StatusUnsupportedMediaType:
+		return " (this gpumem and the daemon may be different versions: gpumem version, and the daemon's, tell)"
+	default:
+		return ""
+	}
 }
 
 // DefaultTimeout bounds a Client call whose ctx has no deadline.
@@ -235,12 +279,13 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
 			return &noDaemonError{path: c.path, err: err}
 		}
-		return fmt.Errorf("gpumem daemon at %s: %w", c.path, err)
+		return transportError(ctx, c.path, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes))
 	if err != nil {
-		return fmt.Errorf("gpumem daemon at %s: read reply to %s %s: %w", c.path, method, path, err)
+		return fmt.Errorf("the gpumem daemon at %s broke off its reply (%w): try again; if it keeps failing, "+
+			"gpumem serve's log says why", c.path, unwrapURL(err))
 	}
 	if resp.StatusCode != http.StatusOK {
 		var eb errorBody
@@ -250,7 +295,32 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 		return &StatusError{StatusCode: resp.StatusCode, Message: eb.Error}
 	}
 	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("gpumem daemon at %s: decode reply to %s %s: %w", c.path, method, path, err)
+		return fmt.Errorf("the gpumem daemon at %s sent a reply this gpumem cannot read (%w): "+
+			"it may be another version (compare gpumem version with the daemon's) or restart gpumem serve", c.path, err)
 	}
 	return nil
+}
+
+// transportError says why a call got no reply, without the request's
+// URL or method (http.Client's wording): the socket, and what to do.
+func transportError(ctx context.Context, path string, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil {
+		return fmt.Errorf("the gpumem daemon at %s did not answer in time (%w): it may be busy or hung; "+
+			"try again, or restart gpumem serve if it keeps not answering", path, context.DeadlineExceeded)
+	}
+	if errors.Is(err, context.Canceled) {
+		return fmt.Errorf("call to the gpumem daemon at %s: %w", path, context.Canceled)
+	}
+	return fmt.Errorf("the gpumem daemon at %s did not answer (%w): try again; if it keeps failing, "+
+		"restart gpumem serve (its log says why)", path, unwrapURL(err))
+}
+
+// unwrapURL is the cause inside http.Client's *url.Error, whose text
+// names the request ("Get \"http://...\": ...").
+func unwrapURL(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
 }

@@ -23,6 +23,16 @@ const maxSocketPath = 107
 // staleCheckTimeout bounds the connect that tells a live socket from a stale one.
 const staleCheckTimeout = 2 * time.Second
 
+// ErrServed is matched (errors.Is) by Listen's error when another daemon
+// serves the path: its caller may say which (it holds "<path>.lock").
+var ErrServed = errors.New("another gpumem daemon is serving the socket")
+
+// servedError is Listen's refusal of a path another daemon serves.
+type servedError struct{ path, detail string }
+
+func (e *servedError) Error() string        { return "another gpumem daemon is serving " + e.path + e.detail }
+func (e *servedError) Is(target error) bool { return target == ErrServed }
+
 // Listener is the daemon's unix socket. It holds an exclusive lock on
 // "<path>.lock" for its lifetime, so that two daemons starting at once cannot
 // both decide the socket is stale and replace each other's. Close removes the
@@ -85,7 +95,7 @@ func Listen(ctx context.Context, path string, mode Mode) (*Listener, error) {
 	ln, err := lc.Listen(ctx, "unix", path)
 	if err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
-			return nil, fmt.Errorf("another gpumem daemon is serving %s", path)
+			return nil, &servedError{path: path}
 		}
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
@@ -135,7 +145,7 @@ func lockFile(socketPath string) (*os.File, error) {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		_ = f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("another gpumem daemon is serving %s (it holds %s)", socketPath, path)
+			return nil, &servedError{path: socketPath, detail: " (it holds " + path + ")"}
 		}
 		return nil, fmt.Errorf("lock %s: %w", path, err)
 	}
@@ -161,7 +171,7 @@ func removeStale(ctx context.Context, path string) error {
 	switch {
 	case err == nil:
 		_ = conn.Close()
-		return fmt.Errorf("another gpumem daemon is serving %s", path)
+		return &servedError{path: path}
 	case errors.Is(err, syscall.ECONNREFUSED):
 		// Stale: its daemon died without removing it.
 	case errors.Is(err, syscall.ENOENT):

@@ -40,8 +40,9 @@ func newDirLocks(dirs []string) *dirLocks {
 	return &dirLocks{own: dirs, held: map[string]*os.File{}}
 }
 
-// errDirTaken means another daemon watches the dir.
-var errDirTaken = errors.New("another gpumem daemon is serving this runtime dir")
+// ErrDirTaken is matched (errors.Is) by Run's error when another daemon
+// watches one of its runtime dirs (it holds the dir's flock).
+var ErrDirTaken = errors.New("another gpumem daemon is serving this runtime dir")
 
 // lock takes or re-takes the lock of every own dir that exists and checks
 // every user dir; it returns the dirs the daemon may scan (locked, free,
@@ -167,7 +168,7 @@ func (l *dirLocks) lockOneLocked(dir string) error {
 	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return fmt.Errorf("runtime dir %s: %w: stop it, or watch other dirs", dir, errDirTaken)
+			return fmt.Errorf("runtime dir %s: %w: stop it, or watch other dirs", dir, ErrDirTaken)
 		}
 		return fmt.Errorf("lock runtime dir %s: %w", dir, err)
 	}

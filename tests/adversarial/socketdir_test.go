@@ -1,7 +1,9 @@
 package adversarial
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -105,7 +107,7 @@ func TestSecondDaemonOnSameRuntimeDir(t *testing.T) {
 	t.Parallel()
 	dir := jupyterDir(t)
 	gpu := testenv.NewFakeGPU(t)
-	testenv.StartDaemon(t, gpumemBin, dir, gpu)
+	first := testenv.StartDaemon(t, gpumemBin, dir, gpu)
 	other := filepath.Join(dir, "elsewhere")
 	if err := os.Mkdir(other, 0o700); err != nil {
 		t.Fatal(err)
@@ -117,5 +119,23 @@ func TestSecondDaemonOnSameRuntimeDir(t *testing.T) {
 	if out := second.Output(); !strings.Contains(out, "another gpumem daemon is serving this runtime dir") ||
 		!strings.Contains(out, filepath.Join(dir, "runtime")) {
 		t.Errorf("the second daemon's error does not name the runtime dir:\n%s", out)
+	}
+	// It names the daemon that serves it, and how to proceed.
+	holder := fmt.Sprintf("pid %d (user ", first.Cmd.Process.Pid)
+	if out := second.Output(); !strings.Contains(out, holder) || !strings.Contains(out, fmt.Sprintf("kill %d", first.Cmd.Process.Pid)) {
+		t.Errorf("the second daemon's error does not name the first, %q:\n%s", holder, out)
+	}
+	// The same for the socket: a daemon of another runtime dir given the
+	// first's socket names the first (the holder of the socket's lock).
+	third := testenv.TryStartDaemon(t, gpumemBin, other, gpu, "--socket="+first.Socket)
+	if !third.Wait(30 * time.Second) {
+		t.Fatal("a second daemon runs on the same socket")
+	}
+	if out := third.Output(); !strings.Contains(out, "another gpumem daemon is serving "+first.Socket) || !strings.Contains(out, holder) {
+		t.Errorf("the daemon on a served socket does not name the one serving it, %q:\n%s", holder, out)
+	}
+	// The innocent: the first daemon still serves.
+	if err := first.Client.Healthz(context.Background()); err != nil {
+		t.Errorf("the first daemon no longer answers: %v", err)
 	}
 }

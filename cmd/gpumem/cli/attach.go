@@ -32,8 +32,8 @@ func runAttach(ctx context.Context, env Env, args []string) error {
 	if err := positive("timeout", *timeout); err != nil {
 		return err
 	}
-	if len(pos) != 1 {
-		return fmt.Errorf("%w: want exactly one KERNEL, got %d", errUsage, len(pos))
+	if err := wantArgs(fs, pos, "KERNEL"); err != nil {
+		return err
 	}
 	k, err := resolveKernel(ctx, env, pos[0], dirs)
 	if err != nil {
@@ -81,8 +81,8 @@ func runFree(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 {
-		return fmt.Errorf("%w: want exactly one KERNEL, got %d", errUsage, len(pos))
+	if err := wantArgs(fs, pos, "KERNEL"); err != nil {
+		return err
 	}
 	if err := positive("timeout", *timeout); err != nil {
 		return err

@@ -88,7 +88,7 @@ func Run(ctx context.Context, args []string, env Env) int {
 		cmd, ok = hiddenCommands[args[0]]
 	}
 	if !ok {
-		fmt.Fprintf(env.Stderr, "gpumem: unknown command %q; run 'gpumem help' for the list\n", args[0])
+		fmt.Fprintln(env.Stderr, unknownCommandText(args[0]))
 		return 2
 	}
 	err := cmd.run(ctx, env, args[1:])
@@ -132,6 +132,19 @@ func errorText(err error) string {
 		lines[i] = textsafe.Line(l)
 	}
 	return textsafe.Line(strings.TrimSuffix(msg, le.Error())) + strings.Join(lines, "\n")
+}
+
+// unknownCommandText is the line for a command gpumem does not have, with
+// the one it is likely a slip of.
+func unknownCommandText(name string) string {
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	if s := suggest(name, names); s != "" {
+		return fmt.Sprintf("gpumem: unknown command %q; did you mean `gpumem %s`? (gpumem help lists the commands)", name, s)
+	}
+	return fmt.Sprintf("gpumem: unknown command %q; run 'gpumem help' for the list", name)
 }
 
 func usage(w io.Writer) {

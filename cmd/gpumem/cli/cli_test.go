@@ -287,15 +287,15 @@ func TestRunExitCodes(t *testing.T) {
 		inStderr string
 	}{
 		{[]string{"nope"}, 2, `unknown command "nope"`},
-		{[]string{"ls", "--bogus"}, 2, "flag provided but not defined"},
+		{[]string{"ls", "--bogus"}, 2, "unknown flag --bogus (gpumem ls -h lists its flags)"},
 		{[]string{"serve", "--socket-mode=open"}, 2, "socket-mode"},
 		{[]string{"serve", "--alert-threshold=2"}, 2, "between 0 and 1"},
 		// Not in a cluster (with -tags kubernetes), or a build without
 		// client-go: either way a clear error, before anything starts.
 		{[]string{"serve", "--kubernetes"}, 1, "--kubernetes: "},
-		{[]string{"free"}, 2, "want exactly one KERNEL"},
+		{[]string{"free"}, 2, "missing KERNEL"},
 		{[]string{"free", "k", "--vars", "1bad"}, 2, ""},
-		{[]string{"attach", "a", "b"}, 2, "want exactly one KERNEL"},
+		{[]string{"attach", "a", "b"}, 2, `unexpected argument "b": gpumem attach takes only KERNEL`},
 		{[]string{"help"}, 0, ""},
 		{[]string{"version"}, 0, ""},
 		// Nonsense values: refused before anything starts, naming the flag.
@@ -366,7 +366,7 @@ func TestHelpOnStdout(t *testing.T) {
 		if code := Run(context.Background(), []string{cmd, "--help"}, env); code != 0 {
 			t.Errorf("gpumem %s --help: exit %d", cmd, code)
 		}
-		if !strings.HasPrefix(out.String(), "Usage: gpumem "+cmd) || !strings.Contains(out.String(), "-runtime-dir") || errb.Len() != 0 {
+		if !strings.HasPrefix(out.String(), "Usage: gpumem "+cmd) || !strings.Contains(out.String(), "  --runtime-dir") || errb.Len() != 0 {
 			t.Errorf("gpumem %s --help: stdout %q, stderr %q; want the help on stdout only", cmd, out.String(), errb.String())
 		}
 	}
@@ -396,8 +396,8 @@ func TestServeHelpGroups(t *testing.T) {
 	}
 	for _, g := range serveFlagGroups {
 		for _, f := range g.flags {
-			if n := strings.Count(help, "\n  -"+f+" ") + strings.Count(help, "\n  -"+f+"\n"); n != 1 {
-				t.Errorf("serve -h lists -%s %d times", f, n)
+			if n := strings.Count(help, "\n  --"+f+" ") + strings.Count(help, "\n  --"+f+"\n"); n != 1 {
+				t.Errorf("serve -h lists --%s %d times", f, n)
 			}
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 )
@@ -81,8 +82,17 @@ func printFlags(w io.Writer, fs *flag.FlagSet, names []string) {
 	for _, n := range names {
 		add(fs.Lookup(n))
 	}
-	sub.SetOutput(w)
+	var b strings.Builder
+	sub.SetOutput(&b)
 	sub.PrintDefaults()
+	// flag writes each flag as "  -name"; the synopsis, the README and
+	// every message of gpumem write "--name" (flag accepts both).
+	for _, line := range strings.SplitAfter(b.String(), "\n") {
+		if strings.HasPrefix(line, "  -") {
+			line = "  --" + line[len("  -"):]
+		}
+		io.WriteString(w, line)
+	}
 }
 
 // parseFlags parses args, wrapping errors as usage errors. It allows flags
@@ -98,7 +108,7 @@ func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 				help()
 				return nil, err
 			}
-			return nil, fmt.Errorf("%w: %v (gpumem %s -h lists its flags)", errUsage, err, fs.Name())
+			return nil, fmt.Errorf("%w: %s (gpumem %s -h lists its flags)", errUsage, flagErrorText(fs, err), fs.Name())
 		}
 		args = fs.Args()
 		if len(args) == 0 {
@@ -110,6 +120,54 @@ func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 		positional = append(positional, args[0])
 		args = args[1:]
 	}
+}
+
+// undefinedFlag is how flag says a flag is not fs's.
+const undefinedFlag = "flag provided but not defined: -"
+
+// flagMention is a flag named in one of flag's errors: "-name" after a
+// space or at the start.
+var flagMention = regexp.MustCompile(`(^|[ :])-([A-Za-z][A-Za-z0-9-]*)`)
+
+// flagErrorText is flag's error as gpumem writes it: flags with two dashes,
+// and an unknown one with the flag it is likely a slip of.
+func flagErrorText(fs *flag.FlagSet, err error) string {
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, undefinedFlag); ok {
+		var names []string
+		fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+		text := fmt.Sprintf("unknown flag --%s", name)
+		if s := suggest(name, names); s != "" {
+			text += fmt.Sprintf("; did you mean --%s?", s)
+		}
+		return text
+	}
+	return flagMention.ReplaceAllStringFunc(msg, func(m string) string {
+		sub := flagMention.FindStringSubmatch(m)
+		if fs.Lookup(sub[2]) == nil {
+			return m
+		}
+		return sub[1] + "--" + sub[2]
+	})
+}
+
+// wantArgs checks the positional arguments against those the command
+// takes (their names, as its synopsis writes them): a stray one is named,
+// never ignored, since a mistyped flag value or a second kernel would
+// otherwise be dropped without a word.
+func wantArgs(fs *flag.FlagSet, pos []string, names ...string) error {
+	switch {
+	case len(pos) > len(names):
+		takes := "no arguments"
+		if len(names) > 0 {
+			takes = "only " + strings.Join(names, " ")
+		}
+		return fmt.Errorf("%w: unexpected argument %q: gpumem %s takes %s (gpumem %s -h shows its usage)",
+			errUsage, pos[len(names)], fs.Name(), takes, fs.Name())
+	case len(pos) < len(names):
+		return fmt.Errorf("%w: missing %s (gpumem %s -h shows its usage)", errUsage, names[len(pos)], fs.Name())
+	}
+	return nil
 }
 
 // stringList is a repeatable string flag.

@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 
 	"github.com/gpumem/gpumem/magics"
 )
@@ -20,8 +19,8 @@ func runInjectCell(_ context.Context, env Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if len(rest) > 0 {
-		return fmt.Errorf("%w: inject-cell takes no arguments (got %q)", errUsage, rest[0])
+	if err := wantArgs(fs, rest); err != nil {
+		return err
 	}
 	cell, err := magics.InjectCell(magics.InjectOptions{})
 	if err != nil {

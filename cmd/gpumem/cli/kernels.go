@@ -29,7 +29,11 @@ func runKernels(ctx context.Context, env Env, args []string) error {
 	var dirs dirList
 	fs.Var(&dirs, "runtime-dir", "also scan this Jupyter runtime `dir` (repeatable; it must exist)")
 	timeout := fs.Duration("timeout", time.Second, "how long to wait for each kernel's heartbeat")
-	if _, err := parseFlags(fs, args); err != nil {
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos); err != nil {
 		return err
 	}
 	if err := positive("timeout", *timeout); err != nil {

@@ -62,7 +62,11 @@ func runLs(ctx context.Context, env Env, args []string) error {
 	fs.Var(&watch, "watch", "redraw every INTERVAL (default 2s) until Ctrl-C")
 	var dirs dirList
 	fs.Var(&dirs, "runtime-dir", "also scan this Jupyter runtime `dir` (repeatable; it must exist)")
-	if _, err := parseFlags(fs, args); err != nil {
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos); err != nil {
 		return err
 	}
 	width := tableWidth
@@ -318,13 +322,17 @@ type lineage struct{ fs *procs.FS }
 
 func (l lineage) ScanTree(details []int) (*procs.Table, error) { return l.fs.ScanLineage(details) }
 
+// noGPUText is what ls says of a host where it sees no GPU: most often no
+// NVIDIA driver (its warning, on stderr, says so), so no figure at all.
+const noGPUText = "No GPUs: GPU memory n/a (no NVIDIA driver, or no GPU seen); check with nvidia-smi."
+
 // writeLs renders a Report like nvidia-smi, but by notebook: per GPU a
 // header, then its notebooks and other processes, biggest first, within
 // width columns (paths and commands cut in their middle; 0: whole, and
 // whole kernel ids).
 func writeLs(w io.Writer, rep attribution.Report, width int) error {
 	if len(rep.GPUs) == 0 {
-		fmt.Fprintln(w, "No GPUs.")
+		writeProse(w, "", 2, noGPUText, width)
 	}
 	for _, g := range rep.GPUs {
 		sim := ""
@@ -443,63 +451,6 @@ func smOn(per []attribution.GPUBytes, index int) string {
 		}
 	}
 	return "unknown"
-}
-
-// gibHours renders GPU memory held over time: to the hundredth below 100,
-// whole above (a column's width stays that of "99.99 GiB·h").
-func gibHours(v float64) string {
-	if v >= 99.995 {
-		return fmt.Sprintf("%.0f GiB·h", v)
-	}
-	return fmt.Sprintf("%.2f GiB·h", v)
-}
-
-// writeIdle renders each kernel's activity beside its GPU memory, largest
-// holder first: who sits on GPU memory without using it. width as writeLs.
-func writeIdle(w io.Writer, rep attribution.Report, now time.Time, width int) error {
-	nbs := append([]attribution.Notebook(nil), rep.Notebooks...)
-	sort.SliceStable(nbs, func(i, j int) bool { return nbs[i].GPUMemoryBytes > nbs[j].GPUMemoryBytes })
-	// The state and its idle time share a column: with the GPU work, the
-	// memory held idle and the cull beside them, the table fits 100
-	// columns with room left for the notebook's path.
-	tb := newTable("", "NOTEBOOK", "KERNEL", "USER", "STATE", "MEMORY", "GPU WORK", "HOARDED", "CULL").cutMiddle(0)
-	for _, nb := range nbs {
-		name := textsafe.Line(nb.Notebook)
-		if name == "" {
-			name = "(no notebook)"
-		}
-		state, cull := "no server", "-"
-		if a := nb.Activity; a != nil {
-			state = orDash(a.ExecutionState)
-			if a.ExecutionState == "idle" {
-				state += " " + units.Seconds(a.IdleSeconds)
-			}
-			if !a.CullAt.IsZero() {
-				cull = fmt.Sprintf("%s in %s", orDash(a.CullAction), units.Duration(a.CullAt.Sub(now)))
-			}
-		}
-		work, hoarded := "-", "-"
-		if c := nb.Compute; c != nil {
-			work = orDash(c.State)
-			if c.HoardedGiBHours != nil {
-				hoarded = gibHours(*c.HoardedGiBHours)
-			}
-		}
-		tb.add(name, kernelColumn(nb.KernelID, width), orDash(nb.User), state, units.Bytes(nb.GPUMemoryBytes), work, hoarded, cull)
-	}
-	if err := tb.write(w, width); err != nil {
-		return err
-	}
-	if len(rep.Hoarding) > 0 {
-		parts := make([]string, len(rep.Hoarding))
-		for i, h := range rep.Hoarding {
-			parts[i] = orDash(h.User) + " " + gibHours(h.GiBHours)
-		}
-		window := time.Duration(rep.Hoarding[0].WindowSeconds) * time.Second
-		writeProse(w, "", 2, fmt.Sprintf("GPU memory held while computing nothing, per user, last %s: %s", units.Duration(window), strings.Join(parts, ", ")), width)
-	}
-	writeLeftRunning(w, rep, width)
-	return nil
 }
 
 // kernelColumn is a kernel id as a table shows it: its first 8 characters

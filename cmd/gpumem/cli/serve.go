@@ -63,7 +63,11 @@ func runServe(ctx context.Context, env Env, args []string) error {
 	exitWith := fs.Int("exit-with-parent", 0, "the pid of this daemon's parent (the Jupyter server whose extension started it): when it exits, wait for its kernels to end, reclaim what they left, then stop")
 	kf := addKubeFlags(fs, env)
 	setFlagGroups(env, fs, "[flags]", serveFlagGroups)
-	if _, err := parseFlags(fs, args); err != nil {
+	pos, err := parseFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, pos); err != nil {
 		return err
 	}
 	for _, d := range []struct {
@@ -211,7 +215,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		return err
 	}
 	if parent == nil {
-		return d.Run(ctx)
+		return servedBy(env, d.Run(ctx), sock, runtimeDirs)
 	}
 	var leaving sync.WaitGroup
 	leaving.Add(1)
@@ -220,7 +224,7 @@ func runServe(ctx context.Context, env Env, args []string) error {
 		leaveWithParent(ctx, parent, *exitWith, d, log)
 		stopRun()
 	}()
-	err = d.Run(ctx)
+	err = servedBy(env, d.Run(ctx), sock, runtimeDirs)
 	stopRun()
 	leaving.Wait()
 	return err

@@ -18,8 +18,8 @@ func runVersion(_ context.Context, env Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if len(rest) > 0 {
-		return fmt.Errorf("%w: version takes no arguments (got %q)", errUsage, rest[0])
+	if err := wantArgs(fs, rest); err != nil {
+		return err
 	}
 	b := gpumem.Current()
 	if *asJSON {
