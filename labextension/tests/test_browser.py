@@ -99,6 +99,19 @@ def browser_page(pw, console):
     page = browser.new_page(viewport=VIEWPORT)
     page.on("console", lambda m: console.append((m.type, m.text, time.monotonic())))
     page.on("pageerror", lambda e: console.append(("pageerror", str(e), time.monotonic())))
+    # JupyterLab itself asks "Select Kernel" now and then when a notebook
+    # opens on a loaded box (its session starts the kernel while a first
+    # initialisation, made before the kernelspecs arrived, asks for one:
+    # the kernel is up and idle behind the dialog, and no kernel died in
+    # the server's log). A user answers with the preselected kernel; so
+    # does the test, before any action it would block, and says so.
+    kernel_dialog = page.locator(".jp-Dialog", has_text="Select Kernel")
+
+    def accept_kernel(dialog):
+        console.append(("info", "answered JupyterLab's Select Kernel dialog with its preselected kernel", time.monotonic()))
+        dialog.locator(".jp-mod-accept").click()
+
+    page.add_locator_handler(kernel_dialog, accept_kernel)
     return browser, page
 
 
