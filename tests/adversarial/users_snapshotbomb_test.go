@@ -1,16 +1,13 @@
 package adversarial
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,9 +19,6 @@ import (
 // The memory snapshot a kernel hands the shared daemon is its user's file:
 // whatever bob puts in his, the daemon stays within its memory bound,
 // keeps sampling, reduces and keeps alice's snapshot, and ends on SIGTERM.
-
-// maxDaemonRSS is the most the daemon may hold whatever a user hands it.
-const maxDaemonRSS = 256 << 20
 
 // snapshotRig is a root shared daemon serving alice's kernel and bob's
 // (bobKernels of them), and a watch on the daemon's memory.
@@ -61,78 +55,6 @@ func startSnapshotRig(t *testing.T, bobKernels int) *snapshotRig {
 	}
 	r.rss = watchRSS(t, r.d)
 	return r
-}
-
-// rssWatch polls the daemon's VmRSS every 10 ms and keeps the highest;
-// past maxDaemonRSS it kills the daemon at once (an old build may grow
-// to GiBs: the machine is shared).
-type rssWatch struct {
-	mu     sync.Mutex
-	peak   uint64
-	killed bool
-	stop   chan struct{}
-	done   chan struct{}
-}
-
-func watchRSS(t *testing.T, d *testenv.Daemon) *rssWatch {
-	w := &rssWatch{stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(w.done)
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			rss, err := procStatusKiB(d.PID(), "VmRSS")
-			if err == nil {
-				w.mu.Lock()
-				w.peak = max(w.peak, rss<<10)
-				over := w.peak > maxDaemonRSS && !w.killed
-				w.killed = w.killed || over
-				w.mu.Unlock()
-				if over {
-					_ = d.Cmd.Process.Kill()
-				}
-			}
-			select {
-			case <-w.stop:
-				return
-			case <-tick.C:
-			}
-		}
-	}()
-	t.Cleanup(func() { close(w.stop); <-w.done })
-	return w
-}
-
-// check fails the test if the daemon's memory passed maxDaemonRSS; the
-// peak is the highest of the polled VmRSS and VmHWM.
-func (w *rssWatch) check(t *testing.T, d *testenv.Daemon, what string) uint64 {
-	t.Helper()
-	w.mu.Lock()
-	peak, killed := w.peak, w.killed
-	w.mu.Unlock()
-	if hwm, err := procStatusKiB(d.PID(), "VmHWM"); err == nil {
-		peak = max(peak, hwm<<10)
-	}
-	t.Logf("%s: the daemon's peak RSS %.1f MiB", what, float64(peak)/(1<<20))
-	if killed || peak > maxDaemonRSS {
-		t.Fatalf("%s: the daemon's RSS reached %.1f MiB (over %d MiB; killed: %v)", what, float64(peak)/(1<<20), maxDaemonRSS>>20, killed)
-	}
-	return peak
-}
-
-// procStatusKiB reads a "kB" field of /proc/<pid>/status.
-func procStatusKiB(pid int, field string) (uint64, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
-			return strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-		}
-	}
-	return 0, fmt.Errorf("pid %d: no %s", pid, field)
 }
 
 // writeAs writes data to a file of u's in u's home.
@@ -214,18 +136,6 @@ func (r *snapshotRig) waitStatus(t *testing.T, u testenv.User, k *testenv.Kernel
 		return false
 	})
 	return got
-}
-
-func (w *rssWatch) peakNow() uint64 {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.peak
-}
-
-func (w *rssWatch) killedNow() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.killed
 }
 
 // checkPace moves alice's kernel's GPU memory and waits (3 s: the daemon
