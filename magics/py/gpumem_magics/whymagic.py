@@ -64,21 +64,29 @@ def teardown_data():
     }
 
 
+def _merge_reply(data, rep):
+    """Puts gpumem serve's reply to a free --children into data (what it
+    ended and left, its figures and notes), or its error, or that there is
+    no sidecar; False when there is nothing more to add."""
+    if rep is None:
+        data["notes"] = [NO_SIDECAR_CHILDREN]
+        return False
+    if rep.get("error"):
+        data["error"] = rep["error"]
+        return False
+    for k in ("ended", "left", "returned_bytes", "before", "after", "notes"):
+        if k in rep:
+            data[k] = rep[k]
+    return True
+
+
 def confirmed_children_data(pids):
     """free --children --pid: gpumem serve ends those workers of this
     kernel, computing or not, and only them; no teardown runs (it would end
     every worker it knows)."""
     data = {"kind": "children", "schema": state.SCHEMA, "teardown": [], "teardown_errors": [], "confirmed": pids}
-    rep = daemon.free_children(pids=pids)
-    if rep is None:
-        data["notes"] = [NO_SIDECAR_CHILDREN]
+    if not _merge_reply(data, daemon.free_children(pids=pids)):
         return data
-    if rep.get("error"):
-        data["error"] = rep["error"]
-        return data
-    for k in ("ended", "left", "returned_bytes", "before", "after", "notes"):
-        if k in rep:
-            data[k] = rep[k]
     known = workers.describe(workers.scan_handles())
     for p in (data.get("ended") or []) + (data.get("left") or []):
         if not p.get("what") and p.get("pid") in known:
@@ -102,16 +110,8 @@ def children_data():
         ]
     else:
         data, skipped = teardown_data(), []
-    rep = daemon.free_children()
-    if rep is None:
-        data["notes"] = [NO_SIDECAR_CHILDREN]
+    if not _merge_reply(data, daemon.free_children()):
         return data
-    if rep.get("error"):
-        data["error"] = rep["error"]
-        return data
-    for k in ("ended", "left", "returned_bytes", "before", "after", "notes"):
-        if k in rep:
-            data[k] = rep[k]
     data["notes"] = skipped + list(data.get("notes") or [])
     if before_err:
         data["notes"] = list(data.get("notes") or []) + [
