@@ -1,11 +1,14 @@
 package daemon
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
 
+	"github.com/gpumem/gpumem/sidecar/discovery"
 	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
@@ -83,4 +86,45 @@ func TestZombieKernelIsAnExit(t *testing.T) {
 	r.d.sample(r.ctx)
 	r.waitLog("kernel process exited", `"pid":100`)
 	r.waitLog("orphan ended", `"pid":101`)
+}
+
+// TestExitReason: a kernel whose process exited was shut down only when its
+// connection file is proven absent (or the scan already found it gone); a
+// file that cannot be read proves nothing and reads as a restart.
+func TestExitReason(t *testing.T) {
+	dir := t.TempDir()
+	present := filepath.Join(dir, "kernel-present.json")
+	if err := os.WriteFile(present, []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	locked := filepath.Join(dir, "locked")
+	if err := os.Mkdir(locked, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	unreadable := filepath.Join(locked, "kernel-x.json")
+	if err := os.WriteFile(unreadable, []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() != 0 { // root reads through the mode
+		if err := os.Chmod(locked, 0); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Chmod(locked, 0o700) })
+	}
+	for _, tc := range []struct {
+		name string
+		ks   kernelState
+		want string
+	}{
+		{"file there", kernelState{connFile: present}, "restart"},
+		{"file absent", kernelState{connFile: filepath.Join(dir, "kernel-gone.json")}, "shutdown"},
+		{"scan found it gone", kernelState{connFile: present, fileGone: true}, "shutdown"},
+		{"file unreadable", kernelState{connFile: unreadable}, "restart"},
+		{"pod kernel, its file not ours", kernelState{connFile: filepath.Join(dir, "kernel-gone.json"), pod: &discovery.PodKernel{}}, "restart"},
+		{"pod kernel the scan found gone", kernelState{connFile: present, pod: &discovery.PodKernel{}, fileGone: true}, "shutdown"},
+	} {
+		if got := exitReasonLocked(&tc.ks); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
 }

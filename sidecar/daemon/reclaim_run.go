@@ -3,6 +3,8 @@ package daemon
 import (
 	"context"
 	"errors"
+	"io/fs"
+	"os"
 	"time"
 
 	"github.com/gpumem/gpumem/sidecar/attribution"
@@ -33,6 +35,24 @@ func (d *Daemon) startReclaim(ctx context.Context, ks *kernelState, recorded map
 		}
 		d.reclaim(ctx, ks, recorded, why, exitedAt)
 	}()
+}
+
+// exitReasonLocked says whether a kernel whose process exited was
+// restarted ("restart": its connection file is there for the next process)
+// or shut down ("shutdown"). A scan believes a missing file only
+// missingGrace after it first misses it, and the exit can come first: so
+// the file itself is looked at, and only its absence (not a failed read)
+// says shutdown. A pod kernel's file is no path of ours: the scan decides.
+func exitReasonLocked(ks *kernelState) string {
+	if ks.fileGone {
+		return "shutdown"
+	}
+	if ks.pod == nil {
+		if _, err := os.Stat(ks.connFile); errors.Is(err, fs.ErrNotExist) {
+			return "shutdown"
+		}
+	}
+	return "restart"
 }
 
 // policyFor is reclaim's policy for a dead kernel of pod ("" outside any)
@@ -69,6 +89,9 @@ func (d *Daemon) reclaim(ctx context.Context, ks *kernelState, recorded map[proc
 	table := obs.Table
 	d.mu.Lock()
 	notebook := ks.notebook
+	if why == "restart" { // the scan may have seen the file go since the exit
+		why = exitReasonLocked(ks)
+	}
 	d.mu.Unlock()
 	pod := ""
 	if ks.pod != nil {

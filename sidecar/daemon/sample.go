@@ -155,9 +155,8 @@ func (d *Daemon) stepRetire(ctx context.Context, t *tick) error {
 			// The kernel process is gone: its old tree's survivors are
 			// orphans. With the file still there a new process serves it
 			// (a restart); without, the kernel was shut down.
-			why := "restart"
+			why := exitReasonLocked(ks)
 			if ks.fileGone {
-				why = "shutdown"
 				delete(d.kernels, file)
 			}
 			d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Int("pid", ks.cur.PID).
