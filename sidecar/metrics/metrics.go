@@ -124,33 +124,45 @@ func (c snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	snap := c.src.Snapshot()
-	rep := snap.Report
+	s := newSeries(ch)
+	simulated := collectGPUs(s, snap.Report)
+	collectHolders(s, snap.Report, c.perNotebook)
+	if c.perNotebook {
+		collectKernels(s, snap.Report)
+	}
+	collectDaemon(s, snap, simulated)
+}
 
-	gauge := newSeries(ch).gauge
-
+// collectGPUs sends each GPU's memory and alert series, and says whether
+// any GPU is simulated.
+func collectGPUs(s *series, rep attribution.Report) (simulated bool) {
 	alerting := map[int]bool{}
 	for _, a := range rep.Alerts {
 		if a.Kind == attribution.AlertThreshold {
 			alerting[a.GPU] = true
 		}
 	}
-	simulated := false
 	seenGPU := map[int]bool{}
 	for _, g := range rep.GPUs {
-		// Two entries with one index would make the whole scrape fail.
+		// Two entries with one index: the first is the GPU (its uuid and
+		// name label the series; a second set of them would be a second GPU).
 		if seenGPU[g.Index] {
 			continue
 		}
 		seenGPU[g.Index] = true
 		idx := strconv.Itoa(g.Index)
-		gauge(descGPUTotal, float64(g.MemoryTotalBytes), idx, g.UUID, g.Name)
-		gauge(descGPUUsed, float64(g.MemoryUsedBytes), idx, g.UUID, g.Name)
-		gauge(descOther, float64(g.OtherBytes), idx)
-		gauge(descAlert, boolFloat(alerting[g.Index]), idx)
+		s.gauge(descGPUTotal, float64(g.MemoryTotalBytes), idx, g.UUID, g.Name)
+		s.gauge(descGPUUsed, float64(g.MemoryUsedBytes), idx, g.UUID, g.Name)
+		s.gauge(descOther, float64(g.OtherBytes), idx)
+		s.gauge(descAlert, boolFloat(alerting[g.Index]), idx)
 		simulated = simulated || g.Simulated
 	}
+	return simulated
+}
 
-	// One series per (kernel, GPU); duplicate entries are summed.
+// collectHolders sends the bytes each notebook (when perNotebook) and each
+// user holds per GPU; entries that label alike are summed.
+func collectHolders(s *series, rep attribution.Report, perNotebook bool) {
 	type nbKey struct {
 		kernelID, notebook, user string
 		gpu                      int
@@ -177,61 +189,54 @@ func (c snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 			userBytes[u] += g.Bytes
 		}
 	}
-	if c.perNotebook {
+	if perNotebook {
 		for _, k := range order {
-			gauge(descNotebook, float64(bytes[k]), k.kernelID, k.notebook, strconv.Itoa(k.gpu), k.user)
+			s.gauge(descNotebook, float64(bytes[k]), k.kernelID, k.notebook, strconv.Itoa(k.gpu), k.user)
 		}
 	}
 	for _, u := range userOrder {
-		gauge(descUser, float64(userBytes[u]), strconv.Itoa(u.gpu), u.user)
+		s.gauge(descUser, float64(userBytes[u]), strconv.Itoa(u.gpu), u.user)
 	}
+}
 
-	// Idle GPU holders: what GPU-aware culling acts on. Labelled by kernel
-	// and notebook, so dropped with them.
-	seenIdle := map[string]bool{}
+// collectKernels sends the per-kernel series: the idle GPU holders (what
+// GPU-aware culling acts on) and each kernel's peak. Labelled by kernel
+// and notebook, so dropped with them; one series per kernel.
+func collectKernels(s *series, rep attribution.Report) {
+	seenIdle, seenPeak := map[string]bool{}, map[string]bool{}
 	for _, nb := range rep.Notebooks {
-		if !c.perNotebook {
-			break
-		}
 		a := nb.Activity
-		if a == nil || a.ExecutionState != "idle" || nb.GPUMemoryBytes == 0 || seenIdle[nb.KernelID] {
-			continue
+		computing := nb.Compute != nil && nb.Compute.State == attribution.ComputeComputing
+		// Its server may say idle while its processes compute on a GPU:
+		// in use, then.
+		if a != nil && a.ExecutionState == "idle" && nb.GPUMemoryBytes > 0 && !computing && !seenIdle[nb.KernelID] {
+			seenIdle[nb.KernelID] = true
+			s.gauge(descIdleBytes, float64(nb.GPUMemoryBytes), nb.KernelID, nb.Notebook, nb.User)
+			s.gauge(descIdleSeconds, a.IdleSeconds, nb.KernelID, nb.Notebook, nb.User)
 		}
-		if nb.Compute != nil && nb.Compute.State == attribution.ComputeComputing {
-			continue // its server says idle, but its processes compute on a GPU: in use
-		}
-		seenIdle[nb.KernelID] = true
-		gauge(descIdleBytes, float64(nb.GPUMemoryBytes), nb.KernelID, nb.Notebook, nb.User)
-		gauge(descIdleSeconds, a.IdleSeconds, nb.KernelID, nb.Notebook, nb.User)
-	}
-	seenPeak := map[string]bool{}
-	for _, nb := range rep.Notebooks {
-		// Set by the daemon's history only; one series per kernel.
-		if c.perNotebook && nb.PeakBytes > 0 && !seenPeak[nb.KernelID] {
+		// Set by the daemon's history only.
+		if nb.PeakBytes > 0 && !seenPeak[nb.KernelID] {
 			seenPeak[nb.KernelID] = true
-			gauge(descNotebookPeak, float64(nb.PeakBytes), nb.KernelID, nb.Notebook, nb.User)
+			s.gauge(descNotebookPeak, float64(nb.PeakBytes), nb.KernelID, nb.Notebook, nb.User)
 		}
 	}
+}
 
-	threshold := snap.AlertThreshold
-	if threshold < 0 {
-		threshold = 0
-	}
-	gauge(descThreshold, threshold)
-	gauge(descAttached, float64(snap.AttachedKernels))
-	gauge(descSampleDuration, snap.SampleDuration.Seconds())
-	gauge(descSampleSuccess, boolFloat(snap.SampleSuccess))
+// collectDaemon sends the daemon's own series: its threshold, kernels
+// attached, and its last sample and each of its steps (the first of a
+// step named twice).
+func collectDaemon(s *series, snap Snapshot, simulated bool) {
+	s.gauge(descThreshold, max(snap.AlertThreshold, 0))
+	s.gauge(descAttached, float64(snap.AttachedKernels))
+	s.gauge(descSampleDuration, snap.SampleDuration.Seconds())
+	s.gauge(descSampleSuccess, boolFloat(snap.SampleSuccess))
 	if !snap.SampledAt.IsZero() {
-		gauge(descSampleTime, float64(snap.SampledAt.UnixNano())/1e9)
+		s.gauge(descSampleTime, float64(snap.SampledAt.UnixNano())/1e9)
 	}
-	gauge(descSimulated, boolFloat(simulated))
-	seenStep := map[string]bool{}
-	for _, st := range snap.Steps {
-		if !seenStep[st.Step] {
-			seenStep[st.Step] = true
-			gauge(descStepDuration, st.Duration.Seconds(), st.Step)
-			gauge(descStepSuccess, boolFloat(st.Success), st.Step)
-		}
+	s.gauge(descSimulated, boolFloat(simulated))
+	for _, st := range snap.Steps { // the series dedupes a step's second entry
+		s.gauge(descStepDuration, st.Duration.Seconds(), st.Step)
+		s.gauge(descStepSuccess, boolFloat(st.Success), st.Step)
 	}
 }
 
