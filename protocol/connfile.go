@@ -142,48 +142,65 @@ func parseConnectionInfo(data []byte, path string) (ConnectionInfo, error) {
 	}
 
 	info := ConnectionInfo{Path: path}
+	if err := parseAddress(fields, &info); err != nil {
+		return ConnectionInfo{}, err
+	}
+	if err := parsePorts(fields, &info); err != nil {
+		return ConnectionInfo{}, err
+	}
+	return info, nil
+}
+
+// parseAddress reads the file's transport, signature scheme, key, kernel
+// name and ip into info (path set): each checked, the ipc path prefix made
+// absolute beside the file.
+func parseAddress(fields map[string]json.RawMessage, info *ConnectionInfo) error {
 	var err error
 	if info.Transport, err = optionalString(fields, "transport", "tcp"); err != nil {
-		return ConnectionInfo{}, err
+		return err
 	}
 	if info.Transport != "tcp" && info.Transport != "ipc" {
-		return ConnectionInfo{}, fmt.Errorf("transport %q is not supported: want \"tcp\" or \"ipc\"", info.Transport)
+		return fmt.Errorf("transport %q is not supported: want \"tcp\" or \"ipc\"", info.Transport)
 	}
 	if info.SignatureScheme, err = optionalString(fields, "signature_scheme", "hmac-sha256"); err != nil {
-		return ConnectionInfo{}, err
+		return err
 	}
 	if info.SignatureScheme != "hmac-sha256" {
-		return ConnectionInfo{}, fmt.Errorf("signature_scheme %q is not supported: gpumem signs messages with hmac-sha256 only (Jupyter's default); start the kernel with the default signature scheme", info.SignatureScheme)
+		return fmt.Errorf("signature_scheme %q is not supported: gpumem signs messages with hmac-sha256 only (Jupyter's default); start the kernel with the default signature scheme", info.SignatureScheme)
 	}
 	if info.Key, err = optionalString(fields, "key", ""); err != nil {
-		return ConnectionInfo{}, err
+		return err
 	}
 	if info.KernelName, err = optionalString(fields, "kernel_name", ""); err != nil {
-		return ConnectionInfo{}, err
+		return err
 	}
 	if info.IP, err = optionalString(fields, "ip", ""); err != nil {
-		return ConnectionInfo{}, err
+		return err
 	}
 	switch info.Transport {
 	case "tcp":
 		if info.IP == "" {
-			return ConnectionInfo{}, fmt.Errorf("ip is missing: %s", regenerateHint)
+			return fmt.Errorf("ip is missing: %s", regenerateHint)
 		}
 		if info.IP != "*" && net.ParseIP(info.IP) == nil && !hostnameRE().MatchString(info.IP) {
-			return ConnectionInfo{}, fmt.Errorf("ip %q is neither an IP address nor a host name: %s", info.IP, regenerateHint)
+			return fmt.Errorf("ip %q is neither an IP address nor a host name: %s", info.IP, regenerateHint)
 		}
 	case "ipc":
 		if info.IP == "" {
-			return ConnectionInfo{}, fmt.Errorf("ip (the ipc socket path prefix) is missing: %s", regenerateHint)
+			return fmt.Errorf("ip (the ipc socket path prefix) is missing: %s", regenerateHint)
 		}
 		if strings.ContainsRune(info.IP, 0) {
-			return ConnectionInfo{}, fmt.Errorf("ip (the ipc socket path prefix) contains a NUL byte: %s", regenerateHint)
+			return fmt.Errorf("ip (the ipc socket path prefix) contains a NUL byte: %s", regenerateHint)
 		}
-		if !filepath.IsAbs(info.IP) && path != "" {
-			info.IP = filepath.Join(filepath.Dir(path), info.IP)
+		if !filepath.IsAbs(info.IP) && info.Path != "" {
+			info.IP = filepath.Join(filepath.Dir(info.Path), info.IP)
 		}
 	}
+	return nil
+}
 
+// parsePorts reads the five ports into info, whose transport is known.
+func parsePorts(fields map[string]json.RawMessage, info *ConnectionInfo) error {
 	maxPort := 65535
 	if info.Transport == "ipc" {
 		maxPort = 1<<31 - 1 // ipc "ports" are socket path suffixes
@@ -202,17 +219,17 @@ func parseConnectionInfo(data []byte, path string) (ConnectionInfo, error) {
 		raw, ok := fields[p.name]
 		if !ok {
 			if p.required {
-				return ConnectionInfo{}, fmt.Errorf("%s is missing: %s", p.name, regenerateHint)
+				return fmt.Errorf("%s is missing: %s", p.name, regenerateHint)
 			}
 			continue
 		}
 		port, err := parsePort(raw, maxPort)
 		if err != nil {
-			return ConnectionInfo{}, fmt.Errorf("%s: %w: %s", p.name, err, regenerateHint)
+			return fmt.Errorf("%s: %w: %s", p.name, err, regenerateHint)
 		}
 		*p.dst = port
 	}
-	return info, nil
+	return nil
 }
 
 func optionalString(fields map[string]json.RawMessage, name, def string) (string, error) {
