@@ -120,57 +120,62 @@ func runFree(ctx context.Context, env Env, args []string) error {
 		return freeChildren(ctx, env, dirs, k, api.FreeChildrenRequest{PIDs: pids}, *asJSON)
 	}
 
-	var rep magics.FreeReport
-	// Through the daemon when it runs (it adds the driver's figure);
-	// standalone otherwise.
-	// Say so when the kernel's current cell keeps the free waiting; a
-	// fresh client cannot know the kernel is busy before its first status.
-	// The heartbeat tells a busy kernel (it answers) from a stopped, hung
-	// or dead one (it does not).
-	waiting := time.AfterFunc(time.Second, func() {
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		if err := protocol.Ping(pctx, k.Connection); err != nil {
-			fmt.Fprintf(env.Stderr, "gpumem: kernel %s does not answer its heartbeat (stopped, hung or dead: %v); "+
-				"the free waits for it (up to %s)\n", orDash(k.ID), err, units.Duration(*timeout))
-			return
-		}
-		fmt.Fprintf(env.Stderr, "gpumem: kernel %s is busy (a cell is running); the free runs after it (waiting up to %s)\n", orDash(k.ID), units.Duration(*timeout))
-	})
-	raw, err := freeViaDaemon(ctx, env, dirs, k.ID, req)
-	var se *api.StatusError
-	switch {
-	case err == nil:
-		if err := json.Unmarshal(raw, &rep); err != nil {
-			waiting.Stop()
-			return fmt.Errorf("daemon's free reply: %w", err)
-		}
-	// No daemon, one that does not follow this kernel (outside its
-	// runtime dirs), or a socket we do not trust (said in one line):
-	// standalone.
-	case errors.Is(err, api.ErrNoDaemon) || (errors.As(err, &se) && se.StatusCode == 404) || warnUntrusted(env, err):
-		c, derr := dialKernel(ctx, env, k)
-		if derr != nil {
-			waiting.Stop()
-			return derr
-		}
-		defer c.Close()
-		rep, err = magics.FreeCache(ctx, c, magics.FreeOptions{Vars: req.Vars, All: req.All})
-		if err != nil {
-			waiting.Stop()
-			return fmt.Errorf("kernel %s (%s): %w", orDash(k.ID), orDash(k.Notebook), err)
-		}
-	default:
-		waiting.Stop()
-		return fmt.Errorf("kernel %s (%s): %w", orDash(k.ID), orDash(k.Notebook), err)
+	rep, err := freeCaches(ctx, env, dirs, k, req, *timeout)
+	if err != nil {
+		return err
 	}
-	waiting.Stop()
 	if *asJSON {
 		return writeJSON(env.Stdout, rep)
 	}
 	// The kernel's report marked as its own, then the driver's figures.
 	_, err = fmt.Fprintf(env.Stdout, "kernel %s (%s)\n%s\n", orDash(k.ID), orDash(k.Notebook), rep.Render())
 	return err
+}
+
+// freeCaches frees k's caches (and req's variables): through the daemon
+// when it runs (it adds the driver's figure), standalone otherwise. It says
+// so when the kernel's current cell keeps the free waiting: a fresh client
+// cannot know the kernel is busy before its first status, and the
+// heartbeat tells a busy kernel (it answers) from a stopped, hung or dead
+// one (it does not).
+func freeCaches(ctx context.Context, env Env, dirs dirList, k discovery.Kernel, req api.FreeRequest, timeout time.Duration) (magics.FreeReport, error) {
+	var rep magics.FreeReport
+	waiting := time.AfterFunc(time.Second, func() {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if err := protocol.Ping(pctx, k.Connection); err != nil {
+			fmt.Fprintf(env.Stderr, "gpumem: kernel %s does not answer its heartbeat (stopped, hung or dead: %v); "+
+				"the free waits for it (up to %s)\n", orDash(k.ID), err, units.Duration(timeout))
+			return
+		}
+		fmt.Fprintf(env.Stderr, "gpumem: kernel %s is busy (a cell is running); the free runs after it (waiting up to %s)\n", orDash(k.ID), units.Duration(timeout))
+	})
+	defer waiting.Stop()
+	raw, err := freeViaDaemon(ctx, env, dirs, k.ID, req)
+	var se *api.StatusError
+	switch {
+	case err == nil:
+		if err := json.Unmarshal(raw, &rep); err != nil {
+			return rep, fmt.Errorf("daemon's free reply: %w", err)
+		}
+		return rep, nil
+	// No daemon, one that does not follow this kernel (outside its
+	// runtime dirs), or a socket we do not trust (said in one line):
+	// standalone.
+	case errors.Is(err, api.ErrNoDaemon) || (errors.As(err, &se) && se.StatusCode == 404) || warnUntrusted(env, err):
+		c, derr := dialKernel(ctx, env, k)
+		if derr != nil {
+			return rep, derr
+		}
+		defer c.Close()
+		rep, err = magics.FreeCache(ctx, c, magics.FreeOptions{Vars: req.Vars, All: req.All})
+		if err != nil {
+			return rep, fmt.Errorf("kernel %s (%s): %w", orDash(k.ID), orDash(k.Notebook), err)
+		}
+		return rep, nil
+	default:
+		return rep, fmt.Errorf("kernel %s (%s): %w", orDash(k.ID), orDash(k.Notebook), err)
+	}
 }
 
 // freeChildren ends a kernel's GPU-holding worker processes through the
