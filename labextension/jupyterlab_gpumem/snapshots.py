@@ -6,8 +6,8 @@ import httpx
 import tornado.web
 from jupyter_server.utils import url_path_join
 
+from .base import KERNEL_ID, KernelHandler
 from .daemon import NoDaemon
-from .handlers import KERNEL_ID, KernelHandler
 
 SNAPSHOT_ID = r"(?P<snapshot_id>s[0-9]{1,12})"
 
