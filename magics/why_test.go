@@ -143,7 +143,10 @@ func TestWhySevenHolders(t *testing.T) {
 		}
 	}
 	if len(found) != 7 {
-		t.Fatalf("why named %d of the 7 holders:\n%s", len(found), text)
+		// The data (what the frozen walk read, where a search stopped) says
+		// which step missed them.
+		js, _ := json.Marshal(raw)
+		t.Fatalf("why named %d of the 7 holders:\n%s\ndata: %s", len(found), text, js)
 	}
 	for n, r := range found {
 		if r.Hops < 1 || r.Hops > 6 || len(r.Chain) != r.Hops || r.Fix == "" {

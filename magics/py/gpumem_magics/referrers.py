@@ -226,12 +226,14 @@ class Search(object):
         self._levels(frontier, 1, levels)
         return self.tnodes
 
-    def extend(self, frozen_objs, levels=MAX_LEVELS):
-        """Searches on from the nodes no visible referrer holds, with the
+    def extend(self, frozen_objs, unrooted=(), levels=MAX_LEVELS):
+        """Searches on from the nodes no visible referrer holds, and from
+        the unrooted targets themselves (a visible referrer that leads
+        nowhere does not make a frozen one less of a holder), with the
         objects gc.freeze() froze as referrers too (frozen.py)."""
         self.frozen_objs = frozen_objs
         self.ours.add(id(frozen_objs))
-        frontier = sorted(self.dead)
+        frontier = sorted(self.dead.union(unrooted))
         self.dead = set()
         self._below = None
         self._levels(frontier, 1 + max([self.level[i] for i in frontier] or [0]), levels)

@@ -168,9 +168,10 @@ def _search(search, targets, frozen_objs, b):
     """[(root, chain objects) or ((reason,), None)] per target."""
     tnodes = search.run(targets)
     chains = search.chains(tnodes)
-    if len(chains) < len(tnodes) and frozen_objs and search.dead and not b.over():
+    unrooted = [t for t in tnodes if t not in chains]
+    if unrooted and frozen_objs and not b.over():
         # On from where no visible referrer was, among the frozen objects.
-        search.extend(frozen_objs)
+        search.extend(frozen_objs, unrooted)
         chains = search.chains(tnodes)
     out = []
     for t in tnodes:
