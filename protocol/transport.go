@@ -132,6 +132,20 @@ func (t guardTransport) Addr(ep string) (string, error) {
 	return net.JoinHostPort(host, port), nil
 }
 
+// handshakeTimeout is a read that timed out before the peer finished its
+// ZMTP handshake: the port accepted the connection (the kernel's socket
+// exists) but nothing answered on it.
+type handshakeTimeout struct {
+	after time.Duration
+	err   error
+}
+
+func (e handshakeTimeout) Error() string {
+	return fmt.Sprintf("the kernel did not answer ZMTP's handshake within its %v deadline (is it stopped or hung?): %v", e.after, e.err)
+}
+func (e handshakeTimeout) Unwrap() error { return e.err }
+func (e handshakeTimeout) Timeout() bool { return true }
+
 // guardedConn is a net.Conn that enforces guardConfig on a ZMTP stream.
 type guardedConn struct {
 	net.Conn
@@ -161,6 +175,14 @@ func (g *guardedConn) Read(p []byte) (int, error) {
 		return 0, g.readErr
 	}
 	n, err := g.Conn.Read(p)
+	if err != nil && !g.handshakeDone.Load() {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			// zmq4 reports this as a greeting it could not read, with an
+			// "i/o timeout": say what it means for a kernel.
+			err = handshakeTimeout{after: g.cfg.handshakeTimeout, err: err}
+		}
+	}
 	if n > 0 {
 		if serr := g.scan.feed(p[:n]); serr != nil {
 			g.readErr = serr

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -394,5 +395,41 @@ func TestHostileKernelIOPubFlood(t *testing.T) {
 		case <-deadline:
 			t.Fatal("no disconnect over the 1 MiB iopub frame")
 		}
+	}
+}
+
+// A port that accepts but never speaks (a SIGSTOPped kernel: its sockets
+// listen, nothing answers) fails the handshake at its deadline, and the
+// error says what that means rather than zmq4's bare "i/o timeout".
+func TestHandshakeTimeoutSaysSo(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := l.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	cfg := newGuardConfig(Limits{}, 200*time.Millisecond, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = openZMTP(ctx, cfg, "tcp", l.Addr().String(), zmq4.Dealer)
+	if err == nil {
+		t.Fatal("a silent peer completed the handshake")
+	}
+	if c := <-accepted; c != nil {
+		c.Close()
+	}
+	if !strings.Contains(err.Error(), "did not answer ZMTP's handshake within its 200ms deadline") {
+		t.Errorf("error %q does not say the kernel missed the handshake deadline", err)
+	}
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("error %q does not wrap the timeout", err)
+	}
+	if ctx.Err() != nil {
+		t.Error("the handshake outlived its deadline")
 	}
 }

@@ -23,7 +23,7 @@ type cullRig struct {
 }
 
 // startCullRig starts it all with --cull-action=action and waits until the
-// daemon has injected its magics into the kernel.
+// daemon has injected its magics into the kernel and sees it idle.
 func startCullRig(t *testing.T, action string) *cullRig {
 	t.Helper()
 	testenv.Require(t, "ipykernel", "jupyter_client")
@@ -44,6 +44,19 @@ func startCullRig(t *testing.T, action string) *cullRig {
 	r.d = testenv.StartDaemon(t, gpumemBin, srv.Dir, gpu, "--interval=200ms", "--rescan=300ms",
 		"--cull-idle=3s", "--cull-warn=1s", "--cull-min-memory=1GiB", "--cull-action="+action)
 	r.d.WaitLog(t, 60*time.Second, "magics injected", map[string]any{"kernel_id": r.id})
+	// The injection is a request like any other: the kernel says idle only
+	// after its reply. A test that stopped the kernel between the two left
+	// it busy for good, in the server's eyes and the daemon's, and never
+	// warned; so wait until the daemon's report says idle.
+	state := ""
+	testenv.Poll(t, 30*time.Second, "the daemon to see the kernel idle after the injection", func() bool {
+		for _, nb := range r.d.Report(t).Notebooks {
+			if nb.KernelID == r.id && nb.Activity != nil {
+				state = nb.Activity.ExecutionState
+			}
+		}
+		return state == "idle"
+	})
 	return r
 }
 
