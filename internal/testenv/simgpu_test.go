@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
-	"regexp"
 	"strconv"
 	"testing"
 
@@ -87,7 +86,7 @@ func TestSimulatedGPUGolden(t *testing.T) {
 	}
 }
 
-// TestDemoStartupWritesTheSameFile: the demo's kernels (scripts/demo, copied
+// TestDemoStartupWritesTheSameFile: the demo's kernels (examples/simulated_gpu_startup.py, copied
 // alone into an IPython startup dir, so it cannot import simgpu.py) rewrite
 // the simulated-GPU file in place; what they write must be what the Go
 // writer writes for the same devices: every other field and GPU kept, the
@@ -101,7 +100,7 @@ func TestDemoStartupWritesTheSameFile(t *testing.T) {
 	gpus := goldenGPUs()
 	gpus[0].Processes = []FakeProc{{PID: me, UsedBytes: 5 << 30, SMPercent: 40}}
 	path := SimulatedGPUFile(t, gpus...)
-	script := filepath.Join(RepoRoot(), "scripts", "demo", "simulated_gpu_startup.py")
+	script := filepath.Join(RepoRoot(), "examples", "simulated_gpu_startup.py")
 	// The file as the demo's kernel leaves it while it runs, and its pid.
 	cmd := exec.Command(python, "-c", `import os, sys
 exec(open(sys.argv[1]).read())
@@ -141,23 +140,5 @@ sys.stdout.write("%d\n" % os.getpid() + open(os.environ["GPUMEM_DEMO_GPU"]).read
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("after the demo's kernel exited the file is\n%s\nwant\n%s", after, SimulatedGPUs(gpus...))
-	}
-}
-
-// TestDemoFileIsTheWritersDocument: scripts/run.sh writes the demo's first
-// simulated-GPU file with echo (a shell script imports no writer): it must
-// be the Go writer's document of the same device, byte for byte.
-func TestDemoFileIsTheWritersDocument(t *testing.T) {
-	script, err := os.ReadFile(filepath.Join(RepoRoot(), "scripts", "run.sh"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`echo '(\{"gpus":[^']*)' >"\$simulated"`).FindSubmatch(script)
-	if m == nil {
-		t.Fatal(`scripts/run.sh no longer writes the simulated GPU with echo '{"gpus":…}' >"$simulated": update this test`)
-	}
-	want := SimulatedGPUs(SimGPU{Name: "Simulated H200", UUID: "GPU-simulated-0", MemoryTotalBytes: 150754820096})
-	if !bytes.Equal(m[1], want) {
-		t.Errorf("scripts/run.sh writes\n%s\nthe Go writer, for its device:\n%s", m[1], want)
 	}
 }

@@ -15,8 +15,8 @@ import (
 	"github.com/gpumem/gpumem/sidecar/attribution"
 )
 
-// TestDemoGPUFollowsRestart: bash scripts/run.sh's simulated GPU is kept by
-// the kernels themselves (scripts/demo/simulated_gpu_startup.py, an IPython
+// TestDemoGPUFollowsRestart: gpumem demo's simulated GPU is kept by
+// the kernels themselves (examples/simulated_gpu_startup.py, an IPython
 // startup file): a kernel restarted from the panel holds the demo's 3 GiB
 // under its new pid, and the old pid is gone from the file, so the panel
 // never shows 0 B for the notebook and a dead process for an "unknown"
@@ -29,7 +29,7 @@ func TestDemoGPUFollowsRestart(t *testing.T) {
 	if err := os.MkdirAll(startup, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	src, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "scripts", "demo", "simulated_gpu_startup.py"))
+	src, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "examples", "simulated_gpu_startup.py"))
 	if err != nil {
 		t.Fatal(err)
 	}

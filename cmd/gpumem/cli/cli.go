@@ -53,6 +53,7 @@ var commands map[string]command
 func init() {
 	commands = map[string]command{
 		"attach":  {"inject the %gpumem magics into a running kernel", runAttach},
+		"demo":    {"try gpumem: JupyterLab with an example notebook, on a simulated GPU where there is none", runDemo},
 		"free":    {"free GPU memory in a kernel (caches only unless --vars or --all)", runFree},
 		"kernels": {"list running Jupyter kernels with their notebooks and processes", runKernels},
 		"ls":      {"show GPU memory by notebook (like nvidia-smi, by notebook)", runLs},

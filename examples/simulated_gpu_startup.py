@@ -1,10 +1,10 @@
-# The demo's simulated GPU, followed by the kernel itself: bash scripts/run.sh
-# copies this file into the demo's IPython startup dir, and without an NVIDIA
-# driver every kernel of the demo's notebook (GPUMEM_DEMO_NOTEBOOK, matched
-# against the end of JPY_SESSION_NAME; every kernel when unset) runs it when
-# it starts. The kernel writes its own pid into the simulated-GPU file
-# (GPUMEM_DEMO_GPU) holding GPUMEM_DEMO_BYTES, and drops the pids of
-# processes that are gone,
+# The demo's simulated GPU, followed by the kernel itself: `gpumem demo`
+# (which bash scripts/run.sh runs) writes this file into the demo's IPython
+# startup dir, and without an NVIDIA driver every kernel of the demo's
+# notebook (GPUMEM_DEMO_NOTEBOOK, matched against the end of
+# JPY_SESSION_NAME; every kernel when unset) runs it when it starts. The
+# kernel writes its own pid into the simulated-GPU file (GPUMEM_DEMO_GPU)
+# holding GPUMEM_DEMO_BYTES, and drops the pids of processes that are gone,
 # as a real driver frees an exited process's memory; at exit it takes its
 # own out. So a restart from the panel shows the new kernel's pid, never a
 # dead one. Nothing is left in the notebook's namespace.
