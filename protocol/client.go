@@ -312,6 +312,15 @@ func (c *Client) roundTripOn(ctx context.Context, g *generation, control bool, m
 	// Send succeeds silently when the peer is gone: the deadline below is
 	// what catches that.
 	if err := s.SendMulti(zmq4.NewMsgFrom(frames...)); err != nil {
+		select {
+		case <-g.failed:
+			// The generation failed (a channel read an oversized frame, say)
+			// and its end cancelled this socket: that failure is the cause,
+			// not the "context canceled" the send saw. fail closes failed
+			// before it cancels, so this is seen whenever it is so.
+			return nil, fmt.Errorf("%s: %w: %w", msgType, ErrConnectionLost, g.err)
+		default:
+		}
 		return nil, fmt.Errorf("%s: send: %w", msgType, err)
 	}
 	select {

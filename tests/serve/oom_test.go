@@ -148,7 +148,7 @@ func TestServeOOMReport(t *testing.T) {
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("holders:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	if !regexp.MustCompile("^hold.ipynb \\(yours(, idle [0-9]+ s)?\\) holds 60.0 GiB of GPU 0: `gpumem free hold.ipynb --all` frees it").MatchString(ev.Advice) {
+	if !regexp.MustCompile("^hold.ipynb \\(yours(, idle [0-9]+ (ms|s))?\\) holds 60.0 GiB of GPU 0: `gpumem free hold.ipynb --all` frees it").MatchString(ev.Advice) {
 		t.Errorf("advice: %s", ev.Advice)
 	}
 	text := r.Text()
