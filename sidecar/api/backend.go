@@ -73,6 +73,10 @@ type Backend interface {
 	// kernel's tree). The error wraps ErrKernelNotFound when none is left
 	// running.
 	EndOrphans(ctx context.Context, k KernelRef, user string, req EndOrphansRequest) (EndOrphansReply, error)
+	// KeepKernel keeps the kernel of k.ConnectionFile from the cull: the
+	// keep counts as use. Errors wrap ErrRefused where the daemon culls
+	// nothing, ErrKernelNotFound for a kernel it does not follow.
+	KeepKernel(ctx context.Context, k KernelRef) (KeepReply, error)
 	// RecordOOM records an out-of-memory error of kernel k (the caller is
 	// one of its processes) and returns the whole event. Errors wrapping
 	// ErrTooMany are answered 429.

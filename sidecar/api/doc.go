@@ -25,6 +25,7 @@
 //	POST /api/v1/kernels/{id}/children/before  from the kernel's own cell: read its tree's figures before its teardown
 //	POST /api/v1/kernels/{id}/children/free  body: optional FreeChildrenRequest; end the kernel's idle GPU-holding workers (or the confirmed pids), never the kernel
 //	POST /api/v1/kernels/{id}/orphans/end    body: optional EndOrphansRequest; end processes reclaim left running
+//	POST /api/v1/kernels/{id}/keep    keep it from the cull ("Keep it"): counts as use; reply: KeepReply
 //	POST /api/v1/oom                  body: oom.Request; reply: oom.Event (oom.go)
 //	GET  /api/v1/oom                  {"events":[oom.Event...]}
 //	POST /api/v1/snapshots            body: SnapshotRequest; reply 202: SnapshotInfo (snapshots.go)

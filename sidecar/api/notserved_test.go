@@ -45,6 +45,10 @@ func (b *fakeBackend) EndOrphans(context.Context, KernelRef, string, EndOrphansR
 	return EndOrphansReply{}, ErrNotServed
 }
 
+func (b *fakeBackend) KeepKernel(context.Context, KernelRef) (KeepReply, error) {
+	return KeepReply{}, ErrNotServed
+}
+
 func (b *fakeBackend) RecordOOM(context.Context, KernelRef, oom.Request) (oom.Event, error) {
 	return oom.Event{}, ErrNotServed
 }

@@ -31,6 +31,7 @@ var routes = []route{
 	{"POST", "/api/v1/kernels/{id}/children/before", accessOwnKernel, (*Server).serveChildrenBefore},
 	{"POST", "/api/v1/kernels/{id}/children/free", accessOwnKernel, (*Server).serveFreeChildren},
 	{"POST", "/api/v1/kernels/{id}/orphans/end", accessOwnOrphans, (*Server).serveEndOrphans},
+	{"POST", "/api/v1/kernels/{id}/keep", accessOwnKernel, (*Server).serveKeep},
 	// Out-of-memory errors: a kernel reports its own; the events the caller may see.
 	{"POST", "/api/v1/oom", accessAnyone, (*Server).serveRecordOOM},
 	{"GET", "/api/v1/oom", accessUser, (*Server).serveOOMEvents},

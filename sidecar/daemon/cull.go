@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/magics"
+	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/discovery"
 )
@@ -67,6 +69,9 @@ type cullState struct {
 	// doneAt is the server's last_activity when the action was taken: the
 	// kernel is not culled again until it has been used.
 	doneAt time.Time
+	// keptAt is when its user last kept it from the cull (KeepKernel, the
+	// notification's "Keep it"): a keep counts as use.
+	keptAt time.Time
 }
 
 // cullVerdict is what to do with a kernel now.
@@ -123,6 +128,8 @@ func (c CullConfig) decide(in cullInput) (cullVerdict, string) {
 		return cancel("the kernel is " + in.execState)
 	case warned && in.computedAt.After(in.state.activityAtWarn):
 		return cullCancel, "its processes computed on a GPU since the warning"
+	case warned && in.state.keptAt.After(in.state.activityAtWarn):
+		return cullCancel, "kept by its user"
 	case warned && in.lastActivity.After(in.state.activityAtWarn):
 		return cullCancel, "used since the warning"
 	case !in.state.doneAt.IsZero() && !in.used().After(in.state.doneAt):
@@ -176,6 +183,9 @@ func (d *Daemon) cull(ctx context.Context, rep attribution.Report) ([]attributio
 			if w := ks.client.LastShellWork(); w.After(lastActivity) {
 				lastActivity = w
 			}
+		}
+		if ks.cull.keptAt.After(lastActivity) {
+			lastActivity = ks.cull.keptAt
 		}
 		act := attribution.KernelActivity{ExecutionState: ks.execState, LastActivity: lastActivity, ComputedAt: computedAt}
 		used := act.Used()
@@ -324,4 +334,39 @@ func (c CullConfig) summary() string {
 		s += "; exempt " + strings.Join(c.ExemptUsers, ",")
 	}
 	return s
+}
+
+// KeepKernel implements api.Backend: the kernel's user keeps it from the
+// cull ("Keep it" on the warning). The keep counts as use: a warning that
+// stands is cancelled at the next sample, and the kernel's idle time starts
+// again from now.
+func (a apiBackend) KeepKernel(ctx context.Context, k api.KernelRef) (api.KeepReply, error) {
+	d := a.d
+	if !d.cfg.Cull.Enabled() {
+		return api.KeepReply{}, fmt.Errorf("%w: this gpumem serve culls no kernel (it runs without --cull-idle): nothing to keep kernel %s from",
+			api.ErrRefused, k.ID)
+	}
+	now := time.Now()
+	d.mu.Lock()
+	ks, ok := d.kernels[k.ConnectionFile]
+	if !ok || ks.id != k.ID {
+		d.mu.Unlock()
+		return api.KeepReply{}, fmt.Errorf("kernel %s: %w", k.ID, api.ErrKernelNotFound)
+	}
+	ks.cull.keptAt = now
+	notebook, warned := ks.notebook, !ks.cull.warnedAt.IsZero()
+	d.mu.Unlock()
+	d.log.Info().Str("kernel_id", k.ID).Str("notebook", notebook).Bool("warned", warned).Msg("kept from the cull by its user")
+	d.sampleSoon() // the warning goes from the report at once
+	return api.KeepReply{KernelID: k.ID, KeptAt: now, Text: keepText(notebook, k.ID, d.cfg.Cull)}, nil
+}
+
+// keepText is what a keep says: which notebook, and when it may be culled
+// again.
+func keepText(notebook, id string, c CullConfig) string {
+	name := "kernel " + id
+	if notebook != "" {
+		name = filepath.Base(notebook)
+	}
+	return fmt.Sprintf("Kept %s: it counts as used now, so it is warned again only after %s idle.", name, units.Duration(c.Idle))
 }

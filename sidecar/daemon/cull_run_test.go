@@ -2,15 +2,18 @@ package daemon
 
 import (
 	"encoding/json"
-	"github.com/gpumem/gpumem/sidecar/attribution"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/gpumem/gpumem/internal/testenv"
+	"github.com/gpumem/gpumem/sidecar/api"
+	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/discovery"
 )
 
@@ -114,6 +117,52 @@ func TestCullRunner(t *testing.T) {
 	report()
 	if n := srv.deletes(); n != 1 {
 		t.Errorf("%d deletes, want 1", n)
+	}
+}
+
+// "Keep it": the kernel's user keeps it; the warning is withdrawn with
+// that reason, and the keep counts as use (the kernel is idle from the
+// keep, so no new warning follows at once). Another kernel of the same id
+// is not the one kept, and a daemon that culls nothing refuses.
+func TestCullKeep(t *testing.T) {
+	r, k1, _ := twoKernels(t, Config{Cull: CullConfig{Idle: time.Minute, MinMemory: 1 << 30, Action: CullShutdown, Warn: time.Hour}})
+	r.d.sample(r.ctx)
+	r.d.sample(r.ctx)
+	srv := newFakeServer(t, "k1")
+	r.d.mu.Lock()
+	ks := r.d.kernels[k1]
+	ks.server, ks.execState, ks.lastActivity = discovery.Server{URL: srv.URL + "/", Token: "t", FileUID: uint32(os.Geteuid())}, "idle", time.Now().Add(-time.Hour)
+	r.d.mu.Unlock()
+	cull := func() []attribution.CullWarning {
+		r.d.mu.Lock()
+		rep := r.d.last.Report
+		r.d.mu.Unlock()
+		w, _ := r.d.cull(r.ctx, rep)
+		return w
+	}
+	if w := cull(); len(w) != 1 {
+		t.Fatalf("warnings %+v, want k1's", w)
+	}
+	if _, err := r.d.api().KeepKernel(r.ctx, api.KernelRef{ID: "k1", ConnectionFile: k1 + ".other"}); !errors.Is(err, api.ErrKernelNotFound) {
+		t.Errorf("a keep of another file of the same id: %v, want not found", err)
+	}
+	reply, err := r.d.api().KeepKernel(r.ctx, api.KernelRef{ID: "k1", ConnectionFile: k1})
+	if err != nil || reply.KernelID != "k1" || !strings.Contains(reply.Text, "warned again only after 1 min idle") {
+		t.Fatalf("keep: %+v, %v", reply, err)
+	}
+	if w := cull(); len(w) != 0 {
+		t.Errorf("the warning stands after the keep: %+v", w)
+	}
+	r.waitLog("cull cancelled", "kept by its user")
+	if w := cull(); len(w) != 0 {
+		t.Errorf("warned again right after the keep (it counts as use): %+v", w)
+	}
+	if srv.deletes() != 0 {
+		t.Errorf("a kept kernel was shut down")
+	}
+	off, _, _ := twoKernels(t, Config{})
+	if _, err := off.d.api().KeepKernel(off.ctx, api.KernelRef{ID: "k1", ConnectionFile: k1}); !errors.Is(err, api.ErrRefused) {
+		t.Errorf("keep with culling off: %v, want refused", err)
 	}
 }
 

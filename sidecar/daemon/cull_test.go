@@ -26,6 +26,14 @@ func TestCullDecide(t *testing.T) {
 			in.state = expired
 			in.lastActivity = now.Add(-time.Minute)
 		}), cullCancel},
+		{"kept by its user since the warning: cancelled", with(func(in *cullInput) {
+			in.state = expired
+			in.state.keptAt = now.Add(-time.Minute)
+		}), cullCancel},
+		{"kept before the warning: the warning stands", with(func(in *cullInput) {
+			in.state = expired
+			in.state.keptAt = idle2h.Add(-time.Minute)
+		}), cullAct},
 		{"busy: never", with(func(in *cullInput) { in.execState = "busy" }), cullNothing},
 		{"busy after a warning: cancelled", with(func(in *cullInput) { in.execState = "busy"; in.state = expired }), cullCancel},
 		{"starting: never", with(func(in *cullInput) { in.execState = "starting" }), cullNothing},
@@ -58,7 +66,11 @@ func TestCullDecide(t *testing.T) {
 		}), cullNothing},
 	}
 	for _, tc := range tests {
-		if got, why := cfg.decide(tc.in); got != tc.want {
+		got, why := cfg.decide(tc.in)
+		if strings.HasPrefix(tc.name, "kept by") && why != "kept by its user" {
+			t.Errorf("%s: reason %q, want \"kept by its user\"", tc.name, why)
+		}
+		if got != tc.want {
 			t.Errorf("%s: verdict %d (%s), want %d", tc.name, got, why, tc.want)
 		}
 	}
