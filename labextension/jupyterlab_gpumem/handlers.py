@@ -85,6 +85,18 @@ class FreeHandler(KernelHandler):
             self.reply(200, {"status": "ok", "free": rep})
 
 
+class KeepHandler(KernelHandler):
+    """POST kernels/{id}/keep: the cull warning's "Keep it". The daemon
+    counts it as use of the kernel, and says so in its sentence."""
+
+    @tornado.web.authenticated
+    async def post(self, kernel_id):
+        self.check_own(kernel_id)
+        rep = await self.call_daemon("POST", f"/api/v1/kernels/{kernel_id}/keep", timeout=10)
+        if rep is not None:
+            self.reply(200, {"status": "ok", "keep": rep})
+
+
 def pids_body(raw, what):
     """The {"pids": [...]} body of a request that ends processes, or None
     for none named; HTTPError 400 for anything else."""
@@ -155,6 +167,7 @@ def setup_handlers(serverapp, supervisor):
         [
             (url_path_join(base, "state"), StateHandler),
             (url_path_join(base, "kernels", KERNEL_ID, "free"), FreeHandler),
+            (url_path_join(base, "kernels", KERNEL_ID, "keep"), KeepHandler),
             (url_path_join(base, "kernels", KERNEL_ID, "orphans", "end"), EndOrphansHandler),
             (
                 url_path_join(base, "kernels", KERNEL_ID, r"(?P<what>vars|summary|why)"),

@@ -80,6 +80,9 @@ def no_daemon(daemon_status):
 def daemon_error(status, message, socket):
     if status == 403:
         text = f"gpumem serve at {socket} refused this server ({message}): run gpumem serve as the user who runs JupyterLab."
+    elif status == 422:
+        # The daemon's refusal of what was asked: its sentence says why.
+        text = f"gpumem serve: {message}"
     else:
         text = "gpumem serve at %s answered %d: %s" % (socket, status, message)
     return {"status": "error", "message": text}

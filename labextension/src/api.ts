@@ -54,6 +54,11 @@ export function freeCache(kernelId: string): Promise<KernelReply<'free'>> {
   return call(`kernels/${encodeURIComponent(kernelId)}/free`, { method: 'POST' });
 }
 
+/** Keeps one of this server's kernels from the cull ("Keep it"): the daemon counts it as use. */
+export function keepKernel(kernelId: string): Promise<KernelReply<'keep'>> {
+  return call(`kernels/${encodeURIComponent(kernelId)}/keep`, { method: 'POST' });
+}
+
 /** Ends processes gpumem serve left running for one of this server's kernels. */
 export function endOrphans(kernelId: string, pids: number[]): Promise<KernelReply<'end'>> {
   return call(`kernels/${encodeURIComponent(kernelId)}/orphans/end`, { method: 'POST', body: JSON.stringify({ pids }) });

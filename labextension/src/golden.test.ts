@@ -142,7 +142,12 @@ describe('the golden report, rendered', () => {
     expect(fresh.map(a => a.kind).sort()).toEqual(['cull', 'threshold']);
     const threshold = fresh.find(a => a.kind === 'threshold');
     expect(threshold && alertText(threshold)).toBe(threshold?.headline);
-    expect(fresh.find(a => a.kind === 'cull')?.message).toContain('idle 3 h 5 min');
+    const cull = fresh.find(a => a.kind === 'cull');
+    expect(cull?.message).toContain('idle 3 h 5 min');
+    // Out of its notebook, the toast names it.
+    expect(cull && alertText(cull)).toBe(
+      'train.ipynb holds 40.5 GiB, idle 3 h 5 min: it will be shut down at 14:05:00 unless used or kept.'
+    );
   });
 
   it('reports the out-of-memory event', () => {

@@ -14,7 +14,7 @@ import { ITranslator, nullTranslator } from '@jupyterlab/translation';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Signal } from '@lumino/signaling';
 
-import { endOrphans, freeCache } from './api';
+import { endOrphans, freeCache, keepKernel } from './api';
 import { baseName, formatBytes, formatPercent, reclaimMessage, Trans } from './format';
 import { Alert, alertChanges, alertText, WINDOWS } from './model';
 import { LogEvent, newOOMs } from './oom';
@@ -173,18 +173,42 @@ const plugin: JupyterFrontEndPlugin<void> = {
         return;
       }
       const { fresh, changed, gone } = alertChanges(state.alerts, shown);
-      const actionsOf = (a: Alert) =>
-        a.kind === 'threshold' && a.kernels.length
-          ? [
-              {
-                label: trans.__('Free cache in my notebooks'),
-                caption: trans.__("gc and empty the frameworks' caches in this server's notebooks on that GPU"),
-                callback: () => {
-                  void Promise.allSettled(a.kernels.map(k => freeCache(k))).then(() => source.refresh());
-                }
+      const actionsOf = (a: Alert): Notification.IAction[] => {
+        if (a.kind === 'threshold' && a.kernels.length) {
+          return [
+            {
+              label: trans.__('Free cache in my notebooks'),
+              caption: trans.__("gc and empty the frameworks' caches in this server's notebooks on that GPU"),
+              callback: () => {
+                void Promise.allSettled(a.kernels.map(k => freeCache(k))).then(() => source.refresh());
               }
-            ]
-          : [];
+            }
+          ];
+        }
+        if (a.kind === 'cull' && a.kernels.length === 1) {
+          return [
+            {
+              label: trans.__('Keep it'),
+              caption: trans.__('Count this notebook as used now: it is warned again only once it has been idle as long again'),
+              callback: () => {
+                // The daemon's sentence either way: what it kept, or why not.
+                void keepKernel(a.kernels[0])
+                  .then(r => {
+                    const text = (r.keep as { text?: string } | undefined)?.text;
+                    if (r.status === 'ok' && text) {
+                      Notification.success(text, { autoClose: 8000 });
+                    } else {
+                      Notification.error(r.message ?? '', { autoClose: 15000 });
+                    }
+                  })
+                  .catch((e: Error) => Notification.error(e.message, { autoClose: 15000 }))
+                  .then(() => source.refresh());
+              }
+            }
+          ];
+        }
+        return [];
+      };
       for (const a of fresh) {
         toasts.set(a.id, Notification.warning(alertText(a), { autoClose: false, actions: actionsOf(a) }));
       }

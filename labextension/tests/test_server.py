@@ -89,6 +89,13 @@ def test_only_this_servers_kernels(stack):
     assert r.status_code == 200, r.text
     assert r.json()["vars"]["kind"] == "vars", r.json()
 
+    # Keep it: this server's kernels only; a daemon that culls nothing
+    # says so in its own words.
+    assert lab.post(f"gpumem/api/v1/kernels/{theirs}/keep").status_code == 403
+    r = lab.post(f"gpumem/api/v1/kernels/{mine}/keep")
+    assert r.status_code == 200 and r.json()["status"] == "error", r.text
+    assert "culls no kernel" in r.json()["message"], r.json()
+
     # Why and free workers: this server's kernels only, too.
     assert lab.get(f"gpumem/api/v1/kernels/{theirs}/why").status_code == 403
     assert lab.post(f"gpumem/api/v1/kernels/{theirs}/children/free").status_code == 403

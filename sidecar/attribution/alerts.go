@@ -52,7 +52,8 @@ type Alert struct {
 	Message  string    `json:"message"`
 	// Headline is the notification's line where Message is longer than a
 	// notification shows (JupyterLab cuts a toast's message at 140
-	// characters); "" where Message is short enough.
+	// characters), or says less than a toast out of the notebook needs (a
+	// cull warning's names its notebook); "" where Message does.
 	Headline string `json:"headline,omitempty"`
 }
 
@@ -105,13 +106,30 @@ func OverThreshold(g GPU, threshold float64) bool {
 // Like every alert's message it carries no "gpumem: " of its own: a face
 // that needs to say whose line it is (the notebook's) adds that.
 func CullMessage(action string, bytes uint64, idle time.Duration, at time.Time) string {
+	return fmt.Sprintf("this kernel holds %s and has been idle %s; it will %s at %s unless used.",
+		units.Bytes(bytes), units.Duration(idle), cullVerb(action), at.Format("15:04:05"))
+}
+
+// cullHeadline is a cull warning's line in JupyterLab, where the toast is
+// not in its notebook: it names the notebook (or the kernel), and says that
+// "Keep it" (the toast's button) counts as use.
+func cullHeadline(notebook string, c CullWarning) string {
+	name := "kernel " + c.KernelID
+	if notebook != "" {
+		name = filepath.Base(notebook)
+	}
+	return fmt.Sprintf("%s holds %s, idle %s: it will %s at %s unless used or kept.",
+		name, units.Bytes(c.Bytes), units.Duration(c.Idle), cullVerb(c.Action), c.Deadline.Format("15:04:05"))
+}
+
+// cullVerb is what culling will do to a kernel under action.
+func cullVerb(action string) string {
 	verb, ok := map[string]string{CullReport: "be reported as an idle GPU holder", CullFree: "have its GPU caches freed",
 		CullShutdown: "be shut down"}[action]
 	if !ok {
 		verb = "be culled"
 	}
-	return fmt.Sprintf("this kernel holds %s and has been idle %s; it will %s at %s unless used.",
-		units.Bytes(bytes), units.Duration(idle), verb, at.Format("15:04:05"))
+	return verb
 }
 
 // thresholdMessage is a threshold alert's sentence (the GPU, how full,
@@ -141,10 +159,15 @@ func thresholdMessage(g GPU, biggest []Holder) (message, headline string) {
 // kernel's last out-of-memory error.
 func addAlerts(r *Report, in FinishInput) {
 	r.Alerts = nil
+	notebooks := map[string]string{}
+	for _, nb := range r.Notebooks {
+		notebooks[nb.ConnectionFile] = nb.Notebook
+	}
 	for _, c := range in.Culls {
 		r.Alerts = append(r.Alerts, Alert{ID: fmt.Sprintf("cull-%s-%d", c.KernelID, c.Warning), Kind: AlertCull, GPU: -1,
 			Kernels: []string{c.KernelID}, User: c.User, Bytes: c.Bytes, Deadline: c.Deadline, Action: c.Action,
-			Message: CullMessage(c.Action, c.Bytes, c.Idle, c.Deadline)})
+			Message:  CullMessage(c.Action, c.Bytes, c.Idle, c.Deadline),
+			Headline: cullHeadline(notebooks[c.ConnectionFile], c)})
 	}
 	for _, g := range r.GPUs {
 		if !OverThreshold(g, in.Alerts.Threshold) {

@@ -95,7 +95,8 @@ func TestFinishAlerts(t *testing.T) {
 		{"a cull warning", FinishInput{Culls: []CullWarning{cull}}, []Alert{{
 			ID: "cull-b-2", Kind: AlertCull, GPU: -1, Kernels: []string{"b"}, User: "alice", Bytes: 12 << 30,
 			Deadline: deadline, Action: CullShutdown,
-			Message: "this kernel holds 12.0 GiB and has been idle 3 h; it will be shut down at 14:05:00 unless used."}}},
+			Message:  "this kernel holds 12.0 GiB and has been idle 3 h; it will be shut down at 14:05:00 unless used.",
+			Headline: "b.ipynb holds 12.0 GiB, idle 3 h: it will be shut down at 14:05:00 unless used or kept."}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rep := finishReport()

@@ -22,9 +22,10 @@ type cullRig struct {
 	d     *testenv.Daemon
 }
 
-// startCullRig starts it all with --cull-action=action and waits until the
+// startCullRig starts it all with --cull-action=action (and flags, which
+// override the rig's) and waits until the
 // daemon has injected its magics into the kernel and sees it idle.
-func startCullRig(t *testing.T, action string) *cullRig {
+func startCullRig(t *testing.T, action string, flags ...string) *cullRig {
 	t.Helper()
 	testenv.Require(t, "ipykernel", "jupyter_client")
 	srv := testenv.StartServer(t, testenv.NotebookServer())
@@ -41,8 +42,8 @@ func startCullRig(t *testing.T, action string) *cullRig {
 	reap.Add(pid)
 	gpu := testenv.NewFakeGPU(t)
 	gpu.Set(t, testenv.FakeProc{PID: pid, UsedBytes: 2 << 30})
-	r.d = testenv.StartDaemon(t, gpumemBin, srv.Dir, gpu, "--interval=200ms", "--rescan=300ms",
-		"--cull-idle=3s", "--cull-warn=1s", "--cull-min-memory=1GiB", "--cull-action="+action)
+	r.d = testenv.StartDaemon(t, gpumemBin, srv.Dir, gpu, append([]string{"--interval=200ms", "--rescan=300ms",
+		"--cull-idle=3s", "--cull-warn=1s", "--cull-min-memory=1GiB", "--cull-action=" + action}, flags...)...)
 	r.d.WaitLog(t, 60*time.Second, "magics injected", map[string]any{"kernel_id": r.id})
 	// The injection is a request like any other: the kernel says idle only
 	// after its reply. A test that stopped the kernel between the two left
