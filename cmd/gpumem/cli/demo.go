@@ -136,6 +136,7 @@ type demo struct {
 	cmd       *exec.Cmd
 	exited    chan struct{} // closed when JupyterLab has exited
 	url       string        // JupyterLab's base URL, from its server file
+	daemonPID int           // the daemon JupyterLab's extension started (0: none)
 }
 
 func (d *demo) runtimeDir() string { return filepath.Join(d.dir, "runtime") }
@@ -277,12 +278,33 @@ func (d *demo) stop() error {
 	_ = syscall.Kill(-pgid, syscall.SIGTERM)
 	select {
 	case <-d.exited:
-		return nil
 	case <-time.After(demoStopWait):
 		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		<-d.exited
 		return fmt.Errorf("JupyterLab did not stop within %s of SIGTERM: killed; see %s", units.Duration(demoStopWait), d.logFile())
 	}
+	// The daemon leaves after JupyterLab, once it has ended what the
+	// kernels left: its log and socket are in the demo's dir until then.
+	// It is only waited for, never signalled: it has its own way out.
+	deadline := time.Now().Add(demoStopWait)
+	for d.daemonPID > 0 && syscall.Kill(d.daemonPID, 0) == nil && !zombie(d.daemonPID) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("gpumem serve (pid %d) did not leave within %s of JupyterLab: see %s", d.daemonPID,
+				units.Duration(demoStopWait), filepath.Join(d.runtimeDir(), "gpumem-serve.log"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return nil
+}
+
+// zombie reports whether pid has exited and waits for its parent.
+func zombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i > 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
 }
 
 // ready waits for JupyterLab, the daemon its extension starts and the
@@ -295,6 +317,7 @@ func (d *demo) ready(ctx context.Context) error {
 		Daemon struct {
 			Case string `json:"case"`
 			Text string `json:"text"`
+			PID  int    `json:"pid"`
 		} `json:"daemon"`
 	}
 	err := d.waitFor(ctx, demoDaemonWait, "JupyterLab's gpumem extension to start gpumem serve", func() error {
@@ -303,6 +326,9 @@ func (d *demo) ready(ctx context.Context) error {
 		}
 		if c := state.Daemon.Case; c != "started" && c != "shared" {
 			return fmt.Errorf("the extension says: %s", state.Daemon.Text)
+		}
+		if state.Daemon.Case == "started" {
+			d.daemonPID = state.Daemon.PID
 		}
 		return nil
 	})
