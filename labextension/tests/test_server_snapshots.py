@@ -39,6 +39,13 @@ def test_snapshot_handlers(stack):
     assert r.status_code == 200 and r.json()["status"] == "no_daemon", r.text
     stack.start_daemon()
     wait_for("the daemon", lambda: lab.state()["status"] == "ok", timeout=30)
+    # Only a process of a kernel in the daemon's last sample may hand a
+    # snapshot over: wait until a sample lists this kernel with its process.
+    wait_for(
+        "the daemon's sample to list the kernel's process",
+        lambda: any(nb["kernel_id"] == mine and nb.get("pids") for nb in lab.state().get("notebooks") or []),
+        timeout=30,
+    )
     for path in ("snapshots", "snapshots/s1", "snapshots/s1/raw"):
         r = lab.get(f"gpumem/api/v1/kernels/{theirs}/{path}")
         assert r.status_code == 403, (path, r.status_code, r.text)
