@@ -114,12 +114,17 @@ func CullMessage(action string, bytes uint64, idle time.Duration, at time.Time) 
 // not in its notebook: it names the notebook (or the kernel), and says that
 // "Keep it" (the toast's button) counts as use.
 func cullHeadline(notebook string, c CullWarning) string {
-	name := "kernel " + c.KernelID
-	if notebook != "" {
-		name = filepath.Base(notebook)
-	}
 	return fmt.Sprintf("%s holds %s, idle %s: it will %s at %s unless used or kept.",
-		name, units.Bytes(c.Bytes), units.Duration(c.Idle), cullVerb(c.Action), c.Deadline.Format("15:04:05"))
+		KernelName(notebook, c.KernelID), units.Bytes(c.Bytes), units.Duration(c.Idle), cullVerb(c.Action), c.Deadline.Format("15:04:05"))
+}
+
+// KernelName is how a sentence about one kernel names it: its notebook's
+// file name, as the panel names it, else the kernel.
+func KernelName(notebook, kernelID string) string {
+	if notebook != "" {
+		return filepath.Base(notebook)
+	}
+	return "kernel " + kernelID
 }
 
 // cullVerb is what culling will do to a kernel under action.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -364,9 +363,6 @@ func (a apiBackend) KeepKernel(ctx context.Context, k api.KernelRef) (api.KeepRe
 // keepText is what a keep says: which notebook, and when it may be culled
 // again.
 func keepText(notebook, id string, c CullConfig) string {
-	name := "kernel " + id
-	if notebook != "" {
-		name = filepath.Base(notebook)
-	}
-	return fmt.Sprintf("Kept %s: it counts as used now, so it is warned again only after %s idle.", name, units.Duration(c.Idle))
+	return fmt.Sprintf("Kept %s: it counts as used now, so it is warned again only after %s idle.",
+		attribution.KernelName(notebook, id), units.Duration(c.Idle))
 }

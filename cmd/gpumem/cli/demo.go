@@ -23,6 +23,7 @@ import (
 	"github.com/gpumem/gpumem/nvml/driver"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/attribution"
+	"github.com/gpumem/gpumem/sidecar/discovery"
 )
 
 // `gpumem demo` is the way to try gpumem with nothing but the wheel: it
@@ -287,7 +288,8 @@ func (d *demo) stop() error {
 	// kernels left: its log and socket are in the demo's dir until then.
 	// It is only waited for, never signalled: it has its own way out.
 	deadline := time.Now().Add(demoStopWait)
-	for d.daemonPID > 0 && syscall.Kill(d.daemonPID, 0) == nil && !zombie(d.daemonPID) {
+	procs := discovery.NewProcFinder(d.env.procFS())
+	for d.daemonPID > 0 && procs.Alive(d.daemonPID) {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("gpumem serve (pid %d) did not leave within %s of JupyterLab: see %s", d.daemonPID,
 				units.Duration(demoStopWait), filepath.Join(d.runtimeDir(), "gpumem-serve.log"))
@@ -295,16 +297,6 @@ func (d *demo) stop() error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return nil
-}
-
-// zombie reports whether pid has exited and waits for its parent.
-func zombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	i := bytes.LastIndexByte(b, ')')
-	return i > 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
 }
 
 // ready waits for JupyterLab, the daemon its extension starts and the
