@@ -74,7 +74,6 @@ func Attribute(snap nvml.Snapshot, table *procs.Table, kernels []Kernel) Report 
 	rep.GPUs, unresolved = c.charge(snap)
 	rep.Notebooks = c.notebooks()
 	rep.Other = c.others()
-	FlagStrayContexts(&rep, nil)
 	if len(unresolved) > 0 && table.Len() > 0 {
 		slices.Sort(unresolved)
 		unresolved = slices.Compact(unresolved)

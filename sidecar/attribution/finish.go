@@ -1,6 +1,7 @@
 package attribution
 
 import (
+	"slices"
 	"time"
 
 	"github.com/gpumem/gpumem/sidecar/procs"
@@ -53,6 +54,23 @@ type FinishInput struct {
 	Culls []CullWarning
 	// Alerts configures the threshold alerts.
 	Alerts AlertConfig
+	// Compute is what the daemon's readings of GPU work over its window
+	// judged (nil: none were taken, as in a single report).
+	Compute *ComputeFacts
+	// Peaks is each notebook's highest figure over the daemon's history,
+	// by connection file (nil: no history).
+	Peaks map[string]uint64
+}
+
+// ComputeFacts is what the daemon judged of GPU work over its window: each
+// kernel's verdict, the processes left running after their kernel and
+// each user's memory held while computing nothing. Finish's compute step
+// writes it into the report; the daemon keeps the readings it rests on.
+type ComputeFacts struct {
+	// Kernels is each kernel's verdict, by connection file.
+	Kernels     map[string]Compute
+	LeftRunning []LeftRunning
+	Hoarding    []UserHoarding
 }
 
 // KernelActivity is what a kernel's server says of it, and what the
@@ -88,6 +106,8 @@ type finishStep struct {
 // what the steps before them set.
 var finishSteps = []finishStep{
 	{"pods", func(r *Report, in FinishInput) { AddPods(r, in.Table, in.Pods) }},
+	{"compute", addCompute},
+	{"peaks", addPeaks},
 	{"stray_contexts", func(r *Report, in FinishInput) {
 		FlagStrayContexts(r, in.Evidence)
 		KeepSteadyStrays(r, in.Previous)
@@ -106,6 +126,32 @@ func FinishSteps() []string {
 		names[i] = s.name
 	}
 	return names
+}
+
+// addCompute sets each notebook's compute verdict, the processes left
+// running and the users' hoarding from the daemon's judgement.
+func addCompute(r *Report, in FinishInput) {
+	r.LeftRunning, r.Hoarding = nil, nil
+	for i := range r.Notebooks {
+		r.Notebooks[i].Compute = nil
+	}
+	if in.Compute == nil {
+		return
+	}
+	for i := range r.Notebooks {
+		if c, ok := in.Compute.Kernels[r.Notebooks[i].ConnectionFile]; ok {
+			r.Notebooks[i].Compute = &c
+		}
+	}
+	r.LeftRunning = slices.Clone(in.Compute.LeftRunning)
+	r.Hoarding = slices.Clone(in.Compute.Hoarding)
+}
+
+// addPeaks sets each notebook's peak over the daemon's history.
+func addPeaks(r *Report, in FinishInput) {
+	for i := range r.Notebooks {
+		r.Notebooks[i].PeakBytes = in.Peaks[r.Notebooks[i].ConnectionFile]
+	}
 }
 
 // addOOM sets each notebook's out-of-memory summary.

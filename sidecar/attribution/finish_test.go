@@ -28,7 +28,7 @@ func finishReport() Report {
 }
 
 func TestFinishSteps(t *testing.T) {
-	want := []string{"pods", "stray_contexts", "oom", "activity", "holders", "users", "alerts"}
+	want := []string{"pods", "compute", "peaks", "stray_contexts", "oom", "activity", "holders", "users", "alerts"}
 	if got := FinishSteps(); !reflect.DeepEqual(got, want) {
 		t.Errorf("FinishSteps = %v, want %v", got, want)
 	}
@@ -131,9 +131,8 @@ func TestCullMessage(t *testing.T) {
 
 func TestFinishLeftRunningAlert(t *testing.T) {
 	rep := finishReport()
-	rep.LeftRunning = []LeftRunning{{KernelID: "a", User: "alice", PID: 55, StartTime: 9, GPUs: []int{1}, Bytes: 5,
-		Message: "pid 55 was left running"}}
-	Finish(&rep, FinishInput{})
+	Finish(&rep, FinishInput{Compute: &ComputeFacts{LeftRunning: []LeftRunning{{KernelID: "a", User: "alice", PID: 55,
+		StartTime: 9, GPUs: []int{1}, Bytes: 5, Message: "pid 55 was left running"}}}})
 	want := []Alert{{ID: "left-55-9", Kind: AlertLeftRunning, GPU: 1, Kernels: []string{"a"}, User: "alice", Bytes: 5,
 		Message: "pid 55 was left running"}}
 	if !reflect.DeepEqual(rep.Alerts, want) || rep.Alerts[0].InNotebook() {

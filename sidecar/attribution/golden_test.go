@@ -100,35 +100,37 @@ func goldenInputs() (nvml.Snapshot, *procs.Table, []attribution.Kernel) {
 }
 
 // goldenReport is a finished report with every optional part filled, as
-// gpumem serve finishes its samples: what the daemon adds itself (peaks,
-// compute verdicts, processes left running, hoarding) set before Finish.
+// gpumem serve finishes its samples: what the daemon judges itself (peaks,
+// compute verdicts, processes left running, hoarding) given to Finish.
 func goldenReport() attribution.Report {
 	snap, table, kernels := goldenInputs()
 	rep := attribution.MakeReport(snap, table, kernels)
 	attribution.AddUtilization(&rep, snap)
 	rep.Warnings = []string{"server http://127.0.0.1:8889/: GET /api/sessions: 403 Forbidden (its token is not in its server file)"}
 	hoarded, userHoarded := 12.5, 31.25
-	for i := range rep.Notebooks {
-		nb := &rep.Notebooks[i]
-		nb.PeakBytes = nb.GPUMemoryBytes + 2*gib
-		switch nb.User {
-		case "alice", "dave":
-			nb.Compute = &attribution.Compute{State: attribution.ComputeIdle,
+	peaks := map[string]uint64{}
+	compute := &attribution.ComputeFacts{Kernels: map[string]attribution.Compute{}}
+	for i, nb := range rep.Notebooks {
+		peaks[nb.ConnectionFile] = nb.GPUMemoryBytes + 2*gib
+		switch {
+		case i == len(rep.Notebooks)-1:
+			compute.Kernels[nb.ConnectionFile] = attribution.Compute{State: attribution.ComputeUnknown,
+				Reason: "GPU utilization unknown in 120 of 120 readings"}
+		case nb.User == "alice" || nb.User == "dave":
+			compute.Kernels[nb.ConnectionFile] = attribution.Compute{State: attribution.ComputeIdle,
 				Reason:         "120 readings, 0 at or above 5% SM or memory, in the last 10 min",
 				LastComputedAt: goldenAt.Add(-3 * time.Hour), HoardedGiBHours: &hoarded}
-		case "bob":
-			nb.Compute = &attribution.Compute{State: attribution.ComputeComputing,
+		case nb.User == "bob":
+			compute.Kernels[nb.ConnectionFile] = attribution.Compute{State: attribution.ComputeComputing,
 				Reason: "118 readings at or above 5% SM or memory in the last 10 min", LastComputedAt: goldenAt.Add(-time.Second)}
 		}
 	}
-	rep.Notebooks[len(rep.Notebooks)-1].Compute = &attribution.Compute{State: attribution.ComputeUnknown,
-		Reason: "GPU utilization unknown in 120 of 120 readings"}
-	rep.LeftRunning = []attribution.LeftRunning{{KernelID: "4c1f2e0a-6b7d-4e21-9a3c-1d2e3f405162",
+	compute.LeftRunning = []attribution.LeftRunning{{KernelID: "4c1f2e0a-6b7d-4e21-9a3c-1d2e3f405162",
 		ConnectionFile: "/run/user/1000/jupyter/kernel-old.json", Notebook: "/home/alice/train.ipynb", User: "alice",
 		PID: 777, StartTime: 7770, Command: "python train.py", GPUs: []int{0}, Bytes: 20 * gib, Reason: attribution.ComputeComputing,
 		Since:   goldenAt.Add(-20 * time.Minute),
 		Message: "a job started from train.ipynb (pid 777, `python train.py`) is still computing on GPU 0 with 20.0 GiB: left running"}}
-	rep.Hoarding = []attribution.UserHoarding{{User: "alice", GiBHours: userHoarded, WindowSeconds: 86400},
+	compute.Hoarding = []attribution.UserHoarding{{User: "alice", GiBHours: userHoarded, WindowSeconds: 86400},
 		{User: "dave", GiBHours: hoarded, WindowSeconds: 86400}, {User: "bob", GiBHours: 0, WindowSeconds: 86400}}
 	prev := rep // the sample before: the stray contexts were there already
 	attribution.Finish(&prev, attribution.FinishInput{Now: goldenAt.Add(-time.Second), Table: table})
@@ -150,7 +152,8 @@ func goldenReport() attribution.Report {
 			ConnectionFile: "/run/user/1000/jupyter/kernel-a.json", User: "alice", Warning: 1,
 			Deadline: goldenAt.Add(5 * time.Minute), Action: attribution.CullShutdown, Bytes: 40*gib + 500*mib,
 			Idle: 3*time.Hour + 5*time.Minute}},
-		Alerts: attribution.AlertConfig{Threshold: 0.8, Episodes: map[int]int{0: 2}},
+		Alerts:  attribution.AlertConfig{Threshold: 0.8, Episodes: map[int]int{0: 2}},
+		Compute: compute, Peaks: peaks,
 	})
 	return rep
 }

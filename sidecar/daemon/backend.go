@@ -163,15 +163,15 @@ func (d *Daemon) lineageOf(pid int, kernels func(procs.Proc) []int) (*procs.Tabl
 	return procs.NewTable(append(line, own...)), nil
 }
 
-// KernelNow implements api.Backend: the kernel's figures from a reading
-// taken now.
+// KernelNow implements api.Backend: the kernel's row of a reading taken
+// now, finished as a sample's is.
 func (a apiBackend) KernelNow(ctx context.Context, k api.KernelRef) (attribution.Notebook, error) {
 	d := a.d
 	obs, err := d.observe(ctx)
 	if err != nil {
 		return attribution.Notebook{}, err
 	}
-	for _, nb := range obs.Report.Notebooks {
+	for _, nb := range d.finishNow(obs).Notebooks {
 		if nb.ConnectionFile == k.ConnectionFile {
 			return nb, nil
 		}

@@ -155,32 +155,15 @@ func (c *computeState) kernelSettling(connFile string) bool {
 	return c.settling[connFile]
 }
 
-// finish judges each notebook of rep over the window (its Compute), keeps
-// each kernel's last computation, adds this sample's hoarding (notebooks
-// and processes left running that hold GPU memory and compute nothing)
-// and lists the processes left running. table and snap are those rep was
-// attributed from.
-func (c *computeState) finish(now time.Time, rep *attribution.Report, snap nvml.Snapshot, table *procs.Table) {
+// judgeReport judges each notebook of rep over the window, keeps each
+// kernel's last computation, adds this sample's hoarding (notebooks and
+// processes left running that hold GPU memory and compute nothing) and
+// lists the processes left running: the facts Finish's compute step
+// writes. table and snap are those rep was attributed from; rep is only
+// read.
+func (c *computeState) judgeReport(now time.Time, rep *attribution.Report, snap nvml.Snapshot, table *procs.Table) *attribution.ComputeFacts {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	// The memory and GPUs of each process left running (of those alone:
-	// the host's thousands of GPU processes are not wanted here).
-	var held map[int]uint64
-	var gpusOf map[int][]int
-	if len(c.left) > 0 {
-		held = attribution.BytesByPID(snap)
-		gpusOf = make(map[int][]int, len(c.left))
-		for id := range c.left {
-			gpusOf[id.PID] = nil
-		}
-		for _, d := range snap.Devices {
-			for _, p := range d.Processes {
-				if gs, ok := gpusOf[p.PID]; ok {
-					gpusOf[p.PID] = append(gs, d.Index)
-				}
-			}
-		}
-	}
 	dt := 0.0
 	if !c.lastSample.IsZero() && now.After(c.lastSample) {
 		// A daemon stopped for a while (a suspended host) does not count
@@ -189,9 +172,8 @@ func (c *computeState) finish(now time.Time, rep *attribution.Report, snap nvml.
 	}
 	c.lastSample = now
 	from := now.Add(-c.cfg.Window)
-	gib := func(bs float64) *float64 { v := bs / (1 << 30) / 3600; return &v }
-	for i := range rep.Notebooks {
-		nb := &rep.Notebooks[i]
+	facts := &attribution.ComputeFacts{Kernels: make(map[string]attribution.Compute, len(rep.Notebooks))}
+	for _, nb := range rep.Notebooks {
 		var js []judgement
 		for _, p := range nb.Processes {
 			if tp, ok := table.Resolve(p.PID); ok {
@@ -208,28 +190,71 @@ func (c *computeState) finish(now time.Time, rep *attribution.Report, snap nvml.
 			c.computedAt[file] = j.lastActive
 		}
 		c.addHoard(now, file, nb.User, j, nb.GPUMemoryBytes, dt)
-		nb.Compute = &attribution.Compute{State: j.verdict.String(), Reason: c.whyLocked(j), LastComputedAt: c.computedAt[file]}
+		v := attribution.Compute{State: j.verdict.String(), Reason: c.whyLocked(j), LastComputedAt: c.computedAt[file]}
 		if bs, ok := c.hoard.Notebook(now, file); ok {
-			nb.Compute.HoardedGiBHours = gib(bs)
+			v.HoardedGiBHours = gibHours(bs)
+		}
+		facts.Kernels[file] = v
+	}
+	c.forgetGoneLocked(rep)
+	facts.LeftRunning = c.leftRunningLocked(now, from, snap, table, dt)
+	window := int64(c.hoard.Window() / time.Second)
+	for _, u := range c.hoard.Users(now) {
+		facts.Hoarding = append(facts.Hoarding, attribution.UserHoarding{User: u.User, GiBHours: *gibHours(u.ByteSeconds), WindowSeconds: window})
+	}
+	return facts
+}
+
+// gibHours is byte-seconds in GiB·hours.
+func gibHours(byteSeconds float64) *float64 {
+	v := byteSeconds / (1 << 30) / 3600
+	return &v
+}
+
+// forgetGoneLocked forgets the computations of kernels gone from rep, once
+// they outnumber the live ones.
+func (c *computeState) forgetGoneLocked(rep *attribution.Report) {
+	if len(c.computedAt)+len(c.settling) <= 3*len(rep.Notebooks)+16 {
+		return
+	}
+	seen := map[string]bool{}
+	for _, nb := range rep.Notebooks {
+		seen[nb.ConnectionFile] = true
+	}
+	for k := range c.computedAt {
+		if !seen[k] {
+			delete(c.computedAt, k)
 		}
 	}
-	if len(c.computedAt)+len(c.settling) > 3*len(rep.Notebooks)+16 { // kernels gone: forget theirs
-		seen := map[string]bool{}
-		for _, nb := range rep.Notebooks {
-			seen[nb.ConnectionFile] = true
+	for k := range c.settling {
+		if !seen[k] {
+			delete(c.settling, k)
 		}
-		for k := range c.computedAt {
-			if !seen[k] {
-				delete(c.computedAt, k)
-			}
-		}
-		for k := range c.settling {
-			if !seen[k] {
-				delete(c.settling, k)
+	}
+}
+
+// leftRunningLocked lists the processes left running that still hold GPU
+// memory, with this reading's figures, and counts their hoarding; it
+// forgets those that exited or hold nothing any more.
+func (c *computeState) leftRunningLocked(now, from time.Time, snap nvml.Snapshot, table *procs.Table, dt float64) []attribution.LeftRunning {
+	if len(c.left) == 0 {
+		return nil
+	}
+	// The memory and GPUs of each process left running (of those alone:
+	// the host's thousands of GPU processes are not wanted here).
+	held := attribution.BytesByPID(snap)
+	gpusOf := make(map[int][]int, len(c.left))
+	for id := range c.left {
+		gpusOf[id.PID] = nil
+	}
+	for _, d := range snap.Devices {
+		for _, p := range d.Processes {
+			if gs, ok := gpusOf[p.PID]; ok {
+				gpusOf[p.PID] = append(gs, d.Index)
 			}
 		}
 	}
-	rep.LeftRunning = nil
+	var out []attribution.LeftRunning
 	for id, lr := range c.left {
 		bytes, holds := held[id.PID]
 		if _, alive := table.Lookup(id.PID, id.Start); !alive || !holds {
@@ -238,23 +263,19 @@ func (c *computeState) finish(now time.Time, rep *attribution.Report, snap nvml.
 		}
 		lr.Bytes, lr.GPUs = bytes, slices.Clone(gpusOf[id.PID])
 		c.addHoard(now, lr.ConnectionFile, lr.User, c.judgeLocked(id, from, now), bytes, dt)
-		rep.LeftRunning = append(rep.LeftRunning, lr.LeftRunning)
+		out = append(out, lr.LeftRunning)
 	}
-	slices.SortFunc(rep.LeftRunning, func(a, b attribution.LeftRunning) int {
+	slices.SortFunc(out, func(a, b attribution.LeftRunning) int {
 		return cmp.Or(cmp.Compare(a.KernelID, b.KernelID), cmp.Compare(a.ConnectionFile, b.ConnectionFile), cmp.Compare(a.PID, b.PID))
 	})
-	rep.Hoarding = nil
-	window := int64(c.hoard.Window() / time.Second)
-	for _, u := range c.hoard.Users(now) {
-		rep.Hoarding = append(rep.Hoarding, attribution.UserHoarding{User: u.User, GiBHours: *gib(u.ByteSeconds), WindowSeconds: window})
-	}
+	return out
 }
 
-// finishCompute is the sample's compute step: the readings recorded, then
-// the report's verdicts, hoarding and processes left running.
-func (d *Daemon) finishCompute(now time.Time, rep *attribution.Report, obs attribution.Observation) {
+// judgeSample is the sample's compute step: the readings recorded, then
+// judged into the facts Finish writes.
+func (d *Daemon) judgeSample(now time.Time, rep *attribution.Report, obs attribution.Observation) *attribution.ComputeFacts {
 	d.compute.record(now, obs.Snapshot, obs.Table)
-	d.compute.finish(now, rep, obs.Snapshot, obs.Table)
+	return d.compute.judgeReport(now, rep, obs.Snapshot, obs.Table)
 }
 
 // addHoard counts bytes held for dt seconds while judged idle; a reading

@@ -161,6 +161,8 @@ type Daemon struct {
 	sampleSeq     uint64
 	reportJSON    []byte
 	reportJSONSeq uint64
+	// lastFinish is what the last report was finished with (finishNow).
+	lastFinish attribution.FinishInput
 
 	wg       sync.WaitGroup // kernel and reclaim goroutines
 	reclaims inflight       // reclaims under way, for Settle

@@ -68,10 +68,11 @@ func (h *historyParts) waitSample(ctx context.Context, since int64, limit time.D
 	}
 }
 
-// recordHistory adds a sample's figures and sets each notebook's peak since
-// its kernel process started (the kernel pid marks the generation). It
-// returns the sample's time in unix seconds, for historySampled.
-func (d *Daemon) recordHistory(now time.Time, rep *attribution.Report) int64 {
+// recordHistory adds a sample's figures (the joined report's, which Finish
+// does not change) to the history, and returns when they were recorded and
+// each notebook's peak since its kernel process started, by connection
+// file, for Finish.
+func (d *Daemon) recordHistory(now time.Time, rep *attribution.Report) (int64, map[string]uint64) {
 	n := len(rep.GPUs)
 	for _, nb := range rep.Notebooks {
 		n += 2 + len(nb.PerGPU)
@@ -99,12 +100,13 @@ func (d *Daemon) recordHistory(now time.Time, rep *attribution.Report) int64 {
 		}
 	}
 	d.hist.store.Record(now, samples)
-	for i := range rep.Notebooks {
-		if p, ok := d.hist.store.Peak(notebookKey(rep.Notebooks[i].ConnectionFile)); ok {
-			rep.Notebooks[i].PeakBytes = p
+	peaks := make(map[string]uint64, len(rep.Notebooks))
+	for _, nb := range rep.Notebooks {
+		if p, ok := d.hist.store.Peak(notebookKey(nb.ConnectionFile)); ok {
+			peaks[nb.ConnectionFile] = p
 		}
 	}
-	return now.Unix()
+	return now.Unix(), peaks
 }
 
 // notebookKey is the series of the kernel of a connection file: kernels

@@ -54,19 +54,23 @@ func TestRecordHistoryPeaks(t *testing.T) {
 		Notebooks: []attribution.Notebook{{KernelID: "k", PIDs: []int{10}, GPUMemoryBytes: 5}},
 	}
 	at := time.Unix(1000, 0)
-	if got := d.recordHistory(at, &rep); got != 1000 {
+	got, peaks := d.recordHistory(at, &rep)
+	if got != 1000 {
 		t.Fatalf("recordHistory returned %d, want 1000", got)
 	}
 	rep.Notebooks[0].GPUMemoryBytes = 3
-	d.recordHistory(at.Add(time.Second), &rep)
-	if rep.Notebooks[0].PeakBytes != 5 {
-		t.Fatalf("peak = %d, want 5", rep.Notebooks[0].PeakBytes)
+	if _, peaks = d.recordHistory(at.Add(time.Second), &rep); peaks[""] != 5 {
+		t.Fatalf("peak = %d, want 5", peaks[""])
 	}
 	// A restart (new kernel pid) starts the peak again.
 	rep.Notebooks[0].PIDs = []int{11}
-	d.recordHistory(at.Add(2*time.Second), &rep)
+	if _, peaks = d.recordHistory(at.Add(2*time.Second), &rep); peaks[""] != 3 {
+		t.Fatalf("peak after a restart = %d, want 3", peaks[""])
+	}
+	// Finish writes them into the report.
+	attribution.Finish(&rep, attribution.FinishInput{Peaks: peaks})
 	if rep.Notebooks[0].PeakBytes != 3 {
-		t.Fatalf("peak after a restart = %d, want 3", rep.Notebooks[0].PeakBytes)
+		t.Fatalf("finished peak = %d, want 3", rep.Notebooks[0].PeakBytes)
 	}
 }
 

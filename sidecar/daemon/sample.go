@@ -25,16 +25,13 @@ func (d *Daemon) kernelsLocked() []attribution.Kernel {
 	return kernels
 }
 
-// observe reads the GPUs and /proc once, for the kernels followed now.
+// observe reads the GPUs and /proc once, for the kernels followed now: the
+// join, for decisions on processes; finishNow makes a report of it.
 func (d *Daemon) observe(ctx context.Context) (attribution.Observation, error) {
 	d.mu.Lock()
 	kernels := d.kernelsLocked()
 	d.mu.Unlock()
-	obs, err := attribution.Observe(ctx, d.gpus, d.fs, kernels)
-	if err == nil {
-		attribution.FlagStrayContexts(&obs.Report, d.strayEvidence(obs.Report))
-	}
-	return obs, err
+	return attribution.Observe(ctx, d.gpus, d.fs, kernels)
 }
 
 // tick is one sample's work in progress, handed from step to step.
@@ -55,7 +52,15 @@ type tick struct {
 	activity map[string]attribution.KernelActivity
 	// crossed are the GPUs whose used memory crossed the alert threshold
 	// (true: up, false: back down) at this sample.
-	crossed   map[int]bool
+	crossed map[int]bool
+	// compute is what the readings of GPU work judged, peaks each
+	// notebook's peak: Finish's inputs.
+	compute *attribution.ComputeFacts
+	peaks   map[string]uint64
+	// finished is what the report was finished with, kept for the
+	// readings taken between samples (finishNow).
+	finished attribution.FinishInput
+	// sampledAt is when history recorded the sample.
 	sampledAt int64
 	steps     []metrics.StepTiming
 }
@@ -86,8 +91,8 @@ func (d *Daemon) sampleSteps() []sampleStep {
 		{name: "resolve", run: d.stepResolve},
 		{name: "compute", run: d.stepCompute},
 		{name: "cull", run: d.stepCull},
-		{name: "finish", run: d.stepFinish},
 		{name: "history", run: d.stepHistory},
+		{name: "finish", run: d.stepFinish},
 		{name: "alerts", run: d.stepAlerts},
 		{name: "publish", run: d.stepPublish},
 	}
@@ -186,10 +191,10 @@ func (d *Daemon) stepResolve(ctx context.Context, t *tick) error {
 	return nil
 }
 
-// stepCompute records the reading's GPU work and sets the report's
-// compute verdicts, hoarding and processes left running.
+// stepCompute records the reading's GPU work and judges it: compute
+// verdicts, hoarding and processes left running, for Finish.
 func (d *Daemon) stepCompute(_ context.Context, t *tick) error {
-	d.finishCompute(time.Now(), &t.rep, t.obs)
+	t.compute = d.judgeSample(time.Now(), &t.rep, t.obs)
 	return nil
 }
 
@@ -200,13 +205,33 @@ func (d *Daemon) stepCull(ctx context.Context, t *tick) error {
 	return nil
 }
 
-// stepFinish finishes the report (attribution.Finish): pods, stray
-// contexts, OOM summaries, activity, holders, per-user totals, alerts.
+// stepFinish finishes the report (attribution.Finish) with the sample's
+// judgements: compute, peaks, culls, activity, OOM summaries, stray
+// evidence, and the threshold's episodes.
 func (d *Daemon) stepFinish(_ context.Context, t *tick) error {
-	t.crossed = map[int]bool{}
-	episodes := map[int]int{}
+	in := attribution.FinishInput{Table: t.obs.Table, Pods: d.pods, Evidence: d.strayEvidence(t.rep),
+		OOM: d.ooms.summaries(t.rep), Kernels: t.activity, Culls: t.culls, Compute: t.compute, Peaks: t.peaks}
 	d.mu.Lock()
-	for _, g := range t.rep.GPUs {
+	t.crossed, in.Alerts = d.crossThresholdLocked(t.rep)
+	if !d.last.SampledAt.IsZero() {
+		last := d.last.Report // a published report's slices are never modified
+		in.Previous = &last
+	}
+	d.mu.Unlock()
+	in.Now = time.Now()
+	attribution.Finish(&t.rep, in)
+	t.finished = in
+	return nil
+}
+
+// crossThresholdLocked notes which GPUs of rep crossed the alert threshold
+// since the last sample (true: up, false: back down), counting each
+// crossing up as an episode, and gives the alerts' configuration. Called
+// with d.mu held.
+func (d *Daemon) crossThresholdLocked(rep attribution.Report) (map[int]bool, attribution.AlertConfig) {
+	crossed := map[int]bool{}
+	episodes := map[int]int{}
+	for _, g := range rep.GPUs {
 		if d.cfg.AlertThreshold <= 0 {
 			break
 		}
@@ -217,30 +242,34 @@ func (d *Daemon) stepFinish(_ context.Context, t *tick) error {
 			d.alertEpisode[g.Index]++
 		}
 		if over != was {
-			t.crossed[g.Index] = over
+			crossed[g.Index] = over
 		}
 		episodes[g.Index] = d.alertEpisode[g.Index]
 	}
-	var prev *attribution.Report
-	if !d.last.SampledAt.IsZero() {
-		last := d.last.Report // a published report's slices are never modified
-		prev = &last
-	}
-	d.mu.Unlock()
-	attribution.Finish(&t.rep, attribution.FinishInput{
-		Now: time.Now(), Table: t.obs.Table, Pods: d.pods, Previous: prev,
-		Evidence: d.strayEvidence(t.rep), OOM: d.ooms.summaries(t.rep),
-		Kernels: t.activity, Culls: t.culls,
-		Alerts: attribution.AlertConfig{Threshold: d.cfg.AlertThreshold, Episodes: episodes,
-			NameUsers: d.cfg.SocketMode == api.ModeShared},
-	})
-	return nil
+	return crossed, attribution.AlertConfig{Threshold: d.cfg.AlertThreshold, Episodes: episodes,
+		NameUsers: d.cfg.SocketMode == api.ModeShared}
 }
 
-// stepHistory adds the report's figures to the history and sets each
-// notebook's peak.
+// finishNow finishes a reading taken now, outside the samples, as a sample
+// is finished: with the last sample's judgements (compute, peaks, culls,
+// activity) and the evidence and OOM summaries known now, so that a row
+// read now has a sampled row's shape. Its stray flags stand at once, as a
+// single report's do.
+func (d *Daemon) finishNow(obs attribution.Observation) attribution.Report {
+	d.mu.Lock()
+	in := d.lastFinish
+	d.mu.Unlock()
+	in.Now, in.Table, in.Previous, in.Pods = time.Now(), obs.Table, nil, d.pods
+	in.Evidence, in.OOM = d.strayEvidence(obs.Report), d.ooms.summaries(obs.Report)
+	rep := obs.Report
+	attribution.Finish(&rep, in)
+	return rep
+}
+
+// stepHistory adds the joined report's figures to the history and reads
+// each notebook's peak, for Finish.
 func (d *Daemon) stepHistory(_ context.Context, t *tick) error {
-	t.sampledAt = d.recordHistory(time.Now(), &t.rep)
+	t.sampledAt, t.peaks = d.recordHistory(time.Now(), &t.rep)
 	return nil
 }
 
@@ -268,6 +297,7 @@ func (d *Daemon) stepPublish(_ context.Context, t *tick) error {
 	d.sampleSeq++ // a new report: the encoded one is stale
 	d.last = metrics.Snapshot{Report: t.rep, AttachedKernels: attached, SampleDuration: elapsed,
 		SampleSuccess: true, SampledAt: time.Now(), AlertThreshold: d.cfg.AlertThreshold, Steps: t.steps}
+	d.lastFinish = t.finished
 	d.mu.Unlock()
 	d.historySampled(t.sampledAt)
 	return nil

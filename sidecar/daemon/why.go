@@ -116,16 +116,16 @@ func (d *Daemon) joinWhy(ctx context.Context, ref api.KernelRef, raw json.RawMes
 			commands[p.PID] = procs.CommandLine(tp.Argv, tp.Comm, attribution.MaxCommandLen)
 		}
 	}
-	// The kernel's figures are evidence for its flags: record them, flag
-	// again, then join with the flags they give.
-	j := attribution.JoinWhy(k, nb, obs.Report.GPUs, commands)
+	// The kernel's figures are evidence for its flags: record them, then
+	// join with the flags the reading, finished, gives.
 	d.mu.Lock()
-	d.evidence[ref.ConnectionFile] = j.Evidence
-	ev := maps.Clone(d.evidence)
+	d.evidence[ref.ConnectionFile] = attribution.JoinWhy(k, nb, obs.Report.GPUs, commands).Evidence
 	d.mu.Unlock()
-	one := attribution.Report{Notebooks: []attribution.Notebook{nb}}
-	attribution.FlagStrayContexts(&one, ev)
-	j = attribution.JoinWhy(k, one.Notebooks[0], obs.Report.GPUs, commands)
+	rep := d.finishNow(obs)
+	if nb, ok = notebookOf(rep, ref.ConnectionFile); !ok {
+		return nil, fmt.Errorf("kernel %s: %w", ref.ID, api.ErrKernelNotFound)
+	}
+	j := attribution.JoinWhy(k, nb, rep.GPUs, commands)
 	if data["rows"], err = appendRows(rows, j.Rows); err != nil {
 		return nil, fmt.Errorf("kernel %s: encode the why rows: %w", ref.ID, err)
 	}

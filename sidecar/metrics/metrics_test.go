@@ -76,14 +76,13 @@ func testSnapshot() Snapshot {
 						{PID: 101, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 60 * gib, Utilization: util(80, 5)}}},
 						{PID: 102, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 10 * gib, Utilization: util(7, 1)}}},
 					},
-					Compute: &attribution.Compute{State: attribution.ComputeComputing, HoardedGiBHours: hours(0)}},
+					ConnectionFile: "/run/jupyter/kernel-a.json"},
 				{KernelID: "kernel-b", Notebook: "/home/bob/b.ipynb", PIDs: []int{201}, User: "bob", GPUMemoryBytes: 20 * gib,
-					PerGPU:  []attribution.GPUBytes{{Index: 0, Bytes: 10 * gib, Utilization: util(0, 0)}, {Index: 1, Bytes: 10 * gib}},
-					Compute: &attribution.Compute{State: attribution.ComputeIdle, HoardedGiBHours: hours(2.5)}},
-				{KernelID: "kernel-c", Notebook: "", PIDs: []int{301}, User: "alice", Compute: &attribution.Compute{State: attribution.ComputeUnknown}},
+					PerGPU:         []attribution.GPUBytes{{Index: 0, Bytes: 10 * gib, Utilization: util(0, 0)}, {Index: 1, Bytes: 10 * gib}},
+					ConnectionFile: "/run/jupyter/kernel-b.json"},
+				{KernelID: "kernel-c", Notebook: "", PIDs: []int{301}, User: "alice", ConnectionFile: "/run/jupyter/kernel-c.json"},
 			},
-			Hoarding: []attribution.UserHoarding{{User: "bob", GiBHours: 2.5, WindowSeconds: 86400}, {User: "alice", GiBHours: 0, WindowSeconds: 86400}},
-			Other:    []attribution.OtherProcess{{PID: 401, User: "bob", Command: "python train.py", PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 5 * gib}}}},
+			Other: []attribution.OtherProcess{{PID: 401, User: "bob", Command: "python train.py", PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 5 * gib}}}},
 		},
 		AttachedKernels: 3,
 		SampleDuration:  12500 * time.Microsecond,
@@ -94,8 +93,14 @@ func testSnapshot() Snapshot {
 			{Step: "alerts", Duration: 500 * time.Microsecond, Success: false}},
 	}
 	// The daemon finishes each report before metrics reads it: the alert
-	// gauge reads the report's threshold alerts.
-	attribution.Finish(&snap.Report, attribution.FinishInput{Alerts: attribution.AlertConfig{Threshold: snap.AlertThreshold}})
+	// gauge reads the report's threshold alerts, the compute series the
+	// verdicts and hoarding the daemon judged.
+	attribution.Finish(&snap.Report, attribution.FinishInput{Alerts: attribution.AlertConfig{Threshold: snap.AlertThreshold},
+		Compute: &attribution.ComputeFacts{Kernels: map[string]attribution.Compute{
+			"/run/jupyter/kernel-a.json": {State: attribution.ComputeComputing, HoardedGiBHours: hours(0)},
+			"/run/jupyter/kernel-b.json": {State: attribution.ComputeIdle, HoardedGiBHours: hours(2.5)},
+			"/run/jupyter/kernel-c.json": {State: attribution.ComputeUnknown},
+		}, Hoarding: []attribution.UserHoarding{{User: "bob", GiBHours: 2.5, WindowSeconds: 86400}, {User: "alice", GiBHours: 0, WindowSeconds: 86400}}}})
 	return snap
 }
 
