@@ -1,8 +1,10 @@
 package daemon
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -194,6 +196,18 @@ func TestComputeVerdictsAndHoarding(t *testing.T) {
 	if k2.Utilization == nil || k2.Utilization.SMPercent != 90 || k1.Utilization == nil || k1.Utilization.SMPercent != 0 {
 		t.Errorf("utilization: k1 %+v, k2 %+v", k1.Utilization, k2.Utilization)
 	}
+	// A row read now (KernelNow, ?fresh=1) is finished as a sampled row
+	// is: the same verdict, peak and JSON fields, its figures read now.
+	now, err := r.d.api().KernelNow(r.ctx, api.KernelRef{ID: "k2", ConnectionFile: k2file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now.Compute == nil || now.Compute.State != k2.Compute.State || now.PeakBytes != k2.PeakBytes || now.PeakBytes == 0 {
+		t.Errorf("row read now: compute %+v, peak %d; sampled: %+v, %d", now.Compute, now.PeakBytes, k2.Compute, k2.PeakBytes)
+	}
+	if got, want := jsonKeys(t, now), jsonKeys(t, k2); !slices.Equal(got, want) {
+		t.Errorf("row read now has fields %v, a sampled row %v", got, want)
+	}
 	if len(rep.Hoarding) != 1 || rep.Hoarding[0].GiBHours <= 0 || rep.Hoarding[0].WindowSeconds != 86400 {
 		t.Errorf("hoarding per user: %+v", rep.Hoarding)
 	}
@@ -256,4 +270,18 @@ func BenchmarkComputeStep1000(b *testing.B) {
 	if _, ok := facts.Kernels[rep.Notebooks[0].ConnectionFile]; !ok {
 		b.Fatal("no verdict")
 	}
+}
+
+// jsonKeys is the top-level JSON fields of v, sorted.
+func jsonKeys(t *testing.T, v any) []string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	return slices.Sorted(maps.Keys(m))
 }
