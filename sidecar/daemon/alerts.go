@@ -85,12 +85,12 @@ func (d *Daemon) notebookAlerts() bool {
 func (d *Daemon) alertsPerUser() bool { return d.cfg.SocketMode == api.ModeShared }
 
 // alertFile is a private daemon's one alert file.
-func (d *Daemon) alertFile() string { return AlertFile(d.socket, false, 0) }
+func (d *Daemon) alertFile() string { return AlertFile(d.cfg.SocketPath, false, 0) }
 
 // kernelAlertFile is the alert file a kernel whose process runs as uid is
 // told to read.
 func (d *Daemon) kernelAlertFile(uid uint32) string {
-	return AlertFile(d.socket, d.alertsPerUser(), uid)
+	return AlertFile(d.cfg.SocketPath, d.alertsPerUser(), uid)
 }
 
 // alertDoc encodes an alert file: the alerts shown in notebooks, and in a
@@ -172,7 +172,7 @@ func (d *Daemon) writeAlerts(rep attribution.Report) error {
 		}
 		want[d.alertFile()] = alertContent{data: data, owner: -1}
 	}
-	errs := d.alertFiles.sync(d.alertLayout(), want)
+	errs := d.alerts.files.sync(d.alertLayout(), want)
 	for _, err := range errs {
 		d.problem(err)
 	}
@@ -195,7 +195,7 @@ func (d *Daemon) removeAlertFiles() {
 		_ = os.Remove(d.alertFile())
 		return
 	}
-	for path := range d.alertFiles.written {
+	for path := range d.alerts.files.written {
 		_ = os.Remove(path)
 	}
 	_ = os.Remove(d.alertLayout().dir) // only if empty

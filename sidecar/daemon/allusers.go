@@ -36,15 +36,15 @@ const maxUserDirsPerUID = 16
 // kernel followed has its file there. A dir another daemon holds (the
 // user's own gpumem serve) stays that daemon's.
 func (d *Daemon) addUserDirs() {
-	if !d.cfg.AllUsers || d.userDirs == nil {
+	if !d.cfg.AllUsers || d.deps.UserDirs == nil {
 		return
 	}
-	found, problems := d.userDirs()
+	found, problems := d.deps.UserDirs()
 	for _, p := range problems {
 		d.problem(p)
 	}
 	d.mu.Lock()
-	inUse := d.locks.usersAmong(d.kernelDirsLocked())
+	inUse := d.disc.locks.usersAmong(d.kernelDirsLocked())
 	d.mu.Unlock()
 	dirs, dropped := capUserDirs(found, inUse)
 	for _, uid := range dropped {
@@ -58,7 +58,7 @@ func (d *Daemon) addUserDirs() {
 	for _, u := range found {
 		byPath[u.Path] = u
 	}
-	for _, dir := range d.locks.setUsers(dirs) {
+	for _, dir := range d.disc.locks.setUsers(dirs) {
 		u := byPath[dir]
 		d.log.Info().Str("runtime_dir", dir).Uint32("uid", u.UID).Str("found_by", u.From).Msg("watching a user's runtime dir")
 	}

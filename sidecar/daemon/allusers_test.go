@@ -29,7 +29,7 @@ func TestAllUsersDirsLastAsLongAsSomethingNamesThem(t *testing.T) {
 	calls := 0
 	found := []discovery.UserDir{{Path: later, UID: 1000, From: "home"}}
 	r.d.cfg.AllUsers = true // New demands root for it; the rig runs as anyone
-	r.d.userDirs = func() ([]discovery.UserDir, []error) {
+	r.d.deps.UserDirs = func() ([]discovery.UserDir, []error) {
 		calls++
 		if calls == 1 {
 			return nil, []error{errors.New("runtime dir /x (home of uid 5) belongs to uid 6: not watched")}
@@ -37,14 +37,14 @@ func TestAllUsersDirsLastAsLongAsSomethingNamesThem(t *testing.T) {
 		return found, nil
 	}
 	watched := func() []string {
-		r.d.locks.mu.Lock()
-		defer r.d.locks.mu.Unlock()
-		return append(slices.Clone(r.d.locks.own), r.d.locks.users...)
+		r.d.disc.locks.mu.Lock()
+		defer r.d.disc.locks.mu.Unlock()
+		return append(slices.Clone(r.d.disc.locks.own), r.d.disc.locks.users...)
 	}
 	held := func() bool {
-		r.d.locks.mu.Lock()
-		defer r.d.locks.mu.Unlock()
-		return r.d.locks.held[later] != nil
+		r.d.disc.locks.mu.Lock()
+		defer r.d.disc.locks.mu.Unlock()
+		return r.d.disc.locks.held[later] != nil
 	}
 
 	r.d.scan(r.ctx)
@@ -98,8 +98,8 @@ func TestAllUsersDirsLastAsLongAsSomethingNamesThem(t *testing.T) {
 	if slices.Contains(watched(), later) || held() {
 		t.Errorf("a dir nothing names is still watched (%v) or locked (%v)", watched(), held())
 	}
-	if r.d.locks.heldCount() != 1 {
-		t.Errorf("%d dirs locked, want the own one only", r.d.locks.heldCount())
+	if r.d.disc.locks.heldCount() != 1 {
+		t.Errorf("%d dirs locked, want the own one only", r.d.disc.locks.heldCount())
 	}
 }
 

@@ -30,7 +30,7 @@ func (d *Daemon) api() apiBackend { return apiBackend{d} }
 func (d *Daemon) Snapshot() metrics.Snapshot {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.last
+	return d.pub.last
 }
 
 // Report implements api.Backend: the last sample's report.
@@ -38,10 +38,10 @@ func (a apiBackend) Report(ctx context.Context) (attribution.Report, error) {
 	d := a.d
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.last.SampledAt.IsZero() {
+	if d.pub.last.SampledAt.IsZero() {
 		return attribution.Report{}, fmt.Errorf("no sample yet: the daemon started less than --interval ago")
 	}
-	return d.last.Report, nil
+	return d.pub.last.Report, nil
 }
 
 // ReportJSON implements api.Backend: the last sample's report,
@@ -50,24 +50,24 @@ func (a apiBackend) Report(ctx context.Context) (attribution.Report, error) {
 func (a apiBackend) ReportJSON(ctx context.Context) ([]byte, error) {
 	d := a.d
 	d.mu.Lock()
-	if d.last.SampledAt.IsZero() {
+	if d.pub.last.SampledAt.IsZero() {
 		d.mu.Unlock()
 		return nil, fmt.Errorf("no sample yet: the daemon started less than --interval ago")
 	}
-	if d.reportJSON != nil && d.reportJSONSeq == d.sampleSeq {
-		body := d.reportJSON
+	if d.pub.json != nil && d.pub.jsonSeq == d.pub.seq {
+		body := d.pub.json
 		d.mu.Unlock()
 		return body, nil
 	}
-	rep, seq := d.last.Report, d.sampleSeq
+	rep, seq := d.pub.last.Report, d.pub.seq
 	d.mu.Unlock()
 	body, err := json.Marshal(rep)
 	if err != nil {
 		return nil, fmt.Errorf("encode the report: %w", err)
 	}
 	d.mu.Lock()
-	if seq == d.sampleSeq { // not replaced by a sample meanwhile
-		d.reportJSON, d.reportJSONSeq = body, seq
+	if seq == d.pub.seq { // not replaced by a sample meanwhile
+		d.pub.json, d.pub.jsonSeq = body, seq
 	}
 	d.mu.Unlock()
 	return body, nil
@@ -140,9 +140,9 @@ const maxLineage = 256
 // another start time is reused, and then its session is no kernel's). A
 // reader that reads no single process gives the whole table.
 func (d *Daemon) lineageOf(pid int, kernels func(procs.Proc) []int) (*procs.Table, error) {
-	lr, ok := d.fs.(lineageReader)
+	lr, ok := d.deps.Procs.(lineageReader)
 	if !ok {
-		return d.fs.ScanTree([]int{pid})
+		return d.deps.Procs.ScanTree([]int{pid})
 	}
 	line, err := lr.Ancestry(pid, maxLineage)
 	if err != nil {

@@ -213,7 +213,7 @@ func (d *Daemon) carryOutChildren(ctx context.Context, k api.KernelRef, sv child
 			log.Info().Int("pid", p.ID.PID).Str("compute", out.Compute).Str("reason", p.Reason).Msg("free --children: left running")
 			continue
 		}
-		killed, err := d.terminate(ctx, p.ID.PID, p.ID.Start, d.cfg.ReclaimGrace)
+		killed, err := d.deps.Terminate(ctx, p.ID.PID, p.ID.Start, d.cfg.ReclaimGrace)
 		switch {
 		case errors.Is(err, errStale):
 			continue // gone, its pid reused
@@ -355,7 +355,7 @@ func (d *Daemon) surveyChildrenNow(ctx context.Context, k api.KernelRef, confirm
 	held := attribution.BytesByPID(obs.Snapshot)
 	policy := reclaimPolicy{selfUID: owner, keep: keep,
 		gpuHolder: func(pid int) (uint64, bool) { b, ok := held[pid]; return b, ok }}
-	if d.podKernels != nil {
+	if d.deps.PodKernels != nil {
 		policy.podOf = d.podOfProcess
 		if pod != nil {
 			policy.pod = pod.UID

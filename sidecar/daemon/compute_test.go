@@ -54,7 +54,7 @@ func (r *rig) counter(name, label, value string) float64 {
 func (r *rig) lastReport() attribution.Report {
 	r.d.mu.Lock()
 	defer r.d.mu.Unlock()
-	return r.d.last.Report
+	return r.d.pub.last.Report
 }
 
 // A survivor that computes on a GPU is left running (logged, counted,

@@ -78,7 +78,7 @@ func TestCullRunner(t *testing.T) {
 	}
 	report := func() []attribution.Alert {
 		r.d.mu.Lock()
-		rep := r.d.last.Report
+		rep := r.d.pub.last.Report
 		r.d.mu.Unlock()
 		culls, activity := r.d.cull(r.ctx, rep)
 		attribution.Finish(&rep, attribution.FinishInput{Now: time.Now(), Kernels: activity, Culls: culls})
@@ -135,7 +135,7 @@ func TestCullKeep(t *testing.T) {
 	r.d.mu.Unlock()
 	cull := func() []attribution.CullWarning {
 		r.d.mu.Lock()
-		rep := r.d.last.Report
+		rep := r.d.pub.last.Report
 		r.d.mu.Unlock()
 		w, _ := r.d.cull(r.ctx, rep)
 		return w
@@ -171,7 +171,7 @@ func TestCullKeep(t *testing.T) {
 func TestCullWithoutServer(t *testing.T) {
 	r, _, _ := twoKernels(t, Config{Cull: CullConfig{Idle: time.Minute, MinMemory: 1 << 30, Action: CullShutdown}})
 	r.d.mu.Lock()
-	rep := r.d.last.Report
+	rep := r.d.pub.last.Report
 	r.d.mu.Unlock()
 	if a, _ := r.d.cull(r.ctx, rep); len(a) != 0 {
 		t.Fatalf("warned without a server: %+v", a)

@@ -129,47 +129,31 @@ func (c *Config) defaults() {
 // notebooks and kernel ids) is not served to all of them on loopback.
 func (c Config) shared() bool { return c.SocketMode == api.ModeShared || c.AllUsers }
 
-// Daemon is one `gpumem serve`.
+// Daemon is one `gpumem serve`. Its state is kept by concern: what it
+// reads the system through (deps), the kernels it follows, the report it
+// publishes, the alert state, discovery's memory across scans, and the
+// judgements that outlive a sample (history, compute, OOM, snapshots).
 type Daemon struct {
-	cfg       Config
-	log       zerolog.Logger
-	selfUID   uint32
-	gpus      attribution.GPUSampler
-	fs        ProcReader
-	finder    discovery.ProcessFinder
-	terminate func(ctx context.Context, pid int, start uint64, grace time.Duration) (bool, error)
-	pods      attribution.Pods
-	// podKernels finds kernels inside pods (nil: not followed); cgroups
-	// reads which pod a process is in.
-	podKernels PodKernelFinder
-	cgroups    cgroups.Reader
-	userDirs   func() ([]discovery.UserDir, []error)
-	metrics    *metrics.Metrics
-	socket     string
+	cfg     Config
+	log     zerolog.Logger
+	selfUID uint32
+	// deps are the system's windows (New fills Terminate's default).
+	deps    Deps
+	metrics *metrics.Metrics
 
-	mu           sync.Mutex
-	kernels      map[string]*kernelState // by connection file
-	last         metrics.Snapshot
-	alerted      map[int]bool // GPU index → alert raised
-	alertEpisode map[int]int  // GPU index → crossings so far
-	alertFiles   alertFiles   // the notebook alert files written (alertfiles.go)
+	mu      sync.Mutex
+	kernels map[string]*kernelState // by connection file
 	// evidence is, by connection file, what each kernel's magics last said
 	// its frameworks hold per GPU: the stray-context flags' evidence (why.go).
 	evidence map[string]attribution.FrameworkEvidence
-	// sampleSeq counts the reports kept in last; reportJSON is the one
-	// numbered reportJSONSeq, encoded (see ReportJSON).
-	sampleSeq     uint64
-	reportJSON    []byte
-	reportJSONSeq uint64
-	// lastFinish is what the last report was finished with (finishNow).
-	lastFinish attribution.FinishInput
+	pub      published  // the report every face reads
+	alerts   alertState // the threshold's crossings and the alert files
 
 	wg       sync.WaitGroup // kernel and reclaim goroutines
 	reclaims inflight       // reclaims under way, for Settle
 
-	// sampleFailures keeps a failing sample from logging every second
-	// (the sampling goroutine's own).
-	sampleFailures failureLog
+	sampling samplingState
+	problems problemLog
 
 	hist *historyParts // figures over time and reclaim events: history.go
 	// compute is GPU utilization over time: readings, verdicts, hoarding,
@@ -182,24 +166,57 @@ type Daemon struct {
 	// its request (a snapshot's reduction); Background before Run.
 	runContext context.Context
 
+	disc discoveryState
+}
+
+// published is the last sample's report, with what it was finished with.
+// Guarded by Daemon.mu.
+type published struct {
+	last metrics.Snapshot
+	// seq counts the reports kept in last; json is the one numbered
+	// jsonSeq, encoded (see ReportJSON).
+	seq     uint64
+	json    []byte
+	jsonSeq uint64
+	// finished is what the last report was finished with (finishNow).
+	finished attribution.FinishInput
+}
+
+// alertState is the threshold's state per GPU and the notebook alert files
+// written. Guarded by Daemon.mu.
+type alertState struct {
+	over     map[int]bool // GPU index → over the threshold at the last sample
+	episodes map[int]int  // GPU index → crossings up so far
+	files    alertFiles   // alertfiles.go
+}
+
+// samplingState is the sampling loop's own.
+type samplingState struct {
+	// failures keeps a failing sample from logging every second.
+	failures     failureLog
+	memo         attribution.Memo // the last sample's report, while its inputs stay the same (observe.go)
+	now          chan struct{}    // capacity 1: a sample is wanted before the next tick
+	afterObserve func()           // test hook: runs in sample after /proc was read
+}
+
+// problemLog is when each problem text was last logged at warn.
+type problemLog struct {
+	mu   sync.Mutex
+	last map[string]time.Time
+}
+
+// discoveryState is what discovery keeps across scans.
+type discoveryState struct {
 	locks         *dirLocks
-	serverBackoff discovery.ServerBackoff // servers that failed, across scans
-	kernelFiles   discovery.KernelFiles   // connection files read, across scans
-	problemMu     sync.Mutex
-	problems      map[string]time.Time // problem text → last logged at warn
-
-	sampleNow chan struct{} // capacity 1: a sample is wanted before the next tick
-	rescan    func()        // asks the watcher for a scan (set by Run)
-
-	memo attribution.Memo // the last sample's report, while its inputs stay the same (observe.go)
-
-	afterObserve func() // test hook: runs in sample after /proc was read
+	serverBackoff discovery.ServerBackoff // servers that failed
+	kernelFiles   discovery.KernelFiles   // connection files read
+	rescan        func()                  // asks the watcher for a scan (set by Run)
 }
 
 // sampleSoon asks Run's loop for a sample now (coalesced).
 func (d *Daemon) sampleSoon() {
 	select {
-	case d.sampleNow <- struct{}{}:
+	case d.sampling.now <- struct{}{}:
 	default:
 	}
 }
@@ -234,26 +251,16 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 		}
 	}
 	d := &Daemon{
-		cfg:          cfg,
-		log:          log,
-		selfUID:      uint32(os.Geteuid()),
-		gpus:         deps.GPUs,
-		fs:           deps.Procs,
-		finder:       deps.Finder,
-		terminate:    deps.Terminate,
-		pods:         deps.Pods,
-		podKernels:   deps.PodKernels,
-		cgroups:      deps.Cgroups,
-		userDirs:     deps.UserDirs,
-		kernels:      map[string]*kernelState{},
-		alerted:      map[int]bool{},
-		alertEpisode: map[int]int{},
-		evidence:     map[string]attribution.FrameworkEvidence{},
-		socket:       cfg.SocketPath,
-		sampleNow:    make(chan struct{}, 1),
-		rescan:       func() {},
-		locks:        newDirLocks(cfg.RuntimeDirs),
-		problems:     map[string]time.Time{},
+		cfg:      cfg,
+		log:      log,
+		selfUID:  uint32(os.Geteuid()),
+		deps:     deps,
+		kernels:  map[string]*kernelState{},
+		evidence: map[string]attribution.FrameworkEvidence{},
+		alerts:   alertState{over: map[int]bool{}, episodes: map[int]int{}},
+		sampling: samplingState{now: make(chan struct{}, 1)},
+		problems: problemLog{last: map[string]time.Time{}},
+		disc:     discoveryState{locks: newDirLocks(cfg.RuntimeDirs), rescan: func() {}},
 	}
 	perNotebook := !cfg.MetricsNoNotebook && (!cfg.shared() || cfg.MetricsToken != "")
 	d.metrics = metrics.New(d, log, metrics.PerNotebook(perNotebook))
@@ -271,11 +278,11 @@ func New(cfg Config, deps Deps, log zerolog.Logger) (*Daemon, error) {
 func (d *Daemon) Run(ctx context.Context) error {
 	// The runtime dirs' locks and the socket first: a second daemon for
 	// these dirs stops here, before it touches any kernel.
-	defer d.locks.close()
-	if _, errs := d.locks.lock(); len(errs) > 0 {
+	defer d.disc.locks.close()
+	if _, errs := d.disc.locks.lock(); len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	ln, err := api.Listen(ctx, d.socket, d.cfg.SocketMode)
+	ln, err := api.Listen(ctx, d.cfg.SocketPath, d.cfg.SocketMode)
 	if err != nil {
 		return err
 	}
@@ -297,13 +304,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// The watcher first: the kernels the first scan follows ask it for
 	// scans.
 	w := newDirWatcher(d.cfg.RuntimeDirs, d.cfg.Rescan)
-	d.rescan = w.signal
+	d.disc.rescan = w.signal
 	// A first view before the API answers, so that no caller sees "no sample".
 	d.scan(ctx)
 	d.sample(ctx)
 	var parts sync.WaitGroup
 	errc := make(chan error, 3)
-	sock := &socketKeeper{path: d.socket, mode: d.cfg.SocketMode, errc: errc,
+	sock := &socketKeeper{path: d.cfg.SocketPath, mode: d.cfg.SocketMode, errc: errc,
 		srv: api.NewServer(d.api(), api.Options{Logger: d.log})}
 	sock.serve(ctx, ln)
 	if ms != nil {
@@ -319,7 +326,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go func() { defer parts.Done(); _ = w.Run(ctx) }()
 	go func() { defer parts.Done(); d.discover(ctx, w, sock) }()
 
-	d.log.Info().Strs("runtime_dirs", d.cfg.RuntimeDirs).Str("socket", d.socket).
+	d.log.Info().Strs("runtime_dirs", d.cfg.RuntimeDirs).Str("socket", d.cfg.SocketPath).
 		Dur("interval", d.cfg.Interval).Bool("reclaim", d.cfg.Reclaim).Str("cull", d.cfg.Cull.summary()).Msg("gpumem serve started")
 
 	ticker := time.NewTicker(d.cfg.Interval)
@@ -335,7 +342,7 @@ loop:
 			break loop
 		case <-ticker.C:
 			d.sample(ctx)
-		case <-d.sampleNow:
+		case <-d.sampling.now:
 			d.sample(ctx)
 		}
 	}
@@ -372,11 +379,11 @@ func (d *Daemon) scan(ctx context.Context) {
 	defer cancel()
 	d.addUserDirs()
 	dirs := d.watchedDirs()
-	res := discovery.Discover(dctx, discovery.Options{RuntimeDirs: dirs, Procs: knownFinder{d}, KernelFiles: &d.kernelFiles,
+	res := discovery.Discover(dctx, discovery.Options{RuntimeDirs: dirs, Procs: knownFinder{d}, KernelFiles: &d.disc.kernelFiles,
 		ServerToken: d.cfg.ServerToken, ServerTokenURLs: d.cfg.ServerTokenURLs,
-		ServerTimeout: serverDeadline, Backoff: &d.serverBackoff})
-	if d.podKernels != nil {
-		pods := d.podKernels.Find(dctx)
+		ServerTimeout: serverDeadline, Backoff: &d.disc.serverBackoff})
+	if d.deps.PodKernels != nil {
+		pods := d.deps.PodKernels.Find(dctx)
 		res.Kernels = append(res.Kernels, pods.Kernels...)
 		res.Problems = append(res.Problems, pods.Problems...)
 	}
@@ -418,7 +425,7 @@ func (d *Daemon) scan(ctx context.Context) {
 		}
 		if ks.missingSince.IsZero() {
 			ks.missingSince = now
-			time.AfterFunc(missingGrace, d.rescan)
+			time.AfterFunc(missingGrace, d.disc.rescan)
 			continue
 		}
 		if now.Sub(ks.missingSince) < missingGrace {
@@ -476,7 +483,7 @@ func (d *Daemon) scan(ctx context.Context) {
 			d.setKernelProcessLocked(ks, procID{k.PID, k.PIDStart})
 		}
 	}
-	d.locks.release(d.kernelDirsLocked()) // a user dir's lock lasts as long as a kernel followed in it
+	d.disc.locks.release(d.kernelDirsLocked()) // a user dir's lock lasts as long as a kernel followed in it
 }
 
 // followLocked starts the goroutine that attaches to ks and follows it.
@@ -498,7 +505,7 @@ type knownFinder struct{ d *Daemon }
 
 // LaunchedConnectionFiles implements discovery.ConnectionFileLister.
 func (f knownFinder) LaunchedConnectionFiles(runtimeDirs []string) ([]string, error) {
-	lister, ok := f.d.finder.(discovery.ConnectionFileLister)
+	lister, ok := f.d.deps.Finder.(discovery.ConnectionFileLister)
 	if !ok {
 		return nil, nil
 	}
@@ -523,13 +530,13 @@ func (f knownFinder) FindKernels(files []discovery.KernelFile) (map[string]disco
 	if len(rest) == 0 {
 		return map[string]discovery.Owner{}, nil
 	}
-	return f.d.finder.FindKernels(rest)
+	return f.d.deps.Finder.FindKernels(rest)
 }
 
 // TCPListener implements discovery.ListenerFinder with the daemon's finder,
 // when it is one (it reads the daemon's /proc).
 func (f knownFinder) TCPListener(ip net.IP, port int) (procs.Listener, bool, error) {
-	lf, ok := f.d.finder.(discovery.ListenerFinder)
+	lf, ok := f.d.deps.Finder.(discovery.ListenerFinder)
 	if !ok {
 		return procs.Listener{}, false, errors.New("the daemon's process finder cannot say who listens on a port")
 	}
@@ -541,7 +548,7 @@ func (f knownFinder) TCPListener(ip net.IP, port int) (procs.Listener, bool, err
 // gone. A finder that cannot tell counts every process as alive: never
 // advise deleting a live server's file.
 func (f knownFinder) Alive(pid int) bool {
-	if pc, ok := f.d.finder.(discovery.ProcessChecker); ok {
+	if pc, ok := f.d.deps.Finder.(discovery.ProcessChecker); ok {
 		return pc.Alive(pid)
 	}
 	return true

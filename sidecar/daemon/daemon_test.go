@@ -349,7 +349,7 @@ func TestRunServesAgainAfterSocketDirDeleted(t *testing.T) {
 	ctx, cancel := context.WithCancel(r.ctx)
 	done := make(chan error, 1)
 	go func() { done <- r.d.Run(ctx) }()
-	c := api.NewClient(r.d.socket)
+	c := api.NewClient(r.d.cfg.SocketPath)
 	defer c.Close()
 	healthy := func() bool {
 		select {

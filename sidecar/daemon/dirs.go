@@ -195,7 +195,7 @@ func (l *dirLocks) close() {
 // watchedDirs is the runtime dirs this daemon serves now: those it holds,
 // or that do not exist yet. A dir another daemon took is logged once.
 func (d *Daemon) watchedDirs() []string {
-	watch, errs := d.locks.lock()
+	watch, errs := d.disc.locks.lock()
 	for _, err := range errs {
 		d.problem(err)
 	}
@@ -280,19 +280,19 @@ const problemEvery = 10 * time.Minute
 func (d *Daemon) problem(err error) {
 	msg := err.Error()
 	now := time.Now()
-	d.problemMu.Lock()
-	last, seen := d.problems[msg]
+	d.problems.mu.Lock()
+	last, seen := d.problems.last[msg]
 	if !seen || now.Sub(last) >= problemEvery {
-		if len(d.problems) >= 1000 {
-			for m, at := range d.problems {
+		if len(d.problems.last) >= 1000 {
+			for m, at := range d.problems.last {
 				if now.Sub(at) >= problemEvery {
-					delete(d.problems, m)
+					delete(d.problems.last, m)
 				}
 			}
 		}
-		d.problems[msg] = now
+		d.problems.last[msg] = now
 	}
-	d.problemMu.Unlock()
+	d.problems.mu.Unlock()
 	if !seen || now.Sub(last) >= problemEvery {
 		d.log.Warn().Err(err).Msg("discovery")
 		return

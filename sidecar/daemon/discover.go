@@ -28,9 +28,9 @@ func (d *Daemon) discover(ctx context.Context, w *dirWatcher, sock *socketKeeper
 		}
 		d.scan(ctx)
 		if again, err := sock.check(ctx); err != nil {
-			d.problem(fmt.Errorf("socket %s is gone and cannot be made again: %w", d.socket, err))
+			d.problem(fmt.Errorf("socket %s is gone and cannot be made again: %w", d.cfg.SocketPath, err))
 		} else if again {
-			d.log.Warn().Str("socket", d.socket).Msg("the socket was removed (its dir deleted?): serving it again")
+			d.log.Warn().Str("socket", d.cfg.SocketPath).Msg("the socket was removed (its dir deleted?): serving it again")
 		}
 	}
 }
@@ -73,5 +73,5 @@ func (d *Daemon) mayFollowLocked(k discovery.Kernel, followed map[uint32]int) bo
 			k.FileUID, maxFollowedPerUser))
 		return false
 	}
-	return k.Pod != nil || d.locks.hold(filepath.Dir(k.ConnectionFile))
+	return k.Pod != nil || d.disc.locks.hold(filepath.Dir(k.ConnectionFile))
 }

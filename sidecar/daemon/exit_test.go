@@ -46,12 +46,12 @@ func (l lossyProcs) Exited(pid int, start uint64) (bool, error) {
 // it cannot be looked at, its tree is neither retired nor reclaimed.
 func TestExitConfirmedBeforeReclaim(t *testing.T) {
 	r, k1, _ := twoKernels(t, Config{Reclaim: true})
-	real := r.d.fs.(*procs.FS)
-	r.d.fs = lossyProcs{real: real, hide: []int{100}}
+	real := r.d.deps.Procs.(*procs.FS)
+	r.d.deps.Procs = lossyProcs{real: real, hide: []int{100}}
 	r.d.sample(r.ctx)
 	r.waitLog("kernel process missing from the scan of /proc but alive", `"pid":100`)
 
-	r.d.fs = lossyProcs{real: real, hide: []int{100}, exited: func(int, uint64) (bool, error) {
+	r.d.deps.Procs = lossyProcs{real: real, hide: []int{100}, exited: func(int, uint64) (bool, error) {
 		return false, syscall.EMFILE
 	}}
 	r.d.sample(r.ctx)
@@ -68,7 +68,7 @@ func TestExitConfirmedBeforeReclaim(t *testing.T) {
 	}
 
 	// Once /proc says it is gone, it is an exit: its orphans go.
-	r.d.fs = real
+	r.d.deps.Procs = real
 	r.exit(100)
 	r.d.sample(r.ctx)
 	r.waitLog("kernel process exited", `"pid":100`)

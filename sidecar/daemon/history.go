@@ -126,7 +126,7 @@ func (d *Daemon) recordReclaim(ks *kernelState, notebook, why string, processes 
 	}
 	user := ""
 	d.mu.Lock()
-	for _, nb := range d.last.Report.Notebooks {
+	for _, nb := range d.pub.last.Report.Notebooks {
 		if nb.ConnectionFile == ks.connFile {
 			user = nb.User
 		}

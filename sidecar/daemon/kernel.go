@@ -296,7 +296,7 @@ func (f *follower) attached(c *protocol.Client) bool {
 	d.log.Info().Str("kernel_id", ks.id).Str("connection_file", ks.connFile).Str("notebook", notebook).Msg("attached")
 	// jupyter_server 2 writes the connection file before the session names
 	// the notebook: look again now rather than at the next rescan.
-	d.rescan()
+	d.disc.rescan()
 	f.injected = d.startInject(f.ctx, ks, c, nil)
 	f.stop = context.AfterFunc(f.ctx, func() { _ = c.Close() })
 	return true
@@ -365,7 +365,7 @@ func (d *Daemon) startInject(ctx context.Context, ks *kernelState, c *protocol.C
 			d.mu.Unlock()
 		}()
 		log := d.log.With().Str("kernel_id", ks.id).Str("connection_file", ks.connFile).Logger()
-		opts := magics.InjectOptions{SidecarSocket: d.socket, KernelID: ks.id}
+		opts := magics.InjectOptions{SidecarSocket: d.cfg.SocketPath, KernelID: ks.id}
 		// The daemon's socket and alert file are paths of its own mount
 		// namespace, not a pod's: there they could name other files
 		// entirely, so a pod's kernel is given neither. A kernel reads its

@@ -39,7 +39,7 @@ func TestLaunchedKernelFollowed(t *testing.T) {
 	}
 	files := []string{tmp}
 	var mu sync.Mutex
-	r.d.finder = launchingFinder{rig: r, mu: &mu, files: &files}
+	r.d.deps.Finder = launchingFinder{rig: r, mu: &mu, files: &files}
 	r.setProcs(
 		procstest.Proc{PID: 700, PPID: 1, PGID: 700, SID: 700, Argv: []string{"python", "-m", "ipykernel_launcher", "-f", tmp}},
 		// A worker in a session of its own, as pools start them.

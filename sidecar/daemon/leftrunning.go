@@ -140,7 +140,7 @@ func (a apiBackend) EndOrphans(ctx context.Context, k api.KernelRef, user string
 			out.Reason = decisions[0].Reason
 		default:
 			log.Warn().Dur("grace", d.cfg.ReclaimGrace).Msg("ending a process left running, on request (SIGTERM)")
-			killed, err := d.terminate(ctx, lr.PID, lr.StartTime, d.cfg.ReclaimGrace)
+			killed, err := d.deps.Terminate(ctx, lr.PID, lr.StartTime, d.cfg.ReclaimGrace)
 			switch {
 			case errors.Is(err, errStale):
 				out.Reason = "its pid now names another process: nothing done"

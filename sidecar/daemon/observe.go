@@ -14,11 +14,11 @@ import (
 // exit is confirmed, and a dead kernel's tree handed to reclaim, only
 // after a fresh full view (reclaim reads one more, through observe).
 func (d *Daemon) observeSample(ctx context.Context, kernels []attribution.Kernel) (attribution.Observation, error) {
-	trees, ok := d.fs.(attribution.TreeScanner)
+	trees, ok := d.deps.Procs.(attribution.TreeScanner)
 	if !ok {
-		return attribution.Observe(ctx, d.gpus, d.fs, kernels)
+		return attribution.Observe(ctx, d.deps.GPUs, d.deps.Procs, kernels)
 	}
-	obs, err := attribution.ObserveTrees(ctx, d.gpus, trees, kernels, &d.memo)
+	obs, err := attribution.ObserveTrees(ctx, d.deps.GPUs, trees, kernels, &d.sampling.memo)
 	if err != nil {
 		return obs, err
 	}
@@ -27,7 +27,7 @@ func (d *Daemon) observeSample(ctx context.Context, kernels []attribution.Kernel
 			continue
 		}
 		if p, ok := obs.Table.Lookup(k.PID, k.StartTime); !ok || p.Exited() {
-			return attribution.ObserveSnapshot(obs.Snapshot, d.fs, kernels)
+			return attribution.ObserveSnapshot(obs.Snapshot, d.deps.Procs, kernels)
 		}
 	}
 	return obs, nil

@@ -102,7 +102,7 @@ func (a apiBackend) RecordOOM(ctx context.Context, k api.KernelRef, req oom.Requ
 	d := a.d
 	now := time.Now()
 	d.mu.Lock()
-	rep, sampledAt := d.last.Report, d.last.SampledAt
+	rep, sampledAt := d.pub.last.Report, d.pub.last.SampledAt
 	d.mu.Unlock()
 	if sampledAt.IsZero() {
 		return oom.Event{}, errors.New("no sample yet: the daemon started less than --interval ago")

@@ -57,7 +57,7 @@ func TestRecordOOM(t *testing.T) {
 	}
 	g := 0
 	r.d.mu.Lock()
-	r.d.last = metrics.Snapshot{SampledAt: time.Now(), Report: attribution.Report{
+	r.d.pub.last = metrics.Snapshot{SampledAt: time.Now(), Report: attribution.Report{
 		GPUs:      []attribution.GPU{{Index: 0, MemoryTotalBytes: 8 << 30, FreeBytes: 1 << 20}},
 		Notebooks: []attribution.Notebook{{KernelID: "k1", ConnectionFile: cfOf("k1"), Notebook: "/n/a.ipynb", User: "u", PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 2 << 30}}}},
 	}}

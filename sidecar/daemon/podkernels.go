@@ -47,7 +47,7 @@ func (d *Daemon) podClientOptions(ks *kernelState) protocol.Options {
 		if id.isZero() {
 			return protocol.ConnectionInfo{}, &protocol.ConnectionFileError{Path: ks.connFile, Err: errNoKernelProcess}
 		}
-		info, _, err := d.podKernels.ReadConnectionFile(id.PID, id.Start, path)
+		info, _, err := d.deps.PodKernels.ReadConnectionFile(id.PID, id.Start, path)
 		return info, err
 	}
 	opts.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -55,7 +55,7 @@ func (d *Daemon) podClientOptions(ks *kernelState) protocol.Options {
 		if id.isZero() {
 			return nil, fmt.Errorf("kernel %s: %w", ks.id, errNoKernelProcess)
 		}
-		return d.podKernels.Dial(ctx, id.PID, id.Start, network, addr)
+		return d.deps.PodKernels.Dial(ctx, id.PID, id.Start, network, addr)
 	}
 	return opts
 }
@@ -70,7 +70,7 @@ func (d *Daemon) podFileExists(ks *kernelState) bool {
 	if w.isZero() {
 		return false
 	}
-	_, _, err := d.podKernels.ReadConnectionFile(w.PID, w.Start, ks.pod.Path)
+	_, _, err := d.deps.PodKernels.ReadConnectionFile(w.PID, w.Start, ks.pod.Path)
 	// A file being rewritten reads as invalid: it is there. A witness that
 	// is gone (or whose pid was reused) says nothing.
 	return err == nil || !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ESRCH)
@@ -79,7 +79,7 @@ func (d *Daemon) podFileExists(ks *kernelState) bool {
 // podOfProcess is the reclaim policy's pod rule: the pod UID of a process
 // from its cgroup ("" outside any pod).
 func (d *Daemon) podOfProcess(id procID) (string, error) {
-	c, err := cgroups.ForProcess(d.cgroups, id.PID, id.Start)
+	c, err := cgroups.ForProcess(d.deps.Cgroups, id.PID, id.Start)
 	if err != nil {
 		return "", err
 	}

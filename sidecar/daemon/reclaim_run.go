@@ -70,7 +70,7 @@ func (d *Daemon) policyFor(pod string, table *procs.Table, held map[int]uint64) 
 			return b, ok
 		},
 	}
-	if d.podKernels != nil {
+	if d.deps.PodKernels != nil {
 		policy.pod, policy.podOf = pod, d.podOfProcess
 	}
 	return policy
@@ -118,7 +118,7 @@ func (d *Daemon) reclaim(ctx context.Context, ks *kernelState, recorded map[proc
 			continue
 		}
 		log.Warn().Dur("grace", d.cfg.ReclaimGrace).Msg("ending orphan that holds GPU memory (SIGTERM)")
-		killed, err := d.terminate(ctx, dec.ID.PID, dec.ID.Start, d.cfg.ReclaimGrace)
+		killed, err := d.deps.Terminate(ctx, dec.ID.PID, dec.ID.Start, d.cfg.ReclaimGrace)
 		switch {
 		case errors.Is(err, errStale):
 			log.Info().Msg("pid was reused by another process; left alone")

@@ -196,7 +196,7 @@ func (r *rig) report() map[string][]int {
 	r.d.mu.Lock()
 	defer r.d.mu.Unlock()
 	out := map[string][]int{}
-	for _, nb := range r.d.last.Report.Notebooks {
+	for _, nb := range r.d.pub.last.Report.Notebooks {
 		out[nb.KernelID] = nb.PIDs
 	}
 	return out

@@ -31,7 +31,7 @@ func (d *Daemon) observe(ctx context.Context) (attribution.Observation, error) {
 	d.mu.Lock()
 	kernels := d.kernelsLocked()
 	d.mu.Unlock()
-	return attribution.Observe(ctx, d.gpus, d.fs, kernels)
+	return attribution.Observe(ctx, d.deps.GPUs, d.deps.Procs, kernels)
 }
 
 // tick is one sample's work in progress, handed from step to step.
@@ -109,21 +109,21 @@ func (d *Daemon) sample(ctx context.Context) {
 		case err != nil && !s.required:
 			d.log.Debug().Err(err).Str("step", s.name).Msg("sample step failed")
 		case err != nil:
-			if log, unlogged := d.sampleFailures.fail(time.Now(), s.name+": "+err.Error()); log {
+			if log, unlogged := d.sampling.failures.fail(time.Now(), s.name+": "+err.Error()); log {
 				d.log.Warn().Err(err).Str("step", s.name).Int("unlogged_since", unlogged).Msg("sampling failed")
 			}
 			d.mu.Lock()
-			d.last.SampleSuccess = false
-			d.last.Steps = t.steps
+			d.pub.last.SampleSuccess = false
+			d.pub.last.Steps = t.steps
 			d.mu.Unlock()
 			return
 		}
 	}
-	if n := d.sampleFailures.ok(); n > 0 {
+	if n := d.sampling.failures.ok(); n > 0 {
 		d.log.Info().Int("failures", n).Msg("sampling works again")
 	}
 	d.mu.Lock()
-	d.last.Steps = t.steps // publish's own time too
+	d.pub.last.Steps = t.steps // publish's own time too
 	d.mu.Unlock()
 }
 
@@ -141,8 +141,8 @@ func (d *Daemon) stepObserve(ctx context.Context, t *tick) error {
 	}
 	d.mu.Unlock()
 	obs, err := d.observeSample(ctx, t.kernels)
-	if d.afterObserve != nil {
-		d.afterObserve()
+	if d.sampling.afterObserve != nil {
+		d.sampling.afterObserve()
 	}
 	t.obs, t.rep = obs, obs.Report
 	return err
@@ -209,12 +209,12 @@ func (d *Daemon) stepCull(ctx context.Context, t *tick) error {
 // judgements: compute, peaks, culls, activity, OOM summaries, stray
 // evidence, and the threshold's episodes.
 func (d *Daemon) stepFinish(_ context.Context, t *tick) error {
-	in := attribution.FinishInput{Table: t.obs.Table, Pods: d.pods, Evidence: d.strayEvidence(t.rep),
+	in := attribution.FinishInput{Table: t.obs.Table, Pods: d.deps.Pods, Evidence: d.strayEvidence(t.rep),
 		OOM: d.ooms.summaries(t.rep), Kernels: t.activity, Culls: t.culls, Compute: t.compute, Peaks: t.peaks}
 	d.mu.Lock()
 	t.crossed, in.Alerts = d.crossThresholdLocked(t.rep)
-	if !d.last.SampledAt.IsZero() {
-		last := d.last.Report // a published report's slices are never modified
+	if !d.pub.last.SampledAt.IsZero() {
+		last := d.pub.last.Report // a published report's slices are never modified
 		in.Previous = &last
 	}
 	d.mu.Unlock()
@@ -236,15 +236,15 @@ func (d *Daemon) crossThresholdLocked(rep attribution.Report) (map[int]bool, att
 			break
 		}
 		over := attribution.OverThreshold(g, d.cfg.AlertThreshold)
-		was := d.alerted[g.Index]
-		d.alerted[g.Index] = over
+		was := d.alerts.over[g.Index]
+		d.alerts.over[g.Index] = over
 		if over && !was {
-			d.alertEpisode[g.Index]++
+			d.alerts.episodes[g.Index]++
 		}
 		if over != was {
 			crossed[g.Index] = over
 		}
-		episodes[g.Index] = d.alertEpisode[g.Index]
+		episodes[g.Index] = d.alerts.episodes[g.Index]
 	}
 	return crossed, attribution.AlertConfig{Threshold: d.cfg.AlertThreshold, Episodes: episodes,
 		NameUsers: d.cfg.SocketMode == api.ModeShared}
@@ -257,9 +257,9 @@ func (d *Daemon) crossThresholdLocked(rep attribution.Report) (map[int]bool, att
 // single report's do.
 func (d *Daemon) finishNow(obs attribution.Observation) attribution.Report {
 	d.mu.Lock()
-	in := d.lastFinish
+	in := d.pub.finished
 	d.mu.Unlock()
-	in.Now, in.Table, in.Previous, in.Pods = time.Now(), obs.Table, nil, d.pods
+	in.Now, in.Table, in.Previous, in.Pods = time.Now(), obs.Table, nil, d.deps.Pods
 	in.Evidence, in.OOM = d.strayEvidence(obs.Report), d.ooms.summaries(obs.Report)
 	rep := obs.Report
 	attribution.Finish(&rep, in)
@@ -294,10 +294,10 @@ func (d *Daemon) stepPublish(_ context.Context, t *tick) error {
 		}
 	}
 	elapsed := time.Since(t.start)
-	d.sampleSeq++ // a new report: the encoded one is stale
-	d.last = metrics.Snapshot{Report: t.rep, AttachedKernels: attached, SampleDuration: elapsed,
+	d.pub.seq++ // a new report: the encoded one is stale
+	d.pub.last = metrics.Snapshot{Report: t.rep, AttachedKernels: attached, SampleDuration: elapsed,
 		SampleSuccess: true, SampledAt: time.Now(), AlertThreshold: d.cfg.AlertThreshold, Steps: t.steps}
-	d.lastFinish = t.finished
+	d.pub.finished = t.finished
 	d.mu.Unlock()
 	d.historySampled(t.sampledAt)
 	return nil
@@ -310,7 +310,7 @@ func (d *Daemon) stepPublish(_ context.Context, t *tick) error {
 // be looked at now (out of descriptors, memory) is kept, and said so.
 // Called with d.mu held: one stat read.
 func (d *Daemon) confirmExitLocked(ks *kernelState) bool {
-	gone, err := d.fs.Exited(ks.cur.PID, ks.cur.Start)
+	gone, err := d.deps.Procs.Exited(ks.cur.PID, ks.cur.Start)
 	switch {
 	case err != nil:
 		d.problem(fmt.Errorf("kernel %s: its process %d is missing from the scan of /proc and cannot be looked at (%w): "+
@@ -347,7 +347,7 @@ func (d *Daemon) resolveKernelProcesses(ctx context.Context, kss []*kernelState)
 	if len(files) == 0 {
 		return
 	}
-	owners, err := d.finder.FindKernels(files)
+	owners, err := d.deps.Finder.FindKernels(files)
 	if err != nil {
 		d.log.Debug().Err(err).Msg("resolving kernel processes")
 	}

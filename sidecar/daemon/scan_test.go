@@ -81,7 +81,7 @@ func TestSampleSkipsKernelsProvenAfterItsRead(t *testing.T) {
 	k := r.kernelFile("k1", discovery.Owner{PID: 100, Start: 100, Flagged: true, UIDMatch: true})
 	r.d.scan(r.ctx) // followed, its process not proven yet
 	var once sync.Once
-	r.d.afterObserve = func() {
+	r.d.sampling.afterObserve = func() {
 		once.Do(func() {
 			// Between the read and the judgement: the process starts and
 			// a scan proves it.
@@ -125,7 +125,7 @@ func TestSamplingDoesNotWaitForDiscovery(t *testing.T) {
 	sampledAt := func() time.Time {
 		r.d.mu.Lock()
 		defer r.d.mu.Unlock()
-		return r.d.last.SampledAt
+		return r.d.pub.last.SampledAt
 	}
 	r.waitLog("does not answer") // a scan waited its deadline
 	// Over 3 s (more than one server deadline), no sample waits a second.

@@ -14,14 +14,14 @@ import (
 // shut down on its way out are still ended.
 func (d *Daemon) Settle(ctx context.Context) error {
 	d.mu.Lock()
-	start := d.sampleSeq
+	start := d.pub.seq
 	d.mu.Unlock()
 	// A sample under way when Settle was called may have read /proc before
 	// a kernel exited: wait for the one after it.
 	for {
 		ch := d.hist.sampledChan()
 		d.mu.Lock()
-		seq := d.sampleSeq
+		seq := d.pub.seq
 		d.mu.Unlock()
 		if seq >= start+2 {
 			break

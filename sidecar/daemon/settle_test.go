@@ -19,7 +19,7 @@ func TestSettleWaitsForTheReclaimOfAKernelThatJustExited(t *testing.T) {
 	r, _, _ := twoKernelFiles(t, Config{Reclaim: true, Interval: 50 * time.Millisecond, Rescan: time.Hour})
 	release := make(chan struct{})
 	var ended []int
-	r.d.terminate = func(ctx context.Context, pid int, _ uint64, _ time.Duration) (bool, error) {
+	r.d.deps.Terminate = func(ctx context.Context, pid int, _ uint64, _ time.Duration) (bool, error) {
 		select {
 		case <-release:
 		case <-ctx.Done():

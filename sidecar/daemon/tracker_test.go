@@ -38,7 +38,7 @@ func trackedKernels(t *testing.T, cfg Config) (*rig, *countingTracker, string) {
 	r, k1, _ := twoKernelFiles(t, cfg)
 	tr := &countingTracker{Tracker: procs.NewTracker(&procs.FS{Root: r.procRoot})}
 	t.Cleanup(tr.Close)
-	r.d.fs = tr
+	r.d.deps.Procs = tr
 	r.d.scan(r.ctx)
 	r.d.sample(r.ctx)
 	if got := r.report(); !slices.Equal(got["k1"], []int{100, 101, 103, 104}) || !slices.Equal(got["k2"], []int{200, 201}) {
@@ -101,9 +101,9 @@ func TestTrackedReclaimKnowsTheWholeTree(t *testing.T) {
 		t.Fatalf("%d full reads of /proc in the samples before the exit, want none (the tracker's first read was before)", full)
 	}
 	var fullAtExit int
-	r.d.afterObserve = func() { fullAtExit = tr.fullReads() }
+	r.d.sampling.afterObserve = func() { fullAtExit = tr.fullReads() }
 	r.d.sample(r.ctx)
-	r.d.afterObserve = nil
+	r.d.sampling.afterObserve = nil
 	if fullAtExit == 0 {
 		t.Errorf("the exit was judged without a full read of /proc")
 	}
