@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -213,16 +212,15 @@ func (d *Daemon) carryOutChildren(ctx context.Context, k api.KernelRef, sv child
 			log.Info().Int("pid", p.ID.PID).Str("compute", out.Compute).Str("reason", p.Reason).Msg("free --children: left running")
 			continue
 		}
-		killed, err := d.deps.Terminate(ctx, p.ID.PID, p.ID.Start, d.cfg.ReclaimGrace)
-		switch {
-		case errors.Is(err, errStale):
+		switch end := d.endProcess(ctx, p.ID); {
+		case end.stale:
 			continue // gone, its pid reused
-		case err != nil:
-			out.Reason = err.Error()
+		case end.err != nil:
+			out.Reason = end.err.Error()
 			left = append(left, out)
-			log.Warn().Err(err).Int("pid", p.ID.PID).Msg("free --children: could not end it")
+			log.Warn().Err(end.err).Int("pid", p.ID.PID).Msg("free --children: could not end it")
 			continue
-		case killed:
+		case end.killed:
 			out.How = "SIGKILL (it ignored SIGTERM)"
 		default:
 			out.How = "SIGTERM"
@@ -346,21 +344,14 @@ func (d *Daemon) surveyChildrenNow(ctx context.Context, k api.KernelRef, confirm
 	}
 	ks.observe(obs.Table) // the tree as it is now, recorded
 	sv := childSurvey{obs: obs, self: ks.cur, recorded: maps.Clone(ks.recorded), notebook: ks.notebook}
-	keep := d.kernelTreesLocked(obs.Table, ks)
-	keep[sv.self] = true
-	owner, pod := ks.uid, ks.pod
+	pod := ""
+	if ks.pod != nil {
+		pod = ks.pod.UID
+	}
+	policy := d.policyLocked(pod, obs.Table, attribution.BytesByPID(obs.Snapshot), ks)
 	d.mu.Unlock()
 	delete(sv.recorded, sv.self)
 
-	held := attribution.BytesByPID(obs.Snapshot)
-	policy := reclaimPolicy{selfUID: owner, keep: keep,
-		gpuHolder: func(pid int) (uint64, bool) { b, ok := held[pid]; return b, ok }}
-	if d.deps.PodKernels != nil {
-		policy.podOf = d.podOfProcess
-		if pod != nil {
-			policy.pod = pod.UID
-		}
-	}
 	now := time.Now()
 	from := now.Add(-d.cfg.Compute.Window)
 	sv.plans, sv.notFound = planChildren(policy.decide(sv.recorded, obs.Table),

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -140,18 +139,17 @@ func (a apiBackend) EndOrphans(ctx context.Context, k api.KernelRef, user string
 			out.Reason = decisions[0].Reason
 		default:
 			log.Warn().Dur("grace", d.cfg.ReclaimGrace).Msg("ending a process left running, on request (SIGTERM)")
-			killed, err := d.deps.Terminate(ctx, lr.PID, lr.StartTime, d.cfg.ReclaimGrace)
-			switch {
-			case errors.Is(err, errStale):
+			switch end := d.endProcess(ctx, lr.id); {
+			case end.stale:
 				out.Reason = "its pid now names another process: nothing done"
 				d.compute.forgetLeftRunning(lr.id)
-			case err != nil:
-				out.Reason = err.Error()
+			case end.err != nil:
+				out.Reason = end.err.Error()
 			default:
-				out.Ended, out.Killed = true, killed
+				out.Ended, out.Killed = true, end.killed
 				d.compute.forgetLeftRunning(lr.id)
 				d.metrics.AddReclaimed(1, out.Bytes)
-				log.Info().Bool("killed", killed).Msg("process left running ended on request")
+				log.Info().Bool("killed", end.killed).Msg("process left running ended on request")
 			}
 		}
 		if !out.Ended {

@@ -1,12 +1,7 @@
 package daemon
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/gpumem/gpumem/sidecar/procs"
 )
@@ -103,72 +98,4 @@ func (p reclaimPolicy) podMismatch(id procID) string {
 		return fmt.Sprintf("in pod %s, the kernel ran outside any pod", pod)
 	}
 	return fmt.Sprintf("in pod %s, not the kernel's pod %s", pod, p.pod)
-}
-
-// errStale means the pid no longer names the recorded process.
-var errStale = errors.New("pid now names another process")
-
-// terminate ends the process id with SIGTERM, then SIGKILL after grace. It
-// holds a pidfd from before checking the start time until the last signal,
-// so a pid reused in between can never be signalled. It returns when the
-// process has exited or ctx ends.
-func terminate(ctx context.Context, proc ProcReader, id procID, grace time.Duration) (killed bool, err error) {
-	fd, err := unix.PidfdOpen(id.PID, 0)
-	if err != nil {
-		if errors.Is(err, unix.ESRCH) {
-			return false, nil // already gone
-		}
-		return false, fmt.Errorf("pidfd_open %d: %w", id.PID, err)
-	}
-	defer unix.Close(fd)
-	// The pidfd now pins the process the pid named when it was opened; check
-	// that this is still the one we recorded.
-	gone, err := proc.Exited(id.PID, id.Start)
-	if err != nil {
-		return false, err
-	}
-	if gone {
-		return false, errStale
-	}
-	if err := unix.PidfdSendSignal(fd, unix.SIGTERM, nil, 0); err != nil {
-		if errors.Is(err, unix.ESRCH) {
-			return false, nil
-		}
-		if errors.Is(err, unix.EPERM) {
-			return false, fmt.Errorf("SIGTERM %d: %w (another user's process: the daemon needs root or CAP_KILL)", id.PID, err)
-		}
-		return false, fmt.Errorf("SIGTERM %d: %w", id.PID, err)
-	}
-	if exited(ctx, fd, grace) {
-		return false, nil
-	}
-	if ctx.Err() != nil {
-		return false, ctx.Err()
-	}
-	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
-		return false, fmt.Errorf("SIGKILL %d: %w", id.PID, err)
-	}
-	exited(ctx, fd, 5*time.Second)
-	return true, nil
-}
-
-// exited waits up to d for the pidfd to become readable (the process exited).
-func exited(ctx context.Context, fd int, d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	for {
-		left := time.Until(deadline)
-		if left <= 0 || ctx.Err() != nil {
-			return false
-		}
-		// Wake at least every 100ms to notice ctx.
-		wait := min(left, 100*time.Millisecond)
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, err := unix.Poll(fds, int(wait/time.Millisecond)+1)
-		if err != nil && !errors.Is(err, unix.EINTR) {
-			return false
-		}
-		if n > 0 {
-			return true
-		}
-	}
 }

@@ -59,16 +59,29 @@ func exitReasonLocked(ks *kernelState) string {
 // over table, with the GPU memory held now.
 func (d *Daemon) policyFor(pod string, table *procs.Table, held map[int]uint64) reclaimPolicy {
 	d.mu.Lock()
-	keep := d.liveKernelTreesLocked(table)
-	d.mu.Unlock()
+	defer d.mu.Unlock()
+	return d.policyLocked(pod, table, held, nil)
+}
+
+// policyLocked is reclaim's policy over table with the GPU memory held
+// now, for the processes recorded in a tree of pod ("" outside any): every
+// live kernel's tree but live's is kept. A dead kernel's survivors (live
+// nil) may be the daemon's user's (any user's as root with
+// --reclaim-all-users); a live kernel's workers only its user's, its own
+// process kept. Called with d.mu held.
+func (d *Daemon) policyLocked(pod string, table *procs.Table, held map[int]uint64, live *kernelState) reclaimPolicy {
 	policy := reclaimPolicy{
 		selfUID:  d.selfUID,
 		allUsers: d.cfg.ReclaimAllUsers && d.selfUID == 0,
-		keep:     keep,
+		keep:     d.kernelTreesLocked(table, live),
 		gpuHolder: func(pid int) (uint64, bool) {
 			b, ok := held[pid]
 			return b, ok
 		},
+	}
+	if live != nil {
+		policy.selfUID, policy.allUsers = live.uid, false
+		policy.keep[live.cur] = true
 	}
 	if d.deps.PodKernels != nil {
 		policy.pod, policy.podOf = pod, d.podOfProcess
@@ -118,16 +131,15 @@ func (d *Daemon) reclaim(ctx context.Context, ks *kernelState, recorded map[proc
 			continue
 		}
 		log.Warn().Dur("grace", d.cfg.ReclaimGrace).Msg("ending orphan that holds GPU memory (SIGTERM)")
-		killed, err := d.deps.Terminate(ctx, dec.ID.PID, dec.ID.Start, d.cfg.ReclaimGrace)
-		switch {
-		case errors.Is(err, errStale):
+		switch out := d.endProcess(ctx, dec.ID); {
+		case out.stale:
 			log.Info().Msg("pid was reused by another process; left alone")
-		case err != nil:
-			log.Warn().Err(err).Msg("could not end orphan")
+		case out.err != nil:
+			log.Warn().Err(out.err).Msg("could not end orphan")
 		default:
 			d.metrics.AddReclaimed(1, dec.Bytes)
 			ended, endedBytes = ended+1, endedBytes+dec.Bytes
-			if killed {
+			if out.killed {
 				log.Warn().Msg("orphan ignored SIGTERM; killed (SIGKILL)")
 			} else {
 				log.Info().Msg("orphan ended")

@@ -388,12 +388,6 @@ func (d *Daemon) proveByKey(ctx context.Context, ks *kernelState, c *protocol.Cl
 	d.setKernelProcessLocked(ks, id)
 }
 
-// liveKernelTrees is every process in the tree of a live kernel process we
-// know: never reclaimed.
-func (d *Daemon) liveKernelTreesLocked(table *procs.Table) map[procID]bool {
-	return d.kernelTreesLocked(table, nil)
-}
-
 // kernelTreesLocked is every process in the tree of a live kernel process
 // we know but except's.
 func (d *Daemon) kernelTreesLocked(table *procs.Table, except *kernelState) map[procID]bool {
