@@ -402,88 +402,102 @@ func (d *Daemon) scan(ctx context.Context) {
 	defer d.mu.Unlock()
 	now := time.Now()
 	for file, ks := range d.kernels {
-		if _, ok := present[file]; ok || ks.fileGone || pending[file] {
+		if _, ok := present[file]; !ok && !ks.fileGone && !pending[file] {
+			d.fileMissingLocked(now, file, ks)
+		} else {
 			ks.missingSince = time.Time{}
-			continue
 		}
-		// ipykernel deletes and rewrites its file at start-up, so a scan
-		// can meet it half-written or missing for a moment: look again
-		// missingGrace later. A pod kernel's file is no path of ours: it
-		// is looked at through its server's root (see podFileExists).
-		if ks.pod != nil && d.podFileExists(ks) {
-			ks.missingSince = time.Time{}
-			continue
-		}
-		// A kernel found outside the runtime dirs is one only while a
-		// process names its file: with its process gone and none naming
-		// the file (a killed KernelManager leaves /tmp/tmpXXXX.json
-		// behind), it is over although the file stays.
-		unnamed := ks.launched && ks.cur.isZero()
-		if _, err := os.Stat(file); ks.pod == nil && !unnamed && !errors.Is(err, fs.ErrNotExist) {
-			ks.missingSince = time.Time{}
-			continue
-		}
-		if ks.missingSince.IsZero() {
-			ks.missingSince = now
-			time.AfterFunc(missingGrace, d.disc.rescan)
-			continue
-		}
-		if now.Sub(ks.missingSince) < missingGrace {
-			continue
-		}
-		ks.cancel() // detach: nothing to attach to without the file
-		if unnamed {
-			delete(d.kernels, file)
-			d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Str("connection_file", file).
-				Msg("no process names the connection file any more: the kernel is over, not followed")
-			continue
-		}
-		if ks.cur.isZero() {
-			delete(d.kernels, file)
-			d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).
-				Msg("connection file removed; no kernel process was proven, nothing to follow")
-			continue
-		}
+	}
+	followed := d.followedPerUserLocked()
+	for file, k := range present {
+		d.foundLocked(ctx, file, k, dirs, followed)
+	}
+	d.disc.locks.release(d.kernelDirsLocked()) // a user dir's lock lasts as long as a kernel followed in it
+}
+
+// fileMissingLocked judges a followed kernel whose connection file the
+// scan did not find: gone once it stays missing for missingGrace, then
+// over (no process proven or naming it) or its processes protected until
+// it exits. Called with d.mu held.
+func (d *Daemon) fileMissingLocked(now time.Time, file string, ks *kernelState) {
+	// ipykernel deletes and rewrites its file at start-up, so a scan
+	// can meet it half-written or missing for a moment: look again
+	// missingGrace later. A pod kernel's file is no path of ours: it
+	// is looked at through its server's root (see podFileExists).
+	if ks.pod != nil && d.podFileExists(ks) {
+		ks.missingSince = time.Time{}
+		return
+	}
+	// A kernel found outside the runtime dirs is one only while a
+	// process names its file: with its process gone and none naming
+	// the file (a killed KernelManager leaves /tmp/tmpXXXX.json
+	// behind), it is over although the file stays.
+	unnamed := ks.launched && ks.cur.isZero()
+	if _, err := os.Stat(file); ks.pod == nil && !unnamed && !errors.Is(err, fs.ErrNotExist) {
+		ks.missingSince = time.Time{}
+		return
+	}
+	if ks.missingSince.IsZero() {
+		ks.missingSince = now
+		time.AfterFunc(missingGrace, d.disc.rescan)
+		return
+	}
+	if now.Sub(ks.missingSince) < missingGrace {
+		return
+	}
+	ks.cancel() // detach: nothing to attach to without the file
+	switch {
+	case unnamed:
+		delete(d.kernels, file)
+		d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Str("connection_file", file).
+			Msg("no process names the connection file any more: the kernel is over, not followed")
+	case ks.cur.isZero():
+		delete(d.kernels, file)
+		d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).
+			Msg("connection file removed; no kernel process was proven, nothing to follow")
+	default:
 		ks.fileGone = true
 		d.log.Info().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Int("pid", ks.cur.PID).
 			Msg("connection file removed while the kernel process runs: its processes stay protected until it exits")
 	}
-	followed := d.followedPerUserLocked()
-	for file, k := range present {
-		ks, ok := d.kernels[file]
-		switch {
-		case !ok:
-			if !d.mayFollowLocked(k, followed) {
-				continue
-			}
-			followed[k.FileUID]++
-			ks = newKernelState(k)
-			ks.launched = k.Pod == nil && !slices.ContainsFunc(dirs, func(d string) bool { return filepath.Clean(d) == filepath.Dir(file) })
-			d.kernels[file] = ks
-			d.followLocked(ctx, ks)
-		case ks.fileGone:
-			ks.fileGone = false // written again (the same kernel, or a new one)
-			d.followLocked(ctx, ks)
+}
+
+// foundLocked follows a kernel the scan found, if new (and the user's
+// limit allows) or written again, and takes its server's word on it.
+// Called with d.mu held.
+func (d *Daemon) foundLocked(ctx context.Context, file string, k discovery.Kernel, dirs []string, followed map[uint32]int) {
+	ks, ok := d.kernels[file]
+	switch {
+	case !ok:
+		if !d.mayFollowLocked(k, followed) {
+			return
 		}
-		// The server's word on the notebook survives the server: a reclaim
-		// after the server went first still names it.
-		if k.Notebook != "" {
-			ks.notebook = k.Notebook
-		}
-		if k.ServerURL != "" {
-			ks.serverURL = k.ServerURL
-		}
-		ks.fileUID, ks.fileID = k.FileUID, k.FileID
-		if k.Pod != nil {
-			ks.podWitness = procID{k.Pod.WitnessPID, k.Pod.WitnessStart}
-		}
-		// Zero when no server answered for it now: nothing stale is judged.
-		ks.server, ks.execState, ks.lastActivity = k.Server, k.ExecutionState, k.LastActivity
-		if k.PID > 0 && k.PIDProven {
-			d.setKernelProcessLocked(ks, procID{k.PID, k.PIDStart})
-		}
+		followed[k.FileUID]++
+		ks = newKernelState(k)
+		ks.launched = k.Pod == nil && !slices.ContainsFunc(dirs, func(d string) bool { return filepath.Clean(d) == filepath.Dir(file) })
+		d.kernels[file] = ks
+		d.followLocked(ctx, ks)
+	case ks.fileGone:
+		ks.fileGone = false // written again (the same kernel, or a new one)
+		d.followLocked(ctx, ks)
 	}
-	d.disc.locks.release(d.kernelDirsLocked()) // a user dir's lock lasts as long as a kernel followed in it
+	// The server's word on the notebook survives the server: a reclaim
+	// after the server went first still names it.
+	if k.Notebook != "" {
+		ks.notebook = k.Notebook
+	}
+	if k.ServerURL != "" {
+		ks.serverURL = k.ServerURL
+	}
+	ks.fileUID, ks.fileID = k.FileUID, k.FileID
+	if k.Pod != nil {
+		ks.podWitness = procID{k.Pod.WitnessPID, k.Pod.WitnessStart}
+	}
+	// Zero when no server answered for it now: nothing stale is judged.
+	ks.server, ks.execState, ks.lastActivity = k.Server, k.ExecutionState, k.LastActivity
+	if k.PID > 0 && k.PIDProven {
+		d.setKernelProcessLocked(ks, procID{k.PID, k.PIDStart})
+	}
 }
 
 // followLocked starts the goroutine that attaches to ks and follows it.
