@@ -449,6 +449,43 @@ func StartServerWith(t testing.TB, kind ServerKind, o ServerOptions) *Server {
 	if (kind == Notebook6 || kind == Notebook7) && kind != NotebookServer() {
 		t.Fatalf("stack %s has no %s server (its `jupyter notebook` is %s)", CurrentStack(), kind, NotebookServer())
 	}
+	s := newServerDirs(t, kind, o)
+	app := "--ServerApp."
+	if kind == Notebook6 {
+		app = "--NotebookApp."
+	}
+	args := []string{Python(), "-m", kind.module(), "--no-browser", "--allow-root",
+		app + "open_browser=False", app + "base_url=" + s.BaseURL,
+		// Where jupyterlab-gpumem is installed, its server extension would
+		// start a daemon of its own: these tests start theirs.
+		"--Gpumem.autostart=False"}
+	tr := &http.Transport{DisableKeepAlives: true}
+	listenArgs, fixedPort := s.listenArgs(t, o.Sock, app, tr)
+	args = append(args, listenArgs...)
+	args = append(args, s.authArgs(t, o.Password)...)
+	args = append(args, o.Args...)
+	s.client = &http.Client{Timeout: 30 * time.Second, Transport: tr}
+	if o.Password != "" {
+		jar, err := cookiejar.New(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.client.Jar = jar
+	}
+	s.startUp(t, o, args, fixedPort)
+	if o.Password != "" {
+		s.login(t, o.Password)
+	}
+	return s
+}
+
+// newServerDirs makes a server's dirs in a temporary dir (o.As's when
+// set, and owned by that user, as whom the server runs): the
+// notebooks' root, the runtime dir and a home. It returns the Server of
+// kind there, with its base URL and token (none with a password), not
+// started.
+func newServerDirs(t testing.TB, kind ServerKind, o ServerOptions) *Server {
+	t.Helper()
 	dir := t.TempDir()
 	if o.As != nil {
 		dir = o.As.TempDir(t)
@@ -468,19 +505,18 @@ func StartServerWith(t testing.TB, kind ServerKind, o ServerOptions) *Server {
 	if o.Password != "" {
 		token = ""
 	}
-	app := "--ServerApp."
-	if kind == Notebook6 {
-		app = "--NotebookApp."
-	}
-	args := []string{Python(), "-m", kind.module(), "--no-browser", "--allow-root",
-		app + "open_browser=False", app + "base_url=" + base,
-		// Where jupyterlab-gpumem is installed, its server extension would
-		// start a daemon of its own: these tests start theirs.
-		"--Gpumem.autostart=False"}
-	s := &Server{Kind: kind, Dir: dir, RootDir: root, Token: token, BaseURL: base, As: o.As}
-	tr := &http.Transport{DisableKeepAlives: true}
-	fixedPort := false
-	if o.Sock {
+	return &Server{Kind: kind, Dir: dir, RootDir: root, Token: token, BaseURL: base, As: o.As}
+}
+
+// listenArgs are the arguments that say where s listens (app is the
+// option prefix of its kind), with tr set to reach it there: a unix
+// socket when sock, else a TCP port of 127.0.0.1. fixedPort says the port
+// is to be picked at each start (startUp), as a server that cannot take
+// --port=0 needs.
+func (s *Server) listenArgs(t testing.TB, sock bool, app string, tr *http.Transport) (args []string, fixedPort bool) {
+	t.Helper()
+	switch {
+	case sock:
 		// A short path: unix socket paths are limited to 107 bytes.
 		sockDir, err := os.MkdirTemp("", "gpumem-sock-")
 		if err != nil {
@@ -488,75 +524,76 @@ func StartServerWith(t testing.TB, kind ServerKind, o ServerOptions) *Server {
 		}
 		t.Cleanup(func() { _ = os.RemoveAll(sockDir) })
 		s.Sock = filepath.Join(sockDir, "jupyter.sock")
-		args = append(args, app+"sock="+s.Sock)
 		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", s.Sock)
 		}
-		s.URL = "http+unix://" + strings.ReplaceAll(s.Sock, "/", "%2F") + base
-		s.reqBase = "http://localhost" + base
-	} else if portZero(kind) {
+		s.URL = "http+unix://" + strings.ReplaceAll(s.Sock, "/", "%2F") + s.BaseURL
+		s.reqBase = "http://localhost" + s.BaseURL
+		return []string{app + "sock=" + s.Sock}, false
+	case portZero(s.Kind):
 		// The server binds a port of its own choosing and writes it in its
 		// info file: a port picked here and freed could be taken (by a
 		// kernel of another test) before the server binds it.
-		args = append(args, "--ip=127.0.0.1", "--port=0")
-	} else {
+		return []string{"--ip=127.0.0.1", "--port=0"}, false
+	default:
 		// A port picked here and freed can be taken (by another test's
 		// kernel) before the server binds it: the server then exits saying
-		// so, and is started again on another port (portArgs, below).
-		fixedPort = true
+		// so, and is started again on another port (startUp).
+		return nil, true
 	}
-	if kind == Notebook6 {
-		args = append(args, "--NotebookApp.token="+token, "--NotebookApp.notebook_dir="+root)
-		if o.Password != "" {
-			args = append(args, "--NotebookApp.password="+hashPassword(t, kind, o.Password))
+}
+
+// authArgs are the arguments of s's token, root dir and, when password is
+// set, hashed password, in the options of its kind and stack.
+func (s *Server) authArgs(t testing.TB, password string) []string {
+	t.Helper()
+	if s.Kind == Notebook6 {
+		args := []string{"--NotebookApp.token=" + s.Token, "--NotebookApp.notebook_dir=" + s.RootDir}
+		if password != "" {
+			args = append(args, "--NotebookApp.password="+hashPassword(t, s.Kind, password))
 		}
-	} else {
-		args = append(args, "--ServerApp.token="+token, "--ServerApp.root_dir="+root)
-		if o.Password != "" {
-			opt := "--PasswordIdentityProvider.hashed_password=" // jupyter_server 2
-			if CurrentStack() == Debian12 {
-				opt = "--ServerApp.password=" // jupyter_server 1
-			}
-			args = append(args, opt+hashPassword(t, kind, o.Password))
-		}
+		return args
 	}
-	args = append(args, o.Args...)
-	s.client = &http.Client{Timeout: 30 * time.Second, Transport: tr}
-	if o.Password != "" {
-		jar, err := cookiejar.New(nil)
-		if err != nil {
-			t.Fatal(err)
+	args := []string{"--ServerApp.token=" + s.Token, "--ServerApp.root_dir=" + s.RootDir}
+	if password != "" {
+		opt := "--PasswordIdentityProvider.hashed_password=" // jupyter_server 2
+		if CurrentStack() == Debian12 {
+			opt = "--ServerApp.password=" // jupyter_server 1
 		}
-		s.client.Jar = jar
+		args = append(args, opt+hashPassword(t, s.Kind, password))
 	}
+	return args
+}
+
+// startUp starts the server with args and waits (60 s in all) until it
+// answers. With fixedPort each attempt picks a free port, and a server
+// whose port was taken meanwhile is started again (5 attempts in all).
+func (s *Server) startUp(t testing.TB, o ServerOptions, args []string, fixedPort bool) {
+	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for attempt := 1; ; attempt++ {
 		argv := args
 		if fixedPort {
 			port := FreePort(t)
 			argv = append(slices.Clip(args), "--ip=127.0.0.1", "--port="+strconv.Itoa(port), "--port-retries=0")
-			s.URL = fmt.Sprintf("http://127.0.0.1:%d%s", port, base)
+			s.URL = fmt.Sprintf("http://127.0.0.1:%d%s", port, s.BaseURL)
 			s.reqBase = s.URL
 		}
-		s.Proc = StartAs(t, o.As, Env(dir, o.Env...), dir, argv...)
+		s.Proc = StartAs(t, o.As, Env(s.Dir, o.Env...), s.Dir, argv...)
 		if !fixedPort && !o.Sock {
 			s.URL = s.waitInfoURL(t, deadline)
 			s.reqBase = s.URL
 		}
 		err := s.waitUp(o.Password != "", deadline)
 		if err == nil {
-			break
+			return
 		}
 		if fixedPort && s.Exited() && portTaken(s.Output()) && attempt < 5 {
 			continue
 		}
-		t.Fatalf("%s did not come up on %s: %v\n%s", kind, s.URL, err, s.Output())
+		t.Fatalf("%s did not come up on %s: %v\n%s", s.Kind, s.URL, err, s.Output())
 	}
-	if o.Password != "" {
-		s.login(t, o.Password)
-	}
-	return s
 }
 
 // waitUp polls the server's api/status until it answers (before a

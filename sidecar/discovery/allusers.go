@@ -58,6 +58,26 @@ type UserDir struct {
 // process (the port owner, running as the file's owner, naming the file).
 // Problems are returned, not fatal: a dir that cannot be read is skipped.
 func FindUserRuntimeDirs(opts UserDirsOptions) ([]UserDir, []error) {
+	opts, procRoot := opts.withDefaults()
+	var problems []error
+	accounts, err := readPasswd(opts.Passwd)
+	if err != nil {
+		problems = append(problems, err)
+	}
+	allowed, unknown := allowedUIDs(opts, accounts)
+	problems = append(problems, unknown...)
+	cands, err := processDirs(opts.Procs, procRoot, allowed)
+	if err != nil {
+		problems = append(problems, err)
+	}
+	cands = append(cands, homeDirs(accounts, allowed)...)
+	out, notOwned := ownedDirs(cands)
+	return out, append(problems, notOwned...)
+}
+
+// withDefaults is opts with its zero fields given their defaults, and the
+// root of the process table they read.
+func (opts UserDirsOptions) withDefaults() (UserDirsOptions, string) {
 	if opts.Procs == nil {
 		opts.Procs = &procs.FS{}
 	}
@@ -71,40 +91,48 @@ func FindUserRuntimeDirs(opts UserDirsOptions) ([]UserDir, []error) {
 	if opts.MinUID == 0 {
 		opts.MinUID = 1000
 	}
-	var cands []UserDir
-	var problems []error
-	accounts, err := readPasswd(opts.Passwd)
-	if err != nil {
-		problems = append(problems, err)
-	}
-	allowed := func(uid uint32) bool { return uid >= opts.MinUID && uid != 65534 }
-	if len(opts.Users) > 0 {
-		want := map[string]bool{}
-		for _, u := range opts.Users {
-			want[u] = true
-		}
-		uids := map[uint32]bool{}
-		for _, a := range accounts {
-			if want[a.name] {
-				uids[a.uid] = true
-				delete(want, a.name)
-			}
-		}
-		for name := range want {
-			problems = append(problems, fmt.Errorf("user %s: no such account in %s", name, opts.Passwd))
-		}
-		allowed = func(uid uint32) bool { return uids[uid] }
-	}
+	return opts, procRoot
+}
 
-	cmdlines, err := opts.Procs.Cmdlines()
-	if err != nil {
-		problems = append(problems, err)
+// allowedUIDs says which uids dirs are found for: the accounts named in
+// opts.Users when given (each name no account has is a problem returned),
+// else every uid from opts.MinUID up but nobody's (65534), which is no
+// person's.
+func allowedUIDs(opts UserDirsOptions, accounts []account) (allowed func(uint32) bool, problems []error) {
+	if len(opts.Users) == 0 {
+		return func(uid uint32) bool { return uid >= opts.MinUID && uid != 65534 }, nil
 	}
+	want := map[string]bool{}
+	for _, u := range opts.Users {
+		want[u] = true
+	}
+	uids := map[uint32]bool{}
+	for _, a := range accounts {
+		if want[a.name] {
+			uids[a.uid] = true
+			delete(want, a.name)
+		}
+	}
+	for name := range want {
+		problems = append(problems, fmt.Errorf("user %s: no such account in %s", name, opts.Passwd))
+	}
+	return func(uid uint32) bool { return uids[uid] }, problems
+}
+
+// processDirs finds the runtime dirs running processes of allowed users
+// show, in pid order: the dir of a kernel's connection file (-f), and the
+// runtime dir a Jupyter server computes from its environment. A process
+// whose owner, cwd or environment cannot be read is passed over (gone, or
+// not ours to read). An error reading the process table is returned as
+// a problem, not fatal: the homes are still looked at.
+func processDirs(fs *procs.FS, procRoot string, allowed func(uint32) bool) ([]UserDir, error) {
+	cmdlines, listErr := fs.Cmdlines()
 	pids := make([]int, 0, len(cmdlines))
 	for pid := range cmdlines {
 		pids = append(pids, pid)
 	}
 	sort.Ints(pids)
+	var cands []UserDir
 	for _, pid := range pids {
 		argv := cmdlines[pid]
 		file := connectionFileArg(argv)
@@ -117,14 +145,9 @@ func FindUserRuntimeDirs(opts UserDirsOptions) ([]UserDir, []error) {
 			continue
 		}
 		if file != "" {
-			if !filepath.IsAbs(file) {
-				cwd, err := os.Readlink(filepath.Join(procRoot, strconv.Itoa(pid), "cwd"))
-				if err != nil {
-					continue
-				}
-				file = filepath.Join(cwd, file)
+			if file, ok = fromCwd(procRoot, pid, file); ok {
+				cands = append(cands, UserDir{Path: filepath.Dir(file), UID: uid, From: "kernel argv"})
 			}
-			cands = append(cands, UserDir{Path: filepath.Dir(file), UID: uid, From: "kernel argv"})
 			continue
 		}
 		env, err := readEnviron(filepath.Join(procRoot, strconv.Itoa(pid), "environ"))
@@ -132,24 +155,48 @@ func FindUserRuntimeDirs(opts UserDirsOptions) ([]UserDir, []error) {
 			continue // gone, or not ours to read
 		}
 		if dir := jupyterRuntimeDir(env); dir != "" {
-			if !filepath.IsAbs(dir) {
-				cwd, err := os.Readlink(filepath.Join(procRoot, strconv.Itoa(pid), "cwd"))
-				if err != nil {
-					continue
-				}
-				dir = filepath.Join(cwd, dir)
+			if dir, ok = fromCwd(procRoot, pid, dir); ok {
+				cands = append(cands, UserDir{Path: dir, UID: uid, From: "server environment"})
 			}
-			cands = append(cands, UserDir{Path: dir, UID: uid, From: "server environment"})
 		}
 	}
+	return cands, listErr
+}
 
+// fromCwd is path as process pid means it: a relative path is from its
+// working directory. ok is false when that cannot be read (gone, or not
+// ours to read).
+func fromCwd(procRoot string, pid int, path string) (string, bool) {
+	if filepath.IsAbs(path) {
+		return path, true
+	}
+	cwd, err := os.Readlink(filepath.Join(procRoot, strconv.Itoa(pid), "cwd"))
+	if err != nil {
+		return "", false
+	}
+	return filepath.Join(cwd, path), true
+}
+
+// homeDirs is ~/.local/share/jupyter/runtime of each allowed account with
+// a home, found whether or not a kernel runs there: a user who logs in
+// later is found as soon as that dir exists.
+func homeDirs(accounts []account, allowed func(uint32) bool) []UserDir {
+	var cands []UserDir
 	for _, a := range accounts {
 		if !allowed(a.uid) || a.home == "" || a.home == "/" {
 			continue
 		}
 		cands = append(cands, UserDir{Path: filepath.Join(a.home, ".local", "share", "jupyter", "runtime"), UID: a.uid, From: "home"})
 	}
+	return cands
+}
 
+// ownedDirs keeps, of cands, each that is (its symlinks resolved) a
+// directory owned by the user it was found for, once, sorted by path: a
+// dir of someone else could hold files planted for that user, and is a
+// problem returned. A dir not there (yet) is passed over.
+func ownedDirs(cands []UserDir) ([]UserDir, []error) {
+	var problems []error
 	seen := map[string]bool{}
 	var out []UserDir
 	for _, c := range cands {

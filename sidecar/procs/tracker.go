@@ -342,26 +342,66 @@ func (t *Tracker) watchLocked(p Proc) {
 
 // incrementalLocked is ScanTrees from what is kept (see Tracker), with a
 // read of every process's stat when refresh is set; errLost when it
-// cannot tell what changed.
+// cannot tell what changed. Its phases run in order, each on what the
+// ones before left: the exits, the new tasks, the periodic refresh, then
+// the processes asked about, looked up in the trees as they now stand.
 func (t *Tracker) incrementalLocked(details []int, refresh bool) (*Table, error) {
 	rootfd, err := t.fs.openRoot()
 	if err != nil {
 		return nil, err
 	}
 	defer syscall.Close(rootfd)
-	changed := false
-	buf := make([]byte, 0, 4096)
-	restat := func(pid int) (Proc, bool, error) {
-		p, ok, next, err := t.fs.readStat(rootfd, pid, buf)
-		buf = next[:0]
-		return p, ok, err
+	in := &incremental{t: t, rootfd: rootfd, buf: make([]byte, 0, 4096)}
+	if err := in.dropExited(); err != nil {
+		return nil, err
 	}
+	if err := in.takeNewTasks(); err != nil {
+		return nil, err
+	}
+	// Every FullEvery, the trees as a read of every process shows them: the
+	// new tasks were followed above, what the allocator cannot say (a
+	// checkpoint restored, a process that joined a group) shows here.
+	if refresh {
+		if err := t.refreshLocked(); err != nil {
+			return nil, err
+		}
+		in.changed = true
+	}
+	asked, err := in.readDetails(details)
+	if err != nil {
+		return nil, err
+	}
+	in.dropUnasked(asked)
+	return in.answer(details), nil
+}
 
-	// Tree processes that exited: the watched ones that say so, and every
-	// one no pidfd watches.
+// incremental is one incrementalLocked call's state, shared by its
+// phases: the /proc root every read is made under, one buffer all the
+// reads reuse (a call reads hundreds of small files), and whether anything
+// kept changed, without which the last call's table is the answer.
+type incremental struct {
+	t       *Tracker
+	rootfd  int
+	buf     []byte
+	changed bool
+}
+
+// restat reads pid's stat again, into the shared buffer.
+func (in *incremental) restat(pid int) (Proc, bool, error) {
+	p, ok, next, err := in.t.fs.readStat(in.rootfd, pid, in.buf)
+	in.buf = next[:0]
+	return p, ok, err
+}
+
+// dropExited drops the tree processes that exited (the watched ones that
+// say so, and every one no pidfd watches) and takes in the stat changes
+// of those that live on: their state, parent, session and group are what
+// the later phases read. errLost when the pidfds cannot be polled.
+func (in *incremental) dropExited() error {
+	t := in.t
 	exited, err := t.watch.exited()
 	if err != nil {
-		return nil, errLost
+		return errLost
 	}
 	var check []int
 	for _, pid := range exited {
@@ -378,128 +418,166 @@ func (t *Tracker) incrementalLocked(details []int, refresh bool) (*Table, error)
 		if !ok {
 			continue
 		}
-		p, alive, err := restat(pid)
+		p, alive, err := in.restat(pid)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		switch {
 		case !alive || p.StartTime != old.StartTime:
 			delete(t.tree, pid)
-			changed = true
+			in.changed = true
 		case p.State != old.State || p.PPID != old.PPID || p.SID != old.SID || p.PGID != old.PGID:
 			t.tree[pid] = withStat(old, p)
-			changed = true
+			in.changed = true
 		}
 	}
+	return nil
+}
 
-	// New tasks, in the order they started: a child after its parent.
-	fresh, err := t.newTasksLocked(rootfd)
+// takeNewTasks takes in each task started since the last call, in the
+// order they started: a child after its parent, so that a child finds its
+// parent in the tree already.
+func (in *incremental) takeNewTasks() error {
+	fresh, err := in.t.newTasksLocked(in.rootfd)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	slices.SortFunc(fresh, func(a, b Proc) int { return cmp.Or(cmp.Compare(a.StartTime, b.StartTime), cmp.Compare(a.PID, b.PID)) })
-	// New task's pid → kept processes naming it as their parent, as kept
-	// before the new tasks are taken in (only new tasks' pids are looked
-	// up: the thousands of kept processes are not all indexed each call).
-	var childrenOf map[int][]int
-	if len(fresh) > 0 {
-		isFresh := make(map[int]bool, len(fresh))
-		for _, p := range fresh {
-			isFresh[p.PID] = true
-		}
-		childrenOf = map[int][]int{}
-		for _, m := range []map[int]Proc{t.tree, t.others} {
-			for pid, p := range m {
-				if isFresh[p.PPID] {
-					childrenOf[p.PPID] = append(childrenOf[p.PPID], pid)
-				}
-			}
-		}
-	}
+	// Indexed before any new task is taken in: the kept processes as the
+	// last call left them are the ones that may name a reused pid.
+	childrenOf := in.t.keptChildrenLocked(fresh)
 	for _, p := range fresh {
-		known := false
-		if old, ok := t.tree[p.PID]; ok {
-			known = old.StartTime == p.StartTime
-			if !known { // the pid was reused: the old process is gone
-				delete(t.tree, p.PID)
-				t.watch.forget(p.PID)
-				changed = true
-			}
-		}
-		// A kept process that names a new task's pid as its parent but
-		// started before it was the child of the pid's former process,
-		// reparented since: read again, lest it pass for the new one's.
-		for _, cpid := range childrenOf[p.PID] {
-			for _, m := range []map[int]Proc{t.tree, t.others} {
-				c, ok := m[cpid]
-				if !ok || c.PPID != p.PID || c.StartTime >= p.StartTime {
-					continue
-				}
-				q, alive, err := restat(cpid)
-				switch {
-				case err != nil:
-					return nil, err
-				case alive && q.StartTime == c.StartTime:
-					m[cpid] = withStat(c, q)
-				default:
-					delete(m, cpid)
-					t.watch.forget(cpid)
-				}
-				changed = true
-			}
-		}
-		if old, ok := t.others[p.PID]; ok && old.StartTime != p.StartTime {
-			delete(t.others, p.PID)
-			changed = true
-		}
-		if t.unseen[p.PID] { // a process has that pid now
-			delete(t.unseen, p.PID)
-			changed = true
-		}
-		joins := !known && t.joinsTreeLocked(p)
-		if !joins && t.nspid == nil {
-			continue
-		}
-		st, tgid, ok, err := t.fs.statusOf(rootfd, p.PID, buf)
-		if err != nil {
-			return nil, err
-		}
-		if !ok || tgid != 0 && tgid != p.PID { // gone, or a thread
-			continue
-		}
-		if len(st.NSpid) > 1 && t.nspid != nil {
-			inner := st.NSpid[len(st.NSpid)-1]
-			t.nspid[inner] = p.PID
-			if t.unseen[inner] {
-				delete(t.unseen, inner)
-				changed = true
-			}
-		}
-		if joins {
-			p.NSpid = st.NSpid
-			t.tree[p.PID] = p
-			t.watchLocked(p)
-			changed = true
+		if err := in.takeNewTask(p, childrenOf[p.PID]); err != nil {
+			return err
 		}
 	}
+	return nil
+}
 
-	// Every FullEvery, the trees as a read of every process shows them: the
-	// new tasks were followed above, what the allocator cannot say (a
-	// checkpoint restored, a process that joined a group) shows here.
-	if refresh {
-		if err := t.refreshLocked(); err != nil {
-			return nil, err
-		}
-		changed = true
+// keptChildrenLocked maps each new task's pid to the kept processes that
+// name it as their parent. Only new tasks' pids are looked up: the
+// thousands of kept processes are not all indexed each call.
+func (t *Tracker) keptChildrenLocked(fresh []Proc) map[int][]int {
+	if len(fresh) == 0 {
+		return nil
 	}
+	isFresh := make(map[int]bool, len(fresh))
+	for _, p := range fresh {
+		isFresh[p.PID] = true
+	}
+	childrenOf := map[int][]int{}
+	for _, m := range []map[int]Proc{t.tree, t.others} {
+		for pid, p := range m {
+			if isFresh[p.PPID] {
+				childrenOf[p.PPID] = append(childrenOf[p.PPID], pid)
+			}
+		}
+	}
+	return childrenOf
+}
 
-	// The processes asked about, read in full once, and again after
-	// detailMaxAge (an exec changes argv, a setuid the user).
+// takeNewTask takes in the new task p, whose pid the kept processes
+// children name as their parent: what was kept under its pid (a process
+// gone, a pid unseen) gives way to it, and it joins a tree when its
+// parent, session or group says so.
+func (in *incremental) takeNewTask(p Proc, children []int) error {
+	t := in.t
+	known := false
+	if old, ok := t.tree[p.PID]; ok {
+		known = old.StartTime == p.StartTime
+		if !known { // the pid was reused: the old process is gone
+			delete(t.tree, p.PID)
+			t.watch.forget(p.PID)
+			in.changed = true
+		}
+	}
+	if err := in.rereadReparented(p, children); err != nil {
+		return err
+	}
+	if old, ok := t.others[p.PID]; ok && old.StartTime != p.StartTime {
+		delete(t.others, p.PID)
+		in.changed = true
+	}
+	if t.unseen[p.PID] { // a process has that pid now
+		delete(t.unseen, p.PID)
+		in.changed = true
+	}
+	joins := !known && t.joinsTreeLocked(p)
+	if !joins && t.nspid == nil {
+		return nil // its status would say nothing kept needs
+	}
+	return in.readNewStatus(p, joins)
+}
+
+// rereadReparented reads again each kept process of children that names
+// the new task p's pid as its parent but started before it: it was the
+// child of the pid's former process, reparented since, and must not pass
+// for the new one's.
+func (in *incremental) rereadReparented(p Proc, children []int) error {
+	t := in.t
+	for _, cpid := range children {
+		for _, m := range []map[int]Proc{t.tree, t.others} {
+			c, ok := m[cpid]
+			if !ok || c.PPID != p.PID || c.StartTime >= p.StartTime {
+				continue
+			}
+			q, alive, err := in.restat(cpid)
+			switch {
+			case err != nil:
+				return err
+			case alive && q.StartTime == c.StartTime:
+				m[cpid] = withStat(c, q)
+			default:
+				delete(m, cpid)
+				t.watch.forget(cpid)
+			}
+			in.changed = true
+		}
+	}
+	return nil
+}
+
+// readNewStatus reads the new task p's status, for its NSpid: indexed
+// when the NSpid index is kept (an unseen detail pid may be its innermost
+// pid), and kept with p when p joins a tree (joins), which it then does.
+// A task gone, or a thread, is passed over.
+func (in *incremental) readNewStatus(p Proc, joins bool) error {
+	t := in.t
+	st, tgid, ok, err := t.fs.statusOf(in.rootfd, p.PID, in.buf)
+	if err != nil {
+		return err
+	}
+	if !ok || tgid != 0 && tgid != p.PID { // gone, or a thread
+		return nil
+	}
+	if len(st.NSpid) > 1 && t.nspid != nil {
+		inner := st.NSpid[len(st.NSpid)-1]
+		t.nspid[inner] = p.PID
+		if t.unseen[inner] {
+			delete(t.unseen, inner)
+			in.changed = true
+		}
+	}
+	if joins {
+		p.NSpid = st.NSpid
+		t.tree[p.PID] = p
+		t.watchLocked(p)
+		in.changed = true
+	}
+	return nil
+}
+
+// readDetails reads in full the processes asked about (details) the first
+// time, and again after detailMaxAge (an exec changes argv, a setuid the
+// user). It returns the pids they resolved to, the detail processes to
+// keep.
+func (in *incremental) readDetails(details []int) (map[int]bool, error) {
+	t := in.t
 	now := t.now()
 	stale := func(pid int) bool { return now.Sub(t.detailedAt[pid]) >= detailMaxAge }
 	asked := make(map[int]bool, len(details))
 	for _, d := range details {
-		pid, found, err := t.resolveLocked(rootfd, d)
+		pid, found, err := t.resolveLocked(in.rootfd, d)
 		if err != nil {
 			return nil, err
 		}
@@ -516,8 +594,8 @@ func (t *Tracker) incrementalLocked(details []int, refresh bool) (*Table, error)
 		if ok && p.Detailed && !stale(pid) {
 			continue
 		}
-		full, alive, next, err := t.fs.readProc(pid, buf)
-		buf = next[:0]
+		full, alive, next, err := t.fs.readProc(pid, in.buf)
+		in.buf = next[:0]
 		if err != nil {
 			return nil, fmt.Errorf("read processes: %w", err)
 		}
@@ -525,21 +603,34 @@ func (t *Tracker) incrementalLocked(details []int, refresh bool) (*Table, error)
 		case alive && (!ok || full.StartTime == p.StartTime):
 			m[pid] = full
 			t.detailedAt[pid] = now
-			changed = true
+			in.changed = true
 		case ok && p.Detailed:
 			t.detailedAt[pid] = now // gone, or reused: the allocator's pids will say
 		}
 	}
-	for pid := range t.others {
+	return asked, nil
+}
+
+// dropUnasked drops the detail processes kept in no tree that this call
+// did not ask about: a caller asks for what it wants each call.
+func (in *incremental) dropUnasked(asked map[int]bool) {
+	for pid := range in.t.others {
 		if !asked[pid] {
-			delete(t.others, pid)
-			changed = true
+			delete(in.t.others, pid)
+			in.changed = true
 		}
 	}
+}
 
+// answer is the table of what is kept: the last call's, when nothing
+// changed and the same pids were asked about (the same table tells
+// callers, attribution's memo among them, that they may skip their work),
+// else one built anew and kept for the next call.
+func (in *incremental) answer(details []int) *Table {
+	t := in.t
 	sorted := sortedCopy(details)
-	if !changed && t.table != nil && slices.Equal(sorted, t.details) {
-		return t.table, nil
+	if !in.changed && t.table != nil && slices.Equal(sorted, t.details) {
+		return t.table
 	}
 	procs := make([]Proc, 0, len(t.tree)+len(t.others))
 	for _, p := range t.tree {
@@ -550,7 +641,7 @@ func (t *Tracker) incrementalLocked(details []int, refresh bool) (*Table, error)
 	}
 	t.fs.resolveUsers(procs)
 	t.table, t.details = NewTable(procs), sorted
-	return t.table, nil
+	return t.table
 }
 
 // joinsTreeLocked says whether a new process p belongs to a tree kept: its
