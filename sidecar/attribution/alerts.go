@@ -90,6 +90,10 @@ type CullWarning struct {
 	Action   string // CullReport, CullFree or CullShutdown
 	Bytes    uint64
 	Idle     time.Duration
+	// GPUIdle: the warning stands under the GPU-idle rule (--cull-gpu-idle):
+	// Idle is how long the kernel's processes did no GPU work, and only
+	// GPU work (or a keep) cancels it, not a cell.
+	GPUIdle bool
 }
 
 // OverThreshold reports whether g's used memory is at or above threshold
@@ -105,15 +109,23 @@ func OverThreshold(g GPU, threshold float64) bool {
 // CullMessage is a cull warning's sentence, in the notebook and JupyterLab.
 // Like every alert's message it carries no "gpumem: " of its own: a face
 // that needs to say whose line it is (the notebook's) adds that.
-func CullMessage(action string, bytes uint64, idle time.Duration, at time.Time) string {
+func CullMessage(c CullWarning) string {
+	if c.GPUIdle {
+		return fmt.Sprintf("this kernel holds %s and has done no GPU work for %s; it will %s at %s unless it computes on a GPU "+
+			"(running cells alone does not count).", units.Bytes(c.Bytes), units.Duration(c.Idle), cullVerb(c.Action), c.Deadline.Format("15:04:05"))
+	}
 	return fmt.Sprintf("this kernel holds %s and has been idle %s; it will %s at %s unless used.",
-		units.Bytes(bytes), units.Duration(idle), cullVerb(action), at.Format("15:04:05"))
+		units.Bytes(c.Bytes), units.Duration(c.Idle), cullVerb(c.Action), c.Deadline.Format("15:04:05"))
 }
 
 // cullHeadline is a cull warning's line in JupyterLab, where the toast is
 // not in its notebook: it names the notebook (or the kernel), and says that
 // "Keep it" (the toast's button) counts as use.
 func cullHeadline(notebook string, c CullWarning) string {
+	if c.GPUIdle {
+		return fmt.Sprintf("%s holds %s, no GPU work for %s: it will %s at %s unless it computes on a GPU or is kept.",
+			KernelName(notebook, c.KernelID), units.Bytes(c.Bytes), units.Duration(c.Idle), cullVerb(c.Action), c.Deadline.Format("15:04:05"))
+	}
 	return fmt.Sprintf("%s holds %s, idle %s: it will %s at %s unless used or kept.",
 		KernelName(notebook, c.KernelID), units.Bytes(c.Bytes), units.Duration(c.Idle), cullVerb(c.Action), c.Deadline.Format("15:04:05"))
 }
@@ -171,7 +183,7 @@ func addAlerts(r *Report, in FinishInput) {
 	for _, c := range in.Culls {
 		r.Alerts = append(r.Alerts, Alert{ID: fmt.Sprintf("cull-%s-%d", c.KernelID, c.Warning), Kind: AlertCull, GPU: -1,
 			Kernels: []string{c.KernelID}, User: c.User, Bytes: c.Bytes, Deadline: c.Deadline, Action: c.Action,
-			Message:  CullMessage(c.Action, c.Bytes, c.Idle, c.Deadline),
+			Message:  CullMessage(c),
 			Headline: cullHeadline(notebooks[c.ConnectionFile], c)})
 	}
 	for _, g := range r.GPUs {

@@ -108,7 +108,9 @@ func TestFinishAlerts(t *testing.T) {
 	}
 }
 
-// Every cull action has its verb: the report action's sentence reads.
+// Every cull action has its verb: the report action's sentence reads. A
+// GPU-idle warning says that only GPU work cancels it, in the notebook and
+// in the headline that names it.
 func TestCullMessage(t *testing.T) {
 	at := time.Date(2026, 1, 1, 14, 5, 0, 0, time.UTC)
 	for action, want := range map[string]string{
@@ -117,7 +119,7 @@ func TestCullMessage(t *testing.T) {
 		CullShutdown: "it will be shut down at 14:05:00 unless used.",
 		"":           "it will be culled at 14:05:00 unless used.",
 	} {
-		msg := CullMessage(action, 12<<30, 3*time.Hour, at)
+		msg := CullMessage(CullWarning{Action: action, Bytes: 12 << 30, Idle: 3 * time.Hour, Deadline: at})
 		if strings.HasPrefix(msg, "gpumem") {
 			t.Errorf("CullMessage(%q) = %q: the notebook adds \"gpumem: \" itself, once", action, msg)
 		}
@@ -125,6 +127,17 @@ func TestCullMessage(t *testing.T) {
 			if !strings.Contains(msg, w) {
 				t.Errorf("CullMessage(%q) = %q lacks %q", action, msg, w)
 			}
+		}
+	}
+	gpu := CullWarning{KernelID: "k", Action: CullShutdown, Bytes: 40 << 30, Idle: time.Hour, Deadline: at, GPUIdle: true}
+	for got, want := range map[string]string{
+		CullMessage(gpu): "this kernel holds 40.0 GiB and has done no GPU work for 1 h; it will be shut down at 14:05:00 " +
+			"unless it computes on a GPU (running cells alone does not count).",
+		cullHeadline("/home/alice/train.ipynb", gpu): "train.ipynb holds 40.0 GiB, no GPU work for 1 h: it will be shut down at 14:05:00 " +
+			"unless it computes on a GPU or is kept.",
+	} {
+		if got != want {
+			t.Errorf("GPU-idle warning:\n got %q\nwant %q", got, want)
 		}
 	}
 }

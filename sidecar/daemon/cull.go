@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/magics"
+	"github.com/gpumem/gpumem/protocol"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/discovery"
@@ -31,7 +33,12 @@ const (
 
 // CullConfig is `gpumem serve --cull-*`.
 type CullConfig struct {
-	Idle      time.Duration // idle this long (server's last_activity); 0 disables culling
+	Idle time.Duration // idle this long (server's last_activity); 0: this rule is off
+	// GPUIdle: no GPU work by the kernel's processes for this long, however
+	// its cells run (a keep-alive cell does not count as use); 0: off.
+	// Under it a shutdown is preceded by a free of the caches, the
+	// reversible action, and another warning.
+	GPUIdle   time.Duration
 	MinMemory uint64        // only kernels holding at least this (driver's figure, children included)
 	Action    string        // CullReport, CullFree or CullShutdown
 	Warn      time.Duration // warning period before acting
@@ -40,8 +47,8 @@ type CullConfig struct {
 	Users, ExemptUsers []string
 }
 
-// Enabled reports whether culling is on.
-func (c CullConfig) Enabled() bool { return c.Idle > 0 }
+// Enabled reports whether culling is on (by either rule).
+func (c CullConfig) Enabled() bool { return c.Idle > 0 || c.GPUIdle > 0 }
 
 // Validate checks the flags.
 func (c CullConfig) Validate() error {
@@ -55,6 +62,12 @@ func (c CullConfig) Validate() error {
 	}
 	if c.Warn < 0 {
 		return fmt.Errorf("--cull-warn=%v: want a duration of 0 or more", c.Warn)
+	}
+	if c.GPUIdle < 0 || c.Idle < 0 {
+		return fmt.Errorf("--cull-idle=%v, --cull-gpu-idle=%v: want durations of 0 (off) or more", c.Idle, c.GPUIdle)
+	}
+	if c.GPUIdle > 0 && c.MinMemory == 0 {
+		return errors.New("--cull-gpu-idle needs --cull-min-memory above 0: the rule culls kernels that hold GPU memory and compute nothing")
 	}
 	return nil
 }
@@ -71,6 +84,15 @@ type cullState struct {
 	// keptAt is when its user last kept it from the cull (KeepKernel, the
 	// notification's "Keep it"): a keep counts as use.
 	keptAt time.Time
+	// gpuRule: the warning that stands (or the action under way) is the
+	// GPU-idle rule's.
+	gpuRule bool
+	// judgedIdleFrom is the first sample since its last GPU work whose
+	// verdict found the kernel idle (zero: computing, unknown or not
+	// judged yet); freedFor is the GPU-idle spell (its gpuIdleSince) in
+	// which the GPU-idle rule freed its caches.
+	judgedIdleFrom time.Time
+	freedFor       time.Time
 }
 
 // cullVerdict is what to do with a kernel now.
@@ -100,6 +122,11 @@ type cullInput struct {
 	// settling: its processes' GPU work is not judged yet for want of
 	// readings (the daemon just started, or a process just appeared).
 	settling bool
+	// gpuIdleSince is since when the kernel's processes did no GPU work,
+	// as far as the daemon's verdicts show (its last work, its first idle
+	// verdict since, or its user's keep, whichever is later); zero while
+	// they compute, or their work is unknown or not judged yet.
+	gpuIdleSince time.Time
 }
 
 // used is when the kernel was last used: its server's last activity, or
@@ -108,8 +135,69 @@ func (in cullInput) used() time.Time {
 	return attribution.KernelActivity{LastActivity: in.lastActivity, ComputedAt: in.computedAt}.Used()
 }
 
-// decide is the culling policy, pure.
-func (c CullConfig) decide(in cullInput) (cullVerdict, string) {
+// decide is the culling policy, pure: the GPU-idle rule where it is on
+// and judges the kernel, else the idle rule. gpuRule says which rule
+// decided (a warning stands under the rule that gave it).
+func (c CullConfig) decide(in cullInput) (v cullVerdict, why string, gpuRule bool) {
+	warned := !in.state.warnedAt.IsZero()
+	if c.GPUIdle > 0 && (!warned || in.state.gpuRule) {
+		v, why = c.decideGPUIdle(in)
+		if warned || v != cullNothing || c.Idle == 0 {
+			return v, why, true
+		}
+	}
+	if c.Idle == 0 {
+		return cullNothing, why, false
+	}
+	v, why = c.decideIdle(in)
+	return v, why, false
+}
+
+// decideGPUIdle is the GPU-idle rule: a kernel that holds at least
+// MinMemory and whose processes did no GPU work for GPUIdle is warned, and
+// culled once the warning ran out, whatever its cells do; only GPU work or
+// its user's keep cancels. It is never acted on while a cell runs, nor on
+// missing facts (no server, an unknown or unjudged verdict).
+func (c CullConfig) decideGPUIdle(in cullInput) (cullVerdict, string) {
+	warned := !in.state.warnedAt.IsZero()
+	cancel := func(why string) (cullVerdict, string) {
+		if warned {
+			return cullCancel, why
+		}
+		return cullNothing, why
+	}
+	switch {
+	case !in.hasServer || in.lastActivity.IsZero():
+		return cullUnknown, "no Jupyter server reports this kernel's activity"
+	case len(c.Users) > 0 && !slices.Contains(c.Users, in.user),
+		slices.Contains(c.ExemptUsers, in.user):
+		return cancel("user " + in.user + " is not culled")
+	case in.gpuIdleSince.IsZero():
+		return cancel("its processes compute on a GPU, or their GPU work is unknown or not judged yet")
+	case warned && in.gpuIdleSince.After(in.state.activityAtWarn) && in.gpuIdleSince.Equal(in.state.keptAt):
+		return cullCancel, "kept by its user"
+	case warned && in.gpuIdleSince.After(in.state.activityAtWarn):
+		return cullCancel, "its processes computed on a GPU since the warning"
+	case !in.state.doneAt.IsZero() && !in.gpuIdleSince.After(in.state.doneAt):
+		return cullNothing, "already culled; no GPU work since"
+	case in.now.Sub(in.gpuIdleSince) < c.GPUIdle:
+		return cancel("its processes computed on a GPU within --cull-gpu-idle")
+	case in.bytes < c.MinMemory:
+		return cancel("holds less than --cull-min-memory")
+	case !warned:
+		return cullWarnNow, "holding GPU memory with no GPU work"
+	case in.now.Before(in.state.deadline):
+		return cullNothing, "within its warning period"
+	case in.execState != "idle":
+		return cullNothing, "the kernel is " + in.execState + ": culled once its cell ends, unless it computes on a GPU"
+	}
+	return cullAct, "no GPU work through its warning period"
+}
+
+// decideIdle is the idle rule: a kernel unused (no cell, no GPU work, no
+// keep) for Idle that holds at least MinMemory is warned, and culled once
+// the warning ran out unused.
+func (c CullConfig) decideIdle(in cullInput) (cullVerdict, string) {
 	warned := !in.state.warnedAt.IsZero()
 	cancel := func(why string) (cullVerdict, string) {
 		if warned {
@@ -153,7 +241,7 @@ func (c CullConfig) decide(in cullInput) (cullVerdict, string) {
 // and starts the actions due. It returns the warnings that stand and what
 // each kernel's server says of it (by connection file), for
 // attribution.Finish: it changes nothing in rep.
-func (d *Daemon) cull(ctx context.Context, rep attribution.Report) ([]attribution.CullWarning, map[string]attribution.KernelActivity) {
+func (d *Daemon) cull(ctx context.Context, rep attribution.Report, compute *attribution.ComputeFacts) ([]attribution.CullWarning, map[string]attribution.KernelActivity) {
 	now := time.Now()
 	// By connection file: another user's kernel may share an id.
 	bytes := map[string]uint64{}
@@ -165,6 +253,8 @@ func (d *Daemon) cull(ctx context.Context, rep attribution.Report) ([]attributio
 		ks     *kernelState
 		bytes  uint64
 		server discovery.Server
+		act    cullAction
+		before cullState // the kernel's cull state before the act
 	}
 	var jobs []job
 	var warnings []attribution.CullWarning
@@ -206,13 +296,17 @@ func (d *Daemon) cull(ctx context.Context, rep attribution.Report) ([]attributio
 		}
 		in := cullInput{now: now, hasServer: hasServer, execState: state, lastActivity: lastActivity,
 			bytes: bytes[ks.connFile], user: users[ks.connFile], state: ks.cull, computedAt: computedAt,
-			settling: d.compute.kernelSettling(ks.connFile)}
-		verdict, why := d.cfg.Cull.decide(in)
+			settling: d.compute.kernelSettling(ks.connFile), gpuIdleSince: ks.cull.gpuIdleSince(now, verdictOf(compute, ks.connFile), computedAt)}
+		verdict, why, gpuRule := d.cfg.Cull.decide(in)
+		if gpuRule {
+			used = in.gpuIdleSince
+		}
 		// The logger is built only for a verdict that logs: this runs for
 		// every kernel at every sample.
 		logger := func() zerolog.Logger {
 			return d.log.With().Str("kernel_id", ks.id).Str("notebook", ks.notebook).Str("user", users[ks.connFile]).
-				Uint64("bytes", bytes[ks.connFile]).Dur("idle", now.Sub(used)).Str("action", d.cfg.Cull.Action).Logger()
+				Uint64("bytes", bytes[ks.connFile]).Dur("idle", now.Sub(used)).Str("action", ks.cull.nextAction(d.cfg.Cull.Action, used)).
+				Bool("gpu_idle_rule", gpuRule).Logger()
 		}
 		switch verdict {
 		case cullUnknown:
@@ -223,7 +317,7 @@ func (d *Daemon) cull(ctx context.Context, rep attribution.Report) ([]attributio
 			}
 		case cullWarnNow:
 			ks.cull.warnedAt, ks.cull.deadline, ks.cull.activityAtWarn = now, now.Add(d.cfg.Cull.Warn), used
-			ks.cull.warnings++
+			ks.cull.warnings, ks.cull.gpuRule = ks.cull.warnings+1, gpuRule
 			log := logger()
 			log.Warn().Time("cull_at", ks.cull.deadline).Msg("idle kernel holds GPU memory: warned")
 		case cullCancel:
@@ -231,21 +325,78 @@ func (d *Daemon) cull(ctx context.Context, rep attribution.Report) ([]attributio
 			log := logger()
 			log.Info().Str("reason", why).Msg("cull cancelled")
 		case cullAct:
-			ks.cull.warnedAt, ks.cull.doneAt = time.Time{}, used
-			jobs = append(jobs, job{ks, bytes[ks.connFile], ks.server})
+			act := cullAction{action: ks.cull.nextAction(d.cfg.Cull.Action, used), gpuRule: ks.cull.gpuRule, since: used}
+			before := ks.cull
+			ks.cull.warnedAt = time.Time{}
+			if act.action == d.cfg.Cull.Action {
+				ks.cull.doneAt = used
+			} else { // the GPU-idle rule's free before its shutdown: warned again after it
+				ks.cull.freedFor = used
+			}
+			jobs = append(jobs, job{ks, bytes[ks.connFile], ks.server, act, before})
 		}
 		if !ks.cull.warnedAt.IsZero() {
 			warnings = append(warnings, attribution.CullWarning{KernelID: ks.id, ConnectionFile: ks.connFile,
-				User: users[ks.connFile], Warning: ks.cull.warnings, Deadline: ks.cull.deadline, Action: d.cfg.Cull.Action,
-				Bytes: bytes[ks.connFile], Idle: now.Sub(used)})
+				User: users[ks.connFile], Warning: ks.cull.warnings, Deadline: ks.cull.deadline,
+				Action: ks.cull.nextAction(d.cfg.Cull.Action, used), Bytes: bytes[ks.connFile], Idle: now.Sub(used),
+				GPUIdle: ks.cull.gpuRule})
 		}
 	}
 	d.mu.Unlock()
 	for _, j := range jobs {
 		d.wg.Add(1)
-		go func() { defer d.wg.Done(); d.cullKernel(ctx, j.ks, j.server, j.bytes) }()
+		go func() { defer d.wg.Done(); d.cullKernel(ctx, j.ks, j.server, j.bytes, j.act, j.before) }()
 	}
 	return warnings, activity
+}
+
+// cullAction is what one cull does (CullReport, CullFree or CullShutdown),
+// under which rule, and the use it goes by: under the idle rule the
+// kernel's last use, under the GPU-idle rule its last GPU work (or keep).
+// Newer use found when it starts cancels it.
+type cullAction struct {
+	action  string
+	gpuRule bool
+	since   time.Time
+}
+
+// nextAction is what culling the kernel does now under action: the
+// GPU-idle rule frees the caches of a kernel it is to shut down first, once
+// per spell without GPU work (since), and warns again.
+func (s cullState) nextAction(action string, since time.Time) string {
+	if s.gpuRule && action == CullShutdown && !s.freedFor.Equal(since) {
+		return CullFree
+	}
+	return action
+}
+
+// gpuIdleSince keeps the kernel's GPU-idle spell from this sample's
+// verdict and says since when it did no GPU work (zero: it computes, or
+// its work is unknown or not judged yet); a keep counts as work.
+func (s *cullState) gpuIdleSince(now time.Time, verdict string, computedAt time.Time) time.Time {
+	if verdict != attribution.ComputeIdle {
+		s.judgedIdleFrom = time.Time{}
+		return time.Time{}
+	}
+	if s.judgedIdleFrom.IsZero() {
+		s.judgedIdleFrom = now
+	}
+	since := s.judgedIdleFrom
+	for _, t := range []time.Time{computedAt, s.keptAt} {
+		if t.After(since) {
+			since = t
+		}
+	}
+	return since
+}
+
+// verdictOf is the compute verdict of the kernel of connFile in facts
+// ("" when none was judged).
+func verdictOf(facts *attribution.ComputeFacts, connFile string) string {
+	if facts == nil {
+		return ""
+	}
+	return facts.Kernels[connFile].State
 }
 
 // cullFreeTimeout bounds the cull's free: the kernel was idle a moment ago,
@@ -258,17 +409,18 @@ const cullFreeTimeout = 30 * time.Second
 
 // cullKernel asks the server once more (the kernel may have been used
 // since the last scan) and, if it is still idle and unused, acts.
-func (d *Daemon) cullKernel(ctx context.Context, ks *kernelState, server discovery.Server, bytes uint64) {
+func (d *Daemon) cullKernel(ctx context.Context, ks *kernelState, server discovery.Server, bytes uint64, act cullAction, before cullState) {
 	d.mu.Lock()
-	notebook, since, client, busy := ks.notebook, ks.cull.doneAt, ks.client, ks.shellBusy(time.Now())
+	notebook, client, busy := ks.notebook, ks.client, ks.shellBusy(time.Now())
 	d.mu.Unlock()
 	log := d.log.With().Str("kernel_id", ks.id).Str("notebook", notebook).Uint64("bytes", bytes).
-		Str("action", d.cfg.Cull.Action).Logger()
+		Str("action", act.action).Bool("gpu_idle_rule", act.gpuRule).Logger()
 	if busy {
 		log.Info().Msg("cull cancelled: a cell is running")
+		d.cellDelaysCull(ks, act, before)
 		return
 	}
-	if d.compute.kernelComputedAt(ks.connFile).After(since) {
+	if d.compute.kernelComputedAt(ks.connFile).After(act.since) {
 		log.Info().Msg("cull cancelled: its processes computed on a GPU")
 		return
 	}
@@ -284,8 +436,14 @@ func (d *Daemon) cullKernel(ctx context.Context, ks *kernelState, server discove
 			continue
 		}
 		last, _ := time.Parse(time.RFC3339Nano, s.Kernel.LastActivity)
-		if s.Kernel.ExecutionState != "idle" || last.After(since) {
-			log.Info().Str("state", s.Kernel.ExecutionState).Msg("cull cancelled: the kernel was used")
+		if s.Kernel.ExecutionState != "idle" {
+			log.Info().Str("state", s.Kernel.ExecutionState).Msg("cull cancelled: a cell is running")
+			d.cellDelaysCull(ks, act, before)
+			return
+		}
+		// Under the GPU-idle rule a cell is no use: only GPU work counts.
+		if !act.gpuRule && last.After(act.since) {
+			log.Info().Msg("cull cancelled: the kernel was used")
 			return
 		}
 		fresh = true
@@ -294,7 +452,29 @@ func (d *Daemon) cullKernel(ctx context.Context, ks *kernelState, server discove
 		log.Info().Msg("cull: the server no longer lists the kernel; nothing done")
 		return
 	}
-	switch d.cfg.Cull.Action {
+	d.carryOutCull(ctx, log, ks, server, hc, client, act.action)
+}
+
+// cellDelaysCull puts back the warning of a GPU-idle cull that a running
+// cell stopped: that rule acts once the cell ends (cells do not count as
+// use), at a later sample. An idle rule's cull is over: the cell is use.
+func (d *Daemon) cellDelaysCull(ks *kernelState, act cullAction, before cullState) {
+	if !act.gpuRule {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if ks.cull.warnedAt.IsZero() {
+		ks.cull.warnedAt, ks.cull.deadline, ks.cull.activityAtWarn = before.warnedAt, before.deadline, before.activityAtWarn
+		ks.cull.doneAt, ks.cull.freedFor = before.doneAt, before.freedFor
+	}
+}
+
+// carryOutCull does a cull's action on a kernel its server just showed
+// idle and unused.
+func (d *Daemon) carryOutCull(ctx context.Context, log zerolog.Logger, ks *kernelState, server discovery.Server, hc *http.Client,
+	client *protocol.Client, action string) {
+	switch action {
 	case CullReport:
 		log.Warn().Msg("idle kernel holds GPU memory (culling reports only)")
 	case CullFree:
@@ -317,7 +497,7 @@ func (d *Daemon) cullKernel(ctx context.Context, ks *kernelState, server discove
 		}
 		log.Warn().Msg("idle kernel holding GPU memory shut down through its server")
 	}
-	d.metrics.AddCulled(d.cfg.Cull.Action)
+	d.metrics.AddCulled(action)
 }
 
 // summary is the culling setup, for the start-up log.
@@ -325,7 +505,14 @@ func (c CullConfig) summary() string {
 	if !c.Enabled() {
 		return "off"
 	}
-	s := fmt.Sprintf("%s after %s idle holding >= %s, warned %s before", c.Action, units.Duration(c.Idle), units.Bytes(c.MinMemory), units.Duration(c.Warn))
+	var rules []string
+	if c.Idle > 0 {
+		rules = append(rules, units.Duration(c.Idle)+" idle")
+	}
+	if c.GPUIdle > 0 {
+		rules = append(rules, units.Duration(c.GPUIdle)+" without GPU work")
+	}
+	s := fmt.Sprintf("%s after %s holding >= %s, warned %s before", c.Action, strings.Join(rules, " or "), units.Bytes(c.MinMemory), units.Duration(c.Warn))
 	if len(c.Users) > 0 {
 		s += "; users " + strings.Join(c.Users, ",")
 	}
@@ -363,6 +550,10 @@ func (a apiBackend) KeepKernel(ctx context.Context, k api.KernelRef) (api.KeepRe
 // keepText is what a keep says: which notebook, and when it may be culled
 // again.
 func keepText(notebook, id string, c CullConfig) string {
-	return fmt.Sprintf("Kept %s: it counts as used now, so it is warned again only after %s idle.",
-		attribution.KernelName(notebook, id), units.Duration(c.Idle))
+	again := units.Duration(c.Idle) + " idle"
+	if c.Idle == 0 || (c.GPUIdle > 0 && c.GPUIdle < c.Idle) {
+		again = units.Duration(c.GPUIdle) + " without GPU work"
+	}
+	return fmt.Sprintf("Kept %s: it counts as used now, so it is warned again only after %s.",
+		attribution.KernelName(notebook, id), again)
 }

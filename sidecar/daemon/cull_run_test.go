@@ -80,7 +80,7 @@ func TestCullRunner(t *testing.T) {
 		r.d.mu.Lock()
 		rep := r.d.pub.last.Report
 		r.d.mu.Unlock()
-		culls, activity := r.d.cull(r.ctx, rep)
+		culls, activity := r.d.cull(r.ctx, rep, nil)
 		attribution.Finish(&rep, attribution.FinishInput{Now: time.Now(), Kernels: activity, Culls: culls})
 		alerts := rep.Alerts
 		for _, nb := range rep.Notebooks {
@@ -137,7 +137,7 @@ func TestCullKeep(t *testing.T) {
 		r.d.mu.Lock()
 		rep := r.d.pub.last.Report
 		r.d.mu.Unlock()
-		w, _ := r.d.cull(r.ctx, rep)
+		w, _ := r.d.cull(r.ctx, rep, nil)
 		return w
 	}
 	if w := cull(); len(w) != 1 {
@@ -173,7 +173,7 @@ func TestCullWithoutServer(t *testing.T) {
 	r.d.mu.Lock()
 	rep := r.d.pub.last.Report
 	r.d.mu.Unlock()
-	if a, _ := r.d.cull(r.ctx, rep); len(a) != 0 {
+	if a, _ := r.d.cull(r.ctx, rep, nil); len(a) != 0 {
 		t.Fatalf("warned without a server: %+v", a)
 	}
 	r.waitLog("no Jupyter server reports its activity: never culled")
@@ -191,13 +191,72 @@ func TestCullKernelCancelledWhenItsTreeComputedSince(t *testing.T) {
 	ks := r.d.kernels[k1]
 	ks.server, ks.execState, ks.lastActivity = server, "idle", srv.last
 	ks.cull.doneAt = time.Now().Add(-time.Minute)
+	before := ks.cull
 	r.d.mu.Unlock()
 	r.d.compute.mu.Lock()
 	r.d.compute.computedAt[k1] = time.Now()
 	r.d.compute.mu.Unlock()
-	r.d.cullKernel(r.ctx, ks, server, 2<<30)
+	r.d.cullKernel(r.ctx, ks, server, 2<<30, cullAction{action: CullShutdown, since: before.doneAt}, before)
 	r.waitLog("cull cancelled: its processes computed on a GPU", `"kernel_id":"k1"`)
 	if n := srv.deletes(); n != 0 {
 		t.Errorf("%d deletes of a kernel whose tree computed since the decision, want 0", n)
+	}
+}
+
+// The GPU-idle rule beside a keep-alive: k1 runs a cell before every
+// sample (its server's last_activity is always now) but its processes do
+// no GPU work; k2 trains. k1 is warned in the GPU-idle rule's words, its
+// caches are freed first, it is warned again and then shut down through
+// its server, however recent its last cell; k2 is never touched.
+func TestCullRunnerGPUIdle(t *testing.T) {
+	r, k1, k2 := twoKernels(t, Config{Cull: CullConfig{GPUIdle: time.Minute, MinMemory: 1 << 30, Action: CullShutdown, Warn: 0}})
+	srv := newFakeServer(t, "k1")
+	server := discovery.Server{URL: srv.URL + "/", Token: "t", FileUID: uint32(os.Geteuid())}
+	facts := &attribution.ComputeFacts{Kernels: map[string]attribution.Compute{
+		k1: {State: attribution.ComputeIdle}, k2: {State: attribution.ComputeComputing}}}
+	spellStart := time.Now().Add(-2 * time.Minute)
+	var culled []attribution.Alert
+	round := func() []attribution.Alert {
+		t.Helper()
+		r.d.mu.Lock()
+		for _, file := range []string{k1, k2} { // the keep-alive's cell, a moment ago
+			ks := r.d.kernels[file]
+			ks.server, ks.execState, ks.lastActivity = server, "idle", time.Now()
+			if ks.cull.judgedIdleFrom.IsZero() && file == k1 {
+				ks.cull.judgedIdleFrom = spellStart // judged idle since two minutes
+			}
+		}
+		srv.last = time.Now()
+		rep := r.d.pub.last.Report
+		r.d.mu.Unlock()
+		culls, activity := r.d.cull(r.ctx, rep, facts)
+		attribution.Finish(&rep, attribution.FinishInput{Now: time.Now(), Kernels: activity, Culls: culls})
+		return rep.Alerts
+	}
+	a := round()
+	if len(a) != 1 || a[0].Kernels[0] != "k1" || !strings.Contains(a[0].Message, "no GPU work for 2 min") ||
+		!strings.Contains(a[0].Message, "have its GPU caches freed") {
+		t.Fatalf("first GPU-idle warning: %+v", a)
+	}
+	round() // the warning ran out: the free first (the rig has no kernel to free in)
+	r.waitLog("cull: not attached to the kernel; nothing freed", `"action":"free"`, `"gpu_idle_rule":true`)
+	if n := srv.deletes(); n != 0 {
+		t.Fatalf("shut down before its caches were freed: %d deletes", n)
+	}
+	if culled = round(); len(culled) != 1 || !strings.Contains(culled[0].Message, "be shut down") {
+		t.Fatalf("second GPU-idle warning: %+v", culled)
+	}
+	round()
+	testenv.Poll(t, 15*time.Second, "DELETE /api/kernels/k1", func() bool { return srv.deletes() == 1 })
+	r.waitLog("idle kernel holding GPU memory shut down through its server", `"kernel_id":"k1"`)
+	for range 2 {
+		for _, al := range round() {
+			t.Errorf("after the shutdown: %+v", al)
+		}
+	}
+	for _, line := range strings.Split(r.logs.String(), "\n") {
+		if strings.Contains(line, `"kernel_id":"k2"`) && strings.Contains(line, "cull") || strings.Contains(line, "warned") && strings.Contains(line, "k2") {
+			t.Errorf("the training kernel was culled or warned: %s", line)
+		}
 	}
 }

@@ -201,7 +201,7 @@ func (d *Daemon) stepCompute(_ context.Context, t *tick) error {
 // stepCull runs culling's policy over the kernels (starting the actions
 // due) and gathers what each kernel's server says of it.
 func (d *Daemon) stepCull(ctx context.Context, t *tick) error {
-	t.culls, t.activity = d.cull(ctx, t.rep)
+	t.culls, t.activity = d.cull(ctx, t.rep, t.compute)
 	return nil
 }
 

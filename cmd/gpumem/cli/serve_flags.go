@@ -41,6 +41,7 @@ type serveFlags struct {
 	noNotebookAlerts bool
 	noInject         bool
 	cullIdle         time.Duration
+	cullGPUIdle      time.Duration
 	cullMin          string
 	cullAction       string
 	cullWarn         time.Duration
@@ -94,6 +95,8 @@ func (f *serveFlags) define(env Env) {
 	fs.BoolVar(&f.noNotebookAlerts, "no-notebook-alerts", false, "don't print alerts in notebooks")
 	fs.BoolVar(&f.noInject, "no-inject", false, "don't inject the %gpumem magics into kernels")
 	fs.DurationVar(&f.cullIdle, "cull-idle", 0, "cull kernels idle this long (by their server's last_activity and their processes' work on a GPU) that hold GPU memory (0: off)")
+	fs.DurationVar(&f.cullGPUIdle, "cull-gpu-idle", 0, "cull kernels whose processes did no GPU work this long while holding --cull-min-memory, whatever their cells run "+
+		"(a keep-alive cell is no use); a shutdown frees the caches first and warns again (0: off)")
 	fs.StringVar(&f.cullMin, "cull-min-memory", "1GiB", "cull only kernels holding at least this much GPU memory (children included)")
 	fs.StringVar(&f.cullAction, "cull-action", daemon.CullReport, "what culling does: report (log and count), free (cache-only free) or shutdown (through the kernel's server)")
 	fs.DurationVar(&f.cullWarn, "cull-warn", 10*time.Minute, "warn in the notebook this long before culling; any use cancels")
@@ -124,11 +127,14 @@ func (f *serveFlags) check() error {
 	if f.cullIdle < 0 {
 		return fmt.Errorf("%w: --cull-idle=%v: want a duration above 0, or 0 to leave culling off", errUsage, f.cullIdle)
 	}
-	if f.cullIdle == 0 {
+	if f.cullGPUIdle < 0 {
+		return fmt.Errorf("%w: --cull-gpu-idle=%v: want a duration above 0, or 0 to leave that rule off", errUsage, f.cullGPUIdle)
+	}
+	if f.cullIdle == 0 && f.cullGPUIdle == 0 {
 		// Culling is off: a culling flag alone is a mistake, not a setting.
 		for _, n := range []string{"cull-min-memory", "cull-action", "cull-warn", "cull-users", "cull-exempt-users"} {
 			if flagGiven(f.fs, n) {
-				return fmt.Errorf("%w: --%s applies to culling, which is off: give --cull-idle=DURATION too (e.g. --cull-idle=3h)", errUsage, n)
+				return fmt.Errorf("%w: --%s applies to culling, which is off: give --cull-idle=DURATION or --cull-gpu-idle=DURATION too (e.g. --cull-idle=3h)", errUsage, n)
 			}
 		}
 	}
@@ -174,7 +180,7 @@ func (f *serveFlags) settings(env Env) (serveSettings, error) {
 	if err != nil {
 		return s, fmt.Errorf("%w: --cull-min-memory: %v", errUsage, err)
 	}
-	s.cull = daemon.CullConfig{Idle: f.cullIdle, MinMemory: minBytes, Action: f.cullAction, Warn: f.cullWarn,
+	s.cull = daemon.CullConfig{Idle: f.cullIdle, GPUIdle: f.cullGPUIdle, MinMemory: minBytes, Action: f.cullAction, Warn: f.cullWarn,
 		Users: splitList(f.cullUsers), ExemptUsers: splitList(f.cullExempt)}
 	if err := s.cull.Validate(); err != nil {
 		return s, fmt.Errorf("%w: %v", errUsage, err)
@@ -209,7 +215,7 @@ var serveFlagGroups = []flagGroup{
 	{"Sampling", []string{"interval", "runtime-dir", "rescan", "no-inject"}},
 	{"Reclaim (orphans of restarted or shut-down kernels)", []string{"reclaim", "reclaim-grace", "reclaim-unknown", "reclaim-all-users"}},
 	{"GPU work (what counts as computing, for reclaim and culling)", []string{"compute-window", "compute-threshold"}},
-	{"Culling (idle kernels that hold GPU memory; off unless --cull-idle)", []string{"cull-idle", "cull-min-memory", "cull-action", "cull-warn", "cull-users", "cull-exempt-users"}},
+	{"Culling (idle kernels that hold GPU memory; off unless --cull-idle or --cull-gpu-idle)", []string{"cull-idle", "cull-gpu-idle", "cull-min-memory", "cull-action", "cull-warn", "cull-users", "cull-exempt-users"}},
 	{"Alerts", []string{"alert-threshold", "no-notebook-alerts"}},
 	{"Local API and metrics", []string{"socket", "listen", "listen-allow-remote", "metrics-notebook-label", "metrics-token-file"}},
 	{"Shared host (root, many users)", []string{"all-users", "users", "socket-mode", "server-token-url"}},
