@@ -65,6 +65,10 @@ type Kernel struct {
 	// that also hold live blocks (only freeing those blocks returns them).
 	ReleasableBytes uint64 `json:"releasable_bytes"`
 	FragmentedBytes uint64 `json:"fragmented_bytes"`
+	// CachedBytes is what the cache holds beyond live tensors (reserved
+	// less allocated): Assess sets it, once, for every face; what a kernel
+	// sends here is not read.
+	CachedBytes uint64 `json:"cached_bytes"`
 	// IPythonBytes is GPU memory that only IPython's own references hold
 	// (Out, _, saved tracebacks, this error's traceback included), named by
 	// IPythonRefs; TracebackBytes is the part saved tracebacks hold.
