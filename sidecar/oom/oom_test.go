@@ -1,8 +1,12 @@
 package oom
 
 import (
+	"bytes"
 	"encoding/json"
+	"flag"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -423,5 +427,49 @@ func TestRequestClean(t *testing.T) {
 		if err := bad.Clean(); err == nil {
 			t.Errorf("%+v: no error", bad)
 		}
+	}
+}
+
+var update = flag.Bool("update", false, "rewrite testdata/report/golden-oom-own.json")
+
+// TestGoldenOwnView pins alice's view of the golden out-of-memory event
+// (golden-oom.json, which sidecar/attribution's golden test assesses from
+// the golden report) to golden-oom-own.json, which the TypeScript and
+// Python tests read as what a user of a shared daemon is sent. -update
+// rewrites it.
+func TestGoldenOwnView(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "report")
+	data, err := os.ReadFile(filepath.Join(dir, "golden-oom.json"))
+	if err != nil {
+		t.Fatalf("%v (go test ./sidecar/attribution -run Golden -update writes it)", err)
+	}
+	var ev Event
+	if err := json.Unmarshal(data, &ev); err != nil {
+		t.Fatal(err)
+	}
+	view := ev.For(ev.User)
+	for _, h := range view.Holders {
+		if h.User != ev.User && (h.Kind != attribution.HolderUser || h.KernelID != "" || h.ConnectionFile != "" || len(h.PIDs) > 0) {
+			t.Errorf("%s's view shows another user's holder: %+v", ev.User, h)
+		}
+	}
+	got, err := json.MarshalIndent(view, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = append(got, '\n')
+	path := filepath.Join(dir, "golden-oom-own.json")
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (go test ./sidecar/oom -run Golden -update writes it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from what Go writes now: go test ./sidecar/oom -run Golden -update rewrites it, then the "+
+			"TypeScript and Python tests say what their readers make of it.\n--- got ---\n%s", path, got)
 	}
 }
