@@ -91,7 +91,7 @@ func Assess(rep attribution.Report, kernelID, connFile string, req Request, samp
 	ev := Event{Time: now.Unix(), KernelID: kernelID, ConnectionFile: connFile, Framework: req.Framework, Error: req.Error,
 		Message: req.Message, RequestedBytes: req.RequestedBytes, Cell: req.Cell, Kernel: req.Kernel,
 		Holders: []HolderRow{}, SampledAt: sampledAt.UnixMilli()}
-	// PyTorch's cache beyond live tensors, as every face shows it.
+	// The framework's cache beyond live tensors, as every face shows it.
 	ev.Kernel.CachedBytes = 0
 	if k := req.Kernel; k.ReservedBytes > k.AllocatedBytes {
 		ev.Kernel.CachedBytes = k.ReservedBytes - k.AllocatedBytes
@@ -255,12 +255,13 @@ func (e Event) For(user string) Event {
 	shown := attribution.HoldersFor(attribution.GPU{Holders: holders, HoldersByUser: e.HoldersByUser}, user)
 	out.Holders = make([]HolderRow, 0, len(shown))
 	for _, h := range shown {
-		if h.Kind == attribution.HolderUser {
+		idx := rows[h]
+		if h.Kind == attribution.HolderUser || len(idx) == 0 {
 			out.Holders = append(out.Holders, HolderRow{Holder: h})
 			continue
 		}
-		r := e.Holders[rows[h][0]]
-		rows[h] = rows[h][1:]
+		r := e.Holders[idx[0]]
+		rows[h] = idx[1:]
 		r.PIDs = slices.Clone(r.PIDs)
 		out.Holders = append(out.Holders, r)
 	}
