@@ -7,11 +7,12 @@
 import { describe, expect, it } from 'vitest';
 
 import goldenOOM from '../../testdata/report/golden-oom.json';
+import goldenOOMOwn from '../../testdata/report/golden-oom-own.json';
 import goldenJSON from '../../testdata/report/golden-report.json';
 import goldenOwnJSON from '../../testdata/report/golden-report-own.json';
 import { formatBytes, formatDuration, formatUtil } from './format';
 import { alertChanges, alertText, mainGPU, Notebook, notebookLabel } from './model';
-import { holderName, OOMEvent, reportLines } from './oom';
+import { OOMEvent, reportLines } from './oom';
 import {
   ALERT_KINDS,
   COMPUTE_STATES,
@@ -159,7 +160,17 @@ describe('the golden report, rendered', () => {
       'held only by IPython: 2.0 GiB (Out[5])',
       'GPU 1 NVIDIA H200: 12.5 GiB of 80.0 GiB used, 67.5 GiB free'
     ]);
-    expect(ev.holders.map(h => holderName(h))).toEqual(['this kernel', 'finetune.ipynb']);
+    expect(ev.holders.map(h => h.name)).toEqual(['this kernel', '/home/bob/finetune.ipynb']);
     expect(formatDuration(ev.holders[0].idle_seconds ?? -1)).toBe('1 min 30 s');
+  });
+
+  it("reports alice's view of it: bob is one holder, his total", () => {
+    const ev = goldenOOMOwn as unknown as OOMEvent;
+    expect(ev.view).toBe('own');
+    expect(ev.holders.map(h => [h.kind, h.name, formatBytes(h.bytes)])).toEqual([
+      ['notebook', 'this kernel', '12.0 GiB'],
+      ['user', 'user bob', '518.0 MiB']
+    ]);
+    expect(JSON.stringify(ev)).not.toMatch(/finetune|b0b0b0b0|kernel-c\.json/);
   });
 });

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 
-import { holderName, LogEvent, newOOMs, OOMEvent, reportLines, stackLine, timelineData } from './oom';
+import { holderCells, LogEvent, newOOMs, OOMEvent, reportLines, stackLine, timelineData } from './oom';
 
 const GiB = 1024 ** 3;
 
@@ -9,7 +9,9 @@ function oomEvent(over: Partial<OOMEvent> = {}): OOMEvent {
     seq: 4,
     time: 1000,
     kernel_id: 'k-self-0001',
+    connection_file: '/rt/kernel-k-self-0001.json',
     notebook: '/home/a/train.ipynb',
+    name: 'train.ipynb',
     user: 'a',
     framework: 'torch',
     error: 'torch.OutOfMemoryError',
@@ -21,17 +23,19 @@ function oomEvent(over: Partial<OOMEvent> = {}): OOMEvent {
       reserved_bytes: 10 * GiB,
       releasable_bytes: GiB,
       fragmented_bytes: GiB,
+      cached_bytes: 2 * GiB,
       ipython_bytes: 2 * GiB,
       ipython_refs: ['Out[5]'],
       traceback_bytes: 0
     },
     gpu: { index: 0, name: 'H200', total_bytes: 80 * GiB, used_bytes: 79 * GiB, free_bytes: GiB, simulated: true },
     holders: [
-      { kind: 'notebook', user: 'b', bytes: 60 * GiB, hidden: true, state: 'idle', idle_seconds: 3600 },
-      { kind: 'notebook', self: true, user: 'a', bytes: 10 * GiB, notebook: '/home/a/train.ipynb' },
-      { kind: 'notebook', user: 'a', bytes: 5 * GiB, notebook: '/home/a/eval.ipynb' },
-      { kind: 'process', user: 'a', bytes: GiB, command: '/usr/bin/python3 serve.py', pids: [9] }
+      { kind: 'user', name: 'user b', user: 'b', bytes: 60 * GiB, notebooks: 1 },
+      { kind: 'notebook', name: 'this kernel', self: true, user: 'a', bytes: 10 * GiB, state: 'busy', pids: [10] },
+      { kind: 'notebook', name: '/home/a/eval.ipynb', user: 'a', bytes: 5 * GiB, state: 'idle', idle_seconds: 600 },
+      { kind: 'process', name: 'pid 9 (a)', user: 'a', bytes: GiB, pid: 9, command: '/usr/bin/python3 serve.py', pids: [9] }
     ],
+    sampled_at: 999_000,
     advice: "user b's notebook, idle 1 h, holds 60.0 GiB of GPU 0: ask b",
     headline: "Out of memory in train.ipynb on GPU 0: 60.0 GiB held by user b's idle notebook",
     ...over
@@ -51,11 +55,14 @@ describe('newOOMs', () => {
   });
 });
 
-describe('holderName', () => {
-  it('names holders as the daemon lets this user see them', () => {
-    const h = oomEvent().holders;
-    expect(h.map(x => holderName(x))).toEqual(["user b's notebook", 'this kernel', 'eval.ipynb', '/usr/bin/python3 serve.py']);
-    expect(holderName({ kind: 'notebook', user: 'a', bytes: 1, kernel_id: '0123456789ab' })).toBe('kernel 01234567');
+describe('holderCells', () => {
+  it("shows the daemon's holders by the names it gave them, in its order", () => {
+    expect(holderCells(oomEvent())).toEqual([
+      ['user b', 'b', '60.0 GiB', ''],
+      ['this kernel', 'a', '10.0 GiB', 'busy'],
+      ['/home/a/eval.ipynb', 'a', '5.0 GiB', 'idle 10 min'],
+      ['pid 9 (a)', 'a', '1.0 GiB', '']
+    ]);
   });
 });
 
@@ -69,9 +76,18 @@ describe('reportLines', () => {
       'GPU 0 H200 (simulated): 79.0 GiB of 80.0 GiB used, 1.0 GiB free'
     ]);
   });
+  it("shows the daemon's cached figure and name, never its own", () => {
+    const ev = oomEvent({ name: 'kernel k-self-0' });
+    ev.kernel = { ...ev.kernel, cached_bytes: 3 * GiB };
+    expect(reportLines(ev).slice(0, 3)).toEqual([
+      'kernel k-self-0, cell [7], line 3: asked for 20.0 GiB (torch.OutOfMemoryError)',
+      'y = model(x)',
+      'this kernel: 8.0 GiB allocated, 3.0 GiB cached (1.0 GiB releasable, 1.0 GiB fragmented)'
+    ]);
+  });
   it('works without a cell, a request or a GPU', () => {
-    const ev = oomEvent({ cell: {}, requested_bytes: 0, gpu: null, notebook: '' });
-    ev.kernel = { ...ev.kernel, ipython_bytes: 0, reserved_bytes: 8 * GiB };
+    const ev = oomEvent({ cell: {}, requested_bytes: 0, gpu: null, notebook: '', name: 'kernel k-self-0' });
+    ev.kernel = { ...ev.kernel, ipython_bytes: 0, reserved_bytes: 8 * GiB, cached_bytes: 0 };
     expect(reportLines(ev)).toEqual([
       'kernel k-self-0: asked for an unknown amount (torch.OutOfMemoryError)',
       'this kernel: 8.0 GiB allocated, 0 B cached'

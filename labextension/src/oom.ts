@@ -1,34 +1,37 @@
 // Out-of-memory errors and memory snapshots, as gpumem serve computes them:
 // the event's types, the pure shaping of what the panel shows (unit-tested
 // in oom.test.ts), and the DOM of the report and of a snapshot. Nothing is
-// derived here that the daemon did not say: the holders, the advice and the
-// headline are its own. Self-contained, so that the panel's layout can
-// change around it.
+// derived here that the daemon did not say: the holders (the report's
+// ranked holders, their names too), the kernel's name, the cache's figure,
+// the advice and the headline are its own. Self-contained, so that the
+// panel's layout can change around it.
 
 import type uPlot from 'uplot';
 
 import { el, headedTable } from './dom';
 import { formatBytes, formatDuration, plainTrans, Trans } from './format';
+import type { Holder } from './report';
 
-export interface OOMHolder {
-  kind: 'notebook' | 'process';
+/**
+ * One of the GPU's holders as the event shows it: the report's (its name
+ * what to show: "this kernel" for the event's own, "user b" for another
+ * user in a user's view) and what the event adds.
+ */
+export interface OOMHolder extends Holder {
   self?: boolean;
-  user: string;
-  bytes: number;
   state?: string;
   idle_seconds?: number;
-  kernel_id?: string;
-  notebook?: string;
   pids?: number[];
-  command?: string;
-  hidden?: boolean;
 }
 
 export interface OOMEvent {
   seq: number;
   time: number;
   kernel_id: string;
+  connection_file: string;
   notebook: string;
+  /** How a sentence names the kernel: its notebook's file name, else the kernel. */
+  name: string;
   user: string;
   framework: string;
   error: string;
@@ -40,12 +43,16 @@ export interface OOMEvent {
     reserved_bytes: number;
     releasable_bytes: number;
     fragmented_bytes: number;
+    /** The cache beyond live tensors, as the daemon computed it. */
+    cached_bytes: number;
     ipython_bytes: number;
     ipython_refs?: string[];
     traceback_bytes: number;
   };
   gpu: { index: number; name: string; total_bytes: number; used_bytes: number; free_bytes: number; simulated: boolean } | null;
   holders: OOMHolder[];
+  holders_by_user?: Holder[];
+  sampled_at: number;
   advice: string;
   headline: string;
   view?: string;
@@ -73,26 +80,11 @@ export function newOOMs(events: LogEvent[], seen: Set<number>): OOMEvent[] {
   return out;
 }
 
-/** "this kernel", "user b's notebook", "train.ipynb", a command. */
-export function holderName(h: OOMHolder, trans: Trans = plainTrans): string {
-  if (h.self) {
-    return trans.__('this kernel');
-  }
-  if (h.hidden) {
-    return h.kind === 'notebook' ? trans.__("user %1's notebook", h.user || '?') : trans.__("user %1's process", h.user || '?');
-  }
-  if (h.kind === 'process') {
-    return (h.command || trans.__('pid %1', h.pids?.[0] ?? '?')).slice(0, 60);
-  }
-  const nb = h.notebook || '';
-  return nb ? nb.slice(nb.lastIndexOf('/') + 1) : trans.__('kernel %1', (h.kernel_id || '').slice(0, 8));
-}
-
 /** One line per fact of the report, in the panel's order. */
 export function reportLines(ev: OOMEvent, trans: Trans = plainTrans): string[] {
   const lines: string[] = [];
   const c = ev.cell || {};
-  let where = ev.notebook ? ev.notebook.slice(ev.notebook.lastIndexOf('/') + 1) : trans.__('kernel %1', ev.kernel_id.slice(0, 8));
+  let where = ev.name;
   if (c.execution_count) {
     where = c.line
       ? trans.__('%1, cell [%2], line %3', where, c.execution_count, c.line)
@@ -104,7 +96,7 @@ export function reportLines(ev: OOMEvent, trans: Trans = plainTrans): string[] {
     lines.push(c.source);
   }
   const k = ev.kernel;
-  const cached = Math.max(0, k.reserved_bytes - k.allocated_bytes);
+  const cached = k.cached_bytes;
   lines.push(
     cached
       ? trans.__(
@@ -135,6 +127,16 @@ export function reportLines(ev: OOMEvent, trans: Trans = plainTrans): string[] {
   return lines;
 }
 
+/** The holders table's cells, a row per holder in the daemon's order: its name, user, memory and state. */
+export function holderCells(ev: OOMEvent, trans: Trans = plainTrans): [string, string, string, string][] {
+  return ev.holders.map(h => [
+    h.name,
+    h.user,
+    formatBytes(h.bytes),
+    h.state === 'idle' && h.idle_seconds ? trans.__('idle %1', formatDuration(h.idle_seconds)) : h.state || ''
+  ]);
+}
+
 /** The report's DOM (text only: nothing the kernel sent becomes markup). */
 export function reportNode(ev: OOMEvent, trans: Trans = plainTrans): HTMLElement {
   const box = el('div', 'jp-gpumem-report');
@@ -150,12 +152,11 @@ export function reportNode(ev: OOMEvent, trans: Trans = plainTrans): HTMLElement
       [trans.__('holder'), trans.__('user'), trans.__('memory'), trans.__('state')],
       'jp-gpumem-cut'
     );
-    for (const h of ev.holders) {
+    for (const [holder, user, memory, state] of holderCells(ev, trans)) {
       const tr = el('tr');
-      const state = h.state === 'idle' && h.idle_seconds ? trans.__('idle %1', formatDuration(h.idle_seconds)) : h.state || '';
-      const name = el('td', 'jp-gpumem-cut', holderName(h, trans));
-      name.title = name.textContent ?? '';
-      tr.append(name, el('td', 'jp-gpumem-cut', h.user), el('td', 'jp-gpumem-num', formatBytes(h.bytes)), el('td', 'jp-gpumem-cut', state));
+      const name = el('td', 'jp-gpumem-cut', holder);
+      name.title = holder;
+      tr.append(name, el('td', 'jp-gpumem-cut', user), el('td', 'jp-gpumem-num', memory), el('td', 'jp-gpumem-cut', state));
       table.appendChild(tr);
     }
     box.appendChild(table);

@@ -163,7 +163,7 @@ def report_and_advice(api, root, hold_gib):
         result("FAIL", "the report has no event from gpumem serve: %s" % data.get("daemon_error"))
         return
     s = smi()
-    rows = [h for h in ev.get("holders", []) if (h.get("notebook") or "").endswith("/team/hold.ipynb")]
+    rows = [h for h in ev.get("holders", []) if h.get("kind") == "notebook" and hold.pid in (h.get("pids") or [])]
     ok = len(rows) == 1 and rows[0]["bytes"] == s.get(hold.pid, -1) << 20
     result(
         "PASS" if ok else "FAIL",

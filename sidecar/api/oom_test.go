@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/oom"
 )
 
@@ -32,7 +33,7 @@ func (b *oomBackend) RecordOOM(_ context.Context, k KernelRef, req oom.Request) 
 	}
 	b.got = append(b.got, k.ID+" "+k.ConnectionFile+": "+req.Message)
 	ev := oom.Event{Seq: uint64(len(b.got)), KernelID: k.ID, ConnectionFile: k.ConnectionFile, User: "alice", Message: req.Message,
-		Holders: []oom.Holder{{Kind: "notebook", User: "bob", Notebook: "/home/bob/b.ipynb", Bytes: 1}}}
+		Holders: []oom.HolderRow{{Holder: attribution.Holder{Kind: attribution.HolderNotebook, Name: "/home/bob/b.ipynb", User: "bob", Bytes: 1}}}}
 	b.events = append(b.events, ev)
 	return ev, nil
 }

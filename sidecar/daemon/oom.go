@@ -96,7 +96,8 @@ func (l *oomLog) summaries(rep attribution.Report) map[string]attribution.OOMSum
 }
 
 // RecordOOM implements api.Backend: the event of an out-of-memory error
-// that a process of kernel k reported, assessed against the last sample,
+// that a process of kernel k reported, assessed against the last sample's
+// published report (finished: oom.Assess reads its GPUs' ranked holders),
 // kept in the event log, counted and logged.
 func (a apiBackend) RecordOOM(ctx context.Context, k api.KernelRef, req oom.Request) (oom.Event, error) {
 	d := a.d

@@ -57,14 +57,20 @@ func TestRecordOOM(t *testing.T) {
 	}
 	g := 0
 	r.d.mu.Lock()
-	r.d.pub.last = metrics.Snapshot{SampledAt: time.Now(), Report: attribution.Report{
+	// What the daemon publishes is finished: the event's holders are its GPU's.
+	rep := attribution.Report{
 		GPUs:      []attribution.GPU{{Index: 0, MemoryTotalBytes: 8 << 30, FreeBytes: 1 << 20}},
 		Notebooks: []attribution.Notebook{{KernelID: "k1", ConnectionFile: cfOf("k1"), Notebook: "/n/a.ipynb", User: "u", PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 2 << 30}}}},
-	}}
+	}
+	attribution.Finish(&rep, attribution.FinishInput{})
+	r.d.pub.last = metrics.Snapshot{SampledAt: time.Now(), Report: rep}
 	r.d.mu.Unlock()
 	ev, err := r.d.api().RecordOOM(ctx, refOf("k1"), req)
 	if err != nil || ev.Seq == 0 || ev.GPU == nil || ev.GPU.Index != g || ev.Notebook != "/n/a.ipynb" {
 		t.Fatalf("event %+v, %v", ev, err)
+	}
+	if len(ev.Holders) != 1 || !ev.Holders[0].Self || ev.Holders[0].Bytes != 2<<30 || ev.Holders[0].ConnectionFile != cfOf("k1") {
+		t.Errorf("holders %+v", ev.Holders)
 	}
 	evs, _ := r.d.api().OOMEvents(ctx)
 	if len(evs) != 1 || evs[0].Seq != ev.Seq || evs[0].Headline != ev.Headline {

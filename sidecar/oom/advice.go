@@ -37,14 +37,13 @@ func advise(rep attribution.Report, ev Event) string {
 	// PyTorch's allocator, before it raises, returns every whole free
 	// segment to the driver and tries again: what is still cached then is
 	// in pieces of segments that also hold live tensors.
-	if ev.Framework == "torch" && need > 0 && k.ReservedBytes > k.AllocatedBytes &&
-		k.ReservedBytes-k.AllocatedBytes >= need && !k.ExpandableSegments {
+	if ev.Framework == "torch" && need > 0 && k.CachedBytes >= need && !k.ExpandableSegments {
 		return fmt.Sprintf("fragmented: %s free in PyTorch's cache but no block of %s: set "+
 			"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before the first CUDA use (restart the kernel)",
-			bytesText(k.ReservedBytes-k.AllocatedBytes), bytesText(need))
+			bytesText(k.CachedBytes), bytesText(need))
 	}
-	var self *Holder
-	var others []Holder
+	var self *HolderRow
+	var others []HolderRow
 	for i := range ev.Holders {
 		if ev.Holders[i].Self {
 			self = &ev.Holders[i]
@@ -127,14 +126,14 @@ func refsText(refs []string) string {
 
 // holderAdvice says who holds h's memory and what frees it. Another
 // user's notebook is named by its user only.
-func holderAdvice(rep attribution.Report, ev Event, h Holder, gpu string) string {
+func holderAdvice(rep attribution.Report, ev Event, h HolderRow, gpu string) string {
 	idle := ""
 	if h.State == "idle" && h.IdleSeconds > 0 {
 		idle = "idle " + units.Seconds(h.IdleSeconds)
 	}
 	if ev.User != "" && h.User == ev.User {
-		if h.Kind == "process" {
-			return fmt.Sprintf("your process %d (%s) holds %s of %s: end it if it is done", firstPID(h), shortCommand(h.Command),
+		if h.Kind == attribution.HolderProcess {
+			return fmt.Sprintf("your process %d (%s) holds %s of %s: end it if it is done", h.PID, shortCommand(h.Command),
 				bytesText(h.Bytes), gpu)
 		}
 		state := "yours"
@@ -142,10 +141,10 @@ func holderAdvice(rep attribution.Report, ev Event, h Holder, gpu string) string
 			state += ", " + idle
 		}
 		return fmt.Sprintf("%s (%s) holds %s of %s: `gpumem free %s --all` frees it, or shut its kernel down",
-			notebookName(h), state, bytesText(h.Bytes), gpu, kernelRef(rep, h))
+			notebookName(rep, h), state, bytesText(h.Bytes), gpu, kernelRef(rep, h))
 	}
 	who := orUnknown(h.User)
-	if h.Kind == "process" {
+	if h.Kind == attribution.HolderProcess {
 		return fmt.Sprintf("a process of user %s holds %s of %s: ask %s", who, bytesText(h.Bytes), gpu, who)
 	}
 	if idle != "" {
@@ -157,8 +156,8 @@ func holderAdvice(rep attribution.Report, ev Event, h Holder, gpu string) string
 
 // headline is the notification's one line: "Out of memory in train.ipynb
 // on GPU 0: 98.0 GiB held by user b's idle notebook".
-func headline(ev Event) string {
-	head := "Out of memory in " + ev.Name()
+func headline(rep attribution.Report, ev Event) string {
+	head := "Out of memory in " + ev.Name
 	if ev.GPU == nil {
 		if ev.RequestedBytes > 0 {
 			return fmt.Sprintf("%s: %s asked", head, bytesText(ev.RequestedBytes))
@@ -170,7 +169,7 @@ func headline(ev Event) string {
 		if h.Self {
 			continue
 		}
-		return fmt.Sprintf("%s: %s held by %s", head, bytesText(h.Bytes), holderPhrase(ev, h))
+		return fmt.Sprintf("%s: %s held by %s", head, bytesText(h.Bytes), holderPhrase(rep, ev, h))
 	}
 	for _, h := range ev.Holders {
 		if h.Self && h.Bytes > 0 {
@@ -180,35 +179,41 @@ func headline(ev Event) string {
 	return head
 }
 
-func holderPhrase(ev Event, h Holder) string {
+func holderPhrase(rep attribution.Report, ev Event, h HolderRow) string {
 	idle := ""
 	if h.State == "idle" {
 		idle = "idle "
 	}
 	own := ev.User != "" && h.User == ev.User
 	switch {
-	case own && h.Kind == "process":
-		return fmt.Sprintf("your process %d (%s)", firstPID(h), shortCommand(h.Command))
+	case own && h.Kind == attribution.HolderProcess:
+		return fmt.Sprintf("your process %d (%s)", h.PID, shortCommand(h.Command))
 	case own:
-		return fmt.Sprintf("your %snotebook %s", idle, notebookName(h))
-	case h.Kind == "process":
+		return fmt.Sprintf("your %snotebook %s", idle, notebookName(rep, h))
+	case h.Kind == attribution.HolderProcess:
 		return "a process of user " + orUnknown(h.User)
 	}
 	return fmt.Sprintf("user %s's %snotebook", orUnknown(h.User), idle)
 }
 
-func notebookName(h Holder) string {
-	if h.Notebook != "" {
-		return filepath.Base(h.Notebook)
+// notebookName is how a sentence names h's notebook (attribution.KernelName).
+func notebookName(rep attribution.Report, h HolderRow) string {
+	return attribution.KernelName(notebookPath(rep, h), shortID(h.KernelID))
+}
+
+// notebookPath is the path of h's notebook in rep, "" when it has none.
+func notebookPath(rep attribution.Report, h HolderRow) string {
+	if nb := notebookOf(rep, h.ConnectionFile); nb != nil {
+		return nb.Notebook
 	}
-	return "kernel " + shortID(h.KernelID)
+	return ""
 }
 
 // kernelRef is what `gpumem free` accepts for h: the notebook's file name
 // when no other notebook has it, else the kernel id's first 8 digits.
-func kernelRef(rep attribution.Report, h Holder) string {
-	if h.Notebook != "" {
-		base := filepath.Base(h.Notebook)
+func kernelRef(rep attribution.Report, h HolderRow) string {
+	if path := notebookPath(rep, h); path != "" {
+		base := filepath.Base(path)
 		n := 0
 		for _, nb := range rep.Notebooks {
 			if filepath.Base(nb.Notebook) == base {
@@ -220,13 +225,6 @@ func kernelRef(rep attribution.Report, h Holder) string {
 		}
 	}
 	return shortID(h.KernelID)
-}
-
-func firstPID(h Holder) int {
-	if len(h.PIDs) > 0 {
-		return h.PIDs[0]
-	}
-	return 0
 }
 
 func shortCommand(c string) string {

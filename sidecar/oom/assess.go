@@ -1,8 +1,6 @@
 package oom
 
 import (
-	"cmp"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,7 +21,10 @@ type Event struct {
 	// ConnectionFile is the kernel's identity (an id may name several).
 	ConnectionFile string `json:"connection_file"`
 	Notebook       string `json:"notebook"`
-	User           string `json:"user"`
+	// Name is how a sentence names the kernel: its notebook's file name,
+	// else "kernel" and its id's first 8 characters.
+	Name string `json:"name"`
+	User string `json:"user"`
 
 	Framework      string `json:"framework"`
 	Error          string `json:"error"`
@@ -34,16 +35,20 @@ type Event struct {
 
 	// GPU is nil when the daemon could not tell which GPU it was.
 	GPU *GPU `json:"gpu"`
-	// Holders is every process holding memory on that GPU, biggest first,
-	// grouped by notebook: this kernel's own row has Self set.
-	Holders []Holder `json:"holders"`
+	// Holders are that GPU's holders as the finished report ranks them
+	// (its GPU.Holders), each with what the event adds: this kernel's own
+	// row has Self set.
+	Holders []HolderRow `json:"holders"`
+	// HoldersByUser is the report's GPU.HoldersByUser: what a user's view
+	// (For) shows of every other user.
+	HoldersByUser []attribution.Holder `json:"holders_by_user,omitempty"`
 	// SampledAt is when the daemon read the figures (unix milliseconds).
 	SampledAt int64 `json:"sampled_at"`
 
 	Advice   string `json:"advice"`
 	Headline string `json:"headline"`
-	// View is "own" when holders of other users are shown as user and
-	// bytes only (see For).
+	// View is "own" when other users are shown as one holder each, their
+	// totals (see For).
 	View string `json:"view,omitempty"`
 }
 
@@ -58,49 +63,102 @@ type GPU struct {
 	Simulated  bool   `json:"simulated"`
 }
 
-// Holder is a notebook (all its processes on the GPU) or a process that
-// belongs to no notebook.
-type Holder struct {
-	Kind  string `json:"kind"` // "notebook" or "process"
-	Self  bool   `json:"self,omitempty"`
-	User  string `json:"user"`
-	Bytes uint64 `json:"bytes"`
-	// Idle: the holder's server says its kernel is idle, for IdleSeconds.
+// selfName is the name of the event's own kernel's row.
+const selfName = "this kernel"
+
+// HolderRow is one row of the event's holders: one of the report's
+// ranked holders of the GPU (attribution.Holder, its fields inline in the
+// JSON, Name what every face shows; the event's own kernel is named
+// "this kernel") and what the event adds to it from the same report.
+type HolderRow struct {
+	attribution.Holder
+	// Self: the row of the event's own kernel.
+	Self bool `json:"self,omitempty"`
+	// State is a notebook's kernel's execution state as its server last
+	// said; IdleSeconds how long it has been idle.
 	State       string  `json:"state,omitempty"`
 	IdleSeconds float64 `json:"idle_seconds,omitempty"`
-	// What only the holder's own user (and admins) may see.
-	KernelID string `json:"kernel_id,omitempty"`
-	Notebook string `json:"notebook,omitempty"`
-	PIDs     []int  `json:"pids,omitempty"`
-	Command  string `json:"command,omitempty"`
-	// Hidden: another user's holder, shown as user and bytes only.
-	Hidden bool `json:"hidden,omitempty"`
+	// PIDs are the row's processes holding memory on the GPU.
+	PIDs []int `json:"pids,omitempty"`
 }
 
 // Assess builds the event of an out-of-memory error of kernel kernelID,
 // known by its connection file connFile (its identity: an id may name
-// several kernels), from the daemon's report rep (sampled at sampledAt)
-// and the kernel's cleaned request. now stamps it.
+// several kernels), from the daemon's finished report rep (sampled at
+// sampledAt: attribution.Finish ranked its GPUs' holders) and the
+// kernel's cleaned request. now stamps it.
 func Assess(rep attribution.Report, kernelID, connFile string, req Request, sampledAt, now time.Time) Event {
 	ev := Event{Time: now.Unix(), KernelID: kernelID, ConnectionFile: connFile, Framework: req.Framework, Error: req.Error,
 		Message: req.Message, RequestedBytes: req.RequestedBytes, Cell: req.Cell, Kernel: req.Kernel,
-		Holders: []Holder{}, SampledAt: sampledAt.UnixMilli()}
-	var self *attribution.Notebook
-	for i := range rep.Notebooks {
-		if rep.Notebooks[i].ConnectionFile == connFile {
-			self = &rep.Notebooks[i]
-			ev.Notebook, ev.User = self.Notebook, self.User
-		}
+		Holders: []HolderRow{}, SampledAt: sampledAt.UnixMilli()}
+	// The framework's cache beyond live tensors, as every face shows it.
+	ev.Kernel.CachedBytes = 0
+	if k := req.Kernel; k.ReservedBytes > k.AllocatedBytes {
+		ev.Kernel.CachedBytes = k.ReservedBytes - k.AllocatedBytes
 	}
+	self := notebookOf(rep, connFile)
+	if self != nil {
+		ev.Notebook, ev.User = self.Notebook, self.User
+	}
+	ev.Name = attribution.KernelName(ev.Notebook, shortID(kernelID))
 	g := resolveGPU(rep, self, req.Device)
 	if g != nil {
 		ev.GPU = &GPU{Index: g.Index, Name: g.Name, UUID: g.UUID, TotalBytes: g.MemoryTotalBytes,
 			UsedBytes: g.MemoryUsedBytes, FreeBytes: g.FreeBytes, Simulated: g.Simulated}
-		ev.Holders = holdersOn(rep, g.Index, connFile)
+		ev.Holders = holderRows(rep, *g, connFile)
+		ev.HoldersByUser = slices.Clone(g.HoldersByUser)
 	}
 	ev.Advice = advise(rep, ev)
-	ev.Headline = headline(ev)
+	ev.Headline = headline(rep, ev)
 	return ev
+}
+
+// notebookOf is rep's notebook of connection file connFile, nil when none.
+func notebookOf(rep attribution.Report, connFile string) *attribution.Notebook {
+	if connFile == "" {
+		return nil
+	}
+	for i := range rep.Notebooks {
+		if rep.Notebooks[i].ConnectionFile == connFile {
+			return &rep.Notebooks[i]
+		}
+	}
+	return nil
+}
+
+// holderRows are g's ranked holders, in the report's order, each with its
+// notebook's state and processes on g; the kernel of connection file self
+// is marked Self.
+func holderRows(rep attribution.Report, g attribution.GPU, self string) []HolderRow {
+	out := make([]HolderRow, 0, len(g.Holders))
+	for _, h := range g.Holders {
+		row := HolderRow{Holder: h}
+		switch h.Kind {
+		case attribution.HolderProcess:
+			row.PIDs = []int{h.PID}
+		case attribution.HolderNotebook:
+			if self != "" && h.ConnectionFile == self {
+				row.Self, row.Name = true, selfName
+			}
+			nb := notebookOf(rep, h.ConnectionFile)
+			if nb == nil {
+				break
+			}
+			for _, p := range nb.Processes {
+				if slices.ContainsFunc(p.PerGPU, func(pg attribution.GPUBytes) bool { return pg.Index == g.Index && pg.Bytes > 0 }) {
+					row.PIDs = append(row.PIDs, p.PID)
+				}
+			}
+			if a := nb.Activity; a != nil {
+				row.State = a.ExecutionState
+				if a.ExecutionState == "idle" {
+					row.IdleSeconds = a.IdleSeconds
+				}
+			}
+		}
+		out = append(out, row)
+	}
+	return out
 }
 
 // resolveGPU finds the GPU the kernel names: by UUID; else through
@@ -175,60 +233,9 @@ func normUUID(u string) string {
 	return strings.TrimPrefix(u, "gpu-")
 }
 
-// holdersOn lists the notebooks and other processes holding memory on GPU
-// index, biggest first (ties by user, then name); the kernel of connection
-// file self is marked Self.
-func holdersOn(rep attribution.Report, index int, self string) []Holder {
-	out := []Holder{}
-	for _, nb := range rep.Notebooks {
-		b := onGPU(nb.PerGPU, index)
-		if b == 0 && nb.ConnectionFile != self {
-			continue
-		}
-		h := Holder{Kind: "notebook", Self: nb.ConnectionFile == self, User: nb.User, Bytes: b,
-			KernelID: nb.KernelID, Notebook: nb.Notebook}
-		for _, p := range nb.Processes {
-			if onGPU(p.PerGPU, index) > 0 {
-				h.PIDs = append(h.PIDs, p.PID)
-			}
-		}
-		if a := nb.Activity; a != nil {
-			h.State = a.ExecutionState
-			if a.ExecutionState == "idle" {
-				h.IdleSeconds = a.IdleSeconds
-			}
-		}
-		out = append(out, h)
-	}
-	for _, o := range rep.Other {
-		if b := onGPU(o.PerGPU, index); b > 0 {
-			out = append(out, Holder{Kind: "process", User: o.User, Bytes: b, PIDs: []int{o.PID}, Command: o.Command})
-		}
-	}
-	slices.SortStableFunc(out, func(a, b Holder) int {
-		if c := cmp.Compare(b.Bytes, a.Bytes); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(a.User, b.User); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.Notebook+a.Command, b.Notebook+b.Command)
-	})
-	return out
-}
-
-func onGPU(per []attribution.GPUBytes, index int) uint64 {
-	var b uint64
-	for _, g := range per {
-		if g.Index == index {
-			b += g.Bytes
-		}
-	}
-	return b
-}
-
-// For is what a viewer who is user (not an admin) may see of e: holders of
-// other users keep their user, bytes and idleness only. The advice and
+// For is what a viewer who is user (not an admin) may see of e, as the
+// report's own view shows a GPU (attribution.HoldersFor): their own rows
+// whole, every other user as one holder, their total. The advice and
 // headline never name another user's notebook, so they stay for the
 // event's own user; any other viewer (the API shows an event only to its
 // kernel's user: this is the second lock) sees no notebook, cell or text.
@@ -236,28 +243,30 @@ func (e Event) For(user string) Event {
 	out := e
 	out.View = "own"
 	if user != e.User {
-		out.KernelID, out.ConnectionFile, out.Notebook, out.Message, out.Cell, out.Kernel = "", "", "", "", Cell{}, Kernel{}
+		out.KernelID, out.ConnectionFile, out.Notebook, out.Name, out.Message, out.Cell, out.Kernel = "", "", "", "", "", Cell{}, Kernel{}
 		out.Advice, out.Headline = "", ""
 	}
-	out.Holders = make([]Holder, len(e.Holders))
-	for i, h := range e.Holders {
-		if h.User != user || h.Self && user != e.User {
-			h = Holder{Kind: h.Kind, User: h.User, Bytes: h.Bytes, State: h.State, IdleSeconds: h.IdleSeconds, Hidden: true}
-		} else {
-			h.PIDs = slices.Clone(h.PIDs)
+	holders := make([]attribution.Holder, len(e.Holders))
+	rows := map[attribution.Holder][]int{} // a holder's rows in e, by index
+	for i, r := range e.Holders {
+		holders[i] = r.Holder
+		rows[r.Holder] = append(rows[r.Holder], i)
+	}
+	shown := attribution.HoldersFor(attribution.GPU{Holders: holders, HoldersByUser: e.HoldersByUser}, user)
+	out.Holders = make([]HolderRow, 0, len(shown))
+	for _, h := range shown {
+		idx := rows[h]
+		if h.Kind == attribution.HolderUser || len(idx) == 0 {
+			out.Holders = append(out.Holders, HolderRow{Holder: h})
+			continue
 		}
-		out.Holders[i] = h
+		r := e.Holders[idx[0]]
+		rows[h] = idx[1:]
+		r.PIDs = slices.Clone(r.PIDs)
+		out.Holders = append(out.Holders, r)
 	}
+	out.HoldersByUser = slices.Clone(e.HoldersByUser)
 	return out
-}
-
-// Name is how the event names its notebook: the file's name, else the
-// kernel's short id.
-func (e Event) Name() string {
-	if e.Notebook != "" {
-		return filepath.Base(e.Notebook)
-	}
-	return "kernel " + shortID(e.KernelID)
 }
 
 func shortID(id string) string {

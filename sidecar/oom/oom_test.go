@@ -1,8 +1,13 @@
 package oom
 
 import (
+	"bytes"
 	"encoding/json"
+	"flag"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,12 +21,16 @@ const gib = 1 << 30
 func intp(i int) *int       { return &i }
 func strp(s string) *string { return &s }
 
-// fixture: an 80 GiB GPU 0 where train.ipynb (user a, kernel k-self)
-// holds 10 GiB, a's idle hold.ipynb 40 GiB, b's idle notebook 25 GiB and
-// a process of b 4 GiB; GPU 1 is empty.
 // cf is the fixture's connection file of a kernel id.
 func cf(id string) string { return "/rt/kernel-" + id + ".json" }
 
+// fixtureAt is when the fixture's reports are finished.
+var fixtureAt = time.Unix(100_000, 0)
+
+// fixture is the joined report (before Finish): an 80 GiB GPU 0 where
+// train.ipynb (user a, kernel k-self) holds 10 GiB, a's idle hold.ipynb
+// 40 GiB, b's idle notebook 25 GiB and a process of b 4 GiB; GPU 1 is
+// empty. finish completes it as the daemon does.
 func fixture() attribution.Report {
 	per := func(idx int, b uint64) []attribution.GPUBytes { return []attribution.GPUBytes{{Index: idx, Bytes: b}} }
 	return attribution.Report{
@@ -31,46 +40,96 @@ func fixture() attribution.Report {
 		},
 		Notebooks: []attribution.Notebook{
 			{KernelID: "k-self-0001", ConnectionFile: cf("k-self-0001"), Notebook: "/home/a/train.ipynb", User: "a", PIDs: []int{10}, GPUMemoryBytes: 10 * gib,
-				PerGPU: per(0, 10*gib), Processes: []attribution.ProcessBytes{{PID: 10, PerGPU: per(0, 10*gib)}},
-				Activity: &attribution.Activity{ExecutionState: "busy"}},
+				PerGPU: per(0, 10*gib), Processes: []attribution.ProcessBytes{{PID: 10, PerGPU: per(0, 10*gib)}}},
 			{KernelID: "k-hold-0002", ConnectionFile: cf("k-hold-0002"), Notebook: "/home/a/hold.ipynb", User: "a", PIDs: []int{20, 21}, GPUMemoryBytes: 40 * gib,
-				PerGPU: per(0, 40*gib), Processes: []attribution.ProcessBytes{{PID: 20, PerGPU: per(0, 30*gib)}, {PID: 21, PerGPU: per(0, 10*gib)}},
-				Activity: &attribution.Activity{ExecutionState: "idle", IdleSeconds: 180}},
+				PerGPU: per(0, 40*gib), Processes: []attribution.ProcessBytes{{PID: 20, PerGPU: per(0, 30*gib)}, {PID: 21, PerGPU: per(0, 10*gib)}}},
 			{KernelID: "k-bbbb-0003", ConnectionFile: cf("k-bbbb-0003"), Notebook: "/home/b/secret.ipynb", User: "b", PIDs: []int{30}, GPUMemoryBytes: 25 * gib,
-				PerGPU: per(0, 25*gib), Processes: []attribution.ProcessBytes{{PID: 30, PerGPU: per(0, 25*gib)}},
-				Activity: &attribution.Activity{ExecutionState: "idle", IdleSeconds: 3 * 3600}},
+				PerGPU: per(0, 25*gib), Processes: []attribution.ProcessBytes{{PID: 30, PerGPU: per(0, 25*gib)}}},
 			{KernelID: "k-none-0004", ConnectionFile: cf("k-none-0004"), Notebook: "/home/a/empty.ipynb", User: "a", PIDs: []int{40}},
 		},
 		Other: []attribution.OtherProcess{{PID: 50, User: "b", Command: "/usr/bin/python3 serve.py --port 1", PerGPU: per(0, 4*gib)}},
 	}
 }
 
+// finish finishes rep as the daemon does before it publishes it, with
+// what the fixture's servers say: train.ipynb busy, hold.ipynb idle for
+// 3 min, b's notebook for 3 h.
+func finish(rep *attribution.Report) {
+	since := func(d time.Duration) time.Time { return fixtureAt.Add(-d) }
+	attribution.Finish(rep, attribution.FinishInput{Now: fixtureAt, Kernels: map[string]attribution.KernelActivity{
+		cf("k-self-0001"): {ExecutionState: "busy", LastActivity: since(time.Second)},
+		cf("k-hold-0002"): {ExecutionState: "idle", LastActivity: since(3 * time.Minute)},
+		cf("k-bbbb-0003"): {ExecutionState: "idle", LastActivity: since(3 * time.Hour)},
+	}})
+}
+
+// finished is the fixture, finished.
+func finished() attribution.Report {
+	rep := fixture()
+	finish(&rep)
+	return rep
+}
+
 func TestAssessHoldersAndGPU(t *testing.T) {
 	now := time.Unix(1000, 0)
-	ev := Assess(fixture(), "k-self-0001", cf("k-self-0001"), Request{Framework: "torch", RequestedBytes: 8 * gib, Device: Device{Ordinal: intp(0)}}, now, now)
+	rep := finished()
+	ev := Assess(rep, "k-self-0001", cf("k-self-0001"), Request{Framework: "torch", RequestedBytes: 8 * gib, Device: Device{Ordinal: intp(0)}}, now, now)
 	if ev.GPU == nil || ev.GPU.Index != 0 || ev.GPU.FreeBytes != 1*gib {
 		t.Fatalf("gpu %+v", ev.GPU)
 	}
-	if ev.Notebook != "/home/a/train.ipynb" || ev.User != "a" {
-		t.Errorf("kernel: %q %q", ev.Notebook, ev.User)
+	if ev.Notebook != "/home/a/train.ipynb" || ev.User != "a" || ev.Name != "train.ipynb" {
+		t.Errorf("kernel: %q %q %q", ev.Notebook, ev.User, ev.Name)
+	}
+	// The report's ranking, row for row: the event ranks nothing itself.
+	if len(ev.Holders) != len(rep.GPUs[0].Holders) {
+		t.Fatalf("%d rows of %d holders", len(ev.Holders), len(rep.GPUs[0].Holders))
+	}
+	for i, h := range rep.GPUs[0].Holders {
+		if r := ev.Holders[i]; r.Self {
+			h.Name = "this kernel"
+			if r.Holder != h {
+				t.Errorf("row %d: %+v, want the report's %+v named this kernel", i, r.Holder, h)
+			}
+		} else if r.Holder != h {
+			t.Errorf("row %d: %+v, want the report's %+v", i, r.Holder, h)
+		}
 	}
 	var got []string
 	for _, h := range ev.Holders {
-		got = append(got, h.Kind+":"+h.User+":"+bytesText(h.Bytes)+":"+h.Notebook+h.Command)
+		got = append(got, h.Kind+":"+h.User+":"+bytesText(h.Bytes)+":"+h.Name+":"+fmt.Sprint(h.PIDs))
 	}
-	want := []string{"notebook:a:40.0 GiB:/home/a/hold.ipynb", "notebook:b:25.0 GiB:/home/b/secret.ipynb",
-		"notebook:a:10.0 GiB:/home/a/train.ipynb", "process:b:4.0 GiB:/usr/bin/python3 serve.py --port 1"}
+	want := []string{"notebook:a:40.0 GiB:/home/a/hold.ipynb:[20 21]", "notebook:b:25.0 GiB:/home/b/secret.ipynb:[30]",
+		"notebook:a:10.0 GiB:this kernel:[10]", "process:b:4.0 GiB:pid 50 (b):[50]"}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("holders:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 	if !ev.Holders[2].Self || ev.Holders[0].Self {
 		t.Errorf("self flags: %+v", ev.Holders)
 	}
-	if p := ev.Holders[0].PIDs; len(p) != 2 || p[0] != 20 || p[1] != 21 {
-		t.Errorf("pids of hold.ipynb: %v", p)
-	}
-	if ev.Holders[0].IdleSeconds != 180 || ev.Holders[2].IdleSeconds != 0 || ev.Holders[2].State != "busy" {
+	if ev.Holders[0].IdleSeconds != 180 || ev.Holders[0].State != "idle" || ev.Holders[2].IdleSeconds != 0 || ev.Holders[2].State != "busy" {
 		t.Errorf("activity: %+v %+v", ev.Holders[0], ev.Holders[2])
+	}
+	if !slices.Equal(ev.HoldersByUser, rep.GPUs[0].HoldersByUser) {
+		t.Errorf("by user: %+v, want the report's %+v", ev.HoldersByUser, rep.GPUs[0].HoldersByUser)
+	}
+}
+
+// The cached figure every face shows is the event's: reserved less
+// allocated, never below zero, whatever the kernel sent for it.
+func TestAssessCached(t *testing.T) {
+	for _, c := range []struct {
+		name                string
+		allocated, reserved uint64
+		sent, want          uint64
+	}{
+		{"cache", 1 * gib, 10 * gib, 0, 9 * gib},
+		{"the kernel's own figure is not read", 1 * gib, 10 * gib, 1, 9 * gib},
+		{"reserved below allocated", 3 * gib, 2 * gib, 5, 0},
+	} {
+		req := Request{Framework: "torch", Kernel: Kernel{AllocatedBytes: c.allocated, ReservedBytes: c.reserved, CachedBytes: c.sent}}
+		if got := Assess(finished(), "k-self-0001", cf("k-self-0001"), req, fixtureAt, fixtureAt).Kernel.CachedBytes; got != c.want {
+			t.Errorf("%s: cached %d, want %d", c.name, got, c.want)
+		}
 	}
 }
 
@@ -242,6 +301,7 @@ func TestAdviceAndHeadline(t *testing.T) {
 			if c.report != nil {
 				c.report(&rep)
 			}
+			finish(&rep)
 			req := base()
 			c.req(&req)
 			k := c.kernel
@@ -272,13 +332,14 @@ func TestAssessByConnectionFile(t *testing.T) {
 	twin := rep.Notebooks[2] // b's, 25 GiB on GPU 0
 	twin.KernelID = "k-self-0001"
 	rep.Notebooks[2] = twin
+	finish(&rep)
 	ev := Assess(rep, "k-self-0001", cf("k-self-0001"), Request{Framework: "torch", RequestedBytes: 8 * gib, Device: Device{Ordinal: intp(0)}},
 		time.Unix(1, 0), time.Unix(2, 0))
 	if ev.User != "a" || ev.Notebook != "/home/a/train.ipynb" || ev.ConnectionFile != cf("k-self-0001") {
 		t.Errorf("event of %q %q %q, want a's train.ipynb", ev.User, ev.Notebook, ev.ConnectionFile)
 	}
 	for _, h := range ev.Holders {
-		if h.Self != (h.Notebook == "/home/a/train.ipynb") {
+		if h.Self != (h.ConnectionFile == cf("k-self-0001")) || h.Self != (h.Name == "this kernel") {
 			t.Errorf("self flag on %+v", h)
 		}
 	}
@@ -287,32 +348,55 @@ func TestAssessByConnectionFile(t *testing.T) {
 	}
 }
 
+// A user's view of an event shows other users as the report's own view
+// shows them (attribution.HoldersFor): one holder each, their total, and
+// never a notebook, kernel id, connection file, pid or command of theirs.
 func TestForHidesOtherUsers(t *testing.T) {
-	ev := Assess(fixture(), "k-self-0001", cf("k-self-0001"), Request{Framework: "torch", RequestedBytes: 8 * gib, Device: Device{Ordinal: intp(0)}},
+	rep := finished()
+	ev := Assess(rep, "k-self-0001", cf("k-self-0001"), Request{Framework: "torch", RequestedBytes: 8 * gib, Device: Device{Ordinal: intp(0)}},
 		time.Unix(1, 0), time.Unix(2, 0))
 	view := ev.For("a")
 	b, _ := json.Marshal(view)
-	for _, leak := range []string{"secret.ipynb", "k-bbbb", "serve.py", `"pids":[30]`, `"pids":[50]`} {
+	for _, leak := range []string{"secret.ipynb", "k-bbbb", "serve.py", "pid 50", `[30]`, `[50]`, `"pid":`} {
 		if strings.Contains(string(b), leak) {
 			t.Errorf("a's view shows %q: %s", leak, b)
 		}
 	}
-	for _, want := range []string{"hold.ipynb", "train.ipynb", `"pids":[20,21]`, `"user":"b","bytes":26843545600,"state":"idle","idle_seconds":10800,"hidden":true`, `"view":"own"`} {
-		if !strings.Contains(string(b), want) {
-			t.Errorf("a's view lacks %q: %s", want, b)
+	var rows []string
+	for _, h := range view.Holders {
+		rows = append(rows, h.Kind+":"+h.Name+":"+bytesText(h.Bytes)+":"+fmt.Sprint(h.PIDs, h.Notebooks, h.Processes))
+	}
+	// b's notebook and process are one holder, 29 GiB, ranked with a's own.
+	want := []string{"notebook:/home/a/hold.ipynb:40.0 GiB:[20 21] 0 0", "user:user b:29.0 GiB:[] 1 1", "notebook:this kernel:10.0 GiB:[10] 0 0"}
+	if strings.Join(rows, "\n") != strings.Join(want, "\n") {
+		t.Errorf("a's view:\n%s\nwant\n%s", strings.Join(rows, "\n"), strings.Join(want, "\n"))
+	}
+	if view.View != "own" || !view.Holders[2].Self || view.Advice != ev.Advice || view.Name != "train.ipynb" {
+		t.Errorf("a's own event: %+v", view)
+	}
+	// The report's own view of that GPU holds the same holders.
+	own := attribution.HoldersFor(rep.GPUs[0], "a")
+	for i := range own {
+		if own[i].Name != view.Holders[i].Name && !view.Holders[i].Self || own[i].Bytes != view.Holders[i].Bytes {
+			t.Errorf("row %d: %+v, the own view's %+v", i, view.Holders[i].Holder, own[i])
 		}
 	}
 	// The stored event is untouched.
-	if ev.Holders[1].Notebook != "/home/b/secret.ipynb" || ev.View != "" {
-		t.Errorf("For changed the event: %+v", ev.Holders[1])
+	if ev.Holders[1].Name != "/home/b/secret.ipynb" || ev.View != "" || len(ev.Holders) != 4 {
+		t.Errorf("For changed the event: %+v", ev.Holders)
 	}
-	// Anyone but the event's user sees none of a's notebooks, cell or text.
+	// Anyone but the event's user sees none of a's notebooks, cell or text:
+	// a is one holder too.
 	ev.Cell, ev.Message = Cell{Source: "secret_line = 1"}, "a's message"
-	vb, _ := json.Marshal(ev.For("b"))
-	for _, leak := range []string{"hold.ipynb", "k-hold", "train.ipynb", "k-self", "secret_line", "a's message"} {
+	bv := ev.For("b")
+	vb, _ := json.Marshal(bv)
+	for _, leak := range []string{"hold.ipynb", "k-hold", "train.ipynb", "k-self", "this kernel", "secret_line", "a's message", "[20", "[10]"} {
 		if strings.Contains(string(vb), leak) {
 			t.Errorf("b's view of a's event shows %q: %s", leak, vb)
 		}
+	}
+	if len(bv.Holders) != 3 || bv.Holders[0].Name != "user a" || bv.Holders[0].Bytes != 50*gib || bv.Holders[0].Notebooks != 2 {
+		t.Errorf("b's view of a's event: %+v", bv.Holders)
 	}
 }
 
@@ -343,5 +427,49 @@ func TestRequestClean(t *testing.T) {
 		if err := bad.Clean(); err == nil {
 			t.Errorf("%+v: no error", bad)
 		}
+	}
+}
+
+var update = flag.Bool("update", false, "rewrite testdata/report/golden-oom-own.json")
+
+// TestGoldenOwnView pins alice's view of the golden out-of-memory event
+// (golden-oom.json, which sidecar/attribution's golden test assesses from
+// the golden report) to golden-oom-own.json, which the TypeScript and
+// Python tests read as what a user of a shared daemon is sent. -update
+// rewrites it.
+func TestGoldenOwnView(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "report")
+	data, err := os.ReadFile(filepath.Join(dir, "golden-oom.json"))
+	if err != nil {
+		t.Fatalf("%v (go test ./sidecar/attribution -run Golden -update writes it)", err)
+	}
+	var ev Event
+	if err := json.Unmarshal(data, &ev); err != nil {
+		t.Fatal(err)
+	}
+	view := ev.For(ev.User)
+	for _, h := range view.Holders {
+		if h.User != ev.User && (h.Kind != attribution.HolderUser || h.KernelID != "" || h.ConnectionFile != "" || len(h.PIDs) > 0) {
+			t.Errorf("%s's view shows another user's holder: %+v", ev.User, h)
+		}
+	}
+	got, err := json.MarshalIndent(view, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = append(got, '\n')
+	path := filepath.Join(dir, "golden-oom-own.json")
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (go test ./sidecar/oom -run Golden -update writes it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from what Go writes now: go test ./sidecar/oom -run Golden -update rewrites it, then the "+
+			"TypeScript and Python tests say what their readers make of it.\n--- got ---\n%s", path, got)
 	}
 }

@@ -8,8 +8,10 @@
 //
 // It is pure: no I/O, no clock but the one it is given. What the kernel
 // sends is untrusted text: Request.Clean bounds and strips it before
-// anything else reads it. What one user may see of another's holders is
-// decided here too (Event.For): never a path, kernel id, pid or command.
+// anything else reads it. The GPU's holders are the finished report's
+// (attribution.Finish ranks them; Assess ranks nothing), and a user sees
+// them as the report's own view shows them (Event.For): other users as one
+// holder each, their total, never a path, kernel id, pid or command.
 package oom
 
 import (
@@ -65,6 +67,10 @@ type Kernel struct {
 	// that also hold live blocks (only freeing those blocks returns them).
 	ReleasableBytes uint64 `json:"releasable_bytes"`
 	FragmentedBytes uint64 `json:"fragmented_bytes"`
+	// CachedBytes is what the cache holds beyond live tensors (reserved
+	// less allocated): Assess sets it, once, for every face; what a kernel
+	// sends here is not read.
+	CachedBytes uint64 `json:"cached_bytes"`
 	// IPythonBytes is GPU memory that only IPython's own references hold
 	// (Out, _, saved tracebacks, this error's traceback included), named by
 	// IPythonRefs; TracebackBytes is the part saved tracebacks hold.

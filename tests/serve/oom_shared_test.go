@@ -78,16 +78,17 @@ func TestServeOOMSharedMode(t *testing.T) {
 	for _, h := range data.Event.Holders {
 		switch {
 		case h.User == bob.Name:
-			bobRow = h.Hidden && h.Bytes == 60*gib && h.Notebook == "" && h.KernelID == "" && len(h.PIDs) == 0
+			bobRow = h.Kind == "user" && h.Name == "user "+bob.Name && h.Bytes == 60*gib && h.KernelID == "" && h.ConnectionFile == "" &&
+				len(h.PIDs) == 0 && h.PID == 0
 		case h.Self:
-			selfRow = h.Notebook == aliceNB && h.Bytes == 10*gib
+			selfRow = h.ConnectionFile == ka.ConnectionFile && h.Name == "this kernel" && h.Bytes == 10*gib
 		}
 	}
 	if !bobRow || !selfRow {
 		t.Errorf("holders: %+v", data.Event.Holders)
 	}
-	if !strings.Contains(text, "user "+bob.Name+"'s notebook") || !strings.Contains(text, "60.0 GiB") ||
-		!strings.Contains(text, "other users' notebooks are shown by user and bytes only") {
+	if !strings.Contains(text, "user "+bob.Name) || !strings.Contains(text, "60.0 GiB") ||
+		!strings.Contains(text, "other users are shown as one holder each, their total") {
 		t.Errorf("alice's report does not name bob's notebook by user and bytes:\n%s", text)
 	}
 	wantAdvice := "user " + bob.Name + "'s notebook"

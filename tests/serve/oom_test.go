@@ -134,12 +134,16 @@ func TestServeOOMReport(t *testing.T) {
 	}
 	want := []string{
 		"notebook " + srv.RootDir + "/work/hold.ipynb " + strconv.FormatUint(60*gib, 10),
-		"notebook " + srv.RootDir + "/work/train.ipynb " + strconv.FormatUint(10*gib, 10) + " self",
+		"notebook this kernel " + strconv.FormatUint(10*gib, 10) + " self",
 		"process /bin/sleep 600 " + strconv.FormatUint(5*gib, 10),
 	}
 	var got []string
 	for _, h := range ev.Holders {
-		s := fmt.Sprintf("%s %s%s %d", h.Kind, h.Notebook, h.Command, h.Bytes)
+		name := h.Name
+		if h.Kind == "process" {
+			name = h.Command
+		}
+		s := fmt.Sprintf("%s %s %d", h.Kind, name, h.Bytes)
 		if h.Self {
 			s += " self"
 		}
@@ -153,7 +157,7 @@ func TestServeOOMReport(t *testing.T) {
 	}
 	text := r.Text()
 	for _, s := range []string{"asked for 20.0 GiB on cuda:0", "GPU 0 (Simulated H200, simulated)", "hold.ipynb", "60.0 GiB",
-		"/bin/sleep 600", "this kernel", "advice: hold.ipynb (yours"} {
+		"pid " + strconv.Itoa(other.Process.Pid) + " (", "this kernel", "advice: hold.ipynb (yours"} {
 		if !strings.Contains(text, s) {
 			t.Errorf("report lacks %q", s)
 		}

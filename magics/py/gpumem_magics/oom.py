@@ -231,7 +231,9 @@ def kernel_figures(shell, framework, ordinal):
                     k["device_total_bytes"] = int(d["total"])
                 break
     cached = max(0, k["reserved_bytes"] - k["allocated_bytes"])
-    k["releasable_bytes"] = cached
+    # Only the kernel's own report shows it, when gpumem serve does not
+    # answer: the daemon's event carries the one every face shows.
+    k["cached_bytes"] = k["releasable_bytes"] = cached
     torch = state.mod("torch")
     if framework == "torch" and torch is not None:
         try:
@@ -304,7 +306,8 @@ def report_data(shell, result, exc, framework, qualname):
 
 def _wire(req):
     """The request as the daemon reads it: its figures without the ones only
-    the kernel's own report shows."""
+    the kernel's own report shows (the daemon computes the cache's itself)."""
     out = dict(req)
-    out["kernel"] = {k: v for k, v in req["kernel"].items() if k not in ("device_free_bytes", "device_total_bytes")}
+    only_here = ("device_free_bytes", "device_total_bytes", "cached_bytes")
+    out["kernel"] = {k: v for k, v in req["kernel"].items() if k not in only_here}
     return out

@@ -1,7 +1,8 @@
 """Renders the out-of-memory report (kind "oom") and the data of %gpumem
 record and %gpumem snapshot as text/plain and text/html. Pure: the data
-dict is all it reads; the holders and the advice are gpumem serve's, shown
-as it sent them."""
+dict is all it reads; the holders (their names too), the cache's figure
+and the advice are gpumem serve's event's, shown as it sent them (the
+kernel's own figures only when no event came)."""
 
 from . import layout, units
 
@@ -24,9 +25,9 @@ def render_oom(data):
     dev = (req.get("device") or {}).get("ordinal")
     on = " on cuda:%s" % dev if dev is not None else ""
     lines = [("", "asked for %s%s (%s)" % (asked, on, req.get("error") or data.get("label", "")))]
-    k = req.get("kernel") or {}
+    k = (ev or {}).get("kernel") or req.get("kernel") or {}
     lines.append(("h", "this kernel"))
-    cached = max(0, (k.get("reserved_bytes") or 0) - (k.get("allocated_bytes") or 0))
+    cached = k.get("cached_bytes") or 0
     fig = "%s allocated by %s; cached %s" % (_B(k.get("allocated_bytes")), data.get("label", "the framework"), _B(cached))
     if cached:
         fig += " (releasable %s, fragmented %s)" % (_B(k.get("releasable_bytes")), _B(k.get("fragmented_bytes")))
@@ -55,7 +56,7 @@ def render_oom(data):
             _B(g.get("free_bytes")),
         )
         for h in ev.get("holders") or []:
-            rows.append([_holder_name(h), h.get("user") or "?", _B(h.get("bytes")), _holder_state(h), _holder_pids(h)])
+            rows.append([h.get("name") or "?", h.get("user") or "?", _B(h.get("bytes")), _holder_state(h), _holder_pids(h)])
     text = [title, "", lines[0][1], ""] + [t if c == "h" else "  " + t for c, t in lines[1:]]
     body = [layout.html_lines([lines[0][1]])]
     for c, t in lines[1:]:
@@ -74,8 +75,8 @@ def render_oom(data):
             text.append("  no process holds memory on it")
         else:
             text.append("  gpumem serve could not tell which GPU this was")
-        if ev.get("view") == "own" and any(h.get("hidden") for h in ev.get("holders") or []):
-            foot.append(("dim", "gpumem serve runs in shared mode: other users' notebooks are shown by user and bytes only."))
+        if ev.get("view") == "own" and any(h.get("kind") == "user" for h in ev.get("holders") or []):
+            foot.append(("dim", "gpumem serve runs in shared mode: other users are shown as one holder each, their total."))
         if ev.get("advice"):
             foot.append(("warn", "advice: " + ev["advice"]))
     else:
@@ -94,17 +95,6 @@ def render_oom(data):
         text += [t for _c, t in foot]
         body.append("".join('<div class="%s">%s</div>' % (c, layout.esc(t)) for c, t in foot))
     return "\n".join(text), layout.html_doc(title, "".join(body))
-
-
-def _holder_name(h):
-    if h.get("self"):
-        return "this kernel"
-    if h.get("hidden"):
-        return "user %s's %s" % (h.get("user") or "?", "notebook" if h.get("kind") == "notebook" else "process")
-    if h.get("kind") == "process":
-        return (h.get("command") or "process")[:60]
-    nb = h.get("notebook") or ""
-    return nb.rsplit("/", 1)[-1] if nb else "kernel " + (h.get("kernel_id") or "")[:8]
 
 
 def _holder_state(h):

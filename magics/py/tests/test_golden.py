@@ -78,5 +78,18 @@ def test_oom_report():
     assert "GPU 1 (NVIDIA H200): 80.0 GiB total, 12.5 GiB used, 67.5 GiB free" in lines, text
     rows = [line.split() for line in lines]
     assert ["this", "kernel", "alice", "12.0", "GiB", "idle", "1", "min", "30", "s", "200"] in rows, text
-    assert ["finetune.ipynb", "bob", "518.0", "MiB", "busy", "300"] in rows, text
+    assert ["/home/bob/finetune.ipynb", "bob", "518.0", "MiB", "busy", "300"] in rows, text
     assert "advice: " + ev["advice"] in lines, text
+
+
+def test_oom_report_own_view():
+    # Alice's view of it from a shared daemon (sidecar/oom's TestGoldenOwnView): bob is one holder, his total.
+    ev = golden("golden-oom-own.json")
+    req = {k: ev[k] for k in ("requested_bytes", "error", "cell", "kernel")}
+    text, html = render_oom.render_oom({"kind": "oom", "label": "PyTorch", "request": req, "event": ev})
+    rows = [line.split() for line in text.splitlines()]
+    assert ["this", "kernel", "alice", "12.0", "GiB", "idle", "1", "min", "30", "s", "200"] in rows, text
+    assert ["user", "bob", "bob", "518.0", "MiB"] in rows, text
+    assert "gpumem serve runs in shared mode: other users are shown as one holder each, their total." in text, text
+    for leak in ("finetune", "b0b0b0b0", "kernel-c.json", "300"):
+        assert leak not in text and leak not in html, leak

@@ -128,15 +128,15 @@ def event(**kw):
         "holders": [
             {
                 "kind": "notebook",
+                "name": "/home/a/hold.ipynb",
                 "user": "a",
                 "bytes": 40 * GiB,
-                "notebook": "/home/a/hold.ipynb",
                 "pids": [20, 21],
                 "state": "idle",
                 "idle_seconds": 200,
             },
-            {"kind": "notebook", "user": "b", "bytes": 25 * GiB, "hidden": True, "state": "idle", "idle_seconds": 4 * 3600},
-            {"kind": "notebook", "self": True, "user": "a", "bytes": 10 * GiB, "notebook": "/home/a/train.ipynb", "pids": [10]},
+            {"kind": "user", "name": "user b", "user": "b", "bytes": 25 * GiB, "notebooks": 1},
+            {"kind": "notebook", "name": "this kernel", "self": True, "user": "a", "bytes": 10 * GiB, "pids": [10]},
         ],
         "advice": "hold.ipynb (yours, idle 3 min) holds 40.0 GiB of GPU 0: `gpumem free hold.ipynb --all` frees it",
         "view": "own",
@@ -168,6 +168,9 @@ def report(**kw):
         },
         "event": event(),
     }
+    # The event carries the kernel's figures as gpumem serve cleaned them,
+    # and the cache's, which it computes.
+    data["event"]["kernel"] = dict(data["request"]["kernel"], cached_bytes=2 * GiB)
     data.update(kw)
     return data
 
@@ -184,12 +187,12 @@ def test_render_report():
         "top holders: model 6.0 GiB",
         "GPU 0 (Simulated H200, simulated): 80.0 GiB total, 79.0 GiB used, 1.0 GiB free",
         "advice: hold.ipynb (yours, idle 3 min) holds 40.0 GiB of GPU 0: `gpumem free hold.ipynb --all` frees it",
-        "gpumem serve runs in shared mode: other users' notebooks are shown by user and bytes only.",
+        "gpumem serve runs in shared mode: other users are shown as one holder each, their total.",
     ]:
         assert want in text, want
     rows = [ln.split() for ln in lines if ln.startswith("  ")]
-    assert ["hold.ipynb", "a", "40.0", "GiB", "idle", "3", "min", "20", "s", "20,21"] in rows
-    assert ["user", "b's", "notebook", "b", "25.0", "GiB", "idle", "4", "h"] in rows
+    assert ["/home/a/hold.ipynb", "a", "40.0", "GiB", "idle", "3", "min", "20", "s", "20,21"] in rows
+    assert ["user", "b", "b", "25.0", "GiB"] in rows
     assert ["this", "kernel", "a", "10.0", "GiB", "10"] in rows
     well_formed(html)
     assert "&lt;" not in html or "<script" not in html
@@ -205,9 +208,11 @@ def test_render_escapes_kernel_text():
 
 def test_render_without_daemon():
     data = report(event=None, no_daemon=True)
-    data["request"]["kernel"].update(device_total_bytes=80 * GiB, device_free_bytes=GiB)
+    data["request"]["kernel"].update(device_total_bytes=80 * GiB, device_free_bytes=GiB, cached_bytes=3 * GiB)
     text, html = render.render(data)
     assert "gpumem serve is not running: this is what the kernel alone knows." in text
+    # Alone, the kernel's own figures: the cache's as kernel_figures measured it.
+    assert "8.0 GiB allocated by PyTorch; cached 3.0 GiB (releasable 1.0 GiB, fragmented 1.0 GiB)" in text
     assert "the driver says: 80.0 GiB total, 1.0 GiB free" in text
     assert "advice:" not in text and "hold.ipynb" not in text
     well_formed(html)
