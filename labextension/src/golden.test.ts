@@ -10,11 +10,12 @@ import goldenOOM from '../../testdata/report/golden-oom.json';
 import goldenJSON from '../../testdata/report/golden-report.json';
 import goldenOwnJSON from '../../testdata/report/golden-report-own.json';
 import { formatBytes, formatDuration, formatUtil } from './format';
-import { alertChanges, alertText, mainGPU, Notebook, notebookLabel } from './model';
+import { alertChanges, alertText, mainGPU, Notebook } from './model';
 import { holderName, OOMEvent, reportLines } from './oom';
 import {
   ALERT_KINDS,
   COMPUTE_STATES,
+  GPU_LEVELS,
   HOLDER_KINDS,
   Report,
   REPORT_SCHEMA,
@@ -101,9 +102,12 @@ describe('the golden report', () => {
     for (const [what, model, got] of values) {
       expect(new Set(got), what).toEqual(new Set(model));
     }
-    // A cause the golden report does not show (visible_devices) is still the model's.
+    // A cause the golden report does not show (visible_devices) is still the model's; a level too (danger).
     for (const s of strays) {
       expect(STRAY_CAUSES).toContain(s.cause);
+    }
+    for (const g of golden.gpus) {
+      expect(GPU_LEVELS).toContain(g.level);
     }
   });
 });
@@ -119,8 +123,14 @@ describe('the golden report, rendered', () => {
   });
   const byUser = (user: string) => notebooks.filter(nb => nb.user === user);
 
-  it('names its notebooks', () => {
-    expect(notebooks.map(nb => notebookLabel(nb))).toEqual(['train.ipynb', 'finetune.ipynb', 'eval.ipynb', 'kernel da7eda7e']);
+  it('names its notebooks as the daemon names them', () => {
+    expect(notebooks.map(nb => nb.display_name)).toEqual(['train.ipynb', 'finetune.ipynb', 'eval.ipynb', 'kernel da7eda7e']);
+  });
+
+  it("colours each GPU at the daemon's level, and says when one is back under the threshold", () => {
+    expect(golden.gpus.map(g => g.level)).toEqual(['warn', 'ok']);
+    expect(golden.gpus[0].under_threshold).toBeUndefined();
+    expect(golden.gpus[1].under_threshold).toBe('GPU 1 is back under the alert threshold: 12.5 GiB of 80.0 GiB used (16%).');
   });
 
   it('finds the GPU each notebook uses most', () => {

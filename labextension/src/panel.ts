@@ -14,8 +14,8 @@ import type uPlot from 'uplot';
 
 import { fetchSnapshot, fetchSnapshots, fetchVars, fetchWhy, freeCache, freeChildren, snapshotRawUrl } from './api';
 import { el, headedTable } from './dom';
-import { binaryTicks, formatBytes, formatPercent, formatUtil, levelFor, plainTrans, Trans } from './format';
-import { GPU, Notebook, notebookLabel, plotRange, sparkPath, Stacked, stackNotebooks, State, varRows, WINDOWS } from './model';
+import { binaryTicks, formatBytes, formatPercent, formatUtil, plainTrans, Trans } from './format';
+import { GPU, kernelLabel, Notebook, plotRange, sparkPath, Stacked, stackNotebooks, State, varRows, WINDOWS } from './model';
 import { drawSnapshot, OOMEvent, reportNode, SnapshotReduction } from './oom';
 import { currentTheme, plotData, plotOptions, PlotTheme, PLOT_HEIGHT } from './plot';
 import { StateSource } from './source';
@@ -193,7 +193,7 @@ export class GpuPanel extends Widget {
     for (const g of state.gpus) {
       seen.add(g.index);
       const p = this._plotBox(g.index);
-      this._renderGPUHead(p.head, g, state);
+      this._renderGPUHead(p.head, g);
       const st = stackNotebooks(hist, state.notebooks, g.index, this._windowSeconds);
       p.data = st;
       // The newest top of this server's stack: what the plot shows last, for tests.
@@ -264,7 +264,7 @@ export class GpuPanel extends Widget {
     return p;
   }
 
-  private _renderGPUHead(head: HTMLDivElement, g: GPU, state: State): void {
+  private _renderGPUHead(head: HTMLDivElement, g: GPU): void {
     const trans = this._trans;
     const name = `GPU ${g.index} · ${g.name}${g.simulated ? trans.__(' (simulated)') : ''}`;
     const title = el('div', 'jp-gpumem-gpu-title', name);
@@ -286,7 +286,7 @@ export class GpuPanel extends Widget {
     bar.setAttribute('aria-valuetext', used);
     const fill = el('span', 'jp-gpumem-bar-fill');
     fill.style.width = `${Math.min(100, (100 * g.memory_used_bytes) / Math.max(g.memory_total_bytes, 1)).toFixed(1)}%`;
-    bar.dataset.level = levelFor(g.memory_used_bytes, g.memory_total_bytes, state.alert_threshold);
+    bar.dataset.level = g.level;
     bar.appendChild(fill);
     head.replaceChildren(title, fig, bar);
   }
@@ -336,7 +336,7 @@ export class GpuPanel extends Widget {
     max: number
   ): HTMLLIElement {
     const trans = this._trans;
-    const label = notebookLabel(nb);
+    const label = nb.display_name;
     const row = el('li', 'jp-gpumem-row');
     row.dataset.kernelId = nb.kernel_id;
     row.dataset.gpumem = 'notebook-row';
@@ -447,7 +447,7 @@ export class GpuPanel extends Widget {
     spark.setAttribute('preserveAspectRatio', 'none');
     spark.setAttribute('aria-hidden', 'true');
     const title = document.createElementNS(SVG, 'title');
-    title.textContent = trans.__("%1's SM utilization over the plot's window", notebookLabel(nb));
+    title.textContent = trans.__("%1's SM utilization over the plot's window", nb.display_name);
     spark.appendChild(title);
     const path = document.createElementNS(SVG, 'path');
     const top = Math.max(100, ...(points ? [...points.values()] : []));
@@ -628,7 +628,7 @@ export class GpuPanel extends Widget {
   /** Shows an out-of-memory report at the top, with its snapshots when there are. */
   showOOM(ev: OOMEvent): void {
     const trans = this._trans;
-    const name = ev.notebook ? ev.notebook.slice(ev.notebook.lastIndexOf('/') + 1) : trans.__('kernel %1', ev.kernel_id.slice(0, 8));
+    const name = kernelLabel(this._source.state, ev.kernel_id, ev.notebook, trans);
     const box = this._openReport(trans.__('Out of memory in %1', name));
     box.appendChild(reportNode(ev, trans));
     void fetchSnapshots(ev.kernel_id)
@@ -649,7 +649,7 @@ export class GpuPanel extends Widget {
   /** Draws a memory snapshot at the top (when the daemon has reduced it). */
   async showSnapshot(kernelId: string, id: string, notebook = ''): Promise<void> {
     const trans = this._trans;
-    const name = notebook ? notebook.slice(notebook.lastIndexOf('/') + 1) : trans.__('kernel %1', kernelId.slice(0, 8));
+    const name = kernelLabel(this._source.state, kernelId, notebook, trans);
     const box = this._openReport(trans.__('Memory snapshot %1 of %2', id, name));
     const body = el('div', 'jp-gpumem-empty', trans.__('Reading…'));
     box.appendChild(body);
@@ -697,10 +697,9 @@ export class GpuPanel extends Widget {
     return box;
   }
 
-  /** A kernel's name for messages: its notebook's, else its id's start. */
+  /** A kernel's name for messages: the daemon's display name of its notebook. */
   private _label(kernelId: string): string {
-    const nb = this._source.state?.notebooks.find(n => n.kernel_id === kernelId);
-    return nb ? notebookLabel(nb) : this._trans.__('kernel %1', kernelId.slice(0, 8));
+    return kernelLabel(this._source.state, kernelId, '', this._trans);
   }
 
   private _renderOthers(state: State): void {

@@ -63,7 +63,7 @@ type GPU struct {
 	Simulated        bool   `json:"simulated"`
 	// Level is how full the GPU is, for a face's colour (Finish:
 	// LevelFor): LevelOK, LevelWarn or LevelDanger.
-	Level string `json:"level,omitempty"`
+	Level string `json:"level"`
 	// UnderThreshold is the sentence a face shows when the GPU's threshold
 	// alert no longer stands: set while the GPU is under the threshold
 	// after it has crossed it at least once (Finish); "" otherwise.
@@ -115,7 +115,7 @@ type Notebook struct {
 	// DisplayName is the name every face shows for the notebook: its
 	// path's file name, else "kernel " and its id's first 8 characters
 	// (Finish: KernelName).
-	DisplayName    string `json:"display_name,omitempty"`
+	DisplayName    string `json:"display_name"`
 	PIDs           []int  `json:"pids"` // kernel pid first, then the tree's processes holding GPU memory
 	User           string `json:"user"`
 	GPUMemoryBytes uint64 `json:"gpu_memory_bytes"`
