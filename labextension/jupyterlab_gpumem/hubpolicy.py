@@ -113,6 +113,9 @@ def members(report, server_urls, user, url_path):
 
 
 def _name(nb):
+    # Not the report's display_name: these reasons go to the hub's log and
+    # its admin, who must tell two users' kernels and notebooks of one file
+    # name apart: the whole id and path name the kernel there.
     return "kernel %s (%s)" % (nb.get("kernel_id", "?"), nb.get("notebook") or "no notebook path")
 
 

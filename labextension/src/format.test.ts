@@ -3,19 +3,7 @@ import { resolve } from 'path';
 
 import { describe, expect, it } from 'vitest';
 
-import {
-  baseName,
-  binaryTicks,
-  formatBytes,
-  formatDuration,
-  formatPercent,
-  formatTick,
-  formatUtil,
-  levelFor,
-  plainTrans,
-  reclaimMessage,
-  timeTick
-} from './format';
+import { binaryTicks, formatBytes, formatDuration, formatPercent, formatTick, formatUtil, plainTrans, timeTick } from './format';
 
 // The table every face of gpumem is tested against (Go, TypeScript, Python).
 const formats = JSON.parse(readFileSync(resolve(__dirname, '../../testdata/formats.json'), 'utf8')) as {
@@ -63,40 +51,6 @@ describe('formatPercent', () => {
     [5, 0, '?']
   ])('%s of %s is %s', (a, b, want) => {
     expect(formatPercent(a, b)).toBe(want);
-  });
-});
-
-describe('levelFor', () => {
-  it.each([
-    ['under the threshold', 70, 100, 0.8, 'ok'],
-    ['at the threshold', 80, 100, 0.8, 'warn'],
-    ['past it', 90, 100, 0.8, 'warn'],
-    ['at 95% exactly', 95, 100, 0.8, 'warn'],
-    ['above 95%', 96, 100, 0.8, 'danger'],
-    ['alerts off, high', 90, 100, 0, 'ok'],
-    ['alerts off, above 95%', 99, 100, 0, 'danger'],
-    ['no total', 5, 0, 0.8, 'ok']
-  ] as const)('%s', (_name, used, total, threshold, want) => {
-    expect(levelFor(used, total, threshold)).toBe(want);
-  });
-});
-
-describe('baseName and reclaimMessage', () => {
-  it('names a notebook by its file', () => {
-    expect(baseName('/home/a/work/train.ipynb')).toBe('train.ipynb');
-    expect(baseName('train.ipynb')).toBe('train.ipynb');
-  });
-  it.each([
-    [
-      { processes: 2, bytes: 3.2 * 1024 ** 3, notebook: '/w/train.ipynb', kernel_id: 'abcdef0123', reason: 'restart' },
-      'Ended 2 orphans of train.ipynb holding 3.2 GiB after the restart'
-    ],
-    [
-      { processes: 1, bytes: 1024 ** 3, notebook: '', kernel_id: 'abcdef0123', reason: 'shutdown' },
-      'Ended 1 orphan of kernel abcdef01 holding 1.0 GiB after the shutdown'
-    ]
-  ])('%o', (ev, want) => {
-    expect(reclaimMessage(ev)).toBe(want);
   });
 });
 

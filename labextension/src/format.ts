@@ -87,44 +87,6 @@ export function formatPercent(part: number, total: number): string {
   return `${Math.round((100 * part) / total)}%`;
 }
 
-export type Level = 'ok' | 'warn' | 'danger';
-
-/** The danger line: above it the bar turns red, whatever the threshold. */
-export const DANGER_RATIO = 0.95;
-
-/**
- * The colour of a bar: red above 95% of the GPU, amber at or past the
- * daemon's alert threshold (a fraction; 0 or less means alerts are off),
- * else normal. It compares the GPU's used memory, as the daemon's alert does.
- */
-export function levelFor(used: number, total: number, threshold: number): Level {
-  if (!(total > 0)) {
-    return 'ok';
-  }
-  const ratio = used / total;
-  if (ratio > DANGER_RATIO) {
-    return 'danger';
-  }
-  if (threshold > 0 && ratio >= threshold) {
-    return 'warn';
-  }
-  return 'ok';
-}
-
-/** The file name of a notebook path ("train.ipynb" of "/a/b/train.ipynb"). */
-export function baseName(path: string): string {
-  const parts = path.split('/').filter(p => p !== '');
-  return parts.length ? parts[parts.length - 1] : path;
-}
-
-/** "N orphans of train.ipynb holding 3.2 GiB after the restart". */
-export function reclaimMessage(ev: { processes: number; bytes: number; notebook: string; kernel_id: string; reason: string }): string {
-  const what = ev.processes === 1 ? '1 orphan' : `${ev.processes} orphans`;
-  const of = ev.notebook ? baseName(ev.notebook) : `kernel ${ev.kernel_id.slice(0, 8)}`;
-  const after = ev.reason === 'shutdown' ? 'the shutdown' : 'the restart';
-  return `Ended ${what} of ${of} holding ${formatBytes(ev.bytes)} after ${after}`;
-}
-
 /**
  * What formats text for people: JupyterLab's TranslationBundle has this
  * shape (ITranslator's load()); plainTrans is the untranslated one, for

@@ -11,11 +11,12 @@ import goldenOOMOwn from '../../testdata/report/golden-oom-own.json';
 import goldenJSON from '../../testdata/report/golden-report.json';
 import goldenOwnJSON from '../../testdata/report/golden-report-own.json';
 import { formatBytes, formatDuration, formatUtil } from './format';
-import { alertChanges, alertText, mainGPU, Notebook, notebookLabel } from './model';
+import { alertChanges, alertText, mainGPU, Notebook } from './model';
 import { OOMEvent, reportLines } from './oom';
 import {
   ALERT_KINDS,
   COMPUTE_STATES,
+  GPU_LEVELS,
   HOLDER_KINDS,
   Report,
   REPORT_SCHEMA,
@@ -102,9 +103,12 @@ describe('the golden report', () => {
     for (const [what, model, got] of values) {
       expect(new Set(got), what).toEqual(new Set(model));
     }
-    // A cause the golden report does not show (visible_devices) is still the model's.
+    // A cause the golden report does not show (visible_devices) is still the model's; a level too (danger).
     for (const s of strays) {
       expect(STRAY_CAUSES).toContain(s.cause);
+    }
+    for (const g of golden.gpus) {
+      expect(GPU_LEVELS).toContain(g.level);
     }
   });
 });
@@ -120,8 +124,14 @@ describe('the golden report, rendered', () => {
   });
   const byUser = (user: string) => notebooks.filter(nb => nb.user === user);
 
-  it('names its notebooks', () => {
-    expect(notebooks.map(nb => notebookLabel(nb))).toEqual(['train.ipynb', 'finetune.ipynb', 'eval.ipynb', 'kernel da7eda7e']);
+  it('names its notebooks as the daemon names them', () => {
+    expect(notebooks.map(nb => nb.display_name)).toEqual(['train.ipynb', 'finetune.ipynb', 'eval.ipynb', 'kernel da7eda7e']);
+  });
+
+  it("colours each GPU at the daemon's level, and says when one is back under the threshold", () => {
+    expect(golden.gpus.map(g => g.level)).toEqual(['warn', 'ok']);
+    expect(golden.gpus[0].under_threshold).toBeUndefined();
+    expect(golden.gpus[1].under_threshold).toBe('GPU 1 is back under the alert threshold: 12.5 GiB of 80.0 GiB used (16%).');
   });
 
   it('finds the GPU each notebook uses most', () => {
@@ -160,7 +170,7 @@ describe('the golden report, rendered', () => {
       'held only by IPython: 2.0 GiB (Out[5])',
       'GPU 1 NVIDIA H200: 12.5 GiB of 80.0 GiB used, 67.5 GiB free'
     ]);
-    expect(ev.holders.map(h => h.name)).toEqual(['this kernel', '/home/bob/finetune.ipynb']);
+    expect(ev.holders.map(h => h.name)).toEqual(['this kernel', 'finetune.ipynb']);
     expect(formatDuration(ev.holders[0].idle_seconds ?? -1)).toBe('1 min 30 s');
   });
 

@@ -15,8 +15,8 @@ import { LabIcon } from '@jupyterlab/ui-components';
 import { Signal } from '@lumino/signaling';
 
 import { endOrphans, freeCache, keepKernel } from './api';
-import { baseName, formatBytes, formatPercent, reclaimMessage, Trans } from './format';
-import { Alert, alertChanges, alertText, WINDOWS } from './model';
+import { Trans } from './format';
+import { Alert, alertChanges, alertText, kernelLabel, WINDOWS } from './model';
 import { LogEvent, newOOMs } from './oom';
 import { GpuPanel } from './panel';
 import { StateSource } from './source';
@@ -162,9 +162,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
     }
 
     // The daemon's alerts (its sentences): each shown once by id. A GPU's
-    // alert, when its GPU drops back under the threshold, is updated to say
-    // so and then closes; a cull warning that no longer stands (a cell
-    // ran) closes.
+    // alert, when its GPU drops back under the threshold, is updated to the
+    // daemon's sentence saying so and then closes; a cull warning that no
+    // longer stands (a cell ran) closes.
     const shown = new Map<string, Alert>();
     const toasts = new Map<string, string>();
     source.changed.connect(() => {
@@ -231,16 +231,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
           continue;
         }
         const g = state.gpus.find(x => x.index === a.gpu);
-        const message = g
-          ? trans.__(
-              'GPU %1 is back under the alert threshold: %2 of %3 used (%4).',
-              g.index,
-              formatBytes(g.memory_used_bytes),
-              formatBytes(g.memory_total_bytes),
-              formatPercent(g.memory_used_bytes, g.memory_total_bytes)
-            )
-          : trans.__('GPU %1 is no longer listed.', a.gpu);
-        if (!Notification.update({ id, message, type: 'success', autoClose: 5000, actions: [] })) {
+        // A GPU the report no longer lists has no sentence of the daemon's:
+        // this one is the extension's.
+        const message = g ? g.under_threshold : trans.__('GPU %1 is no longer listed.', a.gpu);
+        if (!message || !Notification.update({ id, message, type: 'success', autoClose: 5000, actions: [] })) {
           Notification.dismiss(id);
         }
       }
@@ -250,8 +244,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     // action that ends one).
     source.events.connect((_, events) => {
       for (const ev of events) {
-        if (ev.kind === 'reclaim') {
-          Notification.info(reclaimMessage(ev), { autoClose: 15000 });
+        if (ev.kind === 'reclaim' && ev.message) {
+          Notification.info(ev.message, { autoClose: 15000 });
         } else if (ev.kind === 'left_running' && ev.message && ev.pid) {
           const pid = ev.pid;
           Notification.warning(ev.message, {
@@ -300,7 +294,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
       for (const ev of events as LogEvent[]) {
         if (ev.kind === 'snapshot') {
-          const name = ev.notebook ? baseName(ev.notebook) : trans.__('kernel %1', ev.kernel_id.slice(0, 8));
+          const name = kernelLabel(source.state, ev.kernel_id, ev.notebook, trans);
           Notification.info(trans.__('Memory snapshot of %1 is ready', name), {
             autoClose: 15000,
             actions: [

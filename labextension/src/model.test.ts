@@ -6,8 +6,8 @@ import {
   Alert,
   History,
   mainGPU,
+  kernelLabel,
   Notebook,
-  notebookLabel,
   plotRange,
   sparkPath,
   stackNotebooks,
@@ -258,8 +258,12 @@ describe('alertChanges', () => {
 });
 
 describe('labels, frameworks, vars', () => {
-  it('labels a kernel without a notebook by its id', () => {
-    expect(notebookLabel({ notebook: '', kernel_id: '0123456789abcdef' })).toBe('kernel 01234567');
+  it("labels a kernel by the daemon's display name, an event's kernel gone from the report by its notebook", () => {
+    const s = state({ notebooks: [{ ...nb('k', GiB), display_name: 'train.ipynb' }] });
+    expect(kernelLabel(s, 'k', '/elsewhere/other.ipynb')).toBe('train.ipynb');
+    expect(kernelLabel(s, 'gone', '/home/a/eval.ipynb')).toBe('eval.ipynb');
+    expect(kernelLabel(s, '0123456789abcdef')).toBe('kernel 01234567');
+    expect(kernelLabel(null, '0123456789abcdef', 'x.ipynb')).toBe('x.ipynb');
   });
 
   it('picks the GPU a notebook uses most', () => {

@@ -4,10 +4,10 @@
 // happens here: the daemon computes every figure and sentence. Unit-tested
 // in model.test.ts.
 
-import { baseName } from './format';
+import { plainTrans, Trans } from './format';
 import { Alert, LeftRunning, ReportGPU, ReportNotebook, UserUsage } from './report';
 
-export type { Activity, Alert, Compute, GPUBytes, LeftRunning, StrayContext, Utilization } from './report';
+export type { Activity, Alert, Compute, GPUBytes, Level, LeftRunning, StrayContext, Utilization } from './report';
 
 /** A GPU as the server extension passes it on: the report's, without its holders (they name other servers' notebooks). */
 export type GPU = Omit<ReportGPU, 'holders' | 'holders_by_user'>;
@@ -39,8 +39,9 @@ export interface ReclaimEvent {
   reason: string;
   processes: number;
   bytes: number;
-  /** A process left running ("left_running"): what ending it names, and the daemon's sentence. */
+  /** A process left running ("left_running"): what ending it names. */
   pid?: number;
+  /** The daemon's sentence: of a reclaim ("reclaim") or a process left running. */
   message?: string;
 }
 
@@ -239,7 +240,7 @@ export function stackNotebooks(hist: History, notebooks: Notebook[], gpuIndex: n
       top = Math.max(top, base[i]);
       return base[i];
     });
-    stacks.push({ kernelId: nb.kernel_id, label: notebookLabel(nb), values });
+    stacks.push({ kernelId: nb.kernel_id, label: nb.display_name, values });
   }
   const gpuPts = hist.gpus.get(String(gpuIndex));
   const used = times.map((t, i) => {
@@ -282,15 +283,24 @@ export function sparkPath(
     .join(' ');
 }
 
-/** The name a notebook goes by: its file name, or its kernel. */
-export function notebookLabel(nb: { notebook: string; path?: string; kernel_id: string }): string {
-  const p = nb.path || nb.notebook;
-  return p ? baseName(p) : `kernel ${nb.kernel_id.slice(0, 8)}`;
+/** The notebook of a kernel, if the state lists it. */
+export function notebookOf(state: State | null | undefined, kernelId: string | undefined): Notebook | undefined {
+  return kernelId ? state?.notebooks.find(nb => nb.kernel_id === kernelId) : undefined;
 }
 
-/** The notebook of a kernel, if the state lists it. */
-export function notebookOf(state: State, kernelId: string | undefined): Notebook | undefined {
-  return kernelId ? state.notebooks.find(nb => nb.kernel_id === kernelId) : undefined;
+/**
+ * What a message names a kernel by: its display name, the daemon's, while
+ * the state lists it. An event (a memory snapshot, an out-of-memory
+ * report) outlives its kernel in the report, and names only the notebook
+ * it came from: then that notebook's file name, else the kernel's id
+ * start, as the daemon would name it (attribution.KernelName).
+ */
+export function kernelLabel(state: State | null | undefined, kernelId: string, notebook = '', trans: Trans = plainTrans): string {
+  const nb = notebookOf(state, kernelId);
+  if (nb) {
+    return nb.display_name;
+  }
+  return notebook ? notebook.slice(notebook.lastIndexOf('/') + 1) : trans.__('kernel %1', kernelId.slice(0, 8));
 }
 
 /** The GPU a notebook uses most (for its status bar bar), else the first GPU. */

@@ -1,25 +1,28 @@
 // The "GPU memory" side panel, laid out for a sidebar of 250 to 600 px: a
 // heading with the plot window's selector; per GPU its use and a plot of
-// this server's notebooks on it (plot.ts); one compact row per notebook
-// (its name cut with an ellipsis, the full path on hover, its figure, a
-// sparkline, and an actions menu); other users as totals; the variables
-// of a notebook, its "why" or an out-of-memory report and memory snapshot
-// when asked. It draws what the state source holds: no request of its own
-// but its actions'.
+// this server's notebooks on it (panel_plots.ts); one compact row per
+// notebook and other users as totals (panel_rows.ts); the variables of a
+// notebook, its "why", and the notebook actions' results (here); an
+// out-of-memory report and memory snapshot when asked (panel_reports.ts).
+// It draws what the state source holds: no request of its own but its
+// actions'.
 
 import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { JupyterFrontEnd } from '@jupyterlab/application';
-import { Menu, Widget } from '@lumino/widgets';
-import type uPlot from 'uplot';
+import { Widget } from '@lumino/widgets';
 
-import { fetchSnapshot, fetchSnapshots, fetchVars, fetchWhy, freeCache, freeChildren, snapshotRawUrl } from './api';
+import { fetchVars, fetchWhy, freeCache, freeChildren } from './api';
 import { el, headedTable } from './dom';
-import { binaryTicks, formatBytes, formatPercent, formatUtil, levelFor, plainTrans, Trans } from './format';
-import { GPU, Notebook, notebookLabel, plotRange, sparkPath, Stacked, stackNotebooks, State, varRows, WINDOWS } from './model';
-import { drawSnapshot, OOMEvent, reportNode, SnapshotReduction } from './oom';
-import { currentTheme, plotData, plotOptions, PlotTheme, PLOT_HEIGHT } from './plot';
+import { formatBytes, plainTrans, Trans } from './format';
+import { kernelLabel, varRows, WINDOWS } from './model';
+import { OOMEvent } from './oom';
+import { GpuPlots, Palette } from './panel_plots';
+import { NotebookRows, OtherUsers } from './panel_rows';
+import { ReportArea } from './panel_reports';
 import { StateSource } from './source';
 import { busyLines, choiceOf, FreeWorkersChoice, pidsToConfirm, planFreeWorkers } from './workers';
+
+export { NOTEBOOK_COMMANDS } from './panel_rows';
 
 /** What the panel needs from the application. */
 export interface PanelActions {
@@ -28,53 +31,17 @@ export interface PanelActions {
   setWindow(seconds: number): void;
 }
 
-/** The commands of a notebook's actions menu (registered by the plugin). */
-export const NOTEBOOK_COMMANDS = [
-  'gpumem:free-cache',
-  'gpumem:show-variables',
-  'gpumem:why',
-  'gpumem:free-workers',
-  'gpumem:restart-kernel',
-  'gpumem:open-notebook'
-];
-
-// uPlot is loaded when the panel first draws, not with JupyterLab's page.
-let uPlotClass: typeof uPlot | null = null;
-let uPlotLoading: Promise<void> | null = null;
-function loadUPlot(): Promise<void> {
-  uPlotLoading ??= import('uplot').then(m => {
-    uPlotClass = m.default;
-  });
-  return uPlotLoading;
-}
-
-const PALETTE = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#7f7f7f', '#bcbd22', '#17becf'];
-const SVG = 'http://www.w3.org/2000/svg';
-
-interface GPUPlot {
-  box: HTMLElement;
-  head: HTMLDivElement;
-  plotBox: HTMLDivElement;
-  hover: HTMLDivElement;
-  empty: HTMLDivElement;
-  plot: uPlot | null;
-  key: string; // what the plot was made for: bands, width, theme, window, step
-  data: Stacked; // what it draws now
-}
-
 export class GpuPanel extends Widget {
   private _heading = el('h2', 'jp-gpumem-heading');
   private _window = el('select', 'jp-gpumem-window');
   private _status = el('div', 'jp-gpumem-panel-status');
   private _daemon = el('div', 'jp-gpumem-daemon');
-  private _gpus = el('div', 'jp-gpumem-gpus');
-  private _notebooks = el('section', 'jp-gpumem-notebooks');
-  private _others = el('section', 'jp-gpumem-others');
   private _vars = el('section', 'jp-gpumem-vars');
   // An out-of-memory report or a memory snapshot, opened from a notification.
-  private _report = el('section', 'jp-gpumem-report-area');
-  private _plots = new Map<number, GPUPlot>();
-  private _colors = new Map<string, string>();
+  private _report: ReportArea;
+  private _plots: GpuPlots;
+  private _rows: NotebookRows;
+  private _others: OtherUsers;
   private _windowSeconds = 15 * 60;
 
   constructor(
@@ -84,6 +51,11 @@ export class GpuPanel extends Widget {
   ) {
     super();
     const trans = _trans;
+    const palette = new Palette();
+    this._report = new ReportArea(_source, _trans);
+    this._plots = new GpuPlots(_source, palette, _trans, () => this.update());
+    this._rows = new NotebookRows(_source, palette, _actions.commands, _trans);
+    this._others = new OtherUsers(_trans);
     this.id = 'jp-gpumem-panel';
     this.addClass('jp-gpumem-panel');
     this.title.caption = trans.__('GPU memory');
@@ -111,8 +83,7 @@ export class GpuPanel extends Widget {
     this._status.setAttribute('role', 'status');
     this._daemon.dataset.gpumem = 'daemon-status';
     this._vars.dataset.gpumem = 'vars';
-    this._report.hidden = true;
-    this.node.append(head, this._daemon, this._status, this._report, this._gpus, this._notebooks, this._others, this._vars);
+    this.node.append(head, this._daemon, this._status, this._report.node, this._plots.node, this._rows.node, this._others.node, this._vars);
     _source.changed.connect(() => {
       if (this.isVisible) {
         this.update();
@@ -143,15 +114,6 @@ export class GpuPanel extends Widget {
     this.update();
   }
 
-  private _color(kernelId: string): string {
-    let c = this._colors.get(kernelId);
-    if (!c) {
-      c = PALETTE[this._colors.size % PALETTE.length];
-      this._colors.set(kernelId, c);
-    }
-    return c;
-  }
-
   protected onUpdateRequest(): void {
     const daemon = this._source.daemon;
     this._daemon.textContent = daemon?.text ?? '';
@@ -162,310 +124,15 @@ export class GpuPanel extends Widget {
     if (!state) {
       this._status.textContent = this._source.unavailable ?? trans.__('Waiting for the first figures from gpumem serve…');
       this._status.hidden = false;
-      this._gpus.hidden = this._notebooks.hidden = this._others.hidden = this._vars.hidden = true;
+      this._plots.node.hidden = this._rows.node.hidden = this._others.node.hidden = this._vars.hidden = true;
       return;
     }
     this._status.hidden = state.warnings.length === 0;
     this._status.textContent = state.warnings.join('; ');
-    this._gpus.hidden = this._notebooks.hidden = this._others.hidden = this._vars.hidden = false;
-    this._renderGPUs(state);
-    this._renderNotebooks(state);
-    this._renderOthers(state);
-  }
-
-  private _renderGPUs(state: State): void {
-    if (!state.gpus.length) {
-      for (const p of this._plots.values()) {
-        p.plot?.destroy();
-      }
-      this._plots.clear();
-      this._gpus.replaceChildren(el('div', 'jp-gpumem-empty', this._trans.__('No GPU figures (the line above says why).')));
-      return;
-    }
-    const UPlot = uPlotClass;
-    if (!UPlot) {
-      void loadUPlot().then(() => this.update());
-      return;
-    }
-    const hist = this._source.historyFor(this._windowSeconds);
-    const theme = currentTheme(this.node);
-    const seen = new Set<number>();
-    for (const g of state.gpus) {
-      seen.add(g.index);
-      const p = this._plotBox(g.index);
-      this._renderGPUHead(p.head, g, state);
-      const st = stackNotebooks(hist, state.notebooks, g.index, this._windowSeconds);
-      p.data = st;
-      // The newest top of this server's stack: what the plot shows last, for tests.
-      const last = st.stacks.length ? st.stacks[st.stacks.length - 1].values : [];
-      p.box.dataset.stackTop = String(last.length ? (last[last.length - 1] ?? 0) : 0);
-      p.box.dataset.bands = st.stacks.map(s => s.kernelId).join(',');
-      p.box.dataset.yTicks = binaryTicks(st.top, 3).join(','); // what the axis shows
-      p.empty.hidden = st.stacks.length > 0;
-      p.empty.textContent = this._trans.__('No notebook of this server holds memory on GPU %1.', g.index);
-      const width = Math.max(120, p.box.clientWidth);
-      const key = `${st.stacks.map(s => s.kernelId).join(',')}|${width}|${themeKey(theme)}|${this._windowSeconds}|${hist.step}`;
-      if (!p.plot || p.key !== key) {
-        p.plot?.destroy();
-        const colors = st.stacks.map(s => this._color(s.kernelId));
-        const box = p;
-        const opts = plotOptions(
-          st,
-          () => box.data,
-          width,
-          colors,
-          theme,
-          this._trans,
-          (text, left) => {
-            box.hover.hidden = !text;
-            box.hover.textContent = text ?? '';
-            box.hover.style.left = `${Math.min(Math.max(0, left), width - 120)}px`;
-          },
-          hist.step > 1 ? UPlot.paths.stepped?.({ align: 1 }) : undefined
-        );
-        p.plot = new UPlot(opts, plotData(st), p.plotBox);
-        p.key = key;
-      } else {
-        p.plot.setData(plotData(st));
-      }
-    }
-    for (const [idx, p] of this._plots) {
-      if (!seen.has(idx)) {
-        p.plot?.destroy();
-        p.box.remove();
-        this._plots.delete(idx);
-      }
-    }
-  }
-
-  private _plotBox(index: number): GPUPlot {
-    let p = this._plots.get(index);
-    if (!p) {
-      const box = el('section', 'jp-gpumem-gpu');
-      box.dataset.gpu = String(index);
-      const head = el('div', 'jp-gpumem-gpu-head');
-      const plotBox = el('div', 'jp-gpumem-plot');
-      plotBox.style.minHeight = `${PLOT_HEIGHT}px`;
-      const hover = el('div', 'jp-gpumem-plot-hover');
-      hover.hidden = true;
-      hover.setAttribute('role', 'tooltip');
-      const empty = el('div', 'jp-gpumem-empty');
-      plotBox.appendChild(hover);
-      box.append(head, plotBox, empty);
-      for (const c of Array.from(this._gpus.children)) {
-        if (!c.classList.contains('jp-gpumem-gpu')) {
-          c.remove(); // the "no GPU" line
-        }
-      }
-      this._gpus.appendChild(box);
-      p = { box, head, plotBox, hover, empty, plot: null, key: '', data: { times: [], stacks: [], used: [], top: 0 } };
-      this._plots.set(index, p);
-    }
-    return p;
-  }
-
-  private _renderGPUHead(head: HTMLDivElement, g: GPU, state: State): void {
-    const trans = this._trans;
-    const name = `GPU ${g.index} · ${g.name}${g.simulated ? trans.__(' (simulated)') : ''}`;
-    const title = el('div', 'jp-gpumem-gpu-title', name);
-    title.title = name;
-    const used = trans.__(
-      '%1 / %2 used · %3',
-      formatBytes(g.memory_used_bytes),
-      formatBytes(g.memory_total_bytes),
-      formatPercent(g.memory_used_bytes, g.memory_total_bytes)
-    );
-    const fig = el('div', 'jp-gpumem-gpu-figure', used);
-    fig.dataset.gpumem = 'gpu-figure';
-    const bar = el('span', 'jp-gpumem-bar jp-gpumem-bar-wide');
-    bar.setAttribute('role', 'meter');
-    bar.setAttribute('aria-label', trans.__('GPU %1 memory used', g.index));
-    bar.setAttribute('aria-valuemin', '0');
-    bar.setAttribute('aria-valuemax', String(g.memory_total_bytes));
-    bar.setAttribute('aria-valuenow', String(g.memory_used_bytes));
-    bar.setAttribute('aria-valuetext', used);
-    const fill = el('span', 'jp-gpumem-bar-fill');
-    fill.style.width = `${Math.min(100, (100 * g.memory_used_bytes) / Math.max(g.memory_total_bytes, 1)).toFixed(1)}%`;
-    bar.dataset.level = levelFor(g.memory_used_bytes, g.memory_total_bytes, state.alert_threshold);
-    bar.appendChild(fill);
-    head.replaceChildren(title, fig, bar);
-  }
-
-  private _renderNotebooks(state: State): void {
-    const trans = this._trans;
-    const box = this._notebooks;
-    box.replaceChildren(el('h3', '', trans.__('Notebooks of this server')));
-    if (!state.notebooks.length) {
-      box.appendChild(
-        el(
-          'div',
-          'jp-gpumem-empty',
-          trans.__('No kernel of this server is followed by gpumem serve yet: open a notebook and start its kernel.')
-        )
-      );
-      return;
-    }
-    const list = el('ul', 'jp-gpumem-rows');
-    const rows = [...state.notebooks].sort((a, b) => b.gpu_memory_bytes - a.gpu_memory_bytes || a.kernel_id.localeCompare(b.kernel_id));
-    const hist = this._source.historyFor(this._windowSeconds);
-    const [from, to] = plotRange(hist.first(), hist.last || hist.now, this._windowSeconds);
-    const max = Math.max(1, ...rows.map(nb => Math.max(nb.peak_bytes ?? 0, nb.gpu_memory_bytes)));
-    for (const nb of rows) {
-      const row = this._notebookRow(nb, this._source.reclaimed.get(nb.kernel_id) ?? 0, hist.notebooks.get(nb.kernel_id), from, to, max);
-      this._workLine(row, nb, hist.sm.get(nb.kernel_id), from, to, hist.step);
-      if (!state.gpus.length) {
-        // No GPU figures at all (no driver): no notebook holds "0 B".
-        const fig = row.querySelector<HTMLElement>('[data-field=now]')!;
-        fig.textContent = trans.__('n/a');
-        fig.title = trans.__('No GPU figures: %1', state.warnings.join('; ') || trans.__('gpumem serve sees no GPU.'));
-        for (const extra of Array.from(row.querySelectorAll('.jp-gpumem-details, .jp-gpumem-spark, .jp-gpumem-work'))) {
-          extra.remove();
-        }
-      }
-      list.appendChild(row);
-    }
-    box.appendChild(list);
-  }
-
-  private _notebookRow(
-    nb: Notebook,
-    orphans: number,
-    points: Map<number, number> | undefined,
-    from: number,
-    to: number,
-    max: number
-  ): HTMLLIElement {
-    const trans = this._trans;
-    const label = notebookLabel(nb);
-    const row = el('li', 'jp-gpumem-row');
-    row.dataset.kernelId = nb.kernel_id;
-    row.dataset.gpumem = 'notebook-row';
-    const swatch = el('span', 'jp-gpumem-swatch');
-    swatch.style.background = this._color(nb.kernel_id);
-    swatch.setAttribute('aria-hidden', 'true');
-    const name = el('span', 'jp-gpumem-name', label);
-    name.title = nb.path || nb.notebook || label;
-    const now = el('span', 'jp-gpumem-figure', formatBytes(nb.gpu_memory_bytes));
-    now.dataset.field = 'now';
-    now.title = trans.__("GPU memory of the kernel and its children now (the driver's figure)");
-    const more = el('button', 'jp-gpumem-more jp-Button jp-mod-minimal');
-    more.dataset.gpumem = 'notebook-actions';
-    more.setAttribute('aria-label', trans.__('Actions for %1', label));
-    more.setAttribute('aria-haspopup', 'menu');
-    more.title = trans.__('Free cache, variables, why, free workers, restart, open');
-    more.textContent = '⋯';
-    more.onclick = () => {
-      const r = more.getBoundingClientRect();
-      this._menu(nb.kernel_id).open(r.left, r.bottom);
-    };
-    const spark = document.createElementNS(SVG, 'svg');
-    spark.classList.add('jp-gpumem-spark');
-    spark.setAttribute('viewBox', '0 0 100 14');
-    spark.setAttribute('preserveAspectRatio', 'none');
-    spark.setAttribute('aria-hidden', 'true');
-    const sparkTitle = document.createElementNS(SVG, 'title');
-    sparkTitle.textContent = trans.__("%1's GPU memory over the plot's window", label);
-    spark.appendChild(sparkTitle);
-    const path = document.createElementNS(SVG, 'path');
-    path.setAttribute('d', sparkPath(points, from, to, 100, 14, max));
-    path.setAttribute('stroke', this._color(nb.kernel_id));
-    spark.appendChild(path);
-    const details = el('span', 'jp-gpumem-details');
-    const field = (key: string, text: string, title: string) => {
-      const s = el('span', '', text);
-      s.dataset.field = key;
-      s.title = title;
-      return s;
-    };
-    const procs = Math.max(nb.processes.length, nb.pids.length ? 1 : 0);
-    details.append(
-      field(
-        'peak',
-        // The daemon leaves a peak of 0 out.
-        trans.__('peak %1', formatBytes(nb.peak_bytes ?? 0)),
-        trans.__('The highest figure since the kernel started')
-      ),
-      field(
-        'procs',
-        trans._n('%1 process', '%1 processes', procs),
-        trans.__('Processes of the kernel holding GPU memory, the kernel included')
-      ),
-      field(
-        'orphans',
-        trans._n('%1 orphan ended', '%1 orphans ended', orphans),
-        trans.__('Processes of an earlier kernel process that gpumem serve ended')
-      )
-    );
-    details.querySelector('[data-field=procs]')!.setAttribute('data-count', String(procs));
-    const ended = details.querySelector<HTMLElement>('[data-field=orphans]')!;
-    ended.dataset.count = String(orphans);
-    ended.hidden = orphans === 0;
-    row.append(swatch, name, now, more, spark, details);
-    const strays = nb.stray_contexts ?? [];
-    if (strays.length) {
-      // The daemon's flags, in its words: what it is, why, how to avoid it.
-      const box = el('div', 'jp-gpumem-strays');
-      for (const sc of strays) {
-        const w = el('div', 'jp-gpumem-stray', trans.__('GPU %1, pid %2: %3', sc.gpu, sc.pid, sc.label));
-        w.title = `${sc.why} ${sc.avoid}`;
-        w.dataset.gpumem = 'stray-context';
-        box.appendChild(w);
-      }
-      row.appendChild(box);
-    }
-    return row;
-  }
-
-  /**
-   * A notebook's GPU work under its row: its SM utilization now ("unknown"
-   * where the GPU cannot say, never 0), the daemon's verdict on hover, and
-   * a sparkline of SM % over the plot's window with a gap where unknown.
-   */
-  private _workLine(
-    row: HTMLLIElement,
-    nb: Notebook,
-    points: Map<number, number> | undefined,
-    from: number,
-    to: number,
-    step: number
-  ): void {
-    const trans = this._trans;
-    const work = el('span', 'jp-gpumem-work', formatUtil(nb.utilization, trans));
-    work.dataset.gpumem = 'gpu-work';
-    work.dataset.state = nb.compute?.state ?? '';
-    const verdicts: Record<string, string> = {
-      computing: trans.__('computing on a GPU'),
-      idle: trans.__('computing nothing on a GPU'),
-      unknown: trans.__('GPU work unknown')
-    };
-    work.title = nb.compute
-      ? [verdicts[nb.compute.state] ?? nb.compute.state, nb.compute.reason].filter(Boolean).join(': ')
-      : trans.__('SM utilization of the kernel and its children, summed over its GPUs');
-    const spark = document.createElementNS(SVG, 'svg');
-    spark.classList.add('jp-gpumem-spark', 'jp-gpumem-spark-sm');
-    spark.setAttribute('viewBox', '0 0 100 14');
-    spark.setAttribute('preserveAspectRatio', 'none');
-    spark.setAttribute('aria-hidden', 'true');
-    const title = document.createElementNS(SVG, 'title');
-    title.textContent = trans.__("%1's SM utilization over the plot's window", notebookLabel(nb));
-    spark.appendChild(title);
-    const path = document.createElementNS(SVG, 'path');
-    const top = Math.max(100, ...(points ? [...points.values()] : []));
-    path.setAttribute('d', sparkPath(points, from, to, 100, 14, top, Math.max(1, step)));
-    path.setAttribute('stroke', this._color(nb.kernel_id));
-    spark.appendChild(path);
-    row.append(work, spark);
-  }
-
-  /** A notebook's actions menu: JupyterLab's commands, with their labels and captions. */
-  private _menu(kernelId: string): Menu {
-    const menu = new Menu({ commands: this._actions.commands });
-    menu.addClass('jp-gpumem-menu');
-    for (const command of NOTEBOOK_COMMANDS) {
-      menu.addItem({ command, args: { kernelId } });
-    }
-    menu.aboutToClose.connect(() => setTimeout(() => menu.dispose(), 0));
-    return menu;
+    this._plots.node.hidden = this._rows.node.hidden = this._others.node.hidden = this._vars.hidden = false;
+    this._plots.render(state, this._windowSeconds, this.node);
+    this._rows.render(state, this._windowSeconds);
+    this._others.render(state);
   }
 
   /** Frees cache (only) in a kernel and says what it returned. */
@@ -627,112 +294,16 @@ export class GpuPanel extends Widget {
 
   /** Shows an out-of-memory report at the top, with its snapshots when there are. */
   showOOM(ev: OOMEvent): void {
-    const trans = this._trans;
-    const name = ev.notebook ? ev.notebook.slice(ev.notebook.lastIndexOf('/') + 1) : trans.__('kernel %1', ev.kernel_id.slice(0, 8));
-    const box = this._openReport(trans.__('Out of memory in %1', name));
-    box.appendChild(reportNode(ev, trans));
-    void fetchSnapshots(ev.kernel_id)
-      .then(r => {
-        const list = ((r as { snapshots?: { snapshots?: { id: string; oom_event?: number }[] } }).snapshots?.snapshots ?? []).filter(
-          s => s.oom_event === ev.seq
-        );
-        for (const s of list) {
-          const b = el('button', 'jp-mod-styled jp-gpumem-report-button', trans.__('Open the memory snapshot'));
-          b.dataset.action = 'Open snapshot';
-          b.onclick = () => void this.showSnapshot(ev.kernel_id, s.id, ev.notebook);
-          box.appendChild(b);
-        }
-      })
-      .catch(() => undefined);
+    this._report.showOOM(ev);
   }
 
   /** Draws a memory snapshot at the top (when the daemon has reduced it). */
-  async showSnapshot(kernelId: string, id: string, notebook = ''): Promise<void> {
-    const trans = this._trans;
-    const name = notebook ? notebook.slice(notebook.lastIndexOf('/') + 1) : trans.__('kernel %1', kernelId.slice(0, 8));
-    const box = this._openReport(trans.__('Memory snapshot %1 of %2', id, name));
-    const body = el('div', 'jp-gpumem-empty', trans.__('Reading…'));
-    box.appendChild(body);
-    try {
-      const r = await fetchSnapshot(kernelId, id);
-      const s = (r as { snapshot?: { snapshot: { status: string; error?: string }; reduction: SnapshotReduction | null } }).snapshot;
-      if (r.status !== 'ok' || !s) {
-        body.textContent = r.message ?? trans.__('failed');
-        return;
-      }
-      if (!s.reduction) {
-        body.textContent =
-          s.snapshot.status === 'failed'
-            ? trans.__('gpumem serve could not read it: %1', s.snapshot.error ?? '')
-            : trans.__('gpumem serve is still reducing it…');
-        return;
-      }
-      const t0 = performance.now();
-      // The plot's width is the report's: it fits the sidebar.
-      await drawSnapshot(body, s.reduction, snapshotRawUrl(kernelId, id), Math.max(120, body.clientWidth), trans);
-      body.dataset.drawMs = String(Math.round(performance.now() - t0));
-    } catch (e) {
-      body.textContent = trans.__('Reading the snapshot failed: %1', String(e));
-    }
+  showSnapshot(kernelId: string, id: string, notebook = ''): Promise<void> {
+    return this._report.showSnapshot(kernelId, id, notebook);
   }
 
-  private _openReport(title: string): HTMLDivElement {
-    const trans = this._trans;
-    const r = this._report;
-    r.replaceChildren();
-    r.hidden = false;
-    const head = el('div', 'jp-gpumem-report-title');
-    head.append(el('h3', '', title));
-    const close = el('button', 'jp-gpumem-more jp-Button jp-mod-minimal', '✕');
-    close.setAttribute('aria-label', trans.__('Close the report'));
-    close.title = trans.__('Close');
-    close.onclick = () => {
-      r.hidden = true;
-      r.replaceChildren();
-    };
-    head.appendChild(close);
-    const box = el('div', 'jp-gpumem-report-body');
-    r.append(head, box);
-    r.scrollIntoView({ block: 'nearest' });
-    return box;
-  }
-
-  /** A kernel's name for messages: its notebook's, else its id's start. */
+  /** A kernel's name for messages: the daemon's display name of its notebook. */
   private _label(kernelId: string): string {
-    const nb = this._source.state?.notebooks.find(n => n.kernel_id === kernelId);
-    return nb ? notebookLabel(nb) : this._trans.__('kernel %1', kernelId.slice(0, 8));
+    return kernelLabel(this._source.state, kernelId, '', this._trans);
   }
-
-  private _renderOthers(state: State): void {
-    const trans = this._trans;
-    const box = this._others;
-    box.replaceChildren();
-    if (!state.others.length) {
-      return;
-    }
-    box.appendChild(el('h3', '', trans.__('Everyone else')));
-    const list = el('ul', 'jp-gpumem-rows');
-    for (const u of state.others) {
-      const row = el('li', 'jp-gpumem-row jp-gpumem-user');
-      const name = el('span', 'jp-gpumem-name', u.user);
-      const what = [
-        trans._n('%1 notebook', '%1 notebooks', u.notebooks),
-        trans._n('%1 other process', '%1 other processes', u.other_processes)
-      ].join(', ');
-      name.title = trans.__('user %1: %2', u.user, what);
-      const details = el('span', 'jp-gpumem-details', what);
-      row.append(
-        el('span', 'jp-gpumem-swatch jp-gpumem-swatch-other'),
-        name,
-        el('span', 'jp-gpumem-figure', formatBytes(u.gpu_memory_bytes)),
-        details
-      );
-      list.appendChild(row);
-    }
-    box.appendChild(list);
-  }
-}
-
-function themeKey(t: PlotTheme): string {
-  return `${t.text}/${t.grid}/${t.used}`;
 }

@@ -16,6 +16,9 @@ export const COMPUTE_STATES = ['computing', 'idle', 'unknown'] as const;
 export const STRAY_CAUSES = ['default_device', 'idle_child', 'visible_devices'] as const;
 export const STRAY_EVIDENCE = ['framework', 'driver'] as const;
 export const ALERT_KINDS = ['threshold', 'cull', 'left_running', 'oom'] as const;
+/** How full a GPU is, as the daemon judges it (attribution.LevelFor): the colour of its bars. */
+export const GPU_LEVELS = ['ok', 'warn', 'danger'] as const;
+export type Level = (typeof GPU_LEVELS)[number];
 
 /** NVML's per-process utilization, as the daemon charges it. */
 export interface Utilization {
@@ -52,6 +55,9 @@ export interface ReportGPU {
   memory_total_bytes: number;
   memory_used_bytes: number;
   simulated: boolean;
+  level: Level;
+  /** The daemon's sentence for when the GPU's threshold alert ends: set while it is back under the threshold. */
+  under_threshold?: string;
   notebook_bytes: number;
   other_bytes: number;
   free_bytes: number;
@@ -113,6 +119,8 @@ export interface ReportNotebook {
   kernel_id: string;
   connection_file?: string;
   notebook: string;
+  /** The name every face shows for the notebook (attribution.KernelName). */
+  display_name: string;
   pids: number[];
   user: string;
   gpu_memory_bytes: number;
@@ -259,6 +267,8 @@ export const REPORT_SHAPE: Shape = shape<Report>(
         memory_total_bytes: true,
         memory_used_bytes: true,
         simulated: true,
+        level: true,
+        under_threshold: true,
         notebook_bytes: true,
         other_bytes: true,
         free_bytes: true,
@@ -274,6 +284,7 @@ export const REPORT_SHAPE: Shape = shape<Report>(
         kernel_id: true,
         connection_file: true,
         notebook: true,
+        display_name: true,
         pids: true,
         user: true,
         gpu_memory_bytes: true,

@@ -12,6 +12,11 @@ describe('statusView', () => {
     expect(v.lines[0]).toBe("k.ipynb: 2.0 GiB on the GPU (the driver's figure, children included)");
     expect(v.lines[1]).toBe('The bar is GPU 0: this notebook 2.0 GiB (dark), everyone 10.0 GiB of 80.0 GiB (13%)');
   });
+  it("colours the bar at the daemon's level for the GPU", () => {
+    const s = state({ notebooks: [nb('k', 2 * GiB)] });
+    s.gpus[0] = { ...s.gpus[0], memory_used_bytes: 79 * GiB, level: 'danger' };
+    expect(statusView(s, null, 'k').bar?.level).toBe('danger');
+  });
   it('says GPU n/a and why when there is no figure', () => {
     const cases: [ReturnType<typeof statusView>, RegExp][] = [
       [statusView(null, 'gpumem serve is not running: start it', 'k'), /not running/],

@@ -2,8 +2,8 @@
 // daemon sent: pure, unit-tested in status.test.ts. No figure is derived
 // here: each is the daemon's, only laid out.
 
-import { formatBytes, formatPercent, Level, levelFor, plainTrans, Trans } from './format';
-import { mainGPU, notebookLabel, notebookOf, State } from './model';
+import { formatBytes, formatPercent, plainTrans, Trans } from './format';
+import { Level, mainGPU, notebookOf, State } from './model';
 
 /** What the status bar item shows. */
 export interface StatusView {
@@ -13,7 +13,8 @@ export interface StatusView {
   lines: string[];
   /**
    * The bar, as fractions of the notebook's main GPU: this notebook's
-   * bytes there and everyone else's; level colours the whole GPU's use.
+   * bytes there and everyone else's; level (the daemon's) colours the
+   * whole GPU's use.
    * Absent when there is no figure.
    */
   bar?: { mine: number; rest: number; level: Level; gpu: number };
@@ -55,7 +56,7 @@ export function statusView(
   const mine = nb.per_gpu.find(g => g.index === gpu.index)?.bytes ?? 0;
   const total = gpu.memory_total_bytes;
   const lines = [
-    trans.__("%1: %2 on the GPU (the driver's figure, children included)", notebookLabel(nb), formatBytes(nb.gpu_memory_bytes)),
+    trans.__("%1: %2 on the GPU (the driver's figure, children included)", nb.display_name, formatBytes(nb.gpu_memory_bytes)),
     trans.__(
       'The bar is GPU %1: this notebook %2 (dark), everyone %3 of %4 (%5)',
       gpu.index,
@@ -81,7 +82,7 @@ export function statusView(
       ? {
           mine: Math.min(1, mine / total),
           rest: Math.min(1, Math.max(0, gpu.memory_used_bytes - mine) / total),
-          level: levelFor(gpu.memory_used_bytes, total, state.alert_threshold),
+          level: gpu.level,
           gpu: gpu.index
         }
       : undefined;

@@ -8,6 +8,7 @@ export function nb(id: string, bytes: number, gpu = 0, path = `${id}.ipynb`): No
   return {
     kernel_id: id,
     notebook: `/root/${path}`,
+    display_name: path,
     path,
     pids: [100],
     user: 'ann',
@@ -32,6 +33,7 @@ export function state(over: Partial<State> = {}): State {
         memory_total_bytes: 80 * GiB,
         memory_used_bytes: 10 * GiB,
         simulated: true,
+        level: 'ok',
         notebook_bytes: 10 * GiB,
         other_bytes: 0,
         free_bytes: 70 * GiB

@@ -1,8 +1,8 @@
 package attribution
 
 import (
+	"cmp"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -119,24 +119,15 @@ func CullMessage(c CullWarning) string {
 }
 
 // cullHeadline is a cull warning's line in JupyterLab, where the toast is
-// not in its notebook: it names the notebook (or the kernel), and says that
-// "Keep it" (the toast's button) counts as use.
-func cullHeadline(notebook string, c CullWarning) string {
+// not in its notebook: it names the notebook (its display name), and says
+// that "Keep it" (the toast's button) counts as use.
+func cullHeadline(name string, c CullWarning) string {
 	if c.GPUIdle {
 		return fmt.Sprintf("%s holds %s, no GPU work for %s: it will %s at %s unless it computes on a GPU or is kept.",
-			KernelName(notebook, c.KernelID), units.Bytes(c.Bytes), units.Duration(c.Idle), cullVerb(c.Action), c.Deadline.Format("15:04:05"))
+			name, units.Bytes(c.Bytes), units.Duration(c.Idle), cullVerb(c.Action), c.Deadline.Format("15:04:05"))
 	}
 	return fmt.Sprintf("%s holds %s, idle %s: it will %s at %s unless used or kept.",
-		KernelName(notebook, c.KernelID), units.Bytes(c.Bytes), units.Duration(c.Idle), cullVerb(c.Action), c.Deadline.Format("15:04:05"))
-}
-
-// KernelName is how a sentence about one kernel names it: its notebook's
-// file name, as the panel names it, else the kernel.
-func KernelName(notebook, kernelID string) string {
-	if notebook != "" {
-		return filepath.Base(notebook)
-	}
-	return "kernel " + kernelID
+		name, units.Bytes(c.Bytes), units.Duration(c.Idle), cullVerb(c.Action), c.Deadline.Format("15:04:05"))
 }
 
 // cullVerb is what culling will do to a kernel under action.
@@ -151,16 +142,12 @@ func cullVerb(action string) string {
 
 // thresholdMessage is a threshold alert's sentence (the GPU, how full,
 // its biggest holders and what to do), and its headline for a
-// notification (how full and the two biggest). A notebook is named by its
-// file's name, as the panel names it.
+// notification (how full and the two biggest), each holder by its Name (a
+// notebook's display name).
 func thresholdMessage(g GPU, biggest []Holder) (message, headline string) {
 	parts := make([]string, 0, len(biggest))
 	for _, h := range biggest {
-		name := h.Name
-		if h.Kind == HolderNotebook {
-			name = filepath.Base(name)
-		}
-		parts = append(parts, name+" "+units.Bytes(h.Bytes))
+		parts = append(parts, h.Name+" "+units.Bytes(h.Bytes))
 	}
 	fill := fmt.Sprintf("%.0f%% full: %s of %s used", 100*float64(g.MemoryUsedBytes)/float64(max(g.MemoryTotalBytes, 1)),
 		units.Bytes(g.MemoryUsedBytes), units.Bytes(g.MemoryTotalBytes))
@@ -176,15 +163,15 @@ func thresholdMessage(g GPU, biggest []Holder) (message, headline string) {
 // kernel's last out-of-memory error.
 func addAlerts(r *Report, in FinishInput) {
 	r.Alerts = nil
-	notebooks := map[string]string{}
+	names := map[string]string{} // display names, by connection file
 	for _, nb := range r.Notebooks {
-		notebooks[nb.ConnectionFile] = nb.Notebook
+		names[nb.ConnectionFile] = nb.DisplayName
 	}
 	for _, c := range in.Culls {
 		r.Alerts = append(r.Alerts, Alert{ID: fmt.Sprintf("cull-%s-%d", c.KernelID, c.Warning), Kind: AlertCull, GPU: -1,
 			Kernels: []string{c.KernelID}, User: c.User, Bytes: c.Bytes, Deadline: c.Deadline, Action: c.Action,
 			Message:  CullMessage(c),
-			Headline: cullHeadline(notebooks[c.ConnectionFile], c)})
+			Headline: cullHeadline(cmp.Or(names[c.ConnectionFile], KernelName("", c.KernelID)), c)})
 	}
 	for _, g := range r.GPUs {
 		if !OverThreshold(g, in.Alerts.Threshold) {

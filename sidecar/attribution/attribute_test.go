@@ -304,7 +304,9 @@ func TestAttributeWithoutTable(t *testing.T) {
 	}
 }
 
-// The JSON of `gpumem ls --json`: keys, and empty lists as [] not null.
+// The JSON of the join `gpumem ls --json` prints once finished: keys, and
+// empty lists as [] not null. What Finish writes (a notebook's display
+// name, a GPU's level) is always written, empty before it.
 func TestReportJSON(t *testing.T) {
 	snap := nvml.Snapshot{Simulated: true, Devices: []nvml.Device{{Index: 0, UUID: "GPU-s", Name: "Simulated GPU",
 		MemoryTotalBytes: 100, MemoryUsedBytes: 30, Simulated: true,
@@ -313,10 +315,10 @@ func TestReportJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `{"gpus":[{"index":0,"uuid":"GPU-s","name":"Simulated GPU","memory_total_bytes":100,"memory_used_bytes":30,"simulated":true,` +
+	want := `{"gpus":[{"index":0,"uuid":"GPU-s","name":"Simulated GPU","memory_total_bytes":100,"memory_used_bytes":30,"simulated":true,"level":"",` +
 		`"notebook_bytes":10,"other_bytes":20,"free_bytes":70}],` +
-		`"notebooks":[{"kernel_id":"aaaaaaaa-1111","notebook":"/home/alice/a.ipynb","pids":[100],"user":"alice","gpu_memory_bytes":10,"per_gpu":[{"index":0,"bytes":10}],"processes":[{"pid":100,"per_gpu":[{"index":0,"bytes":10}]}]},` +
-		`{"kernel_id":"bbbbbbbb-2222","notebook":"/home/alice/b.ipynb","pids":[200],"user":"alice","gpu_memory_bytes":0,"per_gpu":[],"processes":[]}],` +
+		`"notebooks":[{"kernel_id":"aaaaaaaa-1111","notebook":"/home/alice/a.ipynb","display_name":"","pids":[100],"user":"alice","gpu_memory_bytes":10,"per_gpu":[{"index":0,"bytes":10}],"processes":[{"pid":100,"per_gpu":[{"index":0,"bytes":10}]}]},` +
+		`{"kernel_id":"bbbbbbbb-2222","notebook":"/home/alice/b.ipynb","display_name":"","pids":[200],"user":"alice","gpu_memory_bytes":0,"per_gpu":[],"processes":[]}],` +
 		`"other":[{"pid":300,"user":"bob","command":"python3 train.py --epochs 10","per_gpu":[{"index":0,"bytes":20}]}]}`
 	if string(got) != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)

@@ -9,8 +9,9 @@ import (
 
 // Finish is everything the report holds after the join, in one ordered
 // list of pure steps applied once per collection (dcgm-exporter's ordered
-// transformations): pods, stray contexts, OOM summaries, activity, each
-// GPU's ranked holders, per-user totals, and the alerts with their text.
+// transformations): each notebook's display name, pods, stray contexts,
+// OOM summaries, activity, each GPU's ranked holders, per-user totals,
+// each GPU's level, and the alerts with their text.
 // `gpumem ls` and the daemon's samples both call it; every face (CLI,
 // magics, server extension, JupyterLab) filters the finished report by
 // identity and renders it, and derives no figure or sentence again.
@@ -103,8 +104,10 @@ type finishStep struct {
 }
 
 // finishSteps are Finish's steps, in order: holders, users and alerts read
-// what the steps before them set.
+// what the steps before them set (the holders and the alerts name
+// notebooks by their display names).
 var finishSteps = []finishStep{
+	{"display_names", addDisplayNames},
 	{"pods", func(r *Report, in FinishInput) { AddPods(r, in.Table, in.Pods) }},
 	{"compute", addCompute},
 	{"peaks", addPeaks},
@@ -116,6 +119,7 @@ var finishSteps = []finishStep{
 	{"activity", addActivity},
 	{"holders", addHolders},
 	{"users", addUsers},
+	{"levels", addLevels},
 	{"alerts", addAlerts},
 }
 

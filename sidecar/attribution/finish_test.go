@@ -28,7 +28,7 @@ func finishReport() Report {
 }
 
 func TestFinishSteps(t *testing.T) {
-	want := []string{"pods", "compute", "peaks", "stray_contexts", "oom", "activity", "holders", "users", "alerts"}
+	want := []string{"display_names", "pods", "compute", "peaks", "stray_contexts", "oom", "activity", "holders", "users", "levels", "alerts"}
 	if got := FinishSteps(); !reflect.DeepEqual(got, want) {
 		t.Errorf("FinishSteps = %v, want %v", got, want)
 	}
@@ -43,7 +43,7 @@ func TestFinishHolders(t *testing.T) {
 	for _, h := range rep.GPUs[0].Holders {
 		names = append(names, h.Name)
 	}
-	if want := []string{"/home/alice/secret.ipynb", "pid 7 (carol)", "/home/alice/b.ipynb"}; !reflect.DeepEqual(names, want) {
+	if want := []string{"secret.ipynb", "pid 7 (carol)", "b.ipynb"}; !reflect.DeepEqual(names, want) {
 		t.Errorf("GPU 0 holders %v, want %v", names, want)
 	}
 	if h := rep.GPUs[0].Holders[1]; h.Kind != HolderProcess || h.PID != 7 || len([]rune(h.Command)) != 60 {
@@ -133,7 +133,7 @@ func TestCullMessage(t *testing.T) {
 	for got, want := range map[string]string{
 		CullMessage(gpu): "this kernel holds 40.0 GiB and has done no GPU work for 1 h; it will be shut down at 14:05:00 " +
 			"unless it computes on a GPU (running cells alone does not count).",
-		cullHeadline("/home/alice/train.ipynb", gpu): "train.ipynb holds 40.0 GiB, no GPU work for 1 h: it will be shut down at 14:05:00 " +
+		cullHeadline("train.ipynb", gpu): "train.ipynb holds 40.0 GiB, no GPU work for 1 h: it will be shut down at 14:05:00 " +
 			"unless it computes on a GPU or is kept.",
 	} {
 		if got != want {

@@ -152,7 +152,7 @@ func goldenReport() attribution.Report {
 			ConnectionFile: "/run/user/1000/jupyter/kernel-a.json", User: "alice", Warning: 1,
 			Deadline: goldenAt.Add(5 * time.Minute), Action: attribution.CullShutdown, Bytes: 40*gib + 500*mib,
 			Idle: 3*time.Hour + 5*time.Minute}},
-		Alerts:  attribution.AlertConfig{Threshold: 0.8, Episodes: map[int]int{0: 2}},
+		Alerts:  attribution.AlertConfig{Threshold: 0.8, Episodes: map[int]int{0: 2, 1: 1}}, // GPU 1 back under
 		Compute: compute, Peaks: peaks,
 	})
 	return rep

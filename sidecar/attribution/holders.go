@@ -18,9 +18,8 @@ const (
 // user's notebooks and processes together.
 type Holder struct {
 	Kind string `json:"kind"` // HolderNotebook, HolderProcess or HolderUser
-	// Name is what every face shows: the notebook's path ("kernel " and
-	// its id's first 8 characters without one), "pid <n> (<user>)", or
-	// "user <name>".
+	// Name is what every face shows: the notebook's DisplayName, "pid <n>
+	// (<user>)", or "user <name>".
 	Name  string `json:"name"`
 	User  string `json:"user"`
 	Bytes uint64 `json:"bytes"`
@@ -91,11 +90,7 @@ func addHolders(r *Report, _ FinishInput) {
 			if !ok || b == 0 {
 				continue
 			}
-			name := nb.Notebook
-			if name == "" { // an id's start names it, as every face shows it
-				name = "kernel " + cutRunes(nb.KernelID, 8)
-			}
-			g.Holders = append(g.Holders, Holder{Kind: HolderNotebook, Name: name, User: nb.User, Bytes: b,
+			g.Holders = append(g.Holders, Holder{Kind: HolderNotebook, Name: nb.DisplayName, User: nb.User, Bytes: b,
 				KernelID: nb.KernelID, ConnectionFile: nb.ConnectionFile})
 			u := user(holderUser(nb.User))
 			u.Bytes += b

@@ -1,8 +1,9 @@
 // Package attribution is pure: it combines GPU processes (from nvml), the
 // process table (from procs) and the kernels (from discovery) into
-// per-notebook GPU memory, and finishes that report once (Finish: pods,
-// activity, who holds each GPU, per-user totals, alerts and their text) for
-// every face to render. It does no I/O.
+// per-notebook GPU memory, and finishes that report once (Finish: each
+// notebook's display name, pods, activity, who holds each GPU, per-user
+// totals, each GPU's level, alerts and their text) for every face to
+// render. It does no I/O.
 //
 // # The report's schema
 //
@@ -60,6 +61,13 @@ type GPU struct {
 	MemoryTotalBytes uint64 `json:"memory_total_bytes"`
 	MemoryUsedBytes  uint64 `json:"memory_used_bytes"`
 	Simulated        bool   `json:"simulated"`
+	// Level is how full the GPU is, for a face's colour (Finish:
+	// LevelFor): LevelOK, LevelWarn or LevelDanger.
+	Level string `json:"level"`
+	// UnderThreshold is the sentence a face shows when the GPU's threshold
+	// alert no longer stands: set while the GPU is under the threshold
+	// after it has crossed it at least once (Finish); "" otherwise.
+	UnderThreshold string `json:"under_threshold,omitempty"`
 	// Derived: bytes attributed to notebooks, to other processes, and free.
 	NotebookBytes uint64 `json:"notebook_bytes"`
 	OtherBytes    uint64 `json:"other_bytes"`
@@ -104,7 +112,11 @@ type Notebook struct {
 	// files may share a name); "" where the report's maker has none.
 	ConnectionFile string `json:"connection_file,omitempty"`
 	Notebook       string `json:"notebook"` // absolute path; "" for a kernel without a server
-	PIDs           []int  `json:"pids"`     // kernel pid first, then the tree's processes holding GPU memory
+	// DisplayName is the name every face shows for the notebook: its
+	// path's file name, else "kernel " and its id's first 8 characters
+	// (Finish: KernelName).
+	DisplayName    string `json:"display_name"`
+	PIDs           []int  `json:"pids"` // kernel pid first, then the tree's processes holding GPU memory
 	User           string `json:"user"`
 	GPUMemoryBytes uint64 `json:"gpu_memory_bytes"`
 	// PeakBytes is the highest GPUMemoryBytes since the kernel process

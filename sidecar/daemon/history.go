@@ -133,7 +133,8 @@ func (d *Daemon) recordReclaim(ks *kernelState, notebook, why string, processes 
 	}
 	d.mu.Unlock()
 	d.hist.events.Add(history.Event{Time: time.Now().Unix(), Kind: "reclaim", KernelID: ks.id,
-		ConnectionFile: ks.connFile, Notebook: notebook, User: user, Reason: why, Processes: processes, Bytes: bytes})
+		ConnectionFile: ks.connFile, Notebook: notebook, User: user, Reason: why, Processes: processes, Bytes: bytes,
+		Message: history.ReclaimMessage(notebook, ks.id, why, processes, bytes)})
 }
 
 // History implements api.Backend.

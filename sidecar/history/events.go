@@ -1,8 +1,11 @@
 package history
 
 import (
+	"fmt"
 	"sync"
 
+	"github.com/gpumem/gpumem/internal/units"
+	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/oom"
 )
 
@@ -25,13 +28,30 @@ type Event struct {
 	Processes int    `json:"processes"`
 	Bytes     uint64 `json:"bytes"`
 	// PID and StartTime name the process left running (with its
-	// kernel, what ending it asks for); Message is the sentence shown.
+	// kernel, what ending it asks for). Message is the sentence every
+	// face shows of a "left_running" or "reclaim" event (ReclaimMessage).
 	PID       int    `json:"pid,omitempty"`
 	StartTime uint64 `json:"start_time,omitempty"`
 	Message   string `json:"message,omitempty"`
 	// OOM is the out-of-memory event (kind "oom"); Bytes is then its
 	// request and Reason its headline.
 	OOM *oom.Event `json:"oom,omitempty"`
+}
+
+// ReclaimMessage is a reclaim event's sentence: what was ended, of which
+// notebook (attribution.KernelName), holding how much, after what (why:
+// "restart" or "shutdown"). Like the report's sentences it is English; the
+// faces show it as it is.
+func ReclaimMessage(notebook, kernelID, why string, processes int, bytes uint64) string {
+	what := "1 orphan"
+	if processes != 1 {
+		what = fmt.Sprintf("%d orphans", processes)
+	}
+	after := "the restart"
+	if why == "shutdown" {
+		after = "the shutdown"
+	}
+	return fmt.Sprintf("Ended %s of %s holding %s after %s", what, attribution.KernelName(notebook, kernelID), units.Bytes(bytes), after)
 }
 
 // Events keeps the last Capacity events. It is safe for concurrent use.

@@ -98,7 +98,7 @@ func TestAssessHoldersAndGPU(t *testing.T) {
 	for _, h := range ev.Holders {
 		got = append(got, h.Kind+":"+h.User+":"+bytesText(h.Bytes)+":"+h.Name+":"+fmt.Sprint(h.PIDs))
 	}
-	want := []string{"notebook:a:40.0 GiB:/home/a/hold.ipynb:[20 21]", "notebook:b:25.0 GiB:/home/b/secret.ipynb:[30]",
+	want := []string{"notebook:a:40.0 GiB:hold.ipynb:[20 21]", "notebook:b:25.0 GiB:secret.ipynb:[30]",
 		"notebook:a:10.0 GiB:this kernel:[10]", "process:b:4.0 GiB:pid 50 (b):[50]"}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("holders:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -367,7 +367,7 @@ func TestForHidesOtherUsers(t *testing.T) {
 		rows = append(rows, h.Kind+":"+h.Name+":"+bytesText(h.Bytes)+":"+fmt.Sprint(h.PIDs, h.Notebooks, h.Processes))
 	}
 	// b's notebook and process are one holder, 29 GiB, ranked with a's own.
-	want := []string{"notebook:/home/a/hold.ipynb:40.0 GiB:[20 21] 0 0", "user:user b:29.0 GiB:[] 1 1", "notebook:this kernel:10.0 GiB:[10] 0 0"}
+	want := []string{"notebook:hold.ipynb:40.0 GiB:[20 21] 0 0", "user:user b:29.0 GiB:[] 1 1", "notebook:this kernel:10.0 GiB:[10] 0 0"}
 	if strings.Join(rows, "\n") != strings.Join(want, "\n") {
 		t.Errorf("a's view:\n%s\nwant\n%s", strings.Join(rows, "\n"), strings.Join(want, "\n"))
 	}
@@ -382,7 +382,7 @@ func TestForHidesOtherUsers(t *testing.T) {
 		}
 	}
 	// The stored event is untouched.
-	if ev.Holders[1].Name != "/home/b/secret.ipynb" || ev.View != "" || len(ev.Holders) != 4 {
+	if ev.Holders[1].Name != "secret.ipynb" || ev.View != "" || len(ev.Holders) != 4 {
 		t.Errorf("For changed the event: %+v", ev.Holders)
 	}
 	// Anyone but the event's user sees none of a's notebooks, cell or text:

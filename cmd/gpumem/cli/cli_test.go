@@ -36,6 +36,8 @@ func golden(t *testing.T, name string, got []byte) {
 
 const gib = 1 << 30
 
+// sampleReport is a finished report's figures (display names as Finish
+// sets them).
 func sampleReport() attribution.Report {
 	return attribution.Report{
 		GPUs: []attribution.GPU{
@@ -45,11 +47,11 @@ func sampleReport() attribution.Report {
 				UtilizationMissing: "MIG: NVML reports no per-process utilization on MIG instances"},
 		},
 		Notebooks: []attribution.Notebook{
-			{KernelID: "4c1f2e0a-aaaa", Notebook: "/home/alice/train.ipynb", PIDs: []int{812, 845}, User: "alice",
+			{KernelID: "4c1f2e0a-aaaa", Notebook: "/home/alice/train.ipynb", DisplayName: "train.ipynb", PIDs: []int{812, 845}, User: "alice",
 				GPUMemoryBytes: 40 * gib, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 40 * gib, Utilization: &attribution.Utilization{SMPercent: 97, MemoryPercent: 12}}}},
-			{KernelID: "9d00be11-bbbb", Notebook: "/home/bob/eval.ipynb", PIDs: []int{901}, User: "bob",
+			{KernelID: "9d00be11-bbbb", Notebook: "/home/bob/eval.ipynb", DisplayName: "eval.ipynb", PIDs: []int{901}, User: "bob",
 				GPUMemoryBytes: 12 * gib, PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 12 * gib, Utilization: &attribution.Utilization{}}}},
-			{KernelID: "77aa0000-cccc", Notebook: "", PIDs: []int{990}, User: "carol"},
+			{KernelID: "77aa0000-cccc", Notebook: "", DisplayName: "kernel 77aa0000", PIDs: []int{990}, User: "carol"},
 		},
 		Other: []attribution.OtherProcess{
 			{PID: 4242, User: "dave", Command: "python serve.py --port 8000", PerGPU: []attribution.GPUBytes{{Index: 0, Bytes: 8 * gib}}},

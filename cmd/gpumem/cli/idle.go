@@ -34,6 +34,8 @@ func writeIdle(w io.Writer, rep attribution.Report, now time.Time, width int) er
 	// would say it holds none.
 	noGPU := len(rep.GPUs) == 0
 	for _, nb := range nbs {
+		// The notebook's path, as ls's table shows it (not its display
+		// name: the table has room for where it lies).
 		name := textsafe.Line(nb.Notebook)
 		if name == "" {
 			name = "(no notebook)"

@@ -352,6 +352,9 @@ func writeLs(w io.Writer, rep attribution.Report, width int) error {
 		var rows, others []row
 		for _, nb := range rep.Notebooks {
 			if b, ok := onGPU(nb.PerGPU, g.Index); ok {
+				// The column is the notebook's path, not its display name:
+				// the terminal has room for where it lies, cut in its middle
+				// to fit; a kernel without one is named by the KERNEL column.
 				name := textsafe.Line(nb.Notebook)
 				if name == "" {
 					name = "(no notebook)"
@@ -392,11 +395,7 @@ func writeLs(w io.Writer, rep attribution.Report, width int) error {
 	var idle []string
 	for _, nb := range rep.Notebooks {
 		if nb.GPUMemoryBytes == 0 {
-			name := textsafe.Line(nb.Notebook)
-			if name == "" {
-				name = "kernel " + shortID(nb.KernelID)
-			}
-			idle = append(idle, name)
+			idle = append(idle, textsafe.Line(nb.DisplayName))
 		}
 	}
 	if len(idle) > 0 {

@@ -46,7 +46,8 @@ func TestHostileStringsNeverReachTheTerminal(t *testing.T) {
 	rep.Notebooks[0].KernelID = hostile
 	rep.Notebooks[0].User = hostile
 	rep.Notebooks[0].Activity = &attribution.Activity{ExecutionState: hostile, CullAt: now.Add(time.Minute), CullAction: hostile}
-	rep.Notebooks[2].Notebook = hostile // holds no GPU memory: listed on the last line
+	rep.Notebooks[2].Notebook = hostile // holds no GPU memory: listed on the last line, by its display name
+	rep.Notebooks[2].DisplayName = hostile
 	rep.Other[0].Command = "python " + hostile
 	rep.Other[0].User = hostile
 

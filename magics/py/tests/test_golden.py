@@ -29,11 +29,11 @@ def test_top():
     assert "GPU 0  NVIDIA H200  70.0 GiB / 80.0 GiB used (88%)" in lines, text
     assert "GPU 1  NVIDIA H200  12.5 GiB / 80.0 GiB used (16%)" in lines, text
     rows = [line.split() for line in lines if line.startswith("  ")]
-    assert ["/home/alice/train.ipynb", "alice", "40.5", "GiB", "<-", "this", "kernel"] in rows, text
-    assert ["/home/bob/finetune.ipynb", "bob", "16.0", "GiB"] in rows, text
+    assert ["train.ipynb", "alice", "40.5", "GiB", "<-", "this", "kernel"] in rows, text
+    assert ["finetune.ipynb", "bob", "16.0", "GiB"] in rows, text
     assert ["pid", "400", "(carol):", "python3", "serve.py", "--port", "8000", "carol", "8.0", "GiB"] in rows, text
     assert ["kernel", "da7eda7e", "dave", "4.0", "GiB"] in rows, text
-    assert ["/home/alice/eval.ipynb", "alice", "12.0", "GiB"] in rows, text
+    assert ["eval.ipynb", "alice", "12.0", "GiB"] in rows, text
     assert "this kernel" in html and not data["note"]
 
 
@@ -43,7 +43,7 @@ def test_top_in_shared_mode():
     text, _html = render.render(data)
     assert data["note"] and data["note"] in text
     names = [h["name"] for h in data["gpus"][0]["holders"]]
-    want = ["/home/alice/train.ipynb", "user bob (1 notebook)", "user carol (0 notebooks)", "user dave (1 notebook)"]
+    want = ["train.ipynb", "user bob (1 notebook)", "user carol (0 notebooks)", "user dave (1 notebook)"]
     assert names == want, names
 
 
@@ -51,8 +51,8 @@ def test_top_of_the_gpus_used():
     data = daemon.top_view(golden("golden-report.json"), {1}, EVAL)
     assert [g["index"] for g in data["gpus"]] == [1]
     assert [(h["name"], h["self"]) for h in data["gpus"][0]["holders"]] == [
-        ("/home/alice/eval.ipynb", True),
-        ("/home/bob/finetune.ipynb", False),
+        ("eval.ipynb", True),
+        ("finetune.ipynb", False),
     ]
 
 
@@ -78,7 +78,7 @@ def test_oom_report():
     assert "GPU 1 (NVIDIA H200): 80.0 GiB total, 12.5 GiB used, 67.5 GiB free" in lines, text
     rows = [line.split() for line in lines]
     assert ["this", "kernel", "alice", "12.0", "GiB", "idle", "1", "min", "30", "s", "200"] in rows, text
-    assert ["/home/bob/finetune.ipynb", "bob", "518.0", "MiB", "busy", "300"] in rows, text
+    assert ["finetune.ipynb", "bob", "518.0", "MiB", "busy", "300"] in rows, text
     assert "advice: " + ev["advice"] in lines, text
 
 
