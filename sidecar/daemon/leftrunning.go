@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -58,13 +57,7 @@ func (d *Daemon) leaveRunning(ks *kernelState, notebook, pod string, dec decisio
 // running: "a job started from train.ipynb (pid 4242, `python train.py`)
 // is still computing on GPU 0 with 20.0 GiB: left running".
 func leftRunningMessage(lr attribution.LeftRunning, why string) string {
-	from := "kernel " + lr.KernelID
-	if len(lr.KernelID) > 8 {
-		from = "kernel " + lr.KernelID[:8]
-	}
-	if lr.Notebook != "" {
-		from = filepath.Base(lr.Notebook)
-	}
+	from := attribution.KernelName(lr.Notebook, lr.KernelID)
 	cmd := lr.Command
 	if r := []rune(cmd); len(r) > 60 {
 		cmd = string(r[:59]) + "…"
