@@ -19,7 +19,12 @@ optionally, GPUMEM_DRIVER_TEST the test binary of nvml/driver
      --cull-action=shutdown): an idle kernel whose detached child computes is
      not culled while the child computes; an idle kernel that only holds
      memory is shut down;
-  3. the cost of the NVML call per sample: nvmlDeviceGetProcessUtilization
+  3. GPU-idle culling beside a keep-alive (--cull-gpu-idle=15s
+     --cull-warn=10s --cull-action=shutdown): both notebooks run a `pass`
+     cell every 2 s; the one that only holds memory (1 GiB and 1 GiB of
+     PyTorch's cache) is warned, its cache freed (nvidia-smi drops), warned
+     again and shut down; the one whose kernel computes is never warned;
+  4. the cost of the NVML call per sample: nvmlDeviceGetProcessUtilization
      (its two calls, as gpumem makes them) against the compute process list,
      through ctypes, 1,000 times a device while the job computes; and, with
      GPUMEM_DRIVER_TEST, gpumem's whole Sample with and without it
@@ -36,6 +41,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -360,6 +366,122 @@ def cull_part(jup):
         serve.stop()
 
 
+KEEPALIVE_EVERY = 2  # seconds between the keep-alive's cells
+
+
+def gpu_idle_part(jup):
+    """--cull-gpu-idle beside a keep-alive: keepalive.ipynb holds 1 GiB and
+    1 GiB of PyTorch's cache and runs a cell every 2 s, with no GPU work; it
+    is warned, its cache freed (nvidia-smi drops), warned again and shut
+    down. train.ipynb runs the same keep-alive while a thread of its kernel
+    computes: never warned."""
+    _, k_idle = jup.session("keepalive.ipynb")
+    _, k_train = jup.session("train.ipynb")
+    pid_idle = int(
+        jup.run(
+            k_idle,
+            "import os, torch\n_x = torch.empty(1 << 30, dtype=torch.uint8, device='cuda')\n"
+            "_y = torch.empty(1 << 30, dtype=torch.uint8, device='cuda'); del _y\ntorch.cuda.synchronize()\n"
+            "print(os.getpid())",
+        ).strip()
+    )
+    jup.run(
+        k_train,
+        "import threading, time, torch\n"
+        "def _train():\n"
+        "    x = torch.randn(8192, 8192, device='cuda')\n"
+        "    end = time.time() + 300\n"
+        "    while time.time() < end:\n"
+        "        (x @ x).sum().item()\n"
+        "threading.Thread(target=_train, daemon=True).start()",
+    )
+    cells = {k_idle: [], k_train: []}
+    stop = threading.Event()
+
+    def keepalive():
+        while not stop.wait(KEEPALIVE_EVERY):
+            for kid in list(cells):
+                try:
+                    jup.run(kid, "pass", timeout=30)
+                    cells[kid].append(time.time())
+                except Exception:  # a culled kernel answers no more
+                    cells.pop(kid, None)
+
+    ka = threading.Thread(target=keepalive, daemon=True)
+    ka.start()
+    before = dict(smi_rows_mib())
+    result(
+        "INFO",
+        "keepalive.ipynb kernel %s (pid %d) holds 1 GiB + 1 GiB cached: nvidia-smi %s MiB; train.ipynb kernel %s computes; "
+        "a `pass` cell every %d s in both" % (k_idle, pid_idle, before.get(pid_idle), k_train, KEEPALIVE_EVERY),
+    )
+    serve = Serve(
+        "gpuidle",
+        "--interval=1s",
+        "--compute-window=10s",
+        "--cull-gpu-idle=15s",
+        "--cull-warn=10s",
+        "--cull-action=shutdown",
+        "--cull-min-memory=512MiB",
+        "--reclaim-grace=5s",
+    )
+    try:
+
+        def logged(message, **fields):
+            return lambda: serve.logs(message, **fields)
+
+        try:
+            first = wait(
+                "keepalive.ipynb warned",
+                logged("idle kernel holds GPU memory: warned", kernel_id=k_idle, gpu_idle_rule=True, action="free"),
+                120,
+            )[0]
+            result(
+                "PASS",
+                "keepalive.ipynb warned by the GPU-idle rule at %s while its cells ran (next: free its caches)" % first["time"],
+            )
+            wait("its caches freed", logged("idle kernel's GPU caches freed", kernel_id=k_idle), 60)
+            after = wait(
+                "nvidia-smi to drop",
+                lambda: (smi_rows_mib().get(pid_idle, 0) <= before.get(pid_idle, 0) - 900) and smi_rows_mib(),
+                30,
+            )
+            result(
+                "PASS",
+                "its caches freed first: nvidia-smi %s -> %s MiB, the kernel still running"
+                % (before.get(pid_idle), after.get(pid_idle)),
+            )
+            wait(
+                "warned again",
+                logged("idle kernel holds GPU memory: warned", kernel_id=k_idle, gpu_idle_rule=True, action="shutdown"),
+                60,
+            )
+            wait("shut down", lambda: k_idle not in jup.kernels(), 60)
+            during = [t for t in cells.get(k_idle, []) if time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)) > first["time"]]
+            result(
+                "PASS" if during else "FAIL",
+                "keepalive.ipynb shut down through its server after a second warning; "
+                "keep-alive cells answered after its first warning: %d" % len(during),
+            )
+        except TimeoutError as e:
+            result("FAIL", "keepalive.ipynb: %s" % e)
+        warned = serve.logs("idle kernel holds GPU memory: warned", kernel_id=k_train)
+        result(
+            "PASS" if not warned and k_train in jup.kernels() and len(cells.get(k_train, [])) > 3 else "FAIL",
+            "train.ipynb (computing, same keep-alive): warned %d times, still running %s, keep-alive cells %d"
+            % (len(warned), k_train in jup.kernels(), len(cells.get(k_train, []))),
+        )
+    finally:
+        stop.set()
+        ka.join(timeout=60)
+        serve.stop()
+
+
+def smi_rows_mib():
+    """{pid: MiB} from nvidia-smi's compute apps."""
+    return {int(pid): int(mib) for pid, mib in smi_rows("--query-compute-apps=pid,used_memory")}
+
+
 class ProcUtil(ctypes.Structure):
     _fields_ = [
         ("pid", ctypes.c_uint),
@@ -462,7 +584,7 @@ def main():
     os.makedirs(root, exist_ok=True)
     jup = Jupyter(root)
     try:
-        for part in (reclaim_part, cull_part, cost_part):
+        for part in (reclaim_part, cull_part, gpu_idle_part, cost_part):
             try:
                 part(jup)
             except Exception as e:  # a part that breaks is a failure, the next still runs
