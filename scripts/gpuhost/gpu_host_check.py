@@ -13,9 +13,10 @@ GPUMEM_BIN naming a gpumem binary built with cgo:
      per-pid figures equal `nvidia-smi --query-compute-apps`'s;
   3. timing, in one run, alternating: `gpumem ls --json` vs
      `nvidia-smi --query-compute-apps=pid,used_memory --format=csv`;
-  4. `gpumem serve` running: a REST restart of the kernel leaves the child an
-     orphan holding CUDA memory; NVML must show it gone within 8 s (reclaim's
-     5 s grace window first);
+  4. `gpumem serve` running (--compute-window=10s): once the daemon judges
+     the notebook's tree idle, a REST restart of the kernel leaves the child
+     an orphan holding CUDA memory; NVML must show it gone within 8 s
+     (reclaim's 5 s grace window first);
   5. where `gpumem ls`'s time goes: medians of `gpumem version` (process
      start and exit), `gpumem ls --json` on a simulated GPU file equal to
      this host's (everything but NVML), and the phases `gpumem ls` reports
@@ -70,7 +71,7 @@ def main():
     server = Jupyter(os.path.join(OUT, "jupyter.log"))
     api = server.api
     wait("jupyter server", server.up, 60)
-    daemon = serve(BIN, os.path.join(OUT, "gpumem-serve.log"), "--interval=1s")
+    daemon = serve(BIN, os.path.join(OUT, "gpumem-serve.log"), "--interval=1s", "--compute-window=10s")
     try:
         run(api, root)
         if gpu_count() >= 2:
@@ -197,7 +198,21 @@ print(_t)
         )
 
     # Restart: the child survives Jupyter's process-group kill; the daemon ends it.
+    # Reclaim leaves running what computed within the compute window before
+    # the kernel's exit (its policy: the child's CUDA start-up and the cells
+    # above count as work for that long), so restart once the daemon judges
+    # the whole tree idle over its window (10 s here).
     kc.stop_channels()
+
+    def tree_idle():
+        d = subprocess.run([BIN, "ls", "--json"], capture_output=True, text=True, timeout=60)
+        try:
+            rep = json.loads(d.stdout)
+        except ValueError:
+            return False
+        return any(n["kernel_id"] == kid and (n.get("compute") or {}).get("state") == "idle" for n in rep["notebooks"])
+
+    wait("the daemon to judge the notebook's tree idle over --compute-window", tree_idle, 90)
     t0 = time.monotonic()
     api("POST", "api/kernels/%s/restart" % kid)
     t_restart = time.monotonic() - t0
