@@ -141,15 +141,16 @@ def run(api, root):
     sock = os.path.join(os.environ["JUPYTER_RUNTIME_DIR"], "gpumem.sock")
     wait("daemon socket", lambda: os.path.exists(sock), 30)
 
-    def daemon_has_child():
+    def daemon_notebook():
+        """The notebook's row in the daemon's report (None: not there yet)."""
         d = subprocess.run([BIN, "ls", "--json"], capture_output=True, text=True, timeout=60)
         try:
             rep = json.loads(d.stdout)
         except ValueError:
-            return False
-        return any(n["kernel_id"] == kid and cpid in n["pids"] for n in rep["notebooks"])
+            return None
+        return next((n for n in rep["notebooks"] if n["kernel_id"] == kid), None)
 
-    wait("daemon attributes the child to the notebook", daemon_has_child, 30)
+    wait("daemon attributes the child to the notebook", lambda: cpid in (daemon_notebook() or {}).get("pids", []), 30)
     result("PASS", "gpumem serve attributes child %d to %s" % (cpid, nb["notebook"]))
 
     # `gpumem free` from the command line, through the daemon: the kernel
@@ -204,15 +205,11 @@ print(_t)
     # the whole tree idle over its window (10 s here).
     kc.stop_channels()
 
-    def tree_idle():
-        d = subprocess.run([BIN, "ls", "--json"], capture_output=True, text=True, timeout=60)
-        try:
-            rep = json.loads(d.stdout)
-        except ValueError:
-            return False
-        return any(n["kernel_id"] == kid and (n.get("compute") or {}).get("state") == "idle" for n in rep["notebooks"])
-
-    wait("the daemon to judge the notebook's tree idle over --compute-window", tree_idle, 90)
+    wait(
+        "the daemon to judge the notebook's tree idle over --compute-window",
+        lambda: ((daemon_notebook() or {}).get("compute") or {}).get("state") == "idle",
+        90,
+    )
     t0 = time.monotonic()
     api("POST", "api/kernels/%s/restart" % kid)
     t_restart = time.monotonic() - t0

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"cmp"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -221,16 +222,8 @@ func (c *computeState) forgetGoneLocked(rep *attribution.Report) {
 	for _, nb := range rep.Notebooks {
 		seen[nb.ConnectionFile] = true
 	}
-	for k := range c.computedAt {
-		if !seen[k] {
-			delete(c.computedAt, k)
-		}
-	}
-	for k := range c.settling {
-		if !seen[k] {
-			delete(c.settling, k)
-		}
-	}
+	maps.DeleteFunc(c.computedAt, func(k string, _ time.Time) bool { return !seen[k] })
+	maps.DeleteFunc(c.settling, func(k string, _ bool) bool { return !seen[k] })
 }
 
 // leftRunningLocked lists the processes left running that still hold GPU

@@ -140,7 +140,17 @@ func (in cullInput) used() time.Time {
 // decided (a warning stands under the rule that gave it).
 func (c CullConfig) decide(in cullInput) (v cullVerdict, why string, gpuRule bool) {
 	warned := !in.state.warnedAt.IsZero()
-	if c.GPUIdle > 0 && (!warned || in.state.gpuRule) {
+	gpuFirst := c.GPUIdle > 0 && (!warned || in.state.gpuRule)
+	// What both rules need: a server to ask, a user that may be culled.
+	switch {
+	case !in.hasServer || in.lastActivity.IsZero():
+		return cullUnknown, "no Jupyter server reports this kernel's activity", gpuFirst
+	case len(c.Users) > 0 && !slices.Contains(c.Users, in.user),
+		slices.Contains(c.ExemptUsers, in.user):
+		v, why = withdraw(warned, "user "+in.user+" is not culled")
+		return v, why, gpuFirst
+	}
+	if gpuFirst {
 		v, why = c.decideGPUIdle(in)
 		if warned || v != cullNothing || c.Idle == 0 {
 			return v, why, true
@@ -157,21 +167,12 @@ func (c CullConfig) decide(in cullInput) (v cullVerdict, why string, gpuRule boo
 // MinMemory and whose processes did no GPU work for GPUIdle is warned, and
 // culled once the warning ran out, whatever its cells do; only GPU work or
 // its user's keep cancels. It is never acted on while a cell runs, nor on
-// missing facts (no server, an unknown or unjudged verdict).
+// missing facts (an unknown or unjudged verdict; decide refuses a kernel
+// without a server).
 func (c CullConfig) decideGPUIdle(in cullInput) (cullVerdict, string) {
 	warned := !in.state.warnedAt.IsZero()
-	cancel := func(why string) (cullVerdict, string) {
-		if warned {
-			return cullCancel, why
-		}
-		return cullNothing, why
-	}
+	cancel := func(why string) (cullVerdict, string) { return withdraw(warned, why) }
 	switch {
-	case !in.hasServer || in.lastActivity.IsZero():
-		return cullUnknown, "no Jupyter server reports this kernel's activity"
-	case len(c.Users) > 0 && !slices.Contains(c.Users, in.user),
-		slices.Contains(c.ExemptUsers, in.user):
-		return cancel("user " + in.user + " is not culled")
 	case in.gpuIdleSince.IsZero():
 		return cancel("its processes compute on a GPU, or their GPU work is unknown or not judged yet")
 	case warned && in.gpuIdleSince.After(in.state.activityAtWarn) && in.gpuIdleSince.Equal(in.state.keptAt):
@@ -194,23 +195,22 @@ func (c CullConfig) decideGPUIdle(in cullInput) (cullVerdict, string) {
 	return cullAct, "no GPU work through its warning period"
 }
 
+// withdraw is a verdict against culling: the warning that stands is
+// cancelled, else nothing is done.
+func withdraw(warned bool, why string) (cullVerdict, string) {
+	if warned {
+		return cullCancel, why
+	}
+	return cullNothing, why
+}
+
 // decideIdle is the idle rule: a kernel unused (no cell, no GPU work, no
 // keep) for Idle that holds at least MinMemory is warned, and culled once
 // the warning ran out unused.
 func (c CullConfig) decideIdle(in cullInput) (cullVerdict, string) {
 	warned := !in.state.warnedAt.IsZero()
-	cancel := func(why string) (cullVerdict, string) {
-		if warned {
-			return cullCancel, why
-		}
-		return cullNothing, why
-	}
+	cancel := func(why string) (cullVerdict, string) { return withdraw(warned, why) }
 	switch {
-	case !in.hasServer || in.lastActivity.IsZero():
-		return cullUnknown, "no Jupyter server reports this kernel's activity"
-	case len(c.Users) > 0 && !slices.Contains(c.Users, in.user),
-		slices.Contains(c.ExemptUsers, in.user):
-		return cancel("user " + in.user + " is not culled")
 	case in.execState != "idle":
 		return cancel("the kernel is " + in.execState)
 	case warned && in.computedAt.After(in.state.activityAtWarn):
