@@ -54,17 +54,18 @@ func TestRecordHistoryPeaks(t *testing.T) {
 		Notebooks: []attribution.Notebook{{KernelID: "k", PIDs: []int{10}, GPUMemoryBytes: 5}},
 	}
 	at := time.Unix(1000, 0)
-	got, peaks := d.recordHistory(at, &rep)
+	got, _ := d.recordHistory(at, &rep)
 	if got != 1000 {
 		t.Fatalf("recordHistory returned %d, want 1000", got)
 	}
 	rep.Notebooks[0].GPUMemoryBytes = 3
-	if _, peaks = d.recordHistory(at.Add(time.Second), &rep); peaks[""] != 5 {
+	if _, peaks := d.recordHistory(at.Add(time.Second), &rep); peaks[""] != 5 {
 		t.Fatalf("peak = %d, want 5", peaks[""])
 	}
 	// A restart (new kernel pid) starts the peak again.
 	rep.Notebooks[0].PIDs = []int{11}
-	if _, peaks = d.recordHistory(at.Add(2*time.Second), &rep); peaks[""] != 3 {
+	_, peaks := d.recordHistory(at.Add(2*time.Second), &rep)
+	if peaks[""] != 3 {
 		t.Fatalf("peak after a restart = %d, want 3", peaks[""])
 	}
 	// Finish writes them into the report.
