@@ -154,3 +154,47 @@ func TestInRuntimeDir(t *testing.T) {
 		}
 	}
 }
+
+// TestServerLastActivity: a server's own last activity comes from GET
+// /api/status with its token; a status that is not one is an error naming
+// the server.
+func TestServerLastActivity(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "s.sock")
+	if len(sock) > 100 { // a unix socket path's limit
+		d, err := os.MkdirTemp("", "gpumem-sock-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(d) })
+		sock = filepath.Join(d, "s.sock")
+	}
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"started":"2026-12-03T08:00:00.000000Z","last_activity":"2026-12-03T12:34:56.789000Z","connections":0,"kernels":1}`
+	var gotPath, gotAuth string
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		gotPath, gotAuth = r.URL.Path, r.Header.Get("Authorization")
+		_, _ = w.Write([]byte(body))
+	})}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(l) }()
+	defer func() { _ = srv.Close(); <-done }()
+	s, err := parseServerFile(filepath.Join(dir, "jpserver-1.json"), []byte(`{"url":"http+unix://`+url.PathEscape(sock)+`/","token":"t","root_dir":"/r","password":false}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.FileUID = uint32(os.Geteuid())
+	hc := &http.Client{Timeout: 5 * time.Second}
+	at, err := s.LastActivity(context.Background(), hc)
+	want := time.Date(2026, 12, 3, 12, 34, 56, 789000000, time.UTC)
+	if err != nil || !at.Equal(want) || gotPath != "/api/status" || gotAuth != "token t" {
+		t.Fatalf("LastActivity = %v, %v (request %s with %q); want %v", at, err, gotPath, gotAuth, want)
+	}
+	body = `{"last_activity":"soon"}`
+	if _, err := s.LastActivity(context.Background(), hc); err == nil || !strings.Contains(err.Error(), "jpserver-1.json") {
+		t.Fatalf("a bad status: %v, want an error naming the server's file", err)
+	}
+}

@@ -163,6 +163,44 @@ type Session struct {
 // the unix socket its URL names. A server that asks for a password and for
 // which no token was given is not asked: ErrNoToken says what to do.
 func (s Server) Sessions(ctx context.Context, hc *http.Client) ([]Session, error) {
+	// no_track_activity: jupyter_server would otherwise count the poll as
+	// the user's activity, and JupyterHub's idle culler would never stop
+	// the server (Notebook 6 ignores it).
+	body, err := s.get(ctx, hc, "api/sessions", "?no_track_activity=1")
+	if err != nil {
+		return nil, err
+	}
+	var sessions []Session
+	if err := json.Unmarshal(body, &sessions); err != nil {
+		return nil, fmt.Errorf("server %s (%s): /api/sessions is not a session list: %w", s.URL, s.File, err)
+	}
+	return sessions, nil
+}
+
+// LastActivity is the server's own last activity, from GET /api/status
+// (which jupyter_server does not count as activity): the newest of its
+// kernels' messages and its users' requests.
+func (s Server) LastActivity(ctx context.Context, hc *http.Client) (time.Time, error) {
+	body, err := s.get(ctx, hc, "api/status", "")
+	if err != nil {
+		return time.Time{}, err
+	}
+	var st struct {
+		LastActivity string `json:"last_activity"`
+	}
+	if err := json.Unmarshal(body, &st); err != nil {
+		return time.Time{}, fmt.Errorf("server %s (%s): /api/status is not a status: %w", s.URL, s.File, err)
+	}
+	at, err := time.Parse(time.RFC3339Nano, st.LastActivity)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("server %s (%s): /api/status's last_activity %q: %w", s.URL, s.File, st.LastActivity, err)
+	}
+	return at, nil
+}
+
+// get fetches GET /<path><query> from s with its token (16 MiB at most),
+// and says which server and what to do when it cannot.
+func (s Server) get(ctx context.Context, hc *http.Client, path, query string) ([]byte, error) {
 	if s.Token == "" && s.Password {
 		return nil, s.noTokenError()
 	}
@@ -170,10 +208,7 @@ func (s Server) Sessions(ctx context.Context, hc *http.Client) ([]Session, error
 	if err != nil {
 		return nil, fmt.Errorf("server %s (%s): %w", s.URL, s.File, err)
 	}
-	// no_track_activity: jupyter_server would otherwise count the poll as
-	// the user's activity, and JupyterHub's idle culler would never stop
-	// the server (Notebook 6 ignores it).
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target+"api/sessions?no_track_activity=1", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target+path+query, nil)
 	if err != nil {
 		return nil, fmt.Errorf("server %s (%s): %w", s.URL, s.File, err)
 	}
@@ -187,22 +222,18 @@ func (s Server) Sessions(ctx context.Context, hc *http.Client) ([]Session, error
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		return nil, fmt.Errorf("server %s (%s): reading /api/sessions: %w", s.URL, s.File, err)
+		return nil, fmt.Errorf("server %s (%s): reading /%s: %w", s.URL, s.File, path, err)
 	}
 	if resp.StatusCode != http.StatusOK {
 		switch {
 		case s.Token == "" && (resp.StatusCode == http.StatusForbidden || resp.StatusCode == http.StatusUnauthorized):
 			return nil, s.noTokenError()
 		case s.TokenGiven:
-			return nil, fmt.Errorf("server %s (%s): GET /api/sessions: %s with the token from GPUMEM_SERVER_TOKEN", s.URL, s.File, resp.Status)
+			return nil, fmt.Errorf("server %s (%s): GET /%s: %s with the token from GPUMEM_SERVER_TOKEN", s.URL, s.File, path, resp.Status)
 		}
-		return nil, fmt.Errorf("server %s (%s): GET /api/sessions: %s (is the token in its file current?)", s.URL, s.File, resp.Status)
+		return nil, fmt.Errorf("server %s (%s): GET /%s: %s (is the token in its file current?)", s.URL, s.File, path, resp.Status)
 	}
-	var sessions []Session
-	if err := json.Unmarshal(body, &sessions); err != nil {
-		return nil, fmt.Errorf("server %s (%s): /api/sessions is not a session list: %w", s.URL, s.File, err)
-	}
-	return sessions, nil
+	return body, nil
 }
 
 // NotebookPath makes a session path (relative to the server's root, always

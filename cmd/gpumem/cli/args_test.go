@@ -10,7 +10,7 @@ import (
 // positionals is each command's positional arguments, as its synopsis
 // names them; a command missing here fails TestStrayArgumentRefused.
 var positionals = map[string][]string{
-	"attach": {"abcd1234"}, "demo": nil, "free": {"abcd1234"}, "kernels": nil, "ls": nil,
+	"activity": nil, "attach": {"abcd1234"}, "demo": nil, "free": {"abcd1234"}, "kernels": nil, "ls": nil,
 	"serve": nil, "version": nil, "inject-cell": nil,
 }
 

@@ -52,13 +52,14 @@ var commands map[string]command
 
 func init() {
 	commands = map[string]command{
-		"attach":  {"inject the %gpumem magics into a running kernel", runAttach},
-		"demo":    {"try gpumem: JupyterLab with an example notebook, on a simulated GPU where there is none", runDemo},
-		"free":    {"free GPU memory in a kernel (caches only unless --vars or --all)", runFree},
-		"kernels": {"list running Jupyter kernels with their notebooks and processes", runKernels},
-		"ls":      {"show GPU memory by notebook (like nvidia-smi, by notebook)", runLs},
-		"serve":   {"run the sidecar daemon: attach to every kernel, reclaim orphans, serve the API and metrics", runServe},
-		"version": {"print gpumem's version and the commit it was built from", runVersion},
+		"activity": {"say whether this workspace is in use, as Kubeflow's activity probe reads it (GPU work counts)", runActivity},
+		"attach":   {"inject the %gpumem magics into a running kernel", runAttach},
+		"demo":     {"try gpumem: JupyterLab with an example notebook, on a simulated GPU where there is none", runDemo},
+		"free":     {"free GPU memory in a kernel (caches only unless --vars or --all)", runFree},
+		"kernels":  {"list running Jupyter kernels with their notebooks and processes", runKernels},
+		"ls":       {"show GPU memory by notebook (like nvidia-smi, by notebook)", runLs},
+		"serve":    {"run the sidecar daemon: attach to every kernel, reclaim orphans, serve the API and metrics", runServe},
+		"version":  {"print gpumem's version and the commit it was built from", runVersion},
 	}
 }
 

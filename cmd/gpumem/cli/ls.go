@@ -75,22 +75,9 @@ func runLs(ctx context.Context, env Env, args []string) error {
 	}
 	tm := newLsTiming(env)
 	defer tm.print(env.Stderr)
-	var sampler reporter
-	probe := time.Now()
-	if sock := daemonSocket(env, dirs); sock != "" {
-		if d, err := dialDaemonReporter(ctx, sock); err == nil {
-			sampler = d
-		} else {
-			warnUntrusted(env, err) // then standalone, as without a daemon
-		}
-	}
-	tm.mark("daemon_probe", probe)
-	if sampler == nil {
-		standalone, err := newLsSampler(env, dirs, tm)
-		if err != nil {
-			return err
-		}
-		sampler = standalone
+	sampler, err := newReporter(ctx, env, dirs, tm)
+	if err != nil {
+		return err
 	}
 	if !watch.on {
 		// One report, then exit: NVML is left to the process's exit.
@@ -154,6 +141,22 @@ func runLs(ctx context.Context, env Env, args []string) error {
 type reporter interface {
 	Report(ctx context.Context) (attribution.Report, error)
 	Close()
+}
+
+// newReporter is the daemon serving the runtime dirs' socket, when it
+// answers and is vouched for, else a standalone sampler.
+func newReporter(ctx context.Context, env Env, dirs []string, tm *lsTiming) (reporter, error) {
+	probe := time.Now()
+	if sock := daemonSocket(env, dirs); sock != "" {
+		d, err := dialDaemonReporter(ctx, sock)
+		if err == nil {
+			tm.mark("daemon_probe", probe)
+			return d, nil
+		}
+		warnUntrusted(env, err) // then standalone, as without a daemon
+	}
+	tm.mark("daemon_probe", probe)
+	return newLsSampler(env, dirs, tm)
 }
 
 // daemonReporter asks a running gpumem serve. Its first Report is the one
