@@ -99,14 +99,17 @@ def _norm_path(url):
 def members(report, server_urls, user, url_path):
     """The report's notebooks of user's server at url_path, and those of
     user that no server lists (placed, unplaced). A notebook with no
-    process (a connection file left behind) runs nothing: neither."""
+    process that no server lists (a connection file left behind) runs
+    nothing: neither. One this server lists whose process the daemon has
+    not proven yet (a kernel just started) is placed: its use is unknown."""
     placed, unplaced = [], []
     for nb in report.get("notebooks") or []:
-        if nb.get("user") != user or not nb.get("pids"):
+        if nb.get("user") != user:
             continue
         url = server_urls.get(nb.get("connection_file") or "", "")
         if not url:
-            unplaced.append(nb)
+            if nb.get("pids"):
+                unplaced.append(nb)
         elif _norm_path(url) == url_path:
             placed.append(nb)
     return placed, unplaced
@@ -123,6 +126,8 @@ def in_use(nb, listed):
     """Why nb may be in use (a cell runs, its tree computes on a GPU, or
     nobody can say), or "" when the daemon knows it is not. listed: a
     server of the hub lists it (else nobody can say whether a cell runs)."""
+    if not nb.get("pids"):
+        return "%s: the daemon has not proven its process yet, so its GPU use is unknown" % _name(nb)
     act = nb.get("activity")
     if not listed or act is None:
         return "%s: no Jupyter server reports whether it runs a cell" % _name(nb)

@@ -152,6 +152,16 @@ SINCE_2H = {"/home/alice/rt/kernel-k.json": NOW - 2 * HOUR}
             "whether it runs a cell",
         ),
         (
+            "listed by the server, its process not proven yet (a kernel just started): veto",
+            ALICE,
+            facts(nb("k", pids=())),
+            9 * HOUR,
+            Rules(),
+            False,
+            "veto",
+            "has not proven its process yet",
+        ),
+        (
             "a file without a process runs nothing",
             ALICE,
             facts(nb("k", state=None, pids=()), urls={}),

@@ -165,7 +165,10 @@ func waitVerdicts(t *testing.T, d *testenv.Daemon, want map[string]string) {
 		last = d.Report(t).Notebooks
 		ok := 0
 		for _, nb := range last {
-			if w, in := want[nb.KernelID]; in && nb.Compute != nil && nb.Compute.State == w && nb.Activity != nil && nb.Activity.ExecutionState == "idle" {
+			// Its process proven and on the GPU: a notebook whose process
+			// is not known yet is "idle: no process on a GPU" too.
+			if w, in := want[nb.KernelID]; in && nb.Compute != nil && nb.Compute.State == w && nb.Activity != nil &&
+				nb.Activity.ExecutionState == "idle" && len(nb.PIDs) > 0 && nb.GPUMemoryBytes > 0 {
 				ok++
 			}
 		}
