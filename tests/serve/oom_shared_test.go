@@ -121,7 +121,7 @@ print(get("/api/v1/oom")); print(get("/api/v1/history"))`, d.Socket)
 	}
 	status, body := socketDo(t, d.Socket, http.MethodGet, "/api/v1/oom", nil)
 	var evs api.OOMEventsResponse
-	if status != 200 || json.Unmarshal([]byte(body), &evs) != nil || len(evs.Events) != 1 || !strings.Contains(body, bobNB) {
+	if status != 200 || json.Unmarshal([]byte(body), &evs) != nil || len(evs.Events) != 1 || !strings.Contains(body, `"name":"secret-bob.ipynb"`) {
 		t.Errorf("root's view of the events: %d %s", status, body)
 	}
 

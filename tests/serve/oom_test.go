@@ -133,7 +133,7 @@ func TestServeOOMReport(t *testing.T) {
 		t.Fatalf("event: %+v", ev)
 	}
 	want := []string{
-		"notebook " + srv.RootDir + "/work/hold.ipynb " + strconv.FormatUint(60*gib, 10),
+		"notebook hold.ipynb " + strconv.FormatUint(60*gib, 10), // the report's display name
 		"notebook this kernel " + strconv.FormatUint(10*gib, 10) + " self",
 		"process /bin/sleep 600 " + strconv.FormatUint(5*gib, 10),
 	}

@@ -398,7 +398,13 @@ func writeLs(w io.Writer, rep attribution.Report, width int) error {
 	var idle []string
 	for _, nb := range rep.Notebooks {
 		if nb.GPUMemoryBytes == 0 {
-			idle = append(idle, textsafe.Line(nb.DisplayName))
+			// As the table names notebooks: by path, the display name
+			// for a kernel without one.
+			name := textsafe.Line(nb.Notebook)
+			if name == "" {
+				name = textsafe.Line(nb.DisplayName)
+			}
+			idle = append(idle, name)
 		}
 	}
 	if len(idle) > 0 {
