@@ -16,9 +16,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// maxSocketPath is the longest path Linux accepts in sockaddr_un (108 bytes
+// MaxSocketPath is the longest path Linux accepts in sockaddr_un (108 bytes
 // with the terminating NUL).
-const maxSocketPath = 107
+const MaxSocketPath = 107
 
 // staleCheckTimeout bounds the connect that tells a live socket from a stale one.
 const staleCheckTimeout = 2 * time.Second
@@ -58,8 +58,8 @@ func Listen(ctx context.Context, path string, mode Mode) (*Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(path) > maxSocketPath {
-		return nil, fmt.Errorf("socket path %s is %d bytes long, Linux allows %d: choose a shorter socket path", path, len(path), maxSocketPath)
+	if len(path) > MaxSocketPath {
+		return nil, fmt.Errorf("socket path %s is %d bytes long, Linux allows %d: choose a shorter socket path", path, len(path), MaxSocketPath)
 	}
 	if err := checkSocketDir(filepath.Dir(path)); err != nil {
 		return nil, err

@@ -70,6 +70,12 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 	if *port < 1 || *port > 65535 {
 		return fmt.Errorf("%w: --port=%d: want 1 to 65535", errUsage, *port)
 	}
+	if *dirFlag != "" {
+		if abs, err := filepath.Abs(*dirFlag); err == nil && len(demoSocket(abs)) > api.MaxSocketPath {
+			return fmt.Errorf("%w: --dir %s: the daemon's socket in it would be %d bytes long, Linux allows %d: choose a shorter dir",
+				errUsage, abs, len(demoSocket(abs)), api.MaxSocketPath)
+		}
+	}
 	lab, err := findJupyterLab()
 	if err != nil {
 		return err
@@ -83,7 +89,7 @@ func runDemo(ctx context.Context, env Env, args []string) error {
 			err = os.MkdirAll(dir, 0o700)
 		}
 	} else {
-		dir, err = os.MkdirTemp("", "gpumem-demo-")
+		dir, err = demoTempDir()
 	}
 	if err != nil {
 		return fmt.Errorf("the demo's dir: %w", err)
@@ -140,9 +146,26 @@ type demo struct {
 	daemonPID int           // the daemon JupyterLab's extension started (0: none)
 }
 
-func (d *demo) runtimeDir() string { return filepath.Join(d.dir, "runtime") }
-func (d *demo) gpuFile() string    { return filepath.Join(d.dir, "gpus.json") }
-func (d *demo) logFile() string    { return filepath.Join(d.dir, "jupyter.log") }
+func (d *demo) runtimeDir() string { return demoRuntimeDir(d.dir) }
+
+// demoRuntimeDir is the runtime dir of a demo in dir, and demoSocket the
+// daemon's socket there.
+func demoRuntimeDir(dir string) string { return filepath.Join(dir, "runtime") }
+func demoSocket(dir string) string     { return filepath.Join(demoRuntimeDir(dir), api.DefaultSocketName) }
+
+// demoTempDir makes the demo's own temporary dir: under $TMPDIR, or under
+// /tmp where $TMPDIR is so deep that the daemon's socket inside would not
+// fit a unix socket's path.
+func demoTempDir() (string, error) {
+	dir, err := os.MkdirTemp("", "gpumem-demo-")
+	if err != nil || len(demoSocket(dir)) <= api.MaxSocketPath {
+		return dir, err
+	}
+	_ = os.Remove(dir)
+	return os.MkdirTemp("/tmp", "gpumem-demo-")
+}
+func (d *demo) gpuFile() string { return filepath.Join(d.dir, "gpus.json") }
+func (d *demo) logFile() string { return filepath.Join(d.dir, "jupyter.log") }
 
 func (d *demo) run(ctx context.Context) error {
 	if err := d.prepare(); err != nil {
@@ -336,7 +359,7 @@ func (d *demo) ready(ctx context.Context) error {
 	if err := d.call(ctx, http.MethodPost, "api/sessions", body, &sess); err != nil {
 		return fmt.Errorf("opening a kernel for %s: %w; see %s", demoNotebook, err, d.logFile())
 	}
-	c := api.NewClient(filepath.Join(d.runtimeDir(), api.DefaultSocketName))
+	c := api.NewClient(demoSocket(d.dir))
 	defer c.Close()
 	var rep attribution.Report
 	err = d.waitFor(ctx, demoKernelWait, "gpumem serve to follow the example's kernel", func() error {

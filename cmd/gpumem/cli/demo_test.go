@@ -11,6 +11,7 @@ import (
 	"github.com/gpumem/gpumem/examples"
 	"github.com/gpumem/gpumem/internal/testenv"
 	"github.com/gpumem/gpumem/nvml"
+	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 )
 
@@ -124,5 +125,34 @@ func TestDemoArgs(t *testing.T) {
 		if code := Run(context.Background(), append([]string{"demo"}, args...), Env{Stdout: &bytes.Buffer{}, Stderr: &stderr}); code != 2 {
 			t.Errorf("gpumem demo %v: exit %d (%s), want 2", args, code, stderr.String())
 		}
+	}
+}
+
+// A $TMPDIR so deep that the daemon's socket would not fit a unix socket's
+// path puts the demo under /tmp; a --dir that deep is refused, naming it,
+// before anything starts.
+func TestDemoDirFitsTheSocket(t *testing.T) {
+	deep := t.TempDir()
+	for len(deep) < api.MaxSocketPath {
+		deep = filepath.Join(deep, "a-long-directory-name")
+	}
+	if err := os.MkdirAll(deep, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TMPDIR", deep)
+	dir, err := demoTempDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if n := len(demoSocket(dir)); n > api.MaxSocketPath || !strings.HasPrefix(dir, "/tmp/gpumem-demo-") {
+		t.Errorf("demo dir %s: socket path %d bytes, want at most %d, under /tmp", dir, n, api.MaxSocketPath)
+	}
+	if left, _ := os.ReadDir(deep); len(left) != 0 {
+		t.Errorf("left in the deep TMPDIR: %v", left)
+	}
+	code, out, errs := runCLI("demo", "--dir", deep)
+	if code != 2 || out != "" || !strings.Contains(errs, "--dir "+deep) || !strings.Contains(errs, "choose a shorter dir") {
+		t.Errorf("demo --dir (too deep): exit %d, stdout %q, stderr %q", code, out, errs)
 	}
 }
