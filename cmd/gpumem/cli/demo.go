@@ -157,12 +157,13 @@ func demoSocket(dir string) string     { return filepath.Join(demoRuntimeDir(dir
 // /tmp where $TMPDIR is so deep that the daemon's socket inside would not
 // fit a unix socket's path.
 func demoTempDir() (string, error) {
-	dir, err := os.MkdirTemp("", "gpumem-demo-")
-	if err != nil || len(demoSocket(dir)) <= api.MaxSocketPath {
-		return dir, err
+	parent := os.TempDir()
+	// The longest name MkdirTemp makes (its suffix has up to 10 digits):
+	// the choice does not depend on the draw.
+	if len(demoSocket(filepath.Join(parent, "gpumem-demo-0123456789"))) > api.MaxSocketPath {
+		parent = "/tmp"
 	}
-	_ = os.Remove(dir)
-	return os.MkdirTemp("/tmp", "gpumem-demo-")
+	return os.MkdirTemp(parent, "gpumem-demo-")
 }
 func (d *demo) gpuFile() string { return filepath.Join(d.dir, "gpus.json") }
 func (d *demo) logFile() string { return filepath.Join(d.dir, "jupyter.log") }

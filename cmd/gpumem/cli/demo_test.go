@@ -149,7 +149,17 @@ func TestDemoDirFitsTheSocket(t *testing.T) {
 		t.Errorf("demo dir %s: socket path %d bytes, want at most %d, under /tmp", dir, n, api.MaxSocketPath)
 	}
 	if left, _ := os.ReadDir(deep); len(left) != 0 {
-		t.Errorf("left in the deep TMPDIR: %v", left)
+		t.Errorf("made in the deep TMPDIR: %v", left)
+	}
+	// A TMPDIR where it fits is used.
+	t.Setenv("TMPDIR", t.TempDir())
+	near, err := demoTempDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(near)
+	if filepath.Dir(near) != os.Getenv("TMPDIR") {
+		t.Errorf("demo dir %s, want it in TMPDIR %s", near, os.Getenv("TMPDIR"))
 	}
 	code, out, errs := runCLI("demo", "--dir", deep)
 	if code != 2 || out != "" || !strings.Contains(errs, "--dir "+deep) || !strings.Contains(errs, "choose a shorter dir") {
