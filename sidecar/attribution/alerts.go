@@ -140,6 +140,11 @@ func cullVerb(action string) string {
 	return verb
 }
 
+// usedPercent is how full g is, in percent (0 where its total is unknown).
+func usedPercent(g GPU) float64 {
+	return 100 * float64(g.MemoryUsedBytes) / float64(max(g.MemoryTotalBytes, 1))
+}
+
 // thresholdMessage is a threshold alert's sentence (the GPU, how full,
 // its biggest holders and what to do), and its headline for a
 // notification (how full and the two biggest), each holder by its Name (a
@@ -149,7 +154,7 @@ func thresholdMessage(g GPU, biggest []Holder) (message, headline string) {
 	for _, h := range biggest {
 		parts = append(parts, h.Name+" "+units.Bytes(h.Bytes))
 	}
-	fill := fmt.Sprintf("%.0f%% full: %s of %s used", 100*float64(g.MemoryUsedBytes)/float64(max(g.MemoryTotalBytes, 1)),
+	fill := fmt.Sprintf("%.0f%% full: %s of %s used", usedPercent(g),
 		units.Bytes(g.MemoryUsedBytes), units.Bytes(g.MemoryTotalBytes))
 	message = fmt.Sprintf("GPU %d (%s) is %s; biggest: %s. "+
 		"`%%gpumem free` returns this notebook's cached memory; `%%gpumem top` shows who holds the rest.",

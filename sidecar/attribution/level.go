@@ -52,5 +52,5 @@ func addLevels(r *Report, in FinishInput) {
 // the daemon's sentences as they are.
 func underThresholdMessage(g GPU) string {
 	return fmt.Sprintf("GPU %d is back under the alert threshold: %s of %s used (%.0f%%).", g.Index,
-		units.Bytes(g.MemoryUsedBytes), units.Bytes(g.MemoryTotalBytes), 100*float64(g.MemoryUsedBytes)/float64(max(g.MemoryTotalBytes, 1)))
+		units.Bytes(g.MemoryUsedBytes), units.Bytes(g.MemoryTotalBytes), usedPercent(g))
 }
