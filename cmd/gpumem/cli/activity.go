@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpumem/gpumem/internal/units"
 	"github.com/gpumem/gpumem/sidecar/attribution"
+	"github.com/gpumem/gpumem/sidecar/discovery"
 )
 
 // kubeflowProbe is what Kubeflow Notebooks' culling controller reads from
@@ -93,7 +94,15 @@ func runActivity(ctx context.Context, env Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	probe, why, err := workspaceActivity(rep, serversLastActivity(ctx, env, dirs))
+	// Standalone, the report's discovery found the servers already; the
+	// daemon's report names none.
+	var servers []discovery.Server
+	if standalone, ok := sampler.(*lsSampler); ok {
+		servers = standalone.servers
+	} else {
+		servers = discoverKernels(ctx, env, env.procFS(), dirs).Servers
+	}
+	probe, why, err := workspaceActivity(rep, serversLastActivity(ctx, env, servers))
 	if err != nil {
 		return err
 	}
@@ -112,13 +121,12 @@ func runActivity(ctx context.Context, env Env, args []string) error {
 	return err
 }
 
-// serversLastActivity is the newest last activity the Jupyter servers of
-// the runtime dirs report of themselves (zero: none answered).
-func serversLastActivity(ctx context.Context, env Env, dirs []string) time.Time {
-	res := discoverKernels(ctx, env, env.procFS(), dirs)
+// serversLastActivity is the newest last activity the Jupyter servers
+// report of themselves (zero: none answered).
+func serversLastActivity(ctx context.Context, env Env, servers []discovery.Server) time.Time {
 	hc := &http.Client{Timeout: 10 * time.Second}
 	var last time.Time
-	for _, s := range res.Servers {
+	for _, s := range servers {
 		if at, err := s.LastActivity(ctx, hc); err == nil && at.After(last) {
 			last = at
 		} else if err != nil {

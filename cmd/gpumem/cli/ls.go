@@ -17,6 +17,7 @@ import (
 	"github.com/gpumem/gpumem/nvml/driver"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/attribution"
+	"github.com/gpumem/gpumem/sidecar/discovery"
 	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
@@ -203,6 +204,8 @@ type lsSampler struct {
 	gpus    *nvml.Source
 	openErr error
 	tm      *lsTiming // nil unless GPUMEM_TIMING is set
+	// servers are the Jupyter servers the last Report's discovery found.
+	servers []discovery.Server
 }
 
 // lsTiming is how long each phase of one `gpumem ls` took, printed to
@@ -282,6 +285,7 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 	}()
 	start := time.Now()
 	res := discoverKernels(ctx, s.env, s.fs, s.dirs)
+	s.servers = res.Servers
 	s.tm.mark("discover", start)
 	start = time.Now()
 	g := <-gpuc
