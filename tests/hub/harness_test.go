@@ -22,10 +22,11 @@ func asUser(u testenv.User, env []string, argv ...string) (string, string, error
 
 // hub is a running JupyterHub.
 type hub struct {
-	proc  *testenv.Proc
-	url   string // the proxy's public URL, ending in /
-	token string // a service token that may start servers and reach them
-	http  *http.Client
+	proc     *testenv.Proc
+	url      string // the proxy's public URL, ending in /
+	token    string // a service token that may start servers and reach them
+	password string // every user's, at the hub's login form
+	http     *http.Client
 }
 
 // venvBin is a program of the repository's .venv/current (built by
@@ -48,6 +49,13 @@ func venvBin(t *testing.T, name string) string {
 // the given users allowed, and waits (90 s) until its API answers.
 func startHub(t *testing.T, users ...testenv.User) *hub {
 	t.Helper()
+	return startHubWith(t, "", users...)
+}
+
+// startHubWith is startHub with more lines of jupyterhub_config.py (c.
+// JupyterHub.services and c.JupyterHub.load_roles are lists there).
+func startHubWith(t *testing.T, extra string, users ...testenv.User) *hub {
+	t.Helper()
 	need(t, os.Geteuid() == 0, "the JupyterHub test runs as root (useradd, spawning as other users)")
 	jupyterhub := venvBin(t, "jupyterhub")
 	singleuser := venvBin(t, "jupyterhub-singleuser")
@@ -59,7 +67,7 @@ func startHub(t *testing.T, users ...testenv.User) *hub {
 
 	dir := t.TempDir()
 	port, hubPort, apiPort := testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)
-	token := testenv.RandomHex(24)
+	token, password := testenv.RandomHex(24), testenv.RandomHex(16)
 	var names []string
 	for _, u := range users {
 		names = append(names, fmt.Sprintf("%q", u.Name))
@@ -95,7 +103,8 @@ c.JupyterHub.load_roles = [{
 `, port, hubPort, apiPort, chp,
 		filepath.Join(dir, "jupyterhub.sqlite"), filepath.Join(dir, "cookie_secret"),
 		filepath.Join(dir, "jupyterhub.pid"), filepath.Join(dir, "proxy.pid"),
-		testenv.RandomHex(16), strings.Join(names, ", "), singleuser, token)
+		password, strings.Join(names, ", "), singleuser, token)
+	config += extra
 	cfg := filepath.Join(dir, "jupyterhub_config.py")
 	if err := os.WriteFile(cfg, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
@@ -113,7 +122,7 @@ c.JupyterHub.load_roles = [{
 			t.Logf("jupyterhub output:\n%s", proc.Output())
 		}
 	})
-	h := &hub{proc: proc, url: fmt.Sprintf("http://127.0.0.1:%d/", port), token: token, http: &http.Client{Timeout: 60 * time.Second}}
+	h := &hub{proc: proc, url: fmt.Sprintf("http://127.0.0.1:%d/", port), token: token, password: password, http: &http.Client{Timeout: 60 * time.Second}}
 	testenv.Poll(t, 90*time.Second, "JupyterHub's API on "+h.url, func() bool {
 		if proc.Exited() {
 			t.Fatalf("jupyterhub exited:\n%s", proc.Output())
