@@ -137,8 +137,12 @@ class AdminHandler(HubOAuthenticated, web.RequestHandler):
         user = self.current_user
         name = (user or {}).get("name", "")
         if not name or (user or {}).get("kind", "user") != "user" or not await self.admin.hub.is_admin(name):
-            log.warning("gpumem-admin: refused %s %s to %r: not one of the hub's admins", self.request.method, self.request.path, name)
-            raise web.HTTPError(403, "the GPU box page is for the hub's admins; your own notebooks are in JupyterLab's GPU memory panel")
+            log.warning(
+                "gpumem-admin: refused %s %s to %r: not one of the hub's admins", self.request.method, self.request.path, name
+            )
+            raise web.HTTPError(
+                403, "the GPU box page is for the hub's admins; your own notebooks are in JupyterLab's GPU memory panel"
+            )
         return name
 
     def write_error(self, status_code, **kwargs):
@@ -248,7 +252,9 @@ class ActionHandler(AdminHandler):
             return self.done(False, "Stopping %s's server %s failed: %s" % (user, s.label, e))
         held = sum(nb.bytes for nb in s.notebooks)
         word = "stopped" if status == 204 else "is stopping"
-        log.info("gpumem-admin: %s stopped %s's server %s (held %d bytes): the hub answered %d", admin, user, s.label, held, status)
+        log.info(
+            "gpumem-admin: %s stopped %s's server %s (held %d bytes): the hub answered %d", admin, user, s.label, held, status
+        )
         self.done(True, "%s's server %s %s (it held %s)." % (user, s.label, word, hubview.fmt_bytes(held)))
 
     def done(self, ok, msg):
@@ -288,7 +294,10 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="[%(levelname).1s %(asctime)s %(name)s] %(message)s")
-    env = {k: os.environ.get(k, "") for k in ("JUPYTERHUB_SERVICE_URL", "JUPYTERHUB_SERVICE_PREFIX", "JUPYTERHUB_API_URL", "JUPYTERHUB_API_TOKEN")}
+    env = {
+        k: os.environ.get(k, "")
+        for k in ("JUPYTERHUB_SERVICE_URL", "JUPYTERHUB_SERVICE_PREFIX", "JUPYTERHUB_API_URL", "JUPYTERHUB_API_TOKEN")
+    }
     missing = [k for k, v in env.items() if not v]
     if missing:
         sys.exit(

@@ -371,8 +371,7 @@ def _user_card(view, prefix, xsrf, u):
             )
         )
     server_table = (
-        "<table><tr><th>Server</th><th>Last activity</th><th>The culler's plan</th><th></th></tr>%s</table>"
-        % "".join(servers)
+        "<table><tr><th>Server</th><th>Last activity</th><th>The culler's plan</th><th></th></tr>%s</table>" % "".join(servers)
         if servers
         else '<p class="muted">No server running.</p>'
     )
@@ -419,10 +418,10 @@ def render(view, prefix, xsrf, admin, flash=None):
         return "".join(parts)
     rows = []
     for g in view.gpus:
-        pct = "%.0f%%" % (100.0 * g.used / g.total) if g.total else "?"
         sm = "?" if g.sm_percent is None else "%d%%" % g.sm_percent
         rows.append(
-            '<tr data-gpumem="gpu"><td>GPU %d</td><td>%s%s</td><td class="num level-%s">%s of %s (%s)</td><td class="num">%s</td></tr>'
+            '<tr data-gpumem="gpu"><td>GPU %d</td><td>%s%s</td>'
+            '<td class="num level-%s">%s of %s</td><td class="num">%s</td></tr>'
             % (
                 g.index,
                 e(g.name),
@@ -430,7 +429,6 @@ def render(view, prefix, xsrf, admin, flash=None):
                 e(g.level),
                 e(fmt_bytes(g.used)),
                 e(fmt_bytes(g.total)),
-                pct,
                 sm,
             )
         )
@@ -441,7 +439,7 @@ def render(view, prefix, xsrf, admin, flash=None):
     parts.append("<h2>Users</h2>")
     if view.cull_limit > 0:
         parts.append(
-            '<p class="muted">The culler\'s plan is the gpumem arbiter\'s verdict at its timeout of %s.</p>'
+            "<p class=\"muted\">The culler's plan is the gpumem arbiter's verdict at its timeout of %s.</p>"
             % e(fmt_duration(view.cull_limit))
         )
     shown = [u for u in view.users if u.servers or u.bytes or u.unlisted]
