@@ -23,6 +23,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"net/http/cookiejar"
@@ -133,15 +134,51 @@ func Eventually(timeout time.Duration, cond func() bool) bool {
 	}
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago,
+// drawn at random below Linux's ephemeral range: a port taken from that
+// range (by a bind to port 0) is the kind the kernels' own ports and every
+// outgoing connection take next, so between this call and the bind of the
+// test's server another process took it now and then ("address already in
+// use"); below the range only another draw like this one can collide.
 func FreePort(t testing.TB) int {
 	t.Helper()
+	low := ephemeralLow()
+	for try := 0; try < 200 && low > minTestPort; try++ {
+		n, err := rand.Int(rand.Reader, big.NewInt(int64(low-minTestPort)))
+		if err != nil {
+			break
+		}
+		port := minTestPort + int(n.Int64())
+		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			l.Close()
+			return port
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("free port: %v", err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// minTestPort is the lowest port FreePort draws: above the ports services
+// are configured on.
+const minTestPort = 20000
+
+// ephemeralLow is the first port of Linux's ephemeral range (the ports a
+// bind to port 0 and every outgoing connection take), 32768 when it cannot
+// be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				return n
+			}
+		}
+	}
+	return 32768
 }
 
 // ServeLoopback listens on a free port of 127.0.0.1 until the test ends,
