@@ -237,9 +237,18 @@ func Discover(ctx context.Context, opts Options) Result {
 			s.Token, s.TokenGiven = opts.ServerToken, true
 		}
 	}
-	res.Problems = append(res.Problems, attachSessions(ctx, hc, opts, res.Servers, res.Kernels, checker)...)
+	// The servers answer (HTTP, from their Python) while /proc is read to
+	// prove the kernels' processes: the sessions fill what the servers say
+	// of each kernel, the proof what its process is, never the same field,
+	// and the proof reads only the connection files.
+	answers := fetchSessions(ctx, hc, opts, res.Servers)
+	var resolved []error
 	if opts.Procs != nil {
-		res.Problems = append(res.Problems, resolvePIDs(opts.Procs, res.Kernels)...)
+		resolved = resolvePIDs(opts.Procs, res.Kernels)
+	}
+	res.Problems = append(res.Problems, applySessions(answers(), res.Kernels, checker)...)
+	if opts.Procs != nil {
+		res.Problems = append(res.Problems, resolved...)
 		res.Kernels = dropUnprovenOutside(res.Kernels)
 		nameNotebooks(opts.Procs, res.Kernels)
 	}
@@ -328,28 +337,25 @@ func dedupeServers(servers []Server) []Server {
 	return out
 }
 
-// attachSessions asks every server (concurrently, each within
+// sessionsAnswer is what one server said of its sessions.
+type sessionsAnswer struct {
+	server   Server
+	sessions []Session
+	err      error
+	skipped  bool
+}
+
+// fetchSessions asks every server (concurrently, each within
 // opts.ServerTimeout, skipping those opts.Backoff holds back) for its
-// sessions and fills Notebook and ServerURL of the kernels they name. A
-// server speaks only for the kernels of its own runtime dir (where
-// jupyter_server writes both its file and its kernels' files) whose files
-// belong to its file's owner: a session naming a kernel id is otherwise
-// anyone's claim, and a kernel id is public (argv, /metrics). pc, when
-// set, says whether a server that failed still runs (fileAdvice).
-func attachSessions(ctx context.Context, hc *http.Client, opts Options, servers []Server, kernels []Kernel, pc ProcessChecker) []error {
-	type answer struct {
-		server   Server
-		sessions []Session
-		err      error
-		skipped  bool
-	}
-	answers := make([]answer, len(servers))
+// sessions; the function it returns waits for the answers.
+func fetchSessions(ctx context.Context, hc *http.Client, opts Options, servers []Server) func() []sessionsAnswer {
+	answers := make([]sessionsAnswer, len(servers))
 	files := make(map[string]bool, len(servers))
 	var wg sync.WaitGroup
 	for i, s := range servers {
 		files[s.File] = true
 		if !opts.Backoff.allow(s.File) {
-			answers[i] = answer{server: s, skipped: true} // its failure was reported when it failed
+			answers[i] = sessionsAnswer{server: s, skipped: true} // its failure was reported when it failed
 			continue
 		}
 		wg.Add(1)
@@ -359,11 +365,23 @@ func attachSessions(ctx context.Context, hc *http.Client, opts Options, servers 
 			defer cancel()
 			sessions, err := s.Sessions(sctx, hc)
 			opts.Backoff.done(s.File, err != nil)
-			answers[i] = answer{server: s, sessions: sessions, err: err}
+			answers[i] = sessionsAnswer{server: s, sessions: sessions, err: err}
 		}()
 	}
-	wg.Wait()
-	opts.Backoff.keep(files)
+	return func() []sessionsAnswer {
+		wg.Wait()
+		opts.Backoff.keep(files)
+		return answers
+	}
+}
+
+// applySessions fills Notebook and ServerURL of the kernels the answers
+// name. A server speaks only for the kernels of its own runtime dir (where
+// jupyter_server writes both its file and its kernels' files) whose files
+// belong to its file's owner: a session naming a kernel id is otherwise
+// anyone's claim, and a kernel id is public (argv, /metrics). pc, when
+// set, says whether a server that failed still runs (fileAdvice).
+func applySessions(answers []sessionsAnswer, kernels []Kernel, pc ProcessChecker) []error {
 	type ownKey struct {
 		dir, id string
 		uid     uint32

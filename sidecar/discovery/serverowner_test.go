@@ -194,7 +194,8 @@ func TestSessionsNameOnlyTheirOwnersKernels(t *testing.T) {
 		{ID: "B", ConnectionFile: "/home/bob/rt/kernel-B.json", FileUID: bob},
 		{ID: "B", ConnectionFile: "/tmp/kernel-B.json", FileUID: bob, outside: true},
 	}
-	if problems := attachSessions(context.Background(), &http.Client{Timeout: 5 * time.Second}, Options{ServerTimeout: 5 * time.Second}, []Server{bobs}, kernels, nil); len(problems) > 0 {
+	answers := fetchSessions(context.Background(), &http.Client{Timeout: 5 * time.Second}, Options{ServerTimeout: 5 * time.Second}, []Server{bobs})
+	if problems := applySessions(answers(), kernels, nil); len(problems) > 0 {
 		t.Fatal(problems)
 	}
 	for i, k := range kernels {
