@@ -6,7 +6,7 @@
 import type uPlot from 'uplot';
 
 import { el } from './dom';
-import { binaryTicks, formatBytes, formatPercent, Trans } from './format';
+import { binaryTicks, formatBytes, formatPercent, formatTick, Trans } from './format';
 import { GPU, Stacked, stackNotebooks, State } from './model';
 import { currentTheme, plotData, plotOptions, PlotTheme, PLOT_HEIGHT } from './plot';
 import { StateSource } from './source';
@@ -89,7 +89,10 @@ export class GpuPlots {
       const last = st.stacks.length ? st.stacks[st.stacks.length - 1].values : [];
       p.box.dataset.stackTop = String(last.length ? (last[last.length - 1] ?? 0) : 0);
       p.box.dataset.bands = st.stacks.map(s => s.kernelId).join(',');
-      p.box.dataset.yTicks = binaryTicks(st.top, 3).join(','); // what the axis shows
+      const ticks = binaryTicks(st.top, 3);
+      p.box.dataset.yTicks = ticks.join(','); // what the axis shows
+      p.box.dataset.yLabels = ticks.map(formatTick).join('|');
+      p.box.dataset.axisFont = theme.font;
       p.empty.hidden = st.stacks.length > 0;
       p.empty.textContent = this._trans.__('No notebook of this server holds memory on GPU %1.', g.index);
       const width = Math.max(120, p.box.clientWidth);
@@ -182,5 +185,5 @@ export class GpuPlots {
 }
 
 function themeKey(t: PlotTheme): string {
-  return `${t.text}/${t.grid}/${t.used}`;
+  return `${t.text}/${t.grid}/${t.used}/${t.font}`;
 }
