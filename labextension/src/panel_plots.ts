@@ -8,7 +8,7 @@ import type uPlot from 'uplot';
 import { el } from './dom';
 import { binaryTicks, formatBytes, formatPercent, formatTick, Trans } from './format';
 import { GPU, Stacked, stackNotebooks, State } from './model';
-import { currentTheme, plotData, plotOptions, PlotTheme, PLOT_HEIGHT } from './plot';
+import { currentTheme, plotData, plotOptions, PlotTheme, PLOT_HEIGHT, Y_GAP, Y_TICK } from './plot';
 import { StateSource } from './source';
 
 // uPlot is loaded when the panel first draws, not with JupyterLab's page.
@@ -42,6 +42,7 @@ interface GPUPlot {
   head: HTMLDivElement;
   plotBox: HTMLDivElement;
   hover: HTMLDivElement;
+  legend: HTMLUListElement;
   empty: HTMLDivElement;
   plot: uPlot | null;
   key: string; // what the plot was made for: bands, width, theme, window, step
@@ -93,7 +94,9 @@ export class GpuPlots {
       p.box.dataset.yTicks = ticks.join(','); // what the axis shows
       p.box.dataset.yLabels = ticks.map(formatTick).join('|');
       p.box.dataset.axisFont = theme.font;
+      p.box.dataset.axisPad = String(Y_TICK + Y_GAP);
       p.empty.hidden = st.stacks.length > 0;
+      this._renderLegend(p.legend, st);
       p.empty.textContent = this._trans.__('No notebook of this server holds memory on GPU %1.', g.index);
       const width = Math.max(120, p.box.clientWidth);
       const key = `${st.stacks.map(s => s.kernelId).join(',')}|${width}|${themeKey(theme)}|${windowSeconds}|${hist.step}`;
@@ -142,18 +145,49 @@ export class GpuPlots {
       hover.hidden = true;
       hover.setAttribute('role', 'tooltip');
       const empty = el('div', 'jp-gpumem-empty');
+      const legend = el('ul', 'jp-gpumem-legend');
+      legend.dataset.gpumem = 'plot-legend';
       plotBox.appendChild(hover);
-      box.append(head, plotBox, empty);
+      box.append(head, plotBox, legend, empty);
       for (const c of Array.from(this.node.children)) {
         if (!c.classList.contains('jp-gpumem-gpu')) {
           c.remove(); // the "no GPU" line
         }
       }
       this.node.appendChild(box);
-      p = { box, head, plotBox, hover, empty, plot: null, key: '', data: { times: [], stacks: [], used: [], top: 0 } };
+      p = { box, head, plotBox, hover, legend, empty, plot: null, key: '', data: { times: [], stacks: [], used: [], top: 0 } };
       this._plots.set(index, p);
     }
     return p;
+  }
+
+  /** The plot's legend where notebooks share the GPU: each band's colour and name, top of the stack first. */
+  private _renderLegend(legend: HTMLUListElement, st: Stacked): void {
+    legend.hidden = st.stacks.length < 2;
+    const key = st.stacks.map(s => `${s.kernelId}=${s.label}`).join('|');
+    if (legend.hidden || legend.dataset.key === key) {
+      return;
+    }
+    legend.dataset.key = key;
+    legend.replaceChildren(
+      ...[...st.stacks].reverse().map(s => {
+        const li = el('li', '');
+        const sw = el('span', 'jp-gpumem-swatch');
+        sw.style.background = this._palette.color(s.kernelId);
+        sw.setAttribute('aria-hidden', 'true');
+        li.dataset.kernelId = s.kernelId;
+        li.append(sw, el('span', 'jp-gpumem-legend-name', s.label));
+        return li;
+      }),
+      this._usedKey()
+    );
+  }
+
+  /** The legend's entry for the dashed line: the GPU's used memory, everyone's. */
+  private _usedKey(): HTMLLIElement {
+    const li = el('li', 'jp-gpumem-legend-used');
+    li.append(el('span', 'jp-gpumem-legend-dash'), el('span', 'jp-gpumem-legend-name', this._trans.__('GPU used (everyone)')));
+    return li;
   }
 
   private _renderHead(head: HTMLDivElement, g: GPU): void {

@@ -23,6 +23,13 @@ export const NOTEBOOK_COMMANDS = [
 
 const SVG = 'http://www.w3.org/2000/svg';
 
+/** A sparkline with its label before it ("memory", "SM"): two lines of one colour read apart. */
+function sparkBox(label: string, spark: SVGSVGElement, cls: string): HTMLSpanElement {
+  const box = el('span', `jp-gpumem-spark-box ${cls}`);
+  box.append(el('span', 'jp-gpumem-spark-label', label), spark);
+  return box;
+}
+
 /** This server's notebooks, one row each, in node. */
 export class NotebookRows {
   readonly node = el('section', 'jp-gpumem-notebooks');
@@ -62,7 +69,7 @@ export class NotebookRows {
         const fig = row.querySelector<HTMLElement>('[data-field=now]')!;
         fig.textContent = trans.__('n/a');
         fig.title = trans.__('No GPU figures: %1', state.warnings.join('; ') || trans.__('gpumem serve sees no GPU.'));
-        for (const extra of Array.from(row.querySelectorAll('.jp-gpumem-details, .jp-gpumem-spark, .jp-gpumem-work'))) {
+        for (const extra of Array.from(row.querySelectorAll('.jp-gpumem-details, .jp-gpumem-spark-box, .jp-gpumem-work'))) {
           extra.remove();
         }
       }
@@ -114,6 +121,7 @@ export class NotebookRows {
     path.setAttribute('d', sparkPath(points, from, to, 100, 14, max));
     path.setAttribute('stroke', this._palette.color(nb.kernel_id));
     spark.appendChild(path);
+    const memSpark = sparkBox(trans.__('memory'), spark, 'jp-gpumem-spark-mem');
     const details = el('span', 'jp-gpumem-details');
     const field = (key: string, text: string, title: string) => {
       const s = el('span', '', text);
@@ -144,7 +152,7 @@ export class NotebookRows {
     const ended = details.querySelector<HTMLElement>('[data-field=orphans]')!;
     ended.dataset.count = String(orphans);
     ended.hidden = orphans === 0;
-    row.append(swatch, name, now, more, spark, details);
+    row.append(swatch, name, now, more, memSpark, details);
     const strays = nb.stray_contexts ?? [];
     if (strays.length) {
       // The daemon's flags, in its words: what it is, why, how to avoid it.
@@ -186,7 +194,7 @@ export class NotebookRows {
       ? [verdicts[nb.compute.state] ?? nb.compute.state, nb.compute.reason].filter(Boolean).join(': ')
       : trans.__('SM utilization of the kernel and its children, summed over its GPUs');
     const spark = document.createElementNS(SVG, 'svg');
-    spark.classList.add('jp-gpumem-spark', 'jp-gpumem-spark-sm');
+    spark.classList.add('jp-gpumem-spark', 'jp-gpumem-spark-dashed');
     spark.setAttribute('viewBox', '0 0 100 14');
     spark.setAttribute('preserveAspectRatio', 'none');
     spark.setAttribute('aria-hidden', 'true');
@@ -198,7 +206,7 @@ export class NotebookRows {
     path.setAttribute('d', sparkPath(points, from, to, 100, 14, top, Math.max(1, step)));
     path.setAttribute('stroke', this._palette.color(nb.kernel_id));
     spark.appendChild(path);
-    row.append(work, spark);
+    row.append(work, sparkBox(trans.__('SM'), spark, 'jp-gpumem-spark-sm'));
   }
 
   /** A notebook's actions menu: JupyterLab's commands, with their labels and captions. */

@@ -1,6 +1,7 @@
 // One GPU's plot (uPlot): this server's notebooks stacked, each band that
 // notebook's bytes on this GPU, and the GPU's used memory as a line above
-// them. No legend: the panel's rows carry each notebook's colour, and
+// them, each band opaque in its row's colour. Where notebooks share a
+// GPU, the panel draws their legend under the plot (panel_plots.ts), and
 // resting the pointer on a band names it. Ticks at round binary steps,
 // times of day only.
 
@@ -136,7 +137,9 @@ export function plotOptions(
       ...bands.map((s, i) => ({
         label: s.label,
         stroke: colors[bands.length - 1 - i],
-        fill: colors[bands.length - 1 - i] + '99',
+        // Opaque: a band drawn over the one above it (each fills from 0 to its
+        // stack's top) would blend with it, and read as neither row's swatch.
+        fill: colors[bands.length - 1 - i],
         width: 1,
         paths: stepped,
         points: { show: false }

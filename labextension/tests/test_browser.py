@@ -182,9 +182,82 @@ OVERFLOW_JS = """(sel) => {
 }"""
 
 
+# Every text the panel shows, measured by the browser: an element whose
+# text is cut (its scrollWidth over its clientWidth where it does not
+# scroll), or a text whose box (a Range over it) leaves the box of the
+# nearest ancestor that clips it. A notebook's name may be cut with an
+# ellipsis: its full path is its title. The y axes are a canvas: each
+# plot's left edge must leave room for its widest label, measured in the
+# axis's font, and the axis's tick and gap.
+CLIP_JS = """(sel) => {
+  const panel = document.querySelector(sel);
+  const bad = [];
+  const shown = (e) => { const r = e.getBoundingClientRect(); return r.width > 0 || r.height > 0; };
+  const name = (e) => `${e.tagName.toLowerCase()}.${String(e.className.baseVal ?? e.className).split(' ')[0]}`;
+  const mayCut = (e) => e.matches('.jp-gpumem-name[title], .jp-gpumem-sr, .jp-gpumem-sr *');
+  const clips = (e) => { const s = getComputedStyle(e); return s.overflowX !== 'visible' || s.overflowY !== 'visible'; };
+  const walker = document.createTreeWalker(panel, NodeFilter.SHOW_TEXT);
+  for (let t = walker.nextNode(); t; t = walker.nextNode()) {
+    const e = t.parentElement;
+    if (!t.textContent.trim() || !e || !shown(e) || mayCut(e) || e.closest('svg, select')) continue;
+    const s = getComputedStyle(e);
+    if (s.overflowX !== 'visible' && s.overflowX !== 'auto' && s.overflowX !== 'scroll' && e.scrollWidth > e.clientWidth + 1) {
+      bad.push(`${name(e)} "${t.textContent.trim().slice(0, 40)}" is cut: ${e.scrollWidth} px of text in ${e.clientWidth}`);
+      continue;
+    }
+    const range = document.createRange();
+    range.selectNodeContents(t);
+    const r = range.getBoundingClientRect();
+    for (let a = e; a && a !== panel.parentElement; a = a.parentElement) {
+      if (a !== panel && !clips(a)) continue;
+      const b = a.getBoundingClientRect();
+      // Out of a box that scrolls up and down is scrolled, not cut; sideways it is.
+      const scrollsY = ['auto', 'scroll'].includes(getComputedStyle(a).overflowY);
+      const outY = !scrollsY && (r.top < b.top - 1 || r.bottom > b.bottom + 1);
+      if (r.left < b.left - 1 || r.right > b.right + 1 || outY) {
+        bad.push(`${name(e)} "${t.textContent.trim().slice(0, 40)}" overflows ${name(a)}: ` +
+          `text ${Math.round(r.left)}..${Math.round(r.right)} x ${Math.round(r.top)}..${Math.round(r.bottom)}, ` +
+          `box ${Math.round(b.left)}..${Math.round(b.right)} x ${Math.round(b.top)}..${Math.round(b.bottom)}`);
+      }
+      break;
+    }
+  }
+  const ctx = document.createElement('canvas').getContext('2d');
+  for (const g of panel.querySelectorAll('.jp-gpumem-gpu[data-y-labels]')) {
+    const over = g.querySelector('.u-over');
+    if (!over || !shown(over)) continue;
+    ctx.font = g.dataset.axisFont;
+    const labels = g.dataset.yLabels.split('|');
+    const widest = Math.max(...labels.map((l) => ctx.measureText(l).width));
+    const room = over.getBoundingClientRect().left - g.querySelector('.jp-gpumem-plot').getBoundingClientRect().left;
+    if (room < widest + Number(g.dataset.axisPad)) {
+      bad.push(`GPU ${g.dataset.gpu}'s y axis is ${Math.round(room)} px for labels ${labels.join(', ')} (${Math.ceil(widest)} px)`);
+    }
+  }
+  return bad.slice(0, 12);
+}"""
+
+
+# The colour a GPU's plot draws at (x, y) of its plotting area, as CSS writes it.
+BAND_PIXEL_JS = """([sel, x, y]) => {
+  const g = document.querySelector(sel);
+  const canvas = g.querySelector('canvas');
+  const c = canvas.getBoundingClientRect(), o = g.querySelector('.u-over').getBoundingClientRect();
+  const k = canvas.width / c.width;
+  const [r, gr, b] = canvas.getContext('2d').getImageData(Math.round((o.left - c.left + x) * k), Math.round((o.top - c.top + y) * k), 1, 1).data;
+  return `rgb(${r}, ${gr}, ${b})`;
+}"""
+
+
 def assert_no_overflow(page, what):
     got = page.evaluate(OVERFLOW_JS, PANEL)
     assert not got["bad"], f"{what}: something is wider than the panel ({got['width']:.0f} px):\n" + "\n".join(got["bad"])
+    cut = page.evaluate(CLIP_JS, PANEL)
+    if cut and os.environ.get("GPUMEM_CLIP_SURVEY"):
+        with open(os.environ["GPUMEM_CLIP_SURVEY"], "a") as f:
+            f.write(f"{what}:\n  " + "\n  ".join(cut) + "\n")
+        cut = []
+    assert not cut, f"{what}: a text is cut or overflows its box ({got['width']:.0f} px):\n" + "\n".join(cut)
     return got["width"]
 
 
@@ -312,6 +385,29 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     # Ticks at round binary steps: 4 GiB of data reads 0, 2, 4 GiB.
     assert gpu.get_attribute("data-y-ticks") == ",".join(str(x * GiB) for x in (0, 2, 4)), gpu.get_attribute("data-y-ticks")
 
+    # Two notebooks on the GPU: a legend names each band, in its row's
+    # colour; the band at the bottom is drawn in its row's swatch colour
+    # (opaque: blue over orange read as grey), and each row's sparklines
+    # say which is memory and which SM.
+    legend = gpu.locator("[data-gpumem='plot-legend']")
+    wait_for("the plot's legend", lambda: legend.is_visible(), timeout=10)
+    assert sorted(legend.locator("li[data-kernel-id]").all_inner_texts()) == ["eval.ipynb", "train.ipynb"], legend.inner_text()
+    assert "GPU used (everyone)" in legend.inner_text(), legend.inner_text()
+    over = gpu.locator(".u-over").bounding_box()
+    page.mouse.move(over["x"] + over["width"] - 3, over["y"] + over["height"] - 4)
+    hover = gpu.locator(".jp-gpumem-plot-hover")
+    wait_for("the band under the pointer named", lambda: hover.is_visible() and ":" in hover.inner_text(), timeout=5)
+    under = hover.inner_text().split(":")[0]
+    page.mouse.move(0, 0)
+    band = page.evaluate(BAND_PIXEL_JS, [".jp-gpumem-gpu[data-gpu='0']", over["width"] - 3, over["height"] - 4])
+    row_of = page.locator("[data-gpumem='notebook-row']", has_text=under)
+    swatch = row_of.locator(".jp-gpumem-swatch").evaluate("(e) => getComputedStyle(e).backgroundColor")
+    legend_swatch = legend.locator("li", has_text=under).locator(".jp-gpumem-swatch").evaluate("(e) => getComputedStyle(e).backgroundColor")
+    assert band == swatch == legend_swatch, f"{under}: the band is drawn {band}, its row's swatch is {swatch}, its legend's {legend_swatch}"
+    for r in range(rows.count()):
+        labels = rows.nth(r).locator(".jp-gpumem-spark-label").all_inner_texts()
+        assert labels == ["memory", "SM"], labels
+
     # Nothing sticks out: at the default width, at 250 px and at 600 px.
     default = assert_no_overflow(page, "the default sidebar")
     print(f"default sidebar: {default:.0f} px")
@@ -348,13 +444,14 @@ def _journey(stack, lab, other, page, out, console, state_requests):
 
     # Variables: nothing on a GPU here (CPU torch), so what other devices hold, said so.
     menu("gpumem:show-variables")
-    table = page.locator("table[data-gpumem='vars-table']")
+    table = page.locator("[data-gpumem='vars-table']")
     table.wait_for(timeout=60_000)
     assert "weights" in table.inner_text(), table.inner_text()
     vars_text = page.locator("[data-gpumem='vars']").inner_text()
     assert "No variable holds GPU memory. These hold memory on other devices:" in vars_text, vars_text
     assert_no_overflow(page, "the variables at 250 px")
-    shot(page, out, "03-variables.png")
+    assert page.locator("[data-gpumem='vars'] [data-gpumem='as-of']").inner_text().startswith("as of ")
+    shot(page, out, "03-variables.png", "panel-variables-250-light.png")
 
     # GPU work: the SM figure the daemon charges, under the row; "SM
     # unknown" on a GPU that cannot say, never 0.
@@ -380,7 +477,24 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     why_text = why.inner_text()
     assert "failed" not in why_text and "3.0 GiB" in why_text, why_text
     assert_no_overflow(page, "why at 250 px")
-    shot(page, out, "03-why.png")
+    # A row per holder, name first, the fix on its own line; the time its
+    # figures were read; refresh reads again, close closes.
+    assert why.locator("[data-gpumem='why-rows'] .jp-gpumem-list-row").count() >= 1, why_text
+    view = page.locator("[data-gpumem='vars']")
+    as_of = view.locator("[data-gpumem='as-of']")
+    assert as_of.inner_text().startswith("as of "), as_of.inner_text()
+    shot(page, out, "03-why.png", "panel-why-250-light.png")
+    view.locator("[data-gpumem='view-refresh']").click()
+    wait_for("why read again", lambda: why.locator("[data-gpumem='why-rows']").count() == 1, timeout=60)
+    view.locator("[data-gpumem='view-close']").click()
+    wait_for("the view closed", lambda: view.inner_text().strip() == "", timeout=5)
+
+    # Restart kernel… of a notebook whose tab is not open says why it cannot.
+    page.locator(f"[data-gpumem='notebook-row'][data-kernel-id='{other}'] [data-gpumem='notebook-actions']").click()
+    restart = page.locator(".lm-Menu-item[data-command='gpumem:restart-kernel']")
+    assert "open its notebook" in restart.inner_text(), restart.inner_text()
+    assert "lm-mod-disabled" in (restart.get_attribute("class") or "")
+    page.keyboard.press("Escape")
 
     # Free workers: nothing of this kernel's holds GPU memory but itself,
     # and it is never ended: the notification says none ended, not a success.
@@ -520,6 +634,18 @@ def test_dark_two_gpus_many_notebooks(stack):
             set_panel_width(page, 600)
             assert_no_overflow(page, "dark, a 600 px sidebar")
             shot(page, out, "12-dark-600.png", "panel-600-dark.png")
+            # 3-digit ticks: 100 GiB on GPU 1 reads up to "128 GiB", 400 MiB
+            # on a third GPU up to "512 MiB", every digit kept at 250 px.
+            write_gpus(stack, [(80 * GiB, gpu0), (141 * GiB, {two: 100 * GiB}), (141 * GiB, {two: 400 << 20})])
+            g2 = page.locator(".jp-gpumem-gpu[data-gpu='2']")
+            wait_for("GPU 1's 3-digit axis", lambda: g1.get_attribute("data-y-labels") == "0|64 GiB|128 GiB", timeout=20)
+            wait_for("GPU 2's 3-digit axis", lambda: g2.get_attribute("data-y-labels") == "0|256 MiB|512 MiB", timeout=20)
+            set_panel_width(page, 250)
+            assert_no_overflow(page, "dark, 3-digit axes at 250 px")
+            shot(page, out, "12-dark-axes-250.png", "panel-axes-250-dark.png")
+            set_panel_width(page, 600)
+            assert_no_overflow(page, "dark, 3-digit axes at 600 px")
+            write_gpus(stack, [(80 * GiB, gpu0), (80 * GiB, {two: 41 * GiB})])
             # The settings: in the Settings Editor, and they take effect.
             page.keyboard.press("Control+,")
             page.locator(".jp-PluginList-entry", has_text="GPU memory").first.wait_for(timeout=20_000)

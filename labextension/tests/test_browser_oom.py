@@ -106,7 +106,7 @@ def test_oom_notification_and_report(stack):
             snap = page.locator("[data-gpumem='snapshot']")
             snap.wait_for(timeout=30_000)
             wait_for("the snapshot's plot", lambda: page.locator(".jp-gpumem-snapshot-plot canvas").count() >= 1, timeout=30)
-            stacks = page.locator("table[data-gpumem='snapshot-stacks']").inner_text()
+            stacks = page.locator("[data-gpumem='snapshot-stacks']").inner_text()
             assert "marker.py:42 in <module>" in stacks, stacks
             href = page.locator("[data-gpumem='snapshot-download']").get_attribute("href")
             r = lab.get(href[len(lab.url) :] if href.startswith(lab.url) else href.lstrip("/"))
