@@ -135,7 +135,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const statusChanged = new Signal<GpuPanel, void>(panel);
     if (statusBar) {
       statusBar.registerStatusItem('jupyterlab-gpumem:status', {
-        item: new GpuStatusItem(source, tracker, () => void app.commands.execute(CommandIDs.open), trans),
+        item: new GpuStatusItem(source, tracker, app.shell, () => void app.commands.execute(CommandIDs.open), trans),
         align: 'left',
         rank: 5,
         isActive: () => showStatus,

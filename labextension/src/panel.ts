@@ -36,6 +36,7 @@ export interface PanelActions {
 export class GpuPanel extends Widget {
   private _heading = el('h2', 'jp-gpumem-heading');
   private _window = el('select', 'jp-gpumem-window');
+  private _windowLabel = el('label', 'jp-gpumem-window-label');
   private _status = el('div', 'jp-gpumem-panel-status');
   private _daemon = el('div', 'jp-gpumem-daemon');
   private _vars = el('section', 'jp-gpumem-vars');
@@ -67,7 +68,7 @@ export class GpuPanel extends Widget {
     this.node.setAttribute('aria-label', trans.__('GPU memory'));
     this._heading.textContent = trans.__('GPU memory');
     const head = el('div', 'jp-gpumem-header');
-    const label = el('label', 'jp-gpumem-window-label');
+    const label = this._windowLabel;
     label.append(el('span', 'jp-gpumem-sr', trans.__('Plot window')), this._window);
     this._window.dataset.gpumem = 'window';
     this._window.title = trans.__('How far back the plots go');
@@ -126,6 +127,8 @@ export class GpuPanel extends Widget {
     // Without a daemon the status line says the same sentence: said once.
     this._daemon.hidden = !daemon || (!state && (this._source.unavailable ?? '').includes(daemon.text));
     const trans = this._trans;
+    // The plot window's selector only where there are plots.
+    this._windowLabel.hidden = !state?.gpus.length;
     if (!state) {
       this._status.textContent = this._source.unavailable ?? trans.__('Waiting for the first figures from gpumem serve…');
       this._status.hidden = false;

@@ -7,7 +7,7 @@ import { Menu } from '@lumino/widgets';
 
 import { el } from './dom';
 import { formatBytes, formatUtil, Trans } from './format';
-import { Notebook, plotRange, sparkPath, State } from './model';
+import { LeftRunning, Notebook, plotRange, sparkPath, State } from './model';
 import { Palette } from './panel_plots';
 import { StateSource } from './source';
 
@@ -73,9 +73,34 @@ export class NotebookRows {
           extra.remove();
         }
       }
+      this._leftRunning(row, state.left_running ?? [], nb.kernel_id);
       list.appendChild(row);
     }
     box.appendChild(list);
+  }
+
+  /**
+   * The jobs gpumem serve left running for the notebook's kernel (they
+   * outlived a restart, and compute): in its row, marked, in the daemon's
+   * sentence, never among everyone else.
+   */
+  private _leftRunning(row: HTMLLIElement, left: LeftRunning[], kernelId: string): void {
+    const mine = left.filter(l => l.kernel_id === kernelId);
+    if (!mine.length) {
+      return;
+    }
+    const box = el('div', 'jp-gpumem-left');
+    for (const l of mine) {
+      const line = el('div', 'jp-gpumem-left-line');
+      line.dataset.gpumem = 'left-running';
+      line.dataset.pid = String(l.pid);
+      line.append(
+        el('span', 'jp-gpumem-left-mark', this._trans.__('left running')),
+        el('span', '', ` ${formatBytes(l.bytes)} · ${l.message}`)
+      );
+      box.appendChild(line);
+    }
+    row.appendChild(box);
   }
 
   private _notebookRow(
@@ -239,12 +264,15 @@ export class OtherUsers {
     const list = el('ul', 'jp-gpumem-rows');
     for (const u of state.others) {
       const row = el('li', 'jp-gpumem-row jp-gpumem-user');
-      const name = el('span', 'jp-gpumem-name', u.user);
+      // A user the daemon could not name (a process gone from /proc before its owner was read).
+      const name = el('span', 'jp-gpumem-name', u.user || trans.__('unknown user'));
       const what = [
         trans._n('%1 notebook', '%1 notebooks', u.notebooks),
         trans._n('%1 other process', '%1 other processes', u.other_processes)
       ].join(', ');
-      name.title = trans.__('user %1: %2', u.user, what);
+      name.title = u.user
+        ? trans.__('user %1: %2', u.user, what)
+        : trans.__('processes whose owner gpumem serve could not read (gone from /proc): %1', what);
       const details = el('span', 'jp-gpumem-details', what);
       row.append(
         el('span', 'jp-gpumem-swatch jp-gpumem-swatch-other'),

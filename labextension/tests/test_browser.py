@@ -36,9 +36,11 @@ _m = _Marker(); _m.self = _m; del _m
 print("ready")"""
 CHECK_CELL = 'print("collected:", getattr(__import__("builtins"), "_gpumem_test_collected", False))'
 # A worker in a session of its own: it outlives a kernel restart (an orphan).
+# A second one plays a job that computes: reclaim leaves it running.
 WORKER_CELL = """import subprocess
 worker = subprocess.Popen(["sleep", "600"], start_new_session=True)
-print("worker", worker.pid)"""
+job = subprocess.Popen(["sleep", "601"], start_new_session=True)
+print("worker", worker.pid, "job", job.pid)"""
 
 
 # Processes the journey started outside every kernel's process group: ended
@@ -231,7 +233,8 @@ CLIP_JS = """(sel) => {
     const widest = Math.max(...labels.map((l) => ctx.measureText(l).width));
     const room = over.getBoundingClientRect().left - g.querySelector('.jp-gpumem-plot').getBoundingClientRect().left;
     if (room < widest + Number(g.dataset.axisPad)) {
-      bad.push(`GPU ${g.dataset.gpu}'s y axis is ${Math.round(room)} px for labels ${labels.join(', ')} (${Math.ceil(widest)} px)`);
+      const px = Math.ceil(widest);
+      bad.push(`GPU ${g.dataset.gpu}'s y axis is ${Math.round(room)} px for labels ${labels.join(', ')} (${px} px)`);
     }
   }
   return bad.slice(0, 12);
@@ -244,7 +247,8 @@ BAND_PIXEL_JS = """([sel, x, y]) => {
   const canvas = g.querySelector('canvas');
   const c = canvas.getBoundingClientRect(), o = g.querySelector('.u-over').getBoundingClientRect();
   const k = canvas.width / c.width;
-  const [r, gr, b] = canvas.getContext('2d').getImageData(Math.round((o.left - c.left + x) * k), Math.round((o.top - c.top + y) * k), 1, 1).data;
+  const px = [Math.round((o.left - c.left + x) * k), Math.round((o.top - c.top + y) * k)];
+  const [r, gr, b] = canvas.getContext('2d').getImageData(px[0], px[1], 1, 1).data;
   return `rgb(${r}, ${gr}, ${b})`;
 }"""
 
@@ -319,7 +323,7 @@ def test_user_journey(stack):
             for pid in spawned:
                 try:
                     # Still our worker (not a reused pid)?
-                    if Path("/proc/%d/cmdline" % pid).read_bytes() == b"sleep\x00600\x00":
+                    if Path("/proc/%d/cmdline" % pid).read_bytes() in (b"sleep\x00600\x00", b"sleep\x00601\x00"):
                         os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, FileNotFoundError):
                     pass
@@ -339,6 +343,7 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     # The label is this notebook; the bar says both parts, and the tooltip says which is which.
     title = status.get_attribute("title")
     assert "this notebook 2.0 GiB (dark), everyone 3.0 GiB of 80.0 GiB" in title, title
+    assert page.locator(".jp-gpumem-status-name").inner_text() == "train.ipynb"
     assert "idle" not in title.lower(), title
     shot(page, out, "01-status-bar.png")
 
@@ -401,9 +406,10 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     page.mouse.move(0, 0)
     band = page.evaluate(BAND_PIXEL_JS, [".jp-gpumem-gpu[data-gpu='0']", over["width"] - 3, over["height"] - 4])
     row_of = page.locator("[data-gpumem='notebook-row']", has_text=under)
-    swatch = row_of.locator(".jp-gpumem-swatch").evaluate("(e) => getComputedStyle(e).backgroundColor")
-    legend_swatch = legend.locator("li", has_text=under).locator(".jp-gpumem-swatch").evaluate("(e) => getComputedStyle(e).backgroundColor")
-    assert band == swatch == legend_swatch, f"{under}: the band is drawn {band}, its row's swatch is {swatch}, its legend's {legend_swatch}"
+    colour = "(e) => getComputedStyle(e).backgroundColor"
+    swatch = row_of.locator(".jp-gpumem-swatch").evaluate(colour)
+    legend_swatch = legend.locator("li", has_text=under).locator(".jp-gpumem-swatch").evaluate(colour)
+    assert band == swatch == legend_swatch, f"{under}: band {band}, row swatch {swatch}, legend {legend_swatch}"
     for r in range(rows.count()):
         labels = rows.nth(r).locator(".jp-gpumem-spark-label").all_inner_texts()
         assert labels == ["memory", "SM"], labels
@@ -527,11 +533,12 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     # Restart kernel (JupyterLab's own, with its confirmation) from the
     # actions menu: the daemon ends the orphaned worker, and a
     # notification says so once.
-    worker = int(run_cell(page, 2, "worker").split()[-1])
-    spawned.append(worker)
-    stack.set_gpu({pm: 2 * GiB, worker: int(1.5 * GiB), po: 1 * GiB})
+    words = run_cell(page, 2, "worker").split()
+    worker, job = int(words[-3]), int(words[-1])
+    spawned.extend([worker, job])
+    stack.set_gpu({pm: 2 * GiB, worker: int(1.5 * GiB), job: GiB, po: 1 * GiB}, sm_by_pid={job: 90})
     procs = row.locator("[data-field='procs']")
-    wait_for("the worker counted in the notebook", lambda: procs.get_attribute("data-count") == "2", timeout=10)
+    wait_for("the workers counted in the notebook", lambda: procs.get_attribute("data-count") == "3", timeout=10)
     menu("gpumem:restart-kernel")
     page.locator(".jp-Dialog .jp-mod-accept").click()
     toast = page.locator(
@@ -543,7 +550,22 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     assert toast.count() == 1
     orphans = row.locator("[data-field='orphans']")
     wait_for("the panel to count the ended orphan", lambda: orphans.get_attribute("data-count") == "1", timeout=10)
-    shot(page, out, "05-reclaim.png")
+    # The job that computes is left running: it stays in its notebook's
+    # row, marked, and is not "Everyone else" (the same user).
+    left = row.locator(f"[data-gpumem='left-running'][data-pid='{job}']")
+    left.wait_for(timeout=30_000)
+    assert "left running" in left.inner_text(), left.inner_text()
+    assert page.locator(".jp-gpumem-user").count() == 0, page.locator(".jp-gpumem-others").inner_text()
+    assert_no_overflow(page, "a job left running at 250 px")
+    shot(page, out, "05-reclaim.png", "panel-left-running-250-light.png")
+    # "End it" says what it did, with the figures of the sample after.
+    kept = page.locator(".Toastify__toast", has_text=f"(pid {job},")
+    kept.first.locator("button", has_text="End it").click()
+    ended = page.locator(".Toastify__toast", has_text=f"Ended pid {job} of train.ipynb (it held 1.0 GiB); GPU 0 now")
+    ended.wait_for(timeout=30_000)
+    wait_for("the job to be ended", lambda: worker_ended(job), timeout=10)
+    stack.set_gpu({pm: 2 * GiB, po: 1 * GiB})
+    left.wait_for(state="detached", timeout=15_000)
 
     # gpumem serve stops: the panel says so, the status bar says "GPU n/a"
     # and why, the console stays clean, no tight loop.
@@ -562,6 +584,12 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     ours = [(t, m) for t, m, _ in console if t in ("error", "pageerror") and "gpumem" in m.lower()]
     assert not ours, f"console errors from the extension: {ours}"
     assert_no_overflow(page, "the panel without the daemon")
+    # Said once: the daemon line does not repeat the status line.
+    daemon_line = page.locator("[data-gpumem='daemon-status']")
+    assert not daemon_line.is_visible(), daemon_line.inner_text()
+    assert page.locator(PANEL).inner_text().count("gpumem serve is not running") == 1, page.locator(PANEL).inner_text()
+    assert not page.locator("[data-gpumem='window']").is_visible(), "a plot window selector without plots"
+    shot(page, out, "06-no-daemon-250.png", "panel-no-daemon-250-light.png")
     shot(page, out, "06-no-daemon.png")
 
 
@@ -596,6 +624,17 @@ def test_dark_two_gpus_many_notebooks(stack):
             open_lab(page, lab, "two-gpus.ipynb")
             page.locator(".jp-gpumem-status-label", has_text="GPU 61.0 GiB (simulated)").wait_for(timeout=30_000)
             assert page.evaluate("document.body.dataset.jpThemeLight") == "false", "not the dark theme"
+            # The status item names the notebook its figure is of; on a tab
+            # that is not a notebook (the launcher) it names none and shows
+            # no notebook's figure; back on the notebook, its figure again.
+            status_name = page.locator(".jp-gpumem-status-name")
+            assert status_name.inner_text() == "two-gpus.ipynb", status_name.inner_text()
+            page.keyboard.press("Control+Shift+L")
+            page.locator(".jp-Launcher").first.wait_for(timeout=20_000)
+            page.locator(".jp-gpumem-status-label", has_text="GPU").filter(has_not_text="GiB").wait_for(timeout=10_000)
+            assert not status_name.is_visible(), status_name.inner_text()
+            page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="two-gpus.ipynb").click()
+            page.locator(".jp-gpumem-status-label", has_text="GPU 61.0 GiB (simulated)").wait_for(timeout=10_000)
             page.locator("[data-gpumem='status']").click()
             wait_for("the panel", lambda: panel_shown(page), timeout=10)
             rows = page.locator("[data-gpumem='notebook-row']")
@@ -707,6 +746,7 @@ def test_no_driver_says_na(stack):
             status.click()
             wait_for("the panel", lambda: panel_shown(page), timeout=10)
             page.locator("[data-gpumem='panel-status']", has_text="no NVIDIA driver").wait_for(timeout=10_000)
+            assert not page.locator("[data-gpumem='window']").is_visible(), "a plot window selector without plots"
             # No notebook holds "0 B" either: there is no figure.
             fig = page.locator("[data-gpumem='notebook-row'] [data-field='now']")
             fig.filter(has_text="n/a").wait_for(timeout=10_000)
