@@ -136,7 +136,8 @@ export class GpuPanel extends Widget {
       return;
     }
     this._status.hidden = state.warnings.length === 0;
-    this._status.textContent = state.warnings.join('; ');
+    // Without a GPU the warnings say why there is no figure, and the next step: as every face says it.
+    this._status.textContent = state.gpus.length ? state.warnings.join('; ') : trans.__('GPU n/a: %1', state.warnings.join('; '));
     this._plots.node.hidden = this._rows.node.hidden = this._others.node.hidden = this._vars.hidden = false;
     this._plots.render(state, this._windowSeconds, this.node);
     this._rows.render(state, this._windowSeconds);

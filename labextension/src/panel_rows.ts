@@ -68,7 +68,7 @@ export class NotebookRows {
         // No GPU figures at all (no driver): no notebook holds "0 B".
         const fig = row.querySelector<HTMLElement>('[data-field=now]')!;
         fig.textContent = trans.__('n/a');
-        fig.title = trans.__('No GPU figures: %1', state.warnings.join('; ') || trans.__('gpumem serve sees no GPU.'));
+        fig.title = trans.__('GPU n/a: %1', state.warnings.join('; ') || trans.__('gpumem serve sees no GPU.'));
         for (const extra of Array.from(row.querySelectorAll('.jp-gpumem-details, .jp-gpumem-spark-box, .jp-gpumem-work'))) {
           extra.remove();
         }

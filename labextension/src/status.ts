@@ -42,7 +42,7 @@ export function statusView(
   }
   if (!state.gpus.length) {
     const why = state.warnings.length ? state.warnings.join('; ') : trans.__('gpumem serve sees no GPU on this machine.');
-    return { text: na, name: '', lines: [trans.__('No GPU figures: %1', why)] };
+    return { text: na, name: '', lines: [trans.__('GPU n/a: %1', why)] };
   }
   if (kernelId === null) {
     return { text: trans.__('GPU'), name: '', lines: [trans.__('The current tab is not a notebook: open one to see its GPU memory.')] };

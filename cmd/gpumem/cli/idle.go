@@ -68,7 +68,7 @@ func writeIdle(w io.Writer, rep attribution.Report, now time.Time, width int) er
 		return err
 	}
 	if noGPU {
-		writeProse(w, "", 2, noGPUText, width)
+		writeProse(w, "", 2, noGPUText(rep), width)
 	}
 	if len(rep.Hoarding) > 0 {
 		parts := make([]string, len(rep.Hoarding))
