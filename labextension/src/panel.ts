@@ -387,7 +387,15 @@ export class GpuPanel extends Widget {
         return;
       }
       const rep = r.children as
-        { ended?: unknown[]; left?: { confirm?: boolean; message?: string }[]; returned_bytes?: number } | undefined;
+        | {
+            ended?: unknown[];
+            left?: { confirm?: boolean; message?: string }[];
+            returned_bytes?: number;
+            before?: number;
+            after?: number;
+            notes?: string[];
+          }
+        | undefined;
       const ended = rep?.ended?.length ?? 0;
       const running = (rep?.left ?? []).filter(p => p.confirm && p.message).map(p => p.message as string);
       let msg = trans._n(
@@ -397,8 +405,15 @@ export class GpuPanel extends Widget {
         label,
         formatBytes(rep?.returned_bytes ?? 0)
       );
+      // The daemon read the figure after once the ended processes were gone from the driver's list (or says why not).
+      if (rep?.before !== undefined && rep?.after !== undefined) {
+        msg += ' ' + trans.__("(the driver's figure for this kernel: %1 → %2)", formatBytes(rep.before), formatBytes(rep.after));
+      }
       if (running.length > 0) {
         msg += '; ' + trans.__('left running: %1', running.join('; '));
+      }
+      if (rep?.notes?.length) {
+        msg += '; ' + rep.notes.join('; ');
       }
       if (ended > 0) {
         Notification.success(msg, { autoClose: 6000 });

@@ -423,7 +423,7 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     shot(page, out, "02-panel-250.png")
     set_panel_width(page, 600)
     assert_no_overflow(page, "a 600 px sidebar")
-    shot(page, out, "02-panel-600.png")
+    shot(page, out, "02-panel-600.png", "panel-600-light.png")
     set_panel_width(page, 250)
 
     # The plot window's selector: 5 minutes, then back to 15.
@@ -673,7 +673,7 @@ def test_dark_two_gpus_many_notebooks(stack):
             )
             assert cut, "at 250 px the long name should be cut"
             assert_no_overflow(page, "dark, a 250 px sidebar")
-            shot(page, out, "11-dark-250.png")
+            shot(page, out, "11-dark-250.png", "panel-250-dark.png")
             set_panel_width(page, 600)
             assert_no_overflow(page, "dark, a 600 px sidebar")
             shot(page, out, "12-dark-600.png", "panel-600-dark.png")
@@ -755,8 +755,9 @@ def test_no_driver_says_na(stack):
             fig = page.locator("[data-gpumem='notebook-row'] [data-field='now']")
             fig.filter(has_text="n/a").wait_for(timeout=10_000)
             assert "no NVIDIA driver" in fig.get_attribute("title")
+            set_panel_width(page, 250)
             assert_no_overflow(page, "no driver")
-            shot(page, out, "20-no-driver.png")
+            shot(page, out, "20-no-driver.png", "panel-no-driver-250-light.png")
         finally:
             copy_logs(stack, out)
             browser.close()
