@@ -54,6 +54,7 @@ export interface OOMEvent {
   gpu: { index: number; name: string; total_bytes: number; used_bytes: number; free_bytes: number; simulated: boolean } | null;
   holders: OOMHolder[];
   holders_by_user?: Holder[];
+  /** When the daemon read the figures (unix milliseconds). */
   sampled_at: number;
   advice: string;
   headline: string;

@@ -29,7 +29,7 @@ export class ReportArea {
     now.dataset.gpumem = 'oom-now';
     const { box, head } = this._open(trans.__('Out of memory in %1', name), () => this._oomNow(now, ev));
     // The report's figures are those of the error's moment: said so, and ↻ adds the GPU's now.
-    head.asOf(ev.sampled_at || ev.time, trans.__('figures of the error, read'));
+    head.asOf(ev.sampled_at ? ev.sampled_at / 1000 : ev.time, trans.__('figures of the error, read'));
     box.append(reportNode(ev, trans), now);
     void fetchSnapshots(ev.kernel_id)
       .then(r => {

@@ -94,10 +94,7 @@ export class NotebookRows {
       const line = el('div', 'jp-gpumem-left-line');
       line.dataset.gpumem = 'left-running';
       line.dataset.pid = String(l.pid);
-      line.append(
-        el('span', 'jp-gpumem-left-mark', this._trans.__('left running')),
-        el('span', '', ` ${formatBytes(l.bytes)} · ${l.message}`)
-      );
+      line.append(el('span', 'jp-gpumem-left-mark', this._trans.__('left running')), el('span', '', ` ${l.message}`));
       box.appendChild(line);
     }
     row.appendChild(box);

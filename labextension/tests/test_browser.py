@@ -253,6 +253,19 @@ BAND_PIXEL_JS = """([sel, x, y]) => {
 }"""
 
 
+def assert_as_of_now(page, text, slack=300):
+    """The time a view says it read its figures ("as of 14:05:12") is the
+    browser's time of day now, give or take slack seconds."""
+    import re
+
+    m = re.search(r"(\d\d):(\d\d):(\d\d)", text)
+    assert m, f"no time of day in {text!r}"
+    now = page.evaluate("(() => { const d = new Date(); return d.getHours() * 3600 + d.getMinutes() * 60 + d.getSeconds(); })()")
+    then = int(m[1]) * 3600 + int(m[2]) * 60 + int(m[3])
+    gap = min((now - then) % 86400, (then - now) % 86400)
+    assert gap <= slack, f"{text!r} is {gap} s from the browser's time of day"
+
+
 def assert_no_overflow(page, what):
     got = page.evaluate(OVERFLOW_JS, PANEL)
     assert not got["bad"], f"{what}: something is wider than the panel ({got['width']:.0f} px):\n" + "\n".join(got["bad"])
@@ -489,6 +502,7 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     view = page.locator("[data-gpumem='vars']")
     as_of = view.locator("[data-gpumem='as-of']")
     assert as_of.inner_text().startswith("as of "), as_of.inner_text()
+    assert_as_of_now(page, as_of.inner_text())
     shot(page, out, "03-why.png", "panel-why-250-light.png")
     view.locator("[data-gpumem='view-refresh']").click()
     wait_for("why read again", lambda: why.locator("[data-gpumem='why-rows']").count() == 1, timeout=60)
@@ -539,6 +553,14 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     stack.set_gpu({pm: 2 * GiB, worker: int(1.5 * GiB), job: GiB, po: 1 * GiB}, sm_by_pid={job: 90})
     procs = row.locator("[data-field='procs']")
     wait_for("the workers counted in the notebook", lambda: procs.get_attribute("data-count") == "3", timeout=10)
+    # Free workers asks first when a worker computes, naming it and its SM %.
+    wait_for("the job's SM figure in the row", lambda: work.inner_text() == "90% SM", timeout=15)
+    menu("gpumem:free-workers")
+    ask = page.locator(".jp-Dialog", has_text="Free workers of train.ipynb")
+    ask.wait_for(timeout=10_000)
+    assert f"pid {job} computes at 90% SM on GPU 0" in ask.inner_text(), ask.inner_text()
+    ask.locator("button", has_text="Cancel").click()
+    ask.wait_for(state="detached", timeout=10_000)
     menu("gpumem:restart-kernel")
     page.locator(".jp-Dialog .jp-mod-accept").click()
     toast = page.locator(

@@ -8,7 +8,16 @@ import os
 from pathlib import Path
 
 from harness import REPO, GiB, need, wait_for
-from test_browser import CHROMIUM, artifacts_dir, assert_no_overflow, panel_shown, run_cell, set_panel_width, shot
+from test_browser import (
+    CHROMIUM,
+    artifacts_dir,
+    assert_as_of_now,
+    assert_no_overflow,
+    panel_shown,
+    run_cell,
+    set_panel_width,
+    shot,
+)
 from test_server import require_extension
 
 OOM_CELL = """import torch
@@ -97,7 +106,9 @@ def test_oom_notification_and_report(stack):
             ]:
                 assert want in rtext, (want, rtext)
             # Its figures' time, and ↻ adds what the GPU and the kernel hold now.
-            assert "figures of the error, read at " in page.locator("[data-gpumem='as-of']").inner_text()
+            as_of = page.locator("[data-gpumem='as-of']").inner_text()
+            assert "figures of the error, read at " in as_of, as_of
+            assert_as_of_now(page, as_of)
             page.locator("[data-gpumem='view-refresh']").click()
             page.locator("[data-gpumem='oom-now']", has_text="train.ipynb holds").wait_for(timeout=10_000)
             assert_no_overflow(page, "the report and its figures now at 250 px")
