@@ -69,7 +69,10 @@ export class GpuPlots {
         p.plot?.destroy();
       }
       this._plots.clear();
-      this.node.replaceChildren(el('div', 'jp-gpumem-empty', this._trans.__('No GPU figures (the line above says why).')));
+      // The status line above says why (the daemon's warnings), once; without one, this says it.
+      this.node.replaceChildren(
+        ...(state.warnings.length ? [] : [el('div', 'jp-gpumem-empty', this._trans.__('GPU n/a: gpumem serve sees no GPU.'))])
+      );
       return;
     }
     const UPlot = uPlotClass;
