@@ -6,8 +6,10 @@ import (
 	"sync"
 )
 
-// NoDriverWarning is the one line a Source without a driver reports.
-const NoDriverWarning = "no NVIDIA driver found (libnvidia-ml.so.1): GPU figures unavailable"
+// NoDriverWarning is the one line a Source without a driver reports: why
+// there is no figure, and the next step. Every face (the panel, the
+// status bar, the magics, ls) says it as it is, after "GPU n/a: ".
+const NoDriverWarning = "no NVIDIA driver found (libnvidia-ml.so.1): GPU figures unavailable; on a machine with NVIDIA GPUs, check that nvidia-smi works where gpumem serve runs"
 
 // ErrClosed is returned by Sample after Close.
 var ErrClosed = errors.New("nvml: source is closed")

@@ -13,18 +13,3 @@ export function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls = '', text
   }
   return e;
 }
-
-/**
- * A table of class `cls`, named `name` (its data-gpumem), whose first row
- * heads its columns with `heads` (each a th of class `headCls`).
- */
-export function headedTable(cls: string, name: string, heads: string[], headCls = ''): HTMLTableElement {
-  const table = el('table', cls);
-  table.dataset.gpumem = name;
-  const head = el('tr');
-  for (const h of heads) {
-    head.appendChild(el('th', headCls, h));
-  }
-  table.appendChild(head);
-  return table;
-}

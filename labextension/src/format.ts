@@ -166,3 +166,13 @@ export function timeTick(unixSeconds: number, spanSeconds: number, locale?: stri
 export function formatUtil(u: { sm_percent: number } | undefined, trans: Trans = plainTrans): string {
   return u ? trans.__('%1% SM', Math.round(u.sm_percent)) : trans.__('SM unknown');
 }
+
+/** A time of day to the second, 24-hour ("14:05:12"): what "as of" says. */
+export function clockTime(unixSeconds: number, locale?: string): string {
+  return new Date(unixSeconds * 1000).toLocaleTimeString(locale, {
+    hour: '2-digit',
+    minute: '2-digit',
+    second: '2-digit',
+    hour12: false
+  });
+}

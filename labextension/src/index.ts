@@ -14,8 +14,8 @@ import { ITranslator, nullTranslator } from '@jupyterlab/translation';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Signal } from '@lumino/signaling';
 
-import { endOrphans, freeCache, keepKernel } from './api';
-import { Trans } from './format';
+import { endOrphans, keepKernel } from './api';
+import { formatBytes, Trans } from './format';
 import { Alert, alertChanges, alertText, kernelLabel, WINDOWS } from './model';
 import { LogEvent, newOOMs } from './oom';
 import { GpuPanel } from './panel';
@@ -109,8 +109,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
       execute: args => panel.freeWorkers(kernelArg(args))
     });
     app.commands.addCommand(CommandIDs.restart, {
-      label: trans.__('Restart kernel…'),
-      caption: trans.__('Restart the kernel (JupyterLab asks first); open the notebook in this window to restart it'),
+      // Disabled, it says why in its label (a greyed item with no reason reads as broken).
+      label: args =>
+        panelOf(kernelArg(args)) ? trans.__('Restart kernel…') : trans.__('Restart kernel… (open its notebook in this window first)'),
+      caption: args =>
+        panelOf(kernelArg(args))
+          ? trans.__('Restart the kernel (JupyterLab asks first)')
+          : trans.__("This notebook's tab is not open in this window: open it (Open notebook) to restart its kernel"),
       isEnabled: args => panelOf(kernelArg(args)) !== undefined,
       execute: async args => {
         const w = panelOf(kernelArg(args));
@@ -130,7 +135,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const statusChanged = new Signal<GpuPanel, void>(panel);
     if (statusBar) {
       statusBar.registerStatusItem('jupyterlab-gpumem:status', {
-        item: new GpuStatusItem(source, tracker, () => void app.commands.execute(CommandIDs.open), trans),
+        item: new GpuStatusItem(source, tracker, app.shell, () => void app.commands.execute(CommandIDs.open), trans),
         align: 'left',
         rank: 5,
         isActive: () => showStatus,
@@ -179,9 +184,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
             {
               label: trans.__('Free cache in my notebooks'),
               caption: trans.__("gc and empty the frameworks' caches in this server's notebooks on that GPU"),
-              callback: () => {
-                void Promise.allSettled(a.kernels.map(k => freeCache(k))).then(() => source.refresh());
-              }
+              // One notification for them all: what each returned, as the daemon judged it after the free.
+              callback: () => void panel.freeCacheMany(a.kernels)
             }
           ];
         }
@@ -257,12 +261,24 @@ const plugin: JupyterFrontEndPlugin<void> = {
                 callback: () => {
                   void endOrphans(ev.kernel_id, [pid])
                     .then(r => {
-                      const p = (r.end as { processes?: { ended: boolean; reason?: string }[] } | undefined)?.processes?.[0];
+                      const p = (r.end as { processes?: { ended: boolean; reason?: string; bytes?: number }[] } | undefined)
+                        ?.processes?.[0];
                       if (r.status !== 'ok' || !p?.ended) {
                         Notification.warning(trans.__('pid %1 was not ended: %2', pid, p?.reason ?? r.message ?? trans.__('failed')), {
                           autoClose: 8000
                         });
+                        return;
                       }
+                      // What it did, with the figures of the sample after the process exited.
+                      return panel.saySince(Date.now() / 1000, ev.kernel_id, now =>
+                        trans.__(
+                          'Ended pid %1 of %2 (it held %3); %4',
+                          pid,
+                          kernelLabel(source.state, ev.kernel_id, ev.notebook, trans),
+                          formatBytes(p.bytes ?? 0),
+                          now
+                        )
+                      );
                     })
                     .finally(() => source.refresh());
                 }

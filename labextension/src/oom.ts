@@ -8,7 +8,9 @@
 
 import type uPlot from 'uplot';
 
-import { el, headedTable } from './dom';
+import { el } from './dom';
+import { axisSize, canvasMeasure, currentTheme } from './plot';
+import { listNode } from './view';
 import { formatBytes, formatDuration, plainTrans, Trans } from './format';
 import type { Holder } from './report';
 
@@ -52,6 +54,7 @@ export interface OOMEvent {
   gpu: { index: number; name: string; total_bytes: number; used_bytes: number; free_bytes: number; simulated: boolean } | null;
   holders: OOMHolder[];
   holders_by_user?: Holder[];
+  /** When the daemon read the figures (unix milliseconds). */
   sampled_at: number;
   advice: string;
   headline: string;
@@ -146,20 +149,17 @@ export function reportNode(ev: OOMEvent, trans: Trans = plainTrans): HTMLElement
     box.appendChild(el('div', '', line));
   }
   if (ev.holders.length) {
-    const table = headedTable(
-      'jp-gpumem-table jp-gpumem-holders',
-      'oom-holders',
-      [trans.__('holder'), trans.__('user'), trans.__('memory'), trans.__('state')],
-      'jp-gpumem-cut'
+    // A row per holder that reflows at 250 px: its name in full, its memory, then its user and state.
+    box.appendChild(
+      listNode(
+        'oom-holders',
+        holderCells(ev, trans).map(([name, user, memory, state]) => ({
+          name,
+          bytes: memory,
+          sub: [trans.__('user %1', user), state].filter(Boolean).join(' · ')
+        }))
+      )
     );
-    for (const [holder, user, memory, state] of holderCells(ev, trans)) {
-      const tr = el('tr');
-      const name = el('td', 'jp-gpumem-cut', holder);
-      name.title = holder;
-      tr.append(name, el('td', 'jp-gpumem-cut', user), el('td', 'jp-gpumem-num', memory), el('td', 'jp-gpumem-cut', state));
-      table.appendChild(tr);
-    }
-    box.appendChild(table);
   }
   if (ev.advice) {
     const a = el('div', 'jp-gpumem-report-advice', trans.__('advice: %1', ev.advice));
@@ -247,13 +247,18 @@ export async function drawSnapshot(
       const plot = el('div', 'jp-gpumem-snapshot-plot');
       plot.dataset.points = String(d.timeline.time_us.length);
       box.appendChild(plot);
+      const font = currentTheme(box).font;
+      const widthOf = canvasMeasure(font) ?? ((text: string) => 7 * text.length);
       const opts: uPlot.Options = {
         width,
         height: 160,
         legend: { show: true, live: false },
         cursor: { show: false },
         scales: { x: { time: false } },
-        axes: [{ label: trans.__('s') }, { values: (_u, vals) => vals.map(v => formatBytes(v)), size: 70 }],
+        axes: [
+          { label: trans.__('s') },
+          { font, values: (_u, vals) => vals.map(v => formatBytes(v)), size: (_u, values) => axisSize(values ?? [], widthOf) }
+        ],
         series: [
           {},
           { label: trans.__('allocated'), stroke: '#1f77b4', width: 1, points: { show: false } },
@@ -262,21 +267,20 @@ export async function drawSnapshot(
       };
       new UPlot(opts, timelineData(d.timeline) as uPlot.AlignedData, plot);
     }
-    const table = headedTable(
-      'jp-gpumem-table',
+    // Where the memory was allocated, a row each: the line wraps at 250 px, the frames on hover.
+    const list = listNode(
       'snapshot-stacks',
-      [trans.__('allocated at'), trans.__('memory'), trans.__('blocks')],
-      'jp-gpumem-cut'
+      d.top_stacks.slice(0, 10).map(ts => ({
+        name: stackLine(stacks.get(ts.stack)),
+        bytes: formatBytes(ts.bytes),
+        sub: trans._n('%1 block', '%1 blocks', ts.count)
+      }))
     );
-    for (const ts of d.top_stacks.slice(0, 10)) {
-      const tr = el('tr');
+    d.top_stacks.slice(0, 10).forEach((ts, i) => {
       const st = stacks.get(ts.stack);
-      const cell = el('td', 'jp-gpumem-cut', stackLine(st));
-      cell.title = (st?.frames ?? []).map(f => `${f.filename}:${f.line} ${f.name}`).join('\n');
-      tr.append(cell, el('td', 'jp-gpumem-num', formatBytes(ts.bytes)), el('td', 'jp-gpumem-num', String(ts.count)));
-      table.appendChild(tr);
-    }
-    box.appendChild(table);
+      (list.children[i] as HTMLElement).title = (st?.frames ?? []).map(f => `${f.filename}:${f.line} ${f.name}`).join('\n');
+    });
+    box.append(el('h3', '', trans.__('Allocated at')), list);
     for (const o of d.ooms) {
       box.appendChild(
         el(

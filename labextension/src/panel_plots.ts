@@ -6,9 +6,9 @@
 import type uPlot from 'uplot';
 
 import { el } from './dom';
-import { binaryTicks, formatBytes, formatPercent, Trans } from './format';
+import { binaryTicks, formatBytes, formatPercent, formatTick, Trans } from './format';
 import { GPU, Stacked, stackNotebooks, State } from './model';
-import { currentTheme, plotData, plotOptions, PlotTheme, PLOT_HEIGHT } from './plot';
+import { currentTheme, plotData, plotOptions, PlotTheme, PLOT_HEIGHT, Y_GAP, Y_TICK } from './plot';
 import { StateSource } from './source';
 
 // uPlot is loaded when the panel first draws, not with JupyterLab's page.
@@ -42,6 +42,7 @@ interface GPUPlot {
   head: HTMLDivElement;
   plotBox: HTMLDivElement;
   hover: HTMLDivElement;
+  legend: HTMLUListElement;
   empty: HTMLDivElement;
   plot: uPlot | null;
   key: string; // what the plot was made for: bands, width, theme, window, step
@@ -68,7 +69,10 @@ export class GpuPlots {
         p.plot?.destroy();
       }
       this._plots.clear();
-      this.node.replaceChildren(el('div', 'jp-gpumem-empty', this._trans.__('No GPU figures (the line above says why).')));
+      // The status line above says why (the daemon's warnings), once; without one, this says it.
+      this.node.replaceChildren(
+        ...(state.warnings.length ? [] : [el('div', 'jp-gpumem-empty', this._trans.__('GPU n/a: gpumem serve sees no GPU.'))])
+      );
       return;
     }
     const UPlot = uPlotClass;
@@ -89,8 +93,13 @@ export class GpuPlots {
       const last = st.stacks.length ? st.stacks[st.stacks.length - 1].values : [];
       p.box.dataset.stackTop = String(last.length ? (last[last.length - 1] ?? 0) : 0);
       p.box.dataset.bands = st.stacks.map(s => s.kernelId).join(',');
-      p.box.dataset.yTicks = binaryTicks(st.top, 3).join(','); // what the axis shows
+      const ticks = binaryTicks(st.top, 3);
+      p.box.dataset.yTicks = ticks.join(','); // what the axis shows
+      p.box.dataset.yLabels = ticks.map(formatTick).join('|');
+      p.box.dataset.axisFont = theme.font;
+      p.box.dataset.axisPad = String(Y_TICK + Y_GAP);
       p.empty.hidden = st.stacks.length > 0;
+      this._renderLegend(p.legend, st);
       p.empty.textContent = this._trans.__('No notebook of this server holds memory on GPU %1.', g.index);
       const width = Math.max(120, p.box.clientWidth);
       const key = `${st.stacks.map(s => s.kernelId).join(',')}|${width}|${themeKey(theme)}|${windowSeconds}|${hist.step}`;
@@ -139,18 +148,49 @@ export class GpuPlots {
       hover.hidden = true;
       hover.setAttribute('role', 'tooltip');
       const empty = el('div', 'jp-gpumem-empty');
+      const legend = el('ul', 'jp-gpumem-legend');
+      legend.dataset.gpumem = 'plot-legend';
       plotBox.appendChild(hover);
-      box.append(head, plotBox, empty);
+      box.append(head, plotBox, legend, empty);
       for (const c of Array.from(this.node.children)) {
         if (!c.classList.contains('jp-gpumem-gpu')) {
           c.remove(); // the "no GPU" line
         }
       }
       this.node.appendChild(box);
-      p = { box, head, plotBox, hover, empty, plot: null, key: '', data: { times: [], stacks: [], used: [], top: 0 } };
+      p = { box, head, plotBox, hover, legend, empty, plot: null, key: '', data: { times: [], stacks: [], used: [], top: 0 } };
       this._plots.set(index, p);
     }
     return p;
+  }
+
+  /** The plot's legend where notebooks share the GPU: each band's colour and name, top of the stack first. */
+  private _renderLegend(legend: HTMLUListElement, st: Stacked): void {
+    legend.hidden = st.stacks.length < 2;
+    const key = st.stacks.map(s => `${s.kernelId}=${s.label}`).join('|');
+    if (legend.hidden || legend.dataset.key === key) {
+      return;
+    }
+    legend.dataset.key = key;
+    legend.replaceChildren(
+      ...[...st.stacks].reverse().map(s => {
+        const li = el('li', '');
+        const sw = el('span', 'jp-gpumem-swatch');
+        sw.style.background = this._palette.color(s.kernelId);
+        sw.setAttribute('aria-hidden', 'true');
+        li.dataset.kernelId = s.kernelId;
+        li.append(sw, el('span', 'jp-gpumem-legend-name', s.label));
+        return li;
+      }),
+      this._usedKey()
+    );
+  }
+
+  /** The legend's entry for the dashed line: the GPU's used memory, everyone's. */
+  private _usedKey(): HTMLLIElement {
+    const li = el('li', 'jp-gpumem-legend-used');
+    li.append(el('span', 'jp-gpumem-legend-dash'), el('span', 'jp-gpumem-legend-name', this._trans.__('GPU used (everyone)')));
+    return li;
   }
 
   private _renderHead(head: HTMLDivElement, g: GPU): void {
@@ -182,5 +222,5 @@ export class GpuPlots {
 }
 
 function themeKey(t: PlotTheme): string {
-  return `${t.text}/${t.grid}/${t.used}`;
+  return `${t.text}/${t.grid}/${t.used}/${t.font}`;
 }

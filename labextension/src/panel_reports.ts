@@ -4,7 +4,8 @@
 
 import { fetchSnapshot, fetchSnapshots, snapshotRawUrl } from './api';
 import { el } from './dom';
-import { Trans } from './format';
+import { clockTime, formatBytes, Trans } from './format';
+import { viewHead, ViewHead } from './view';
 import { kernelLabel } from './model';
 import { drawSnapshot, OOMEvent, reportNode, SnapshotReduction } from './oom';
 import { StateSource } from './source';
@@ -24,8 +25,12 @@ export class ReportArea {
   showOOM(ev: OOMEvent): void {
     const trans = this._trans;
     const name = kernelLabel(this._source.state, ev.kernel_id, ev.notebook, trans);
-    const box = this._open(trans.__('Out of memory in %1', name));
-    box.appendChild(reportNode(ev, trans));
+    const now = el('div', 'jp-gpumem-list-sub');
+    now.dataset.gpumem = 'oom-now';
+    const { box, head } = this._open(trans.__('Out of memory in %1', name), () => this._oomNow(now, ev));
+    // The report's figures are those of the error's moment: said so, and ↻ adds the GPU's now.
+    head.asOf(ev.sampled_at ? ev.sampled_at / 1000 : ev.time, trans.__('figures of the error, read'));
+    box.append(reportNode(ev, trans), now);
     void fetchSnapshots(ev.kernel_id)
       .then(r => {
         const list = ((r as { snapshots?: { snapshots?: { id: string; oom_event?: number }[] } }).snapshots?.snapshots ?? []).filter(
@@ -45,7 +50,7 @@ export class ReportArea {
   async showSnapshot(kernelId: string, id: string, notebook = ''): Promise<void> {
     const trans = this._trans;
     const name = kernelLabel(this._source.state, kernelId, notebook, trans);
-    const box = this._open(trans.__('Memory snapshot %1 of %2', id, name));
+    const { box, head } = this._open(trans.__('Memory snapshot %1 of %2', id, name));
     const body = el('div', 'jp-gpumem-empty', trans.__('Reading…'));
     box.appendChild(body);
     try {
@@ -62,6 +67,7 @@ export class ReportArea {
             : trans.__('gpumem serve is still reducing it…');
         return;
       }
+      head.asOf(Date.now() / 1000);
       const t0 = performance.now();
       // The plot's width is the report's: it fits the sidebar.
       await drawSnapshot(body, s.reduction, snapshotRawUrl(kernelId, id), Math.max(120, body.clientWidth), trans);
@@ -71,25 +77,37 @@ export class ReportArea {
     }
   }
 
-  /** Empties the area, shows it under title with a close button, and returns its body. */
-  private _open(title: string): HTMLDivElement {
+  /** What the error's GPU and kernel hold now, from the last sample, under the report. */
+  private _oomNow(line: HTMLElement, ev: OOMEvent): void {
     const trans = this._trans;
+    const state = this._source.state;
+    const g = state?.gpus.find(x => x.index === ev.gpu?.index);
+    const nb = state?.notebooks.find(n => n.kernel_id === ev.kernel_id);
+    const parts: string[] = [];
+    if (g) {
+      parts.push(trans.__('GPU %1: %2 of %3 used', g.index, formatBytes(g.memory_used_bytes), formatBytes(g.memory_total_bytes)));
+    }
+    parts.push(nb ? trans.__('%1 holds %2', nb.display_name, formatBytes(nb.gpu_memory_bytes)) : trans.__('its kernel is gone'));
+    line.textContent = trans.__('now (%1): %2', clockTime(state?.now ?? Date.now() / 1000), parts.join('; '));
+  }
+
+  /** Empties the area, shows it under title with its head (close, and refresh when given), and returns its body. */
+  private _open(title: string, refresh?: () => void): { box: HTMLDivElement; head: ViewHead } {
     const r = this.node;
     r.replaceChildren();
     r.hidden = false;
-    const head = el('div', 'jp-gpumem-report-title');
-    head.append(el('h3', '', title));
-    const close = el('button', 'jp-gpumem-more jp-Button jp-mod-minimal', '✕');
-    close.setAttribute('aria-label', trans.__('Close the report'));
-    close.title = trans.__('Close');
-    close.onclick = () => {
-      r.hidden = true;
-      r.replaceChildren();
-    };
-    head.appendChild(close);
+    const head = viewHead(
+      title,
+      this._trans,
+      () => {
+        r.hidden = true;
+        r.replaceChildren();
+      },
+      refresh
+    );
     const box = el('div', 'jp-gpumem-report-body');
-    r.append(head, box);
+    r.append(head.node, box);
     r.scrollIntoView({ block: 'nearest' });
-    return box;
+    return { box, head };
   }
 }

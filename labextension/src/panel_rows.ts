@@ -7,7 +7,7 @@ import { Menu } from '@lumino/widgets';
 
 import { el } from './dom';
 import { formatBytes, formatUtil, Trans } from './format';
-import { Notebook, plotRange, sparkPath, State } from './model';
+import { LeftRunning, Notebook, plotRange, sparkPath, State } from './model';
 import { Palette } from './panel_plots';
 import { StateSource } from './source';
 
@@ -22,6 +22,13 @@ export const NOTEBOOK_COMMANDS = [
 ];
 
 const SVG = 'http://www.w3.org/2000/svg';
+
+/** A sparkline with its label before it ("memory", "SM"): two lines of one colour read apart. */
+function sparkBox(label: string, spark: SVGSVGElement, cls: string): HTMLSpanElement {
+  const box = el('span', `jp-gpumem-spark-box ${cls}`);
+  box.append(el('span', 'jp-gpumem-spark-label', label), spark);
+  return box;
+}
 
 /** This server's notebooks, one row each, in node. */
 export class NotebookRows {
@@ -61,14 +68,36 @@ export class NotebookRows {
         // No GPU figures at all (no driver): no notebook holds "0 B".
         const fig = row.querySelector<HTMLElement>('[data-field=now]')!;
         fig.textContent = trans.__('n/a');
-        fig.title = trans.__('No GPU figures: %1', state.warnings.join('; ') || trans.__('gpumem serve sees no GPU.'));
-        for (const extra of Array.from(row.querySelectorAll('.jp-gpumem-details, .jp-gpumem-spark, .jp-gpumem-work'))) {
+        fig.title = trans.__('GPU n/a: %1', state.warnings.join('; ') || trans.__('gpumem serve sees no GPU.'));
+        for (const extra of Array.from(row.querySelectorAll('.jp-gpumem-details, .jp-gpumem-spark-box, .jp-gpumem-work'))) {
           extra.remove();
         }
       }
+      this._leftRunning(row, state.left_running ?? [], nb.kernel_id);
       list.appendChild(row);
     }
     box.appendChild(list);
+  }
+
+  /**
+   * The jobs gpumem serve left running for the notebook's kernel (they
+   * outlived a restart, and compute): in its row, marked, in the daemon's
+   * sentence, never among everyone else.
+   */
+  private _leftRunning(row: HTMLLIElement, left: LeftRunning[], kernelId: string): void {
+    const mine = left.filter(l => l.kernel_id === kernelId);
+    if (!mine.length) {
+      return;
+    }
+    const box = el('div', 'jp-gpumem-left');
+    for (const l of mine) {
+      const line = el('div', 'jp-gpumem-left-line');
+      line.dataset.gpumem = 'left-running';
+      line.dataset.pid = String(l.pid);
+      line.append(el('span', 'jp-gpumem-left-mark', this._trans.__('left running')), el('span', '', ` ${l.message}`));
+      box.appendChild(line);
+    }
+    row.appendChild(box);
   }
 
   private _notebookRow(
@@ -114,6 +143,7 @@ export class NotebookRows {
     path.setAttribute('d', sparkPath(points, from, to, 100, 14, max));
     path.setAttribute('stroke', this._palette.color(nb.kernel_id));
     spark.appendChild(path);
+    const memSpark = sparkBox(trans.__('memory'), spark, 'jp-gpumem-spark-mem');
     const details = el('span', 'jp-gpumem-details');
     const field = (key: string, text: string, title: string) => {
       const s = el('span', '', text);
@@ -144,7 +174,7 @@ export class NotebookRows {
     const ended = details.querySelector<HTMLElement>('[data-field=orphans]')!;
     ended.dataset.count = String(orphans);
     ended.hidden = orphans === 0;
-    row.append(swatch, name, now, more, spark, details);
+    row.append(swatch, name, now, more, memSpark, details);
     const strays = nb.stray_contexts ?? [];
     if (strays.length) {
       // The daemon's flags, in its words: what it is, why, how to avoid it.
@@ -186,7 +216,7 @@ export class NotebookRows {
       ? [verdicts[nb.compute.state] ?? nb.compute.state, nb.compute.reason].filter(Boolean).join(': ')
       : trans.__('SM utilization of the kernel and its children, summed over its GPUs');
     const spark = document.createElementNS(SVG, 'svg');
-    spark.classList.add('jp-gpumem-spark', 'jp-gpumem-spark-sm');
+    spark.classList.add('jp-gpumem-spark', 'jp-gpumem-spark-dashed');
     spark.setAttribute('viewBox', '0 0 100 14');
     spark.setAttribute('preserveAspectRatio', 'none');
     spark.setAttribute('aria-hidden', 'true');
@@ -198,7 +228,7 @@ export class NotebookRows {
     path.setAttribute('d', sparkPath(points, from, to, 100, 14, top, Math.max(1, step)));
     path.setAttribute('stroke', this._palette.color(nb.kernel_id));
     spark.appendChild(path);
-    row.append(work, spark);
+    row.append(work, sparkBox(trans.__('SM'), spark, 'jp-gpumem-spark-sm'));
   }
 
   /** A notebook's actions menu: JupyterLab's commands, with their labels and captions. */
@@ -231,12 +261,15 @@ export class OtherUsers {
     const list = el('ul', 'jp-gpumem-rows');
     for (const u of state.others) {
       const row = el('li', 'jp-gpumem-row jp-gpumem-user');
-      const name = el('span', 'jp-gpumem-name', u.user);
+      // A user the daemon could not name (a process gone from /proc before its owner was read).
+      const name = el('span', 'jp-gpumem-name', u.user || trans.__('unknown user'));
       const what = [
         trans._n('%1 notebook', '%1 notebooks', u.notebooks),
         trans._n('%1 other process', '%1 other processes', u.other_processes)
       ].join(', ');
-      name.title = trans.__('user %1: %2', u.user, what);
+      name.title = u.user
+        ? trans.__('user %1: %2', u.user, what)
+        : trans.__('processes whose owner gpumem serve could not read (gone from /proc): %1', what);
       const details = el('span', 'jp-gpumem-details', what);
       row.append(
         el('span', 'jp-gpumem-swatch jp-gpumem-swatch-other'),

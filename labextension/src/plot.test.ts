@@ -1,8 +1,8 @@
 import { describe, expect, it } from 'vitest';
 
-import { plainTrans } from './format';
+import { binaryTicks, formatTick, plainTrans } from './format';
 import { Stacked } from './model';
-import { identityAt } from './plot';
+import { axisSize, identityAt, Y_GAP, Y_TICK } from './plot';
 
 const GiB = 1024 ** 3;
 
@@ -26,5 +26,24 @@ describe('identityAt', () => {
     expect(identityAt(st, 0, 6 * GiB, plainTrans)).toBeNull();
     expect(identityAt(st, 1, 4 * GiB, plainTrans)).toBeNull(); // no GPU figure there
     expect(identityAt(st, 5, GiB, plainTrans)).toBeNull();
+  });
+});
+
+describe('axisSize', () => {
+  // A font of 7 px a character: "128 GiB" is 49 px.
+  const measure = (s: string) => 7 * s.length;
+  it('is as wide as the widest label, its tick and the gap', () => {
+    const labels = ['0', '64 GiB', '128 GiB'];
+    expect(axisSize(labels, measure)).toBe(49 + Y_TICK + Y_GAP + 2);
+    expect(axisSize(labels, measure)).toBeGreaterThan(56); // the fixed width that cut "128 GiB" to "28 GiB"
+  });
+  it('fits 512 MiB and an empty axis', () => {
+    expect(axisSize(['0', '256 MiB', '512 MiB'], measure)).toBeGreaterThanOrEqual(49 + Y_TICK + Y_GAP);
+    expect(axisSize([], measure)).toBe(Y_TICK + Y_GAP + 2);
+  });
+  it('labels the ticks of a 3-digit plot in full', () => {
+    const ticks = binaryTicks(100 * GiB, 3).map(formatTick);
+    expect(ticks[ticks.length - 1]).toBe('128 GiB');
+    expect(binaryTicks(400 * 1024 ** 2, 3).map(formatTick)).toContain('512 MiB');
   });
 });

@@ -1,6 +1,7 @@
 // One GPU's plot (uPlot): this server's notebooks stacked, each band that
 // notebook's bytes on this GPU, and the GPU's used memory as a line above
-// them. No legend: the panel's rows carry each notebook's colour, and
+// them, each band opaque in its row's colour. Where notebooks share a
+// GPU, the panel draws their legend under the plot (panel_plots.ts), and
 // resting the pointer on a band names it. Ticks at round binary steps,
 // times of day only.
 
@@ -14,6 +15,8 @@ export interface PlotTheme {
   text: string;
   grid: string;
   used: string;
+  /** The axes' font (a canvas font: its size in CSS px). */
+  font: string;
 }
 
 export function currentTheme(node: HTMLElement): PlotTheme {
@@ -22,7 +25,37 @@ export function currentTheme(node: HTMLElement): PlotTheme {
   return {
     text: v('--jp-ui-font-color2', '#616161'),
     grid: v('--jp-border-color2', '#e0e0e0'),
-    used: v('--jp-ui-font-color1', '#212121')
+    used: v('--jp-ui-font-color1', '#212121'),
+    font: `11px ${v('--jp-ui-font-family', 'system-ui, sans-serif')}`
+  };
+}
+
+/** The y axis's tick length and the gap between a tick and its label (px). */
+export const Y_TICK = 6;
+export const Y_GAP = 4;
+
+/**
+ * The width of a y axis whose labels are labels: the widest as measure
+ * says (in CSS px, the axis's font), its tick, the gap and a pixel each
+ * side, so that "128 GiB" keeps its first digit.
+ */
+export function axisSize(labels: readonly string[], measure: (text: string) => number): number {
+  const widest = Math.max(0, ...labels.map(measure));
+  return Math.ceil(widest) + Y_TICK + Y_GAP + 2;
+}
+
+let measureCtx: CanvasRenderingContext2D | null | undefined;
+
+/** Measures text in font with a canvas of its own (null where there is no canvas). */
+export function canvasMeasure(font: string): ((text: string) => number) | null {
+  measureCtx ??= document.createElement('canvas').getContext('2d');
+  const ctx = measureCtx;
+  if (!ctx) {
+    return null;
+  }
+  return text => {
+    ctx.font = font;
+    return ctx.measureText(text).width;
   };
 }
 
@@ -63,9 +96,12 @@ export function plotOptions(
   theme: PlotTheme,
   trans: Trans,
   onHover: (text: string | null, left: number) => void,
-  stepped?: uPlot.Series.PathBuilder
+  stepped?: uPlot.Series.PathBuilder,
+  measure: ((text: string) => number) | null = canvasMeasure(theme.font)
 ): uPlot.Options {
-  const axis = { stroke: theme.text, grid: { stroke: theme.grid, width: 1 }, ticks: { stroke: theme.grid, width: 1 } };
+  const axis = { stroke: theme.text, font: theme.font, grid: { stroke: theme.grid, width: 1 }, ticks: { stroke: theme.grid, width: 1 } };
+  // Without a canvas to measure with: 7 px a character, a wide guess.
+  const widthOf = measure ?? ((text: string) => 7 * text.length);
   const bands = [...st.stacks].reverse(); // the top of the stack first: lower bands cover it
   return {
     width,
@@ -86,14 +122,24 @@ export function plotOptions(
         // The span drawn now (it grows with the history): seconds only on a few minutes.
         values: (u, vals) => vals.map(v => timeTick(v, (u.scales.x.max ?? 0) - (u.scales.x.min ?? 0)))
       },
-      { ...axis, size: 56, splits: (_u, _i, _min, max) => binaryTicks(max, 3), values: (_u, vals) => vals.map(v => formatTick(v)) }
+      {
+        ...axis,
+        ticks: { ...axis.ticks, size: Y_TICK },
+        gap: Y_GAP,
+        // As wide as its widest label, measured: a fixed width cut "128 GiB" to "28 GiB".
+        size: (_u, values) => axisSize(values ?? [], widthOf),
+        splits: (_u, _i, _min, max) => binaryTicks(max, 3),
+        values: (_u, vals) => vals.map(v => formatTick(v))
+      }
     ],
     series: [
       {},
       ...bands.map((s, i) => ({
         label: s.label,
         stroke: colors[bands.length - 1 - i],
-        fill: colors[bands.length - 1 - i] + '99',
+        // Opaque: a band drawn over the one above it (each fills from 0 to its
+        // stack's top) would blend with it, and read as neither row's swatch.
+        fill: colors[bands.length - 1 - i],
         width: 1,
         paths: stepped,
         points: { show: false }

@@ -71,6 +71,33 @@ export class StateSource {
     return this._poll.refresh();
   }
 
+  /**
+   * The state of a sample taken after an action done at since (unix
+   * seconds): the first reply that says a time at or after it, or the
+   * second reply at the latest (one asked for before the action may come
+   * back first, and the browser's clock may not be the server's); null if
+   * none comes within timeoutMs.
+   */
+  sampleAfter(since: number, timeoutMs: number): Promise<State | null> {
+    return new Promise(resolve => {
+      let replies = 0;
+      const done = (st: State | null) => {
+        clearTimeout(timer);
+        this._changed.disconnect(onChange);
+        resolve(st);
+      };
+      const onChange = () => {
+        replies++;
+        if (this._state && (this._state.now >= since || replies >= 2)) {
+          done(this._state);
+        }
+      };
+      const timer = setTimeout(() => done(null), timeoutMs);
+      this._changed.connect(onChange);
+      void this.refresh();
+    });
+  }
+
   /** The plots' window in seconds: past 15 minutes, minute points are read too. */
   get window(): number {
     return this._window;

@@ -8,6 +8,7 @@ describe('statusView', () => {
   it('shows the notebook and both parts of its GPU plainly', () => {
     const v = statusView(withNb, null, 'k');
     expect(v.text).toBe('GPU 2.0 GiB (simulated)');
+    expect(v.name).toBe('k.ipynb');
     expect(v.bar).toEqual({ mine: 2 / 80, rest: 8 / 80, level: 'ok', gpu: 0 });
     expect(v.lines[0]).toBe("k.ipynb: 2.0 GiB on the GPU (the driver's figure, children included)");
     expect(v.lines[1]).toBe('The bar is GPU 0: this notebook 2.0 GiB (dark), everyone 10.0 GiB of 80.0 GiB (13%)');
@@ -32,6 +33,10 @@ describe('statusView', () => {
       expect(v.bar).toBeUndefined();
       expect(v.lines.join(' ')).toMatch(why);
     }
+  });
+  it('names no notebook when the current tab is not one', () => {
+    const v = statusView(withNb, null, null);
+    expect(v).toEqual({ text: 'GPU', name: '', lines: ['The current tab is not a notebook: open one to see its GPU memory.'] });
   });
   it('never says 0 B without a driver', () => {
     const v = statusView(state({ gpus: [], notebooks: [nb('k', 0)], warnings: ['no NVIDIA driver found'] }), null, 'k');

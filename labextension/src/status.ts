@@ -9,6 +9,8 @@ import { Level, mainGPU, notebookOf, State } from './model';
 export interface StatusView {
   /** The label: this notebook's GPU memory, or "GPU n/a". */
   text: string;
+  /** The notebook the figure is of (shown before it), or "". */
+  name: string;
   /** The tooltip: the reason when there is no figure, else the figures. */
   lines: string[];
   /**
@@ -25,29 +27,34 @@ export interface StatusView {
  * memory (the driver's figure, children included) and a bar of its main
  * GPU with both parts plainly (this notebook, everyone else), or "GPU n/a"
  * and why (gpumem serve not running, no driver or GPU, no kernel, a kernel
- * it does not follow).
+ * it does not follow). kernelId null: the current tab is not a notebook,
+ * and the item names none (never the last notebook's figure, unnamed).
  */
 export function statusView(
   state: State | null,
   unavailable: string | null,
-  kernelId: string | undefined,
+  kernelId: string | undefined | null,
   trans: Trans = plainTrans
 ): StatusView {
   const na = trans.__('GPU n/a');
   if (!state) {
-    return { text: na, lines: [unavailable ?? trans.__('Waiting for the first figures from gpumem serve…')] };
+    return { text: na, name: '', lines: [unavailable ?? trans.__('Waiting for the first figures from gpumem serve…')] };
   }
   if (!state.gpus.length) {
     const why = state.warnings.length ? state.warnings.join('; ') : trans.__('gpumem serve sees no GPU on this machine.');
-    return { text: na, lines: [trans.__('No GPU figures: %1', why)] };
+    return { text: na, name: '', lines: [trans.__('GPU n/a: %1', why)] };
+  }
+  if (kernelId === null) {
+    return { text: trans.__('GPU'), name: '', lines: [trans.__('The current tab is not a notebook: open one to see its GPU memory.')] };
   }
   if (!kernelId) {
-    return { text: na, lines: [trans.__('This tab has no running kernel: no GPU memory to show.')] };
+    return { text: na, name: '', lines: [trans.__('This tab has no running kernel: no GPU memory to show.')] };
   }
   const nb = notebookOf(state, kernelId);
   if (!nb) {
     return {
       text: na,
+      name: '',
       lines: [trans.__('gpumem serve does not follow this kernel (yet): it shows the kernels it found in its runtime dirs.')]
     };
   }
@@ -86,7 +93,7 @@ export function statusView(
           gpu: gpu.index
         }
       : undefined;
-  return { text: `GPU ${formatBytes(nb.gpu_memory_bytes)}${sim}`, lines, bar };
+  return { text: `GPU ${formatBytes(nb.gpu_memory_bytes)}${sim}`, name: nb.display_name, lines, bar };
 }
 
 /**

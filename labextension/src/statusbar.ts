@@ -6,6 +6,7 @@
 // on it reads the per-framework figures from the kernel (at most every
 // 15 s: each read shows the kernel busy for a moment).
 
+import { JupyterFrontEnd } from '@jupyterlab/application';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { Widget } from '@lumino/widgets';
 
@@ -18,6 +19,7 @@ import { StateSource } from './source';
 const SUMMARY_EVERY_MS = 15000;
 
 export class GpuStatusItem extends Widget {
+  private _name: HTMLSpanElement;
   private _label: HTMLSpanElement;
   private _bar: HTMLSpanElement;
   private _mine: HTMLSpanElement;
@@ -27,6 +29,7 @@ export class GpuStatusItem extends Widget {
   constructor(
     private _source: StateSource,
     private _tracker: INotebookTracker,
+    private _shell: JupyterFrontEnd.IShell,
     open: () => void,
     private _trans: Trans = plainTrans
   ) {
@@ -35,6 +38,8 @@ export class GpuStatusItem extends Widget {
     this.node.setAttribute('data-gpumem', 'status');
     this.node.setAttribute('role', 'button');
     this.node.tabIndex = 0;
+    this._name = document.createElement('span');
+    this._name.className = 'jp-gpumem-status-name';
     this._label = document.createElement('span');
     this._label.className = 'jp-gpumem-status-label';
     this._bar = document.createElement('span');
@@ -44,9 +49,10 @@ export class GpuStatusItem extends Widget {
     this._rest = document.createElement('span');
     this._rest.className = 'jp-gpumem-bar-fill jp-gpumem-bar-rest';
     this._bar.append(this._mine, this._rest);
-    this.node.append(this._label, this._bar);
+    this.node.append(this._name, this._label, this._bar);
     _source.changed.connect(this.update, this);
     _tracker.currentChanged.connect(this.update, this);
+    _shell.currentChanged?.connect(this.update, this);
     this.node.addEventListener('mouseenter', () => void this._loadFrameworks());
     this.node.addEventListener('click', open);
     this.node.addEventListener('keydown', e => {
@@ -58,8 +64,14 @@ export class GpuStatusItem extends Widget {
     this.update();
   }
 
-  private _kernelId(): string | undefined {
-    return this._tracker.currentWidget?.sessionContext.session?.kernel?.id;
+  /** The current tab's kernel; null when the current tab is not a notebook (the tracker keeps the last one). */
+  private _kernelId(): string | undefined | null {
+    const w = this._tracker.currentWidget;
+    const current = this._shell.currentWidget;
+    if (!w || (current && current !== w)) {
+      return null;
+    }
+    return w.sessionContext.session?.kernel?.id;
   }
 
   protected onUpdateRequest(): void {
@@ -67,6 +79,9 @@ export class GpuStatusItem extends Widget {
     const kid = this._kernelId();
     const view = statusView(this._source.state, this._source.unavailable, kid, trans);
     this._label.textContent = view.text;
+    this._name.textContent = view.name;
+    this._name.title = view.name;
+    this._name.hidden = !view.name;
     this._bar.hidden = !view.bar;
     this._mine.style.width = `${(100 * (view.bar?.mine ?? 0)).toFixed(1)}%`;
     this._rest.style.width = `${(100 * (view.bar?.rest ?? 0)).toFixed(1)}%`;
@@ -86,9 +101,9 @@ export class GpuStatusItem extends Widget {
     }
     lines.push(trans.__('Click to open the GPU memory panel.'));
     this.node.title = lines.join('\n');
-    this.node.setAttribute('aria-label', `${view.text}. ${view.lines.join(' ')}`);
+    this.node.setAttribute('aria-label', `${view.name ? view.name + ': ' : ''}${view.text}. ${view.lines.join(' ')}`);
     this.node.dataset.kernelId = kid ?? '';
-    const nb = this._source.state ? notebookOf(this._source.state, kid) : undefined;
+    const nb = this._source.state ? notebookOf(this._source.state, kid ?? undefined) : undefined;
     this.node.dataset.bytes = nb && view.bar ? String(nb.gpu_memory_bytes) : '';
   }
 

@@ -36,9 +36,11 @@ _m = _Marker(); _m.self = _m; del _m
 print("ready")"""
 CHECK_CELL = 'print("collected:", getattr(__import__("builtins"), "_gpumem_test_collected", False))'
 # A worker in a session of its own: it outlives a kernel restart (an orphan).
+# A second one plays a job that computes: reclaim leaves it running.
 WORKER_CELL = """import subprocess
 worker = subprocess.Popen(["sleep", "600"], start_new_session=True)
-print("worker", worker.pid)"""
+job = subprocess.Popen(["sleep", "601"], start_new_session=True)
+print("worker", worker.pid, "job", job.pid)"""
 
 
 # Processes the journey started outside every kernel's process group: ended
@@ -182,9 +184,93 @@ OVERFLOW_JS = """(sel) => {
 }"""
 
 
+# Every text the panel shows, measured by the browser: an element whose
+# text is cut (its scrollWidth over its clientWidth where it does not
+# scroll), or a text whose box (a Range over it) leaves the box of the
+# nearest ancestor that clips it. A notebook's name may be cut with an
+# ellipsis: its full path is its title. The y axes are a canvas: each
+# plot's left edge must leave room for its widest label, measured in the
+# axis's font, and the axis's tick and gap.
+CLIP_JS = """(sel) => {
+  const panel = document.querySelector(sel);
+  const bad = [];
+  const shown = (e) => { const r = e.getBoundingClientRect(); return r.width > 0 || r.height > 0; };
+  const name = (e) => `${e.tagName.toLowerCase()}.${String(e.className.baseVal ?? e.className).split(' ')[0]}`;
+  const mayCut = (e) => e.matches('.jp-gpumem-name[title], .jp-gpumem-sr, .jp-gpumem-sr *');
+  const clips = (e) => { const s = getComputedStyle(e); return s.overflowX !== 'visible' || s.overflowY !== 'visible'; };
+  const walker = document.createTreeWalker(panel, NodeFilter.SHOW_TEXT);
+  for (let t = walker.nextNode(); t; t = walker.nextNode()) {
+    const e = t.parentElement;
+    if (!t.textContent.trim() || !e || !shown(e) || mayCut(e) || e.closest('svg, select')) continue;
+    const s = getComputedStyle(e);
+    if (s.overflowX !== 'visible' && s.overflowX !== 'auto' && s.overflowX !== 'scroll' && e.scrollWidth > e.clientWidth + 1) {
+      bad.push(`${name(e)} "${t.textContent.trim().slice(0, 40)}" is cut: ${e.scrollWidth} px of text in ${e.clientWidth}`);
+      continue;
+    }
+    const range = document.createRange();
+    range.selectNodeContents(t);
+    const r = range.getBoundingClientRect();
+    for (let a = e; a && a !== panel.parentElement; a = a.parentElement) {
+      if (a !== panel && !clips(a)) continue;
+      const b = a.getBoundingClientRect();
+      // Out of a box that scrolls up and down is scrolled, not cut; sideways it is.
+      const scrollsY = ['auto', 'scroll'].includes(getComputedStyle(a).overflowY);
+      const outY = !scrollsY && (r.top < b.top - 1 || r.bottom > b.bottom + 1);
+      if (r.left < b.left - 1 || r.right > b.right + 1 || outY) {
+        bad.push(`${name(e)} "${t.textContent.trim().slice(0, 40)}" overflows ${name(a)}: ` +
+          `text ${Math.round(r.left)}..${Math.round(r.right)} x ${Math.round(r.top)}..${Math.round(r.bottom)}, ` +
+          `box ${Math.round(b.left)}..${Math.round(b.right)} x ${Math.round(b.top)}..${Math.round(b.bottom)}`);
+      }
+      break;
+    }
+  }
+  const ctx = document.createElement('canvas').getContext('2d');
+  for (const g of panel.querySelectorAll('.jp-gpumem-gpu[data-y-labels]')) {
+    const over = g.querySelector('.u-over');
+    if (!over || !shown(over)) continue;
+    ctx.font = g.dataset.axisFont;
+    const labels = g.dataset.yLabels.split('|');
+    const widest = Math.max(...labels.map((l) => ctx.measureText(l).width));
+    const room = over.getBoundingClientRect().left - g.querySelector('.jp-gpumem-plot').getBoundingClientRect().left;
+    if (room < widest + Number(g.dataset.axisPad)) {
+      const px = Math.ceil(widest);
+      bad.push(`GPU ${g.dataset.gpu}'s y axis is ${Math.round(room)} px for labels ${labels.join(', ')} (${px} px)`);
+    }
+  }
+  return bad.slice(0, 12);
+}"""
+
+
+# The colour a GPU's plot draws at (x, y) of its plotting area, as CSS writes it.
+BAND_PIXEL_JS = """([sel, x, y]) => {
+  const g = document.querySelector(sel);
+  const canvas = g.querySelector('canvas');
+  const c = canvas.getBoundingClientRect(), o = g.querySelector('.u-over').getBoundingClientRect();
+  const k = canvas.width / c.width;
+  const px = [Math.round((o.left - c.left + x) * k), Math.round((o.top - c.top + y) * k)];
+  const [r, gr, b] = canvas.getContext('2d').getImageData(px[0], px[1], 1, 1).data;
+  return `rgb(${r}, ${gr}, ${b})`;
+}"""
+
+
+def assert_as_of_now(page, text, slack=300):
+    """The time a view says it read its figures ("as of 14:05:12") is the
+    browser's time of day now, give or take slack seconds."""
+    import re
+
+    m = re.search(r"(\d\d):(\d\d):(\d\d)", text)
+    assert m, f"no time of day in {text!r}"
+    now = page.evaluate("(() => { const d = new Date(); return d.getHours() * 3600 + d.getMinutes() * 60 + d.getSeconds(); })()")
+    then = int(m[1]) * 3600 + int(m[2]) * 60 + int(m[3])
+    gap = min((now - then) % 86400, (then - now) % 86400)
+    assert gap <= slack, f"{text!r} is {gap} s from the browser's time of day"
+
+
 def assert_no_overflow(page, what):
     got = page.evaluate(OVERFLOW_JS, PANEL)
     assert not got["bad"], f"{what}: something is wider than the panel ({got['width']:.0f} px):\n" + "\n".join(got["bad"])
+    cut = page.evaluate(CLIP_JS, PANEL)
+    assert not cut, f"{what}: a text is cut or overflows its box ({got['width']:.0f} px):\n" + "\n".join(cut)
     return got["width"]
 
 
@@ -246,7 +332,7 @@ def test_user_journey(stack):
             for pid in spawned:
                 try:
                     # Still our worker (not a reused pid)?
-                    if Path("/proc/%d/cmdline" % pid).read_bytes() == b"sleep\x00600\x00":
+                    if Path("/proc/%d/cmdline" % pid).read_bytes() in (b"sleep\x00600\x00", b"sleep\x00601\x00"):
                         os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, FileNotFoundError):
                     pass
@@ -266,6 +352,7 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     # The label is this notebook; the bar says both parts, and the tooltip says which is which.
     title = status.get_attribute("title")
     assert "this notebook 2.0 GiB (dark), everyone 3.0 GiB of 80.0 GiB" in title, title
+    assert page.locator(".jp-gpumem-status-name").inner_text() == "train.ipynb"
     assert "idle" not in title.lower(), title
     shot(page, out, "01-status-bar.png")
 
@@ -312,6 +399,30 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     # Ticks at round binary steps: 4 GiB of data reads 0, 2, 4 GiB.
     assert gpu.get_attribute("data-y-ticks") == ",".join(str(x * GiB) for x in (0, 2, 4)), gpu.get_attribute("data-y-ticks")
 
+    # Two notebooks on the GPU: a legend names each band, in its row's
+    # colour; the band at the bottom is drawn in its row's swatch colour
+    # (opaque: blue over orange read as grey), and each row's sparklines
+    # say which is memory and which SM.
+    legend = gpu.locator("[data-gpumem='plot-legend']")
+    wait_for("the plot's legend", lambda: legend.is_visible(), timeout=10)
+    assert sorted(legend.locator("li[data-kernel-id]").all_inner_texts()) == ["eval.ipynb", "train.ipynb"], legend.inner_text()
+    assert "GPU used (everyone)" in legend.inner_text(), legend.inner_text()
+    over = gpu.locator(".u-over").bounding_box()
+    page.mouse.move(over["x"] + over["width"] - 3, over["y"] + over["height"] - 4)
+    hover = gpu.locator(".jp-gpumem-plot-hover")
+    wait_for("the band under the pointer named", lambda: hover.is_visible() and ":" in hover.inner_text(), timeout=5)
+    under = hover.inner_text().split(":")[0]
+    page.mouse.move(0, 0)
+    band = page.evaluate(BAND_PIXEL_JS, [".jp-gpumem-gpu[data-gpu='0']", over["width"] - 3, over["height"] - 4])
+    row_of = page.locator("[data-gpumem='notebook-row']", has_text=under)
+    colour = "(e) => getComputedStyle(e).backgroundColor"
+    swatch = row_of.locator(".jp-gpumem-swatch").evaluate(colour)
+    legend_swatch = legend.locator("li", has_text=under).locator(".jp-gpumem-swatch").evaluate(colour)
+    assert band == swatch == legend_swatch, f"{under}: band {band}, row swatch {swatch}, legend {legend_swatch}"
+    for r in range(rows.count()):
+        labels = rows.nth(r).locator(".jp-gpumem-spark-label").all_inner_texts()
+        assert labels == ["memory", "SM"], labels
+
     # Nothing sticks out: at the default width, at 250 px and at 600 px.
     default = assert_no_overflow(page, "the default sidebar")
     print(f"default sidebar: {default:.0f} px")
@@ -321,7 +432,7 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     shot(page, out, "02-panel-250.png")
     set_panel_width(page, 600)
     assert_no_overflow(page, "a 600 px sidebar")
-    shot(page, out, "02-panel-600.png")
+    shot(page, out, "02-panel-600.png", "panel-600-light.png")
     set_panel_width(page, 250)
 
     # The plot window's selector: 5 minutes, then back to 15.
@@ -348,13 +459,14 @@ def _journey(stack, lab, other, page, out, console, state_requests):
 
     # Variables: nothing on a GPU here (CPU torch), so what other devices hold, said so.
     menu("gpumem:show-variables")
-    table = page.locator("table[data-gpumem='vars-table']")
+    table = page.locator("[data-gpumem='vars-table']")
     table.wait_for(timeout=60_000)
     assert "weights" in table.inner_text(), table.inner_text()
     vars_text = page.locator("[data-gpumem='vars']").inner_text()
     assert "No variable holds GPU memory. These hold memory on other devices:" in vars_text, vars_text
     assert_no_overflow(page, "the variables at 250 px")
-    shot(page, out, "03-variables.png")
+    assert page.locator("[data-gpumem='vars'] [data-gpumem='as-of']").inner_text().startswith("as of ")
+    shot(page, out, "03-variables.png", "panel-variables-250-light.png")
 
     # GPU work: the SM figure the daemon charges, under the row; "SM
     # unknown" on a GPU that cannot say, never 0.
@@ -380,7 +492,25 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     why_text = why.inner_text()
     assert "failed" not in why_text and "3.0 GiB" in why_text, why_text
     assert_no_overflow(page, "why at 250 px")
-    shot(page, out, "03-why.png")
+    # A row per holder, name first, the fix on its own line; the time its
+    # figures were read; refresh reads again, close closes.
+    assert why.locator("[data-gpumem='why-rows'] .jp-gpumem-list-row").count() >= 1, why_text
+    view = page.locator("[data-gpumem='vars']")
+    as_of = view.locator("[data-gpumem='as-of']")
+    assert as_of.inner_text().startswith("as of "), as_of.inner_text()
+    assert_as_of_now(page, as_of.inner_text())
+    shot(page, out, "03-why.png", "panel-why-250-light.png")
+    view.locator("[data-gpumem='view-refresh']").click()
+    wait_for("why read again", lambda: why.locator("[data-gpumem='why-rows']").count() == 1, timeout=60)
+    view.locator("[data-gpumem='view-close']").click()
+    wait_for("the view closed", lambda: view.inner_text().strip() == "", timeout=5)
+
+    # Restart kernel… of a notebook whose tab is not open says why it cannot.
+    page.locator(f"[data-gpumem='notebook-row'][data-kernel-id='{other}'] [data-gpumem='notebook-actions']").click()
+    restart = page.locator(".lm-Menu-item[data-command='gpumem:restart-kernel']")
+    assert "open its notebook" in restart.inner_text(), restart.inner_text()
+    assert "lm-mod-disabled" in (restart.get_attribute("class") or "")
+    page.keyboard.press("Escape")
 
     # Free workers: nothing of this kernel's holds GPU memory but itself,
     # and it is never ended: the notification says none ended, not a success.
@@ -413,11 +543,20 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     # Restart kernel (JupyterLab's own, with its confirmation) from the
     # actions menu: the daemon ends the orphaned worker, and a
     # notification says so once.
-    worker = int(run_cell(page, 2, "worker").split()[-1])
-    spawned.append(worker)
-    stack.set_gpu({pm: 2 * GiB, worker: int(1.5 * GiB), po: 1 * GiB})
+    words = run_cell(page, 2, "worker").split()
+    worker, job = int(words[-3]), int(words[-1])
+    spawned.extend([worker, job])
+    stack.set_gpu({pm: 2 * GiB, worker: int(1.5 * GiB), job: GiB, po: 1 * GiB}, sm_by_pid={job: 90})
     procs = row.locator("[data-field='procs']")
-    wait_for("the worker counted in the notebook", lambda: procs.get_attribute("data-count") == "2", timeout=10)
+    wait_for("the workers counted in the notebook", lambda: procs.get_attribute("data-count") == "3", timeout=10)
+    # Free workers asks first when a worker computes, naming it and its SM %.
+    wait_for("the job's SM figure in the row", lambda: work.inner_text() == "90% SM", timeout=15)
+    menu("gpumem:free-workers")
+    ask = page.locator(".jp-Dialog", has_text="Free workers of train.ipynb")
+    ask.wait_for(timeout=10_000)
+    assert f"pid {job} computes at 90% SM on GPU 0" in ask.inner_text(), ask.inner_text()
+    ask.locator("button", has_text="Cancel").click()
+    ask.wait_for(state="detached", timeout=10_000)
     menu("gpumem:restart-kernel")
     page.locator(".jp-Dialog .jp-mod-accept").click()
     toast = page.locator(
@@ -429,7 +568,26 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     assert toast.count() == 1
     orphans = row.locator("[data-field='orphans']")
     wait_for("the panel to count the ended orphan", lambda: orphans.get_attribute("data-count") == "1", timeout=10)
-    shot(page, out, "05-reclaim.png")
+    # The job that computes is left running: it stays in its notebook's
+    # row, marked, and is not "Everyone else" (the same user).
+    left = row.locator(f"[data-gpumem='left-running'][data-pid='{job}']")
+    left.wait_for(timeout=30_000)
+    assert "left running" in left.inner_text(), left.inner_text()
+    # (The simulated file still lists the old kernel's pid and the ended
+    # worker: those are everyone else's, the first of a user no longer
+    # known. The job's 1.0 GiB is not among them.)
+    others = page.locator(".jp-gpumem-others").inner_text()
+    assert "1.0 GiB" not in others and "unknown user" in others, others
+    assert_no_overflow(page, "a job left running at 250 px")
+    shot(page, out, "05-reclaim.png", "panel-left-running-250-light.png")
+    # "End it" says what it did, with the figures of the sample after.
+    kept = page.locator(".Toastify__toast", has_text=f"(pid {job},")
+    kept.first.locator("button", has_text="End it").click()
+    ended = page.locator(".Toastify__toast", has_text=f"Ended pid {job} of train.ipynb (it held 1.0 GiB); GPU 0 now")
+    ended.wait_for(timeout=30_000)
+    wait_for("the job to be ended", lambda: worker_ended(job), timeout=10)
+    stack.set_gpu({pm: 2 * GiB, po: 1 * GiB})
+    left.wait_for(state="detached", timeout=15_000)
 
     # gpumem serve stops: the panel says so, the status bar says "GPU n/a"
     # and why, the console stays clean, no tight loop.
@@ -448,6 +606,12 @@ def _journey(stack, lab, other, page, out, console, state_requests):
     ours = [(t, m) for t, m, _ in console if t in ("error", "pageerror") and "gpumem" in m.lower()]
     assert not ours, f"console errors from the extension: {ours}"
     assert_no_overflow(page, "the panel without the daemon")
+    # Said once: the daemon line does not repeat the status line.
+    daemon_line = page.locator("[data-gpumem='daemon-status']")
+    assert not daemon_line.is_visible(), daemon_line.inner_text()
+    assert page.locator(PANEL).inner_text().count("gpumem serve is not running") == 1, page.locator(PANEL).inner_text()
+    assert not page.locator("[data-gpumem='window']").is_visible(), "a plot window selector without plots"
+    shot(page, out, "06-no-daemon-250.png", "panel-no-daemon-250-light.png")
     shot(page, out, "06-no-daemon.png")
 
 
@@ -482,6 +646,19 @@ def test_dark_two_gpus_many_notebooks(stack):
             open_lab(page, lab, "two-gpus.ipynb")
             page.locator(".jp-gpumem-status-label", has_text="GPU 61.0 GiB (simulated)").wait_for(timeout=30_000)
             assert page.evaluate("document.body.dataset.jpThemeLight") == "false", "not the dark theme"
+            # The status item names the notebook its figure is of; on a tab
+            # that is not a notebook (the launcher) it names none and shows
+            # no notebook's figure; back on the notebook, its figure again.
+            status_name = page.locator(".jp-gpumem-status-name")
+            assert status_name.inner_text() == "two-gpus.ipynb", status_name.inner_text()
+            page.keyboard.press("Control+Shift+L")
+            page.locator(".jp-Launcher").first.wait_for(timeout=20_000)
+            page.locator(".jp-gpumem-status-label", has_text="GPU").filter(has_not_text="GiB").wait_for(timeout=10_000)
+            assert not status_name.is_visible(), status_name.inner_text()
+            page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="two-gpus.ipynb").click()
+            page.locator(".jp-gpumem-status-label", has_text="GPU 61.0 GiB (simulated)").wait_for(timeout=10_000)
+            page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="Launcher").locator(".lm-TabBar-tabCloseIcon").click()
+            page.locator(".jp-Launcher").first.wait_for(state="detached", timeout=10_000)
             page.locator("[data-gpumem='status']").click()
             wait_for("the panel", lambda: panel_shown(page), timeout=10)
             rows = page.locator("[data-gpumem='notebook-row']")
@@ -516,10 +693,22 @@ def test_dark_two_gpus_many_notebooks(stack):
             )
             assert cut, "at 250 px the long name should be cut"
             assert_no_overflow(page, "dark, a 250 px sidebar")
-            shot(page, out, "11-dark-250.png")
+            shot(page, out, "11-dark-250.png", "panel-250-dark.png")
             set_panel_width(page, 600)
             assert_no_overflow(page, "dark, a 600 px sidebar")
             shot(page, out, "12-dark-600.png", "panel-600-dark.png")
+            # 3-digit ticks: 100 GiB on GPU 1 reads up to "128 GiB", 400 MiB
+            # on a third GPU up to "512 MiB", every digit kept at 250 px.
+            write_gpus(stack, [(80 * GiB, gpu0), (141 * GiB, {two: 100 * GiB}), (141 * GiB, {two: 400 << 20})])
+            g2 = page.locator(".jp-gpumem-gpu[data-gpu='2']")
+            wait_for("GPU 1's 3-digit axis", lambda: g1.get_attribute("data-y-labels") == "0|64 GiB|128 GiB", timeout=20)
+            wait_for("GPU 2's 3-digit axis", lambda: g2.get_attribute("data-y-labels") == "0|256 MiB|512 MiB", timeout=20)
+            set_panel_width(page, 250)
+            assert_no_overflow(page, "dark, 3-digit axes at 250 px")
+            shot(page, out, "12-dark-axes-250.png", "panel-axes-250-dark.png")
+            set_panel_width(page, 600)
+            assert_no_overflow(page, "dark, 3-digit axes at 600 px")
+            write_gpus(stack, [(80 * GiB, gpu0), (80 * GiB, {two: 41 * GiB})])
             # The settings: in the Settings Editor, and they take effect.
             page.keyboard.press("Control+,")
             page.locator(".jp-PluginList-entry", has_text="GPU memory").first.wait_for(timeout=20_000)
@@ -581,12 +770,14 @@ def test_no_driver_says_na(stack):
             status.click()
             wait_for("the panel", lambda: panel_shown(page), timeout=10)
             page.locator("[data-gpumem='panel-status']", has_text="no NVIDIA driver").wait_for(timeout=10_000)
+            assert not page.locator("[data-gpumem='window']").is_visible(), "a plot window selector without plots"
             # No notebook holds "0 B" either: there is no figure.
             fig = page.locator("[data-gpumem='notebook-row'] [data-field='now']")
             fig.filter(has_text="n/a").wait_for(timeout=10_000)
             assert "no NVIDIA driver" in fig.get_attribute("title")
+            set_panel_width(page, 250)
             assert_no_overflow(page, "no driver")
-            shot(page, out, "20-no-driver.png")
+            shot(page, out, "20-no-driver.png", "panel-no-driver-250-light.png")
         finally:
             copy_logs(stack, out)
             browser.close()

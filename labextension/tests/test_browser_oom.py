@@ -8,7 +8,16 @@ import os
 from pathlib import Path
 
 from harness import REPO, GiB, need, wait_for
-from test_browser import CHROMIUM, artifacts_dir, assert_no_overflow, panel_shown, run_cell, set_panel_width
+from test_browser import (
+    CHROMIUM,
+    artifacts_dir,
+    assert_as_of_now,
+    assert_no_overflow,
+    panel_shown,
+    run_cell,
+    set_panel_width,
+    shot,
+)
 from test_server import require_extension
 
 OOM_CELL = """import torch
@@ -96,7 +105,14 @@ def test_oom_notification_and_report(stack):
                 "advice: hold.ipynb (yours",
             ]:
                 assert want in rtext, (want, rtext)
-            page.screenshot(path=str(out / "oom-02-report.png"))
+            # Its figures' time, and ↻ adds what the GPU and the kernel hold now.
+            as_of = page.locator("[data-gpumem='as-of']").inner_text()
+            assert "figures of the error, read at " in as_of, as_of
+            assert_as_of_now(page, as_of)
+            page.locator("[data-gpumem='view-refresh']").click()
+            page.locator("[data-gpumem='oom-now']", has_text="train.ipynb holds").wait_for(timeout=10_000)
+            assert_no_overflow(page, "the report and its figures now at 250 px")
+            shot(page, out, "oom-02-report.png", "panel-oom-250-light.png")
 
             # A snapshot handed to the daemon: announced, then drawn.
             assert "handed over 202" in run_cell(page, 1, "handed over", timeout=120)
@@ -106,7 +122,7 @@ def test_oom_notification_and_report(stack):
             snap = page.locator("[data-gpumem='snapshot']")
             snap.wait_for(timeout=30_000)
             wait_for("the snapshot's plot", lambda: page.locator(".jp-gpumem-snapshot-plot canvas").count() >= 1, timeout=30)
-            stacks = page.locator("table[data-gpumem='snapshot-stacks']").inner_text()
+            stacks = page.locator("[data-gpumem='snapshot-stacks']").inner_text()
             assert "marker.py:42 in <module>" in stacks, stacks
             href = page.locator("[data-gpumem='snapshot-download']").get_attribute("href")
             r = lab.get(href[len(lab.url) :] if href.startswith(lab.url) else href.lstrip("/"))

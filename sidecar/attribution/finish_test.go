@@ -2,6 +2,7 @@ package attribution
 
 import (
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -245,5 +246,19 @@ func TestEveryoneElse(t *testing.T) {
 	if got[2].Notebooks != 1 || got[2].NotebookBytes != 1<<30 || got[3].Notebooks != 1 || got[3].GPUMemoryBytes != 0 ||
 		got[1].OtherProcesses != 1 || got[1].OtherBytes != 2<<30 {
 		t.Errorf("carol %+v, alice %+v, bob %+v", got[1], got[2], got[3])
+	}
+}
+
+// A job left running after its kernel's restart stays the kernel's: a
+// server's own kernel's job is not everyone else's; another kernel's is.
+func TestEveryoneElseLeftRunning(t *testing.T) {
+	r := finishReport()
+	r.LeftRunning = []LeftRunning{{KernelID: "a", PID: 7, User: "carol", Bytes: 2 << 30}}
+	if got := EveryoneElse(r, map[string]bool{"a": true, "c": true}, nil); slices.ContainsFunc(got, func(u UserUsage) bool { return u.User == "carol" }) {
+		t.Errorf("kernel a's job left running (pid 7) is counted as everyone else's: %+v", got)
+	}
+	got := EveryoneElse(r, map[string]bool{"c": true}, nil)
+	if i := slices.IndexFunc(got, func(u UserUsage) bool { return u.User == "carol" }); i < 0 || got[i].OtherProcesses != 1 {
+		t.Errorf("another server's kernel's job left running is everyone else's: %+v", got)
 	}
 }

@@ -184,9 +184,23 @@ func addUsers(r *Report, _ FinishInput) {
 // EveryoneElse totals per user what the report holds beyond kernels (a
 // Jupyter server's own, by kernel id), with elsewhere (the totals of users
 // whose notebooks the report does not hold: a shared daemon's other
-// users), biggest first (ties by name).
+// users), biggest first (ties by name). A process left running for one of
+// kernels (a job that outlived its kernel's restart) is that kernel's
+// notebook's, shown with it from the report's LeftRunning: not everyone
+// else's.
 func EveryoneElse(r Report, kernels map[string]bool, elsewhere []UserUsage) []UserUsage {
-	rest := Report{Other: r.Other, Hoarding: r.Hoarding}
+	rest := Report{Hoarding: r.Hoarding}
+	leftFor := map[int]bool{}
+	for _, lr := range r.LeftRunning {
+		if kernels[lr.KernelID] {
+			leftFor[lr.PID] = true
+		}
+	}
+	for _, p := range r.Other {
+		if !leftFor[p.PID] {
+			rest.Other = append(rest.Other, p)
+		}
+	}
 	for _, nb := range r.Notebooks {
 		if !kernels[nb.KernelID] {
 			rest.Notebooks = append(rest.Notebooks, nb)

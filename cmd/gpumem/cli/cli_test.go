@@ -245,7 +245,7 @@ func TestWriteProse(t *testing.T) {
 }
 
 func TestGiBHours(t *testing.T) {
-	for v, want := range map[float64]string{0: "0.00 GiB·h", 12.5: "12.50 GiB·h", 99.994: "99.99 GiB·h", 99.996: "100 GiB·h", 1234.5: "1234 GiB·h"} {
+	for v, want := range map[float64]string{0: "0.0 GiB·h", 12.5: "12.5 GiB·h", 99.994: "100.0 GiB·h", 999.94: "999.9 GiB·h", 999.96: "1000 GiB·h", 1234.5: "1234 GiB·h"} {
 		if got := gibHours(v); got != want {
 			t.Errorf("gibHours(%v) = %q, want %q", v, got, want)
 		}

@@ -12,13 +12,14 @@ import (
 	"github.com/gpumem/gpumem/sidecar/attribution"
 )
 
-// gibHours renders GPU memory held over time: to the hundredth below 100,
-// whole above (a column's width stays that of "99.99 GiB·h").
+// gibHours renders GPU memory held over time: one decimal, as every
+// figure of gpumem's, below 1000; whole above (a column's width stays
+// that of "999.9 GiB·h").
 func gibHours(v float64) string {
-	if v >= 99.995 {
+	if v >= 999.95 {
 		return fmt.Sprintf("%.0f GiB·h", v)
 	}
-	return fmt.Sprintf("%.2f GiB·h", v)
+	return fmt.Sprintf("%.1f GiB·h", v)
 }
 
 // writeIdle renders each kernel's activity beside its GPU memory, largest
@@ -67,7 +68,7 @@ func writeIdle(w io.Writer, rep attribution.Report, now time.Time, width int) er
 		return err
 	}
 	if noGPU {
-		writeProse(w, "", 2, noGPUText, width)
+		writeProse(w, "", 2, noGPUText(rep), width)
 	}
 	if len(rep.Hoarding) > 0 {
 		parts := make([]string, len(rep.Hoarding))

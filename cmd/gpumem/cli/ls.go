@@ -329,9 +329,15 @@ type lineage struct{ fs *procs.FS }
 
 func (l lineage) ScanTree(details []int) (*procs.Table, error) { return l.fs.ScanLineage(details) }
 
-// noGPUText is what ls says of a host where it sees no GPU: most often no
-// NVIDIA driver (its warning, on stderr, says so), so no figure at all.
-const noGPUText = "No GPUs: GPU memory n/a (no NVIDIA driver, or no GPU seen); check with nvidia-smi."
+// noGPUText is what ls says of a host where it sees no GPU, as the panel
+// and the magics say it: "GPU n/a" and why, in the report's words (most
+// often nvml.NoDriverWarning, which says the next step), else its own.
+func noGPUText(rep attribution.Report) string {
+	if len(rep.Warnings) > 0 {
+		return "GPU n/a: " + strings.Join(rep.Warnings, "; ")
+	}
+	return "GPU n/a: no GPU seen; check with nvidia-smi where gpumem runs."
+}
 
 // writeLs renders a Report like nvidia-smi, but by notebook: per GPU a
 // header, then its notebooks and other processes, biggest first, within
@@ -339,7 +345,7 @@ const noGPUText = "No GPUs: GPU memory n/a (no NVIDIA driver, or no GPU seen); c
 // whole kernel ids).
 func writeLs(w io.Writer, rep attribution.Report, width int) error {
 	if len(rep.GPUs) == 0 {
-		writeProse(w, "", 2, noGPUText, width)
+		writeProse(w, "", 2, noGPUText(rep), width)
 	}
 	for _, g := range rep.GPUs {
 		sim := ""

@@ -111,7 +111,8 @@ def _report(timeout):
         return None
 
 
-# What follows gpumem serve's own words when it has no GPU figure.
+# The next step when gpumem serve gives no reason of its own (a shared
+# daemon shows a user no warnings); its own reasons carry theirs.
 NO_GPU_STEP = ": on a machine with NVIDIA GPUs, check that nvidia-smi works where gpumem serve runs"
 
 SIMULATED = (
@@ -124,12 +125,12 @@ def gpu_note(rep):
     """What gpumem serve's report (GET /api/v1/notebooks) says when it has
     no real GPU figure, in one sentence: {"no_gpu": ...} when it sees no
     GPU, why in the daemon's own words (its warnings, such as "no NVIDIA
-    driver found"), then the next step; {"simulated": ...} when its GPUs
+    driver found", which say the next step), else the next step here; {"simulated": ...} when its GPUs
     are simulated; {} otherwise. Pure."""
     gpus = rep.get("gpus") or []
     if not gpus:
-        why = "; ".join(rep.get("warnings") or []) or "gpumem serve sees no GPU on this machine"
-        return {"no_gpu": why + NO_GPU_STEP}
+        why = "; ".join(rep.get("warnings") or [])
+        return {"no_gpu": why or "gpumem serve sees no GPU on this machine" + NO_GPU_STEP}
     if all(g.get("simulated") for g in gpus):
         return {"simulated": SIMULATED}
     return {}

@@ -38,7 +38,7 @@ def _gpu_work(util, compute):
         line += "; %s" % compute.get("state", "unknown")
         hoarded = compute.get("hoarded_gib_hours")
         if hoarded:
-            line += "; held while computing nothing: %.2f GiB·h in the last 24 h" % hoarded
+            line += "; held while computing nothing: %.1f GiB·h in the last 24 h" % hoarded
     return ("", line)
 
 
