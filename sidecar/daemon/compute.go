@@ -78,8 +78,32 @@ func newComputeState(cfg ComputeConfig, interval, reclaimWatch time.Duration, ho
 // procReadings are a process's utilization readings, oldest first, and the
 // record call that appended the last.
 type procReadings struct {
-	samples []utilSample
-	call    uint64
+	// The readings are buf[lo:]: those forgotten stay in front of them
+	// until an append would grow buf, which then moves the readings to
+	// its start instead, when they fill at most half of it: a minute of
+	// readings of each of a host's thousands of GPU processes, appended
+	// every second, is then never copied to a new array once the window
+	// is full.
+	buf  []utilSample
+	lo   int
+	call uint64
+}
+
+// samples are the readings kept, oldest first.
+func (r *procReadings) samples() []utilSample { return r.buf[r.lo:] }
+
+// add appends a reading.
+func (r *procReadings) add(s utilSample) {
+	if len(r.buf) == cap(r.buf) && r.lo > 0 && 2*(len(r.buf)-r.lo) <= cap(r.buf) {
+		n := copy(r.buf, r.buf[r.lo:])
+		r.buf, r.lo = r.buf[:n], 0
+	}
+	r.buf = append(r.buf, s)
+}
+
+// forget drops the n oldest readings.
+func (r *procReadings) forget(n int) {
+	r.lo += n
 }
 
 // record adds one reading of every GPU process of snap that table knows
@@ -108,16 +132,16 @@ func (c *computeState) record(now time.Time, snap nvml.Snapshot, table *procs.Ta
 			}
 			if r.call != call {
 				r.call = call
-				r.samples = append(r.samples, utilSample{at: at, known: true})
+				r.add(utilSample{at: at, known: true})
 			}
-			s := &r.samples[len(r.samples)-1]
+			s := &r.buf[len(r.buf)-1]
 			s.known = s.known && p.Util.Known
 			s.sm, s.mem = max(s.sm, p.Util.SMPercent), max(s.mem, p.Util.MemoryPercent)
 			s.reading = max(s.reading, p.Util.SampledAt)
 		}
 	}
 	for id, r := range c.procs {
-		ss := r.samples
+		ss := r.samples()
 		i := 0
 		for i < len(ss) && ss[i].at < horizon {
 			i++
@@ -125,9 +149,7 @@ func (c *computeState) record(now time.Time, snap nvml.Snapshot, table *procs.Ta
 		if i == len(ss) {
 			delete(c.procs, id)
 		} else if i > 0 {
-			// Resliced, not copied: append moves the readings to a new
-			// array once this one's end is reached, freeing the old one.
-			r.samples = ss[i:]
+			r.forget(i)
 		}
 	}
 }
@@ -135,7 +157,7 @@ func (c *computeState) record(now time.Time, snap nvml.Snapshot, table *procs.Ta
 // samplesLocked is process id's readings, oldest first (nil: none).
 func (c *computeState) samplesLocked(id procID) []utilSample {
 	if r := c.procs[id]; r != nil {
-		return r.samples
+		return r.samples()
 	}
 	return nil
 }

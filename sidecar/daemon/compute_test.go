@@ -285,3 +285,34 @@ func jsonKeys(t *testing.T, v any) []string {
 	}
 	return slices.Sorted(maps.Keys(m))
 }
+
+// A process's readings slide: each kept in order, the forgotten gone, and
+// once the window is full an append reuses the array (no allocation).
+func TestProcReadingsSlide(t *testing.T) {
+	var r procReadings
+	const window = 60
+	for i := range 1000 {
+		r.add(utilSample{at: sampleTime(i), sm: uint32(i)})
+		if n := len(r.samples()); n > window {
+			r.forget(n - window)
+		}
+		ss := r.samples()
+		if len(ss) != min(i+1, window) || ss[len(ss)-1].at != sampleTime(i) || ss[0].at != sampleTime(max(0, i+1-window)) {
+			t.Fatalf("after %d: %d readings, %v … %v", i, len(ss), ss[0].at, ss[len(ss)-1].at)
+		}
+		for j := 1; j < len(ss); j++ {
+			if ss[j].at != ss[j-1].at+1 || ss[j].sm != uint32(ss[j].at) {
+				t.Fatalf("after %d: reading %d is %+v after %+v", i, j, ss[j], ss[j-1])
+			}
+		}
+	}
+	i := 1000
+	allocs := testing.AllocsPerRun(200, func() {
+		r.add(utilSample{at: sampleTime(i)})
+		r.forget(1)
+		i++
+	})
+	if allocs != 0 {
+		t.Errorf("a full window's append allocates %.1f times", allocs)
+	}
+}
