@@ -25,8 +25,8 @@ type computeState struct {
 
 	mu         sync.Mutex
 	procs      map[procID]*procReadings
-	computedAt map[string]time.Time    // connection file → newest active reading of its kernel's tree
-	settling   map[string]bool         // connection file → its kernel's verdict still wants readings
+	computedAt map[string]time.Time // connection file → newest active reading of its kernel's tree
+	settling   map[string]bool      // connection file → its kernel's verdict still wants readings
 	lastSample time.Time
 	hoard      *history.Hoard
 	left       map[procID]*leftRunning
