@@ -79,11 +79,11 @@ func newComputeState(cfg ComputeConfig, interval, reclaimWatch time.Duration, ho
 // record call that appended the last.
 type procReadings struct {
 	// The readings are buf[lo:]: those forgotten stay in front of them
-	// until an append would grow buf, which then moves the readings to
-	// its start instead, when they fill at most half of it: a minute of
-	// readings of each of a host's thousands of GPU processes, appended
-	// every second, is then never copied to a new array once the window
-	// is full.
+	// until an append finds buf full, which then moves the readings to its
+	// start when the forgotten are a quarter of it or more, else grows it
+	// by half: a minute of readings of each of a host's thousands of GPU
+	// processes, appended every second, is then never copied to a new
+	// array once the window is full, in an array half as long again.
 	buf  []utilSample
 	lo   int
 	call uint64
@@ -94,9 +94,16 @@ func (r *procReadings) samples() []utilSample { return r.buf[r.lo:] }
 
 // add appends a reading.
 func (r *procReadings) add(s utilSample) {
-	if len(r.buf) == cap(r.buf) && r.lo > 0 && 2*(len(r.buf)-r.lo) <= cap(r.buf) {
-		n := copy(r.buf, r.buf[r.lo:])
-		r.buf, r.lo = r.buf[:n], 0
+	if len(r.buf) == cap(r.buf) {
+		if r.lo > 0 && 4*r.lo >= cap(r.buf) {
+			n := copy(r.buf, r.buf[r.lo:])
+			r.buf, r.lo = r.buf[:n], 0
+		} else {
+			live := len(r.buf) - r.lo
+			grown := make([]utilSample, live, live+live/2+4)
+			copy(grown, r.buf[r.lo:])
+			r.buf, r.lo = grown, 0
+		}
 	}
 	r.buf = append(r.buf, s)
 }

@@ -315,4 +315,7 @@ func TestProcReadingsSlide(t *testing.T) {
 	if allocs != 0 {
 		t.Errorf("a full window's append allocates %.1f times", allocs)
 	}
+	if c := cap(r.buf); c > window*3/2+8 {
+		t.Errorf("%d readings kept in an array of %d", window, c)
+	}
 }
