@@ -87,6 +87,34 @@ type procReadings struct {
 	buf  []utilSample
 	lo   int
 	call uint64
+	// unknown and active count the readings kept that are unknown, and
+	// known and at or above the threshold; unsorted is set once a reading
+	// came before the one appended ahead of it (a reclaim's record and a
+	// sample's crossing). Readings all known, none active, in order are
+	// judged by their count alone (judgeIdle): most GPU processes, most
+	// of the time.
+	unknown, active int
+	unsorted        bool
+}
+
+// counted adds the newest reading to the counts (once, when final).
+func (r *procReadings) counted(cfg ComputeConfig) {
+	ss := r.samples()
+	s := ss[len(ss)-1]
+	r.tally(cfg, s, 1)
+	if len(ss) > 1 && s.at < ss[len(ss)-2].at {
+		r.unsorted = true
+	}
+}
+
+// tally adds d times reading s to the counts.
+func (r *procReadings) tally(cfg ComputeConfig, s utilSample, d int) {
+	switch {
+	case !s.known:
+		r.unknown += d
+	case cfg.active(s):
+		r.active += d
+	}
 }
 
 // samples are the readings kept, oldest first.
@@ -109,7 +137,10 @@ func (r *procReadings) add(s utilSample) {
 }
 
 // forget drops the n oldest readings.
-func (r *procReadings) forget(n int) {
+func (r *procReadings) forget(cfg ComputeConfig, n int) {
+	for _, s := range r.buf[r.lo : r.lo+n] {
+		r.tally(cfg, s, -1)
+	}
 	r.lo += n
 }
 
@@ -148,6 +179,9 @@ func (c *computeState) record(now time.Time, snap nvml.Snapshot, table *procs.Ta
 		}
 	}
 	for id, r := range c.procs {
+		if r.call == call {
+			r.counted(c.cfg) // this call's reading, every GPU's line of it merged
+		}
 		ss := r.samples()
 		i := 0
 		for i < len(ss) && ss[i].at < horizon {
@@ -156,7 +190,7 @@ func (c *computeState) record(now time.Time, snap nvml.Snapshot, table *procs.Ta
 		if i == len(ss) {
 			delete(c.procs, id)
 		} else if i > 0 {
-			r.forget(i)
+			r.forget(c.cfg, i)
 		}
 	}
 }
@@ -171,6 +205,9 @@ func (c *computeState) samplesLocked(id procID) []utilSample {
 
 // judgeLocked judges process id over [from, to].
 func (c *computeState) judgeLocked(id procID, from, to time.Time) judgement {
+	if r := c.procs[id]; r != nil && r.unknown == 0 && r.active == 0 && !r.unsorted {
+		return c.cfg.judgeIdle(r.samples(), from, to)
+	}
 	return c.cfg.judge(c.samplesLocked(id), from, to)
 }
 
