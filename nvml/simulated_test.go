@@ -3,6 +3,7 @@ package nvml
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -57,6 +58,45 @@ func TestSimulatedRereadEachSample(t *testing.T) {
 	}
 	if _, err := src.Sample(context.Background()); !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), path) {
 		t.Fatalf("removed file: err = %v", err)
+	}
+}
+
+// A file read again with the same bytes is not parsed again; any change
+// is seen at the next sample, one of the same size written within the
+// clock's tick (mtime and size unchanged) too, and a file that was
+// malformed in between is parsed again.
+func TestSimulatedUnchangedBytes(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "gpus.json")
+	gpu := func(pid, used int) string {
+		return fmt.Sprintf(`{"gpus":[{"memory_total_bytes":100,"processes":[{"pid":%d,"used_bytes":%d}]}]}`, pid, used)
+	}
+	writeFile(t, path, gpu(1, 10))
+	src := openSimulated(t, path)
+	first, again := sample(t, src), sample(t, src)
+	if !first.Equal(again) || len(again.Devices[0].Processes) != 1 {
+		t.Fatalf("read again: %+v, first %+v", again, first)
+	}
+	before, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []struct{ pid, used int }{{2, 10}, {2, 20}, {1, 10}} {
+		writeFile(t, path, gpu(want.pid, want.used))
+		p := sample(t, src).Devices[0].Processes[0]
+		if p.PID != want.pid || p.UsedBytes != uint64(want.used) {
+			t.Fatalf("rewrite %d (same size): %+v, want pid %d, %d bytes", i, p, want.pid, want.used)
+		}
+	}
+	if after, err := os.Stat(path); err == nil && after.Size() != before.Size() {
+		t.Fatalf("the rewrites changed the size: %d, then %d", before.Size(), after.Size())
+	}
+	writeFile(t, path, `{"gpus":[`)
+	if _, err := src.Sample(context.Background()); err == nil {
+		t.Fatal("malformed: no error")
+	}
+	writeFile(t, path, gpu(1, 10))
+	if got := sample(t, src); !got.Equal(first) {
+		t.Fatalf("after the malformed file, the first again: %+v, want %+v", got, first)
 	}
 }
 

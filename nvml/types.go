@@ -15,7 +15,8 @@ import (
 	"slices"
 )
 
-// Snapshot is one sample of every GPU.
+// Snapshot is one sample of every GPU. It is not modified once made: a
+// sampler may hand the same one out again, to callers that keep it.
 type Snapshot struct {
 	Devices []Device
 	// Simulated is true when the figures come from the GPUMEM_FAKE_GPU file.

@@ -18,6 +18,11 @@ import (
 	"github.com/gpumem/gpumem/nvml"
 )
 
+// Library is an NVML: gonvml.New()'s, or go-nvml's mocks. Callers that
+// choose one (a benchmark's daemon over a mock) name it without importing
+// go-nvml themselves.
+type Library = gonvml.Interface
+
 // Options choose where a Source's figures come from.
 type Options struct {
 	// FakeGPUFile, when set (the caller reads GPUMEM_FAKE_GPU), names a JSON
@@ -25,7 +30,7 @@ type Options struct {
 	FakeGPUFile string
 	// Library is the NVML to use; nil means gonvml.New() (dlopens
 	// libnvidia-ml.so.1 at Init). Tests pass go-nvml's mocks.
-	Library gonvml.Interface
+	Library Library
 	// UtilizationWindow is how long a reading of a process's utilization
 	// stays its figure when NVML has no newer one; 0 means
 	// DefaultUtilizationWindow. A sampler that reads every interval gives

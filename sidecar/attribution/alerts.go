@@ -168,9 +168,12 @@ func thresholdMessage(g GPU, biggest []Holder) (message, headline string) {
 // kernel's last out-of-memory error.
 func addAlerts(r *Report, in FinishInput) {
 	r.Alerts = nil
-	names := map[string]string{} // display names, by connection file
-	for _, nb := range r.Notebooks {
-		names[nb.ConnectionFile] = nb.DisplayName
+	var names map[string]string // display names, by connection file: only where a cull warning needs them
+	if len(in.Culls) > 0 {
+		names = make(map[string]string, len(r.Notebooks))
+		for _, nb := range r.Notebooks {
+			names[nb.ConnectionFile] = nb.DisplayName
+		}
 	}
 	for _, c := range in.Culls {
 		r.Alerts = append(r.Alerts, Alert{ID: fmt.Sprintf("cull-%s-%d", c.KernelID, c.Warning), Kind: AlertCull, GPU: -1,

@@ -29,29 +29,31 @@ type Kernel struct {
 const MaxCommandLen = 200
 
 // DetailPIDs lists the processes Attribute needs in full (user, command):
-// the kernels and the GPU processes. Pass it to procs.FS.ScanTree.
+// the kernels and the GPU processes, sorted, each once. Pass it to
+// procs.FS.ScanTree.
 func DetailPIDs(snap nvml.Snapshot, kernels []Kernel) []int {
 	n := len(kernels)
 	for _, d := range snap.Devices {
 		n += len(d.Processes)
 	}
-	seen := make(map[int]bool, n) // sized: thousands of GPU processes, every second
+	// Sorted rather than deduplicated through a map: thousands of GPU
+	// processes, every second, and a map of them was most of what this
+	// allocated.
 	pids := make([]int, 0, n)
-	add := func(pid int) {
-		if pid > 0 && !seen[pid] {
-			seen[pid] = true
-			pids = append(pids, pid)
-		}
-	}
 	for _, k := range kernels {
-		add(k.PID)
+		if k.PID > 0 {
+			pids = append(pids, k.PID)
+		}
 	}
 	for _, d := range snap.Devices {
 		for _, p := range d.Processes {
-			add(p.PID)
+			if p.PID > 0 {
+				pids = append(pids, p.PID)
+			}
 		}
 	}
-	return pids
+	slices.Sort(pids)
+	return slices.Compact(pids)
 }
 
 // Attribute assigns every GPU process of snap to the kernel whose processes

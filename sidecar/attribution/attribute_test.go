@@ -362,7 +362,7 @@ func TestDetailPIDs(t *testing.T) {
 		device(1, 1, 0, gpuProc(5, 0), gpuProc(6, 0)),
 	}}
 	got := DetailPIDs(snap, []Kernel{kernelA, {ID: "no pid"}})
-	if want := []int{100, 5, 6}; !reflect.DeepEqual(got, want) {
+	if want := []int{5, 6, 100}; !reflect.DeepEqual(got, want) {
 		t.Errorf("DetailPIDs = %v, want %v", got, want)
 	}
 }

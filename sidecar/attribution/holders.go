@@ -56,58 +56,79 @@ func rankHolders(hs []Holder) {
 // addHolders sets each GPU's Holders (its notebooks and other processes
 // holding memory there, ranked) and HoldersByUser (the same by user).
 func addHolders(r *Report, _ FinishInput) {
+	// Each notebook and process is visited once, its bytes handed to the
+	// GPUs it names, rather than every GPU looking through every one: a
+	// host's thousands of holders on 8 GPUs, every second. A GPU's holders
+	// are its notebooks, then its other processes, in the report's order
+	// (ranking is stable): as one pass per GPU would list them.
+	at := make(map[int][]int, len(r.GPUs)) // GPU index → its places in r.GPUs
 	for i := range r.GPUs {
-		g := &r.GPUs[i]
-		g.Holders, g.HoldersByUser = nil, nil
-		// Counted first: a host's thousands of holders are spread over its
-		// GPUs, and growing each GPU's list by appends was most of what a
-		// sample allocated here.
-		n := 0
-		for _, nb := range r.Notebooks {
-			if b, ok := bytesOn(nb.PerGPU, g.Index); ok && b != 0 {
-				n++
-			}
-		}
-		for _, o := range r.Other {
-			if b, ok := bytesOn(o.PerGPU, g.Index); ok && b != 0 {
-				n++
-			}
-		}
-		if n > 0 {
-			g.Holders = make([]Holder, 0, n)
-		}
-		byUser := map[string]*Holder{}
-		user := func(name string) *Holder {
-			u, ok := byUser[name]
-			if !ok {
-				u = &Holder{Kind: HolderUser, Name: "user " + name, User: name}
-				byUser[name] = u
-			}
-			return u
-		}
-		for _, nb := range r.Notebooks {
-			b, ok := bytesOn(nb.PerGPU, g.Index)
-			if !ok || b == 0 {
+		r.GPUs[i].Holders, r.GPUs[i].HoldersByUser = nil, nil
+		at[r.GPUs[i].Index] = append(at[r.GPUs[i].Index], i)
+	}
+	// each calls f with the place of every GPU per names, and its bytes
+	// there: the first entry for an index, as bytesOn reads it, when not 0.
+	each := func(per []GPUBytes, f func(i int, b uint64)) {
+		for j, pg := range per {
+			if pg.Bytes == 0 || slices.ContainsFunc(per[:j], func(q GPUBytes) bool { return q.Index == pg.Index }) {
 				continue
 			}
+			for _, i := range at[pg.Index] {
+				f(i, pg.Bytes)
+			}
+		}
+	}
+	// Counted first: growing each GPU's list by appends was most of what a
+	// sample allocated here.
+	counts := make([]int, len(r.GPUs))
+	count := func(i int, _ uint64) { counts[i]++ }
+	for _, nb := range r.Notebooks {
+		each(nb.PerGPU, count)
+	}
+	for _, o := range r.Other {
+		each(o.PerGPU, count)
+	}
+	byUser := make([]map[string]*Holder, len(r.GPUs))
+	for i, n := range counts {
+		if n > 0 {
+			r.GPUs[i].Holders = make([]Holder, 0, n)
+			byUser[i] = map[string]*Holder{}
+		}
+	}
+	user := func(i int, name string) *Holder {
+		u, ok := byUser[i][name]
+		if !ok {
+			u = &Holder{Kind: HolderUser, Name: "user " + name, User: name}
+			byUser[i][name] = u
+		}
+		return u
+	}
+	for _, nb := range r.Notebooks {
+		each(nb.PerGPU, func(i int, b uint64) {
+			g := &r.GPUs[i]
 			g.Holders = append(g.Holders, Holder{Kind: HolderNotebook, Name: nb.DisplayName, User: nb.User, Bytes: b,
 				KernelID: nb.KernelID, ConnectionFile: nb.ConnectionFile})
-			u := user(holderUser(nb.User))
+			u := user(i, holderUser(nb.User))
 			u.Bytes += b
 			u.Notebooks++
-		}
-		for _, o := range r.Other {
-			b, ok := bytesOn(o.PerGPU, g.Index)
-			if !ok || b == 0 {
-				continue
+		})
+	}
+	for _, o := range r.Other {
+		name, command := "", ""
+		each(o.PerGPU, func(i int, b uint64) {
+			if name == "" {
+				name, command = "pid "+strconv.Itoa(o.PID)+" ("+o.User+")", cutRunes(o.Command, commandRunes)
 			}
-			g.Holders = append(g.Holders, Holder{Kind: HolderProcess, Name: "pid " + strconv.Itoa(o.PID) + " (" + o.User + ")",
-				User: o.User, Bytes: b, PID: o.PID, Command: cutRunes(o.Command, commandRunes)})
-			u := user(holderUser(o.User))
+			g := &r.GPUs[i]
+			g.Holders = append(g.Holders, Holder{Kind: HolderProcess, Name: name, User: o.User, Bytes: b, PID: o.PID, Command: command})
+			u := user(i, holderUser(o.User))
 			u.Bytes += b
 			u.Processes++
-		}
-		for _, u := range byUser {
+		})
+	}
+	for i := range r.GPUs {
+		g := &r.GPUs[i]
+		for _, u := range byUser[i] {
 			g.HoldersByUser = append(g.HoldersByUser, *u)
 		}
 		rankHolders(g.Holders)
@@ -132,16 +153,6 @@ func HoldersFor(g GPU, user string) []Holder {
 	}
 	rankHolders(out)
 	return out
-}
-
-// bytesOn is the bytes of per on GPU index, and whether per names it.
-func bytesOn(per []GPUBytes, index int) (uint64, bool) {
-	for _, pg := range per {
-		if pg.Index == index {
-			return pg.Bytes, true
-		}
-	}
-	return 0, false
 }
 
 // cutRunes keeps the first n runes of s (never a rune cut in two).

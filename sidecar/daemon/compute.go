@@ -24,16 +24,16 @@ type computeState struct {
 	keep     time.Duration // how long readings are kept
 
 	mu         sync.Mutex
-	procs      map[procID][]utilSample // oldest first
-	computedAt map[string]time.Time    // connection file → newest active reading of its kernel's tree
-	settling   map[string]bool         // connection file → its kernel's verdict still wants readings
+	procs      map[procID]*procReadings
+	computedAt map[string]time.Time // connection file → newest active reading of its kernel's tree
+	settling   map[string]bool      // connection file → its kernel's verdict still wants readings
 	lastSample time.Time
 	hoard      *history.Hoard
 	left       map[procID]*leftRunning
 
-	// per is record's scratch map, guarded by perMu (taken before mu).
-	perMu sync.Mutex
-	per   map[procID]utilSample
+	// records counts record's calls: a process's reading of this call
+	// (another GPU's line of it) is merged into the one appended.
+	records uint64
 	// whys are judgements put in words (whyLocked), guarded by mu.
 	whys map[judgement]string
 }
@@ -71,25 +71,91 @@ func newComputeState(cfg ComputeConfig, interval, reclaimWatch time.Duration, ho
 		// Reclaim looks from Window before a kernel's exit to the end of
 		// its watch, and starts late by a sample or two.
 		keep:  cfg.Window + reclaimWatch + 4*interval + 10*time.Second,
-		procs: map[procID][]utilSample{}, computedAt: map[string]time.Time{}, settling: map[string]bool{},
+		procs: map[procID]*procReadings{}, computedAt: map[string]time.Time{}, settling: map[string]bool{},
 		hoard: history.NewHoard(hoardWindow), left: map[procID]*leftRunning{}}
+}
+
+// procReadings are a process's utilization readings, oldest first, and the
+// record call that appended the last.
+type procReadings struct {
+	// The readings are buf[lo:]: those forgotten stay in front of them
+	// until an append finds buf full, which then moves the readings to its
+	// start when the forgotten are a quarter of it or more, else grows it
+	// by half: a minute of readings of each of a host's thousands of GPU
+	// processes, appended every second, is then never copied to a new
+	// array once the window is full, in an array half as long again.
+	buf  []utilSample
+	lo   int
+	call uint64
+	// unknown and active count the readings kept that are unknown, and
+	// known and at or above the threshold; unsorted is set once a reading
+	// came before the one appended ahead of it (a reclaim's record and a
+	// sample's crossing). Readings all known, none active, in order are
+	// judged by their count alone (judgeIdle): most GPU processes, most
+	// of the time.
+	unknown, active int
+	unsorted        bool
+}
+
+// counted adds the newest reading to the counts (once, when final).
+func (r *procReadings) counted(cfg ComputeConfig) {
+	ss := r.samples()
+	s := ss[len(ss)-1]
+	r.tally(cfg, s, 1)
+	if len(ss) > 1 && s.at < ss[len(ss)-2].at {
+		r.unsorted = true
+	}
+}
+
+// tally adds d times reading s to the counts.
+func (r *procReadings) tally(cfg ComputeConfig, s utilSample, d int) {
+	switch {
+	case !s.known:
+		r.unknown += d
+	case cfg.active(s):
+		r.active += d
+	}
+}
+
+// samples are the readings kept, oldest first.
+func (r *procReadings) samples() []utilSample { return r.buf[r.lo:] }
+
+// add appends a reading.
+func (r *procReadings) add(s utilSample) {
+	if len(r.buf) == cap(r.buf) {
+		if r.lo > 0 && 4*r.lo >= cap(r.buf) {
+			n := copy(r.buf, r.buf[r.lo:])
+			r.buf, r.lo = r.buf[:n], 0
+		} else {
+			live := len(r.buf) - r.lo
+			grown := make([]utilSample, live, live+live/2+4)
+			copy(grown, r.buf[r.lo:])
+			r.buf, r.lo = grown, 0
+		}
+	}
+	r.buf = append(r.buf, s)
+}
+
+// forget drops the n oldest readings.
+func (r *procReadings) forget(cfg ComputeConfig, n int) {
+	for _, s := range r.buf[r.lo : r.lo+n] {
+		r.tally(cfg, s, -1)
+	}
+	r.lo += n
 }
 
 // record adds one reading of every GPU process of snap that table knows
 // (a process on several GPUs: its highest figures, unknown if any GPU
 // cannot say) and forgets readings older than keep.
 func (c *computeState) record(now time.Time, snap nvml.Snapshot, table *procs.Table) {
-	// One sample's readings, by process: the map is kept from call to
-	// call, emptied, as making one for the host's thousands of GPU
-	// processes every second was most of what record cost.
-	c.perMu.Lock()
-	defer c.perMu.Unlock()
-	if c.per == nil {
-		c.per = make(map[procID]utilSample, len(c.procs))
-	}
-	per := c.per
-	clear(per)
 	at := atTime(now)
+	horizon := atTime(now.Add(-c.keep))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.records++
+	call := c.records
+	// One map access per GPU process line: a host's thousands of them,
+	// every second, made the map's hashing most of what record cost.
 	for _, d := range snap.Devices {
 		for _, p := range d.Processes {
 			tp, ok := table.Resolve(p.PID)
@@ -97,23 +163,26 @@ func (c *computeState) record(now time.Time, snap nvml.Snapshot, table *procs.Ta
 				continue
 			}
 			id := procID{tp.PID, tp.StartTime}
-			s, seen := per[id]
-			if !seen {
-				s = utilSample{at: at, known: true}
+			r := c.procs[id]
+			if r == nil {
+				r = &procReadings{}
+				c.procs[id] = r
 			}
+			if r.call != call {
+				r.call = call
+				r.add(utilSample{at: at, known: true})
+			}
+			s := &r.buf[len(r.buf)-1]
 			s.known = s.known && p.Util.Known
 			s.sm, s.mem = max(s.sm, p.Util.SMPercent), max(s.mem, p.Util.MemoryPercent)
 			s.reading = max(s.reading, p.Util.SampledAt)
-			per[id] = s
 		}
 	}
-	horizon := atTime(now.Add(-c.keep))
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for id, s := range per {
-		c.procs[id] = append(c.procs[id], s)
-	}
-	for id, ss := range c.procs {
+	for id, r := range c.procs {
+		if r.call == call {
+			r.counted(c.cfg) // this call's reading, every GPU's line of it merged
+		}
+		ss := r.samples()
 		i := 0
 		for i < len(ss) && ss[i].at < horizon {
 			i++
@@ -121,16 +190,25 @@ func (c *computeState) record(now time.Time, snap nvml.Snapshot, table *procs.Ta
 		if i == len(ss) {
 			delete(c.procs, id)
 		} else if i > 0 {
-			// Resliced, not copied: append moves the readings to a new
-			// array once this one's end is reached, freeing the old one.
-			c.procs[id] = ss[i:]
+			r.forget(c.cfg, i)
 		}
 	}
 }
 
+// samplesLocked is process id's readings, oldest first (nil: none).
+func (c *computeState) samplesLocked(id procID) []utilSample {
+	if r := c.procs[id]; r != nil {
+		return r.samples()
+	}
+	return nil
+}
+
 // judgeLocked judges process id over [from, to].
 func (c *computeState) judgeLocked(id procID, from, to time.Time) judgement {
-	return c.cfg.judge(c.procs[id], from, to)
+	if r := c.procs[id]; r != nil && r.unknown == 0 && r.active == 0 && !r.unsorted {
+		return c.cfg.judgeIdle(r.samples(), from, to)
+	}
+	return c.cfg.judge(c.samplesLocked(id), from, to)
 }
 
 // judge judges process id over [from, to].

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/gpumem/gpumem/internal/units"
@@ -173,7 +174,7 @@ func (c ComputeConfig) judge(samples []utilSample, from, to time.Time) judgement
 			continue
 		}
 		j.known++
-		if s.sm < c.ThresholdPercent && s.mem < c.ThresholdPercent {
+		if !c.active(s) {
 			continue
 		}
 		if s.reading != 0 {
@@ -190,6 +191,28 @@ func (c ComputeConfig) judge(samples []utilSample, from, to time.Time) judgement
 	if anyActive {
 		j.lastActive = lastActive.Time()
 	}
+	return j.decided()
+}
+
+// active says whether a known reading is at or above the threshold.
+func (c ComputeConfig) active(s utilSample) bool {
+	return s.sm >= c.ThresholdPercent || s.mem >= c.ThresholdPercent
+}
+
+// judgeIdle is judge for readings that are all known and none active
+// (procReadings counts them), sorted by time: only how many fall within
+// [from, to] is left to find, by binary search rather than a look at each.
+func (c ComputeConfig) judgeIdle(samples []utilSample, from, to time.Time) judgement {
+	j := judgement{window: to.Sub(from).Round(time.Second), threshold: c.ThresholdPercent}
+	lo, hi := atTime(from), atTime(to)
+	first := sort.Search(len(samples), func(i int) bool { return samples[i].at >= lo })
+	end := sort.Search(len(samples), func(i int) bool { return samples[i].at > hi })
+	j.known = max(0, end-first)
+	return j.decided()
+}
+
+// decided is j with the verdict its counts give.
+func (j judgement) decided() judgement {
 	switch {
 	case j.active >= computeMinActive:
 		j.verdict = verdictComputing

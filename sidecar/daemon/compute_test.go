@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -284,4 +285,102 @@ func jsonKeys(t *testing.T, v any) []string {
 		t.Fatal(err)
 	}
 	return slices.Sorted(maps.Keys(m))
+}
+
+// A process's readings slide: each kept in order, the forgotten gone, and
+// once the window is full an append reuses the array (no allocation).
+func TestProcReadingsSlide(t *testing.T) {
+	var r procReadings
+	const window = 60
+	for i := range 1000 {
+		r.add(utilSample{at: sampleTime(i), sm: uint32(i)})
+		if n := len(r.samples()); n > window {
+			r.forget(ComputeConfig{}, n-window)
+		}
+		ss := r.samples()
+		if len(ss) != min(i+1, window) || ss[len(ss)-1].at != sampleTime(i) || ss[0].at != sampleTime(max(0, i+1-window)) {
+			t.Fatalf("after %d: %d readings, %v … %v", i, len(ss), ss[0].at, ss[len(ss)-1].at)
+		}
+		for j := 1; j < len(ss); j++ {
+			if ss[j].at != ss[j-1].at+1 || ss[j].sm != uint32(ss[j].at) {
+				t.Fatalf("after %d: reading %d is %+v after %+v", i, j, ss[j], ss[j-1])
+			}
+		}
+	}
+	i := 1000
+	allocs := testing.AllocsPerRun(200, func() {
+		r.add(utilSample{at: sampleTime(i)})
+		r.forget(ComputeConfig{}, 1)
+		i++
+	})
+	if allocs != 0 {
+		t.Errorf("a full window's append allocates %.1f times", allocs)
+	}
+	if c := cap(r.buf); c > window*3/2+8 {
+		t.Errorf("%d readings kept in an array of %d", window, c)
+	}
+}
+
+// A process whose readings are all known and idle is judged by their
+// count (judgeIdle); every judgement equals the policy's look at each
+// reading, over readings recorded as samples record them (several GPUs'
+// lines of a process merged; a reclaim's record with an earlier time
+// crossing a sample's), for windows of every length and place.
+func TestJudgeByCountsMatchesJudge(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	cfg := ComputeConfig{ThresholdPercent: 5}
+	cfg.defaults()
+	c := newComputeState(cfg, time.Second, 5*time.Second, time.Hour)
+	var ps []procs.Proc
+	for pid := 10; pid < 30; pid++ {
+		ps = append(ps, procs.Proc{PID: pid, PPID: 1, StartTime: uint64(pid)})
+	}
+	table := procs.NewTable(ps)
+	start := time.Now()
+	fast := 0
+	for tick := range 400 {
+		now := start.Add(time.Duration(tick) * time.Second)
+		if tick >= 300 && rng.IntN(15) == 0 {
+			now = now.Add(-time.Duration(rng.IntN(1500)) * time.Millisecond) // before the last record
+		}
+		snap := nvml.Snapshot{Devices: []nvml.Device{{Index: 0}, {Index: 1}}}
+		for pid := 10; pid < 30; pid++ {
+			// Pids 10-14 idle throughout, 15-19 idle for long spells, the
+			// rest anything.
+			lines := 1 + rng.IntN(2)
+			for l := range lines {
+				u := nvml.Utilization{Known: true, SampledAt: uint64(tick / (1 + rng.IntN(3)))}
+				switch {
+				case pid < 15:
+				case pid < 20 && (tick/60)%2 == 0:
+				default:
+					u.Known = rng.IntN(6) != 0
+					u.SMPercent, u.MemoryPercent = uint32(rng.IntN(12)), uint32(rng.IntN(8))
+				}
+				d := &snap.Devices[l]
+				d.Processes = append(d.Processes, nvml.Process{PID: pid, Util: u})
+			}
+		}
+		c.record(now, snap, table)
+		c.mu.Lock()
+		for pid := 10; pid < 30; pid++ {
+			id := procID{pid, uint64(pid)}
+			for range 3 {
+				to := now.Add(-time.Duration(rng.IntN(5000)) * time.Millisecond)
+				from := to.Add(-time.Duration(rng.IntN(90000)) * time.Millisecond)
+				got, want := c.judgeLocked(id, from, to), cfg.judge(c.samplesLocked(id), from, to)
+				if got != want {
+					c.mu.Unlock()
+					t.Fatalf("tick %d, pid %d, [%v, %v]: %+v, want %+v", tick, pid, from.Sub(start), to.Sub(start), got, want)
+				}
+			}
+			if r := c.procs[id]; r.unknown == 0 && r.active == 0 && !r.unsorted {
+				fast++
+			}
+		}
+		c.mu.Unlock()
+	}
+	if fast < 300*5 {
+		t.Errorf("%d judgements by the counts, want the idle processes' every one before the crossing", fast)
+	}
 }

@@ -101,8 +101,8 @@ type cullState struct {
 func (d *Daemon) cull(ctx context.Context, rep attribution.Report, compute *attribution.ComputeFacts) ([]attribution.CullWarning, map[string]attribution.KernelActivity) {
 	now := time.Now()
 	// By connection file: another user's kernel may share an id.
-	bytes := map[string]uint64{}
-	users := map[string]string{}
+	bytes := make(map[string]uint64, len(rep.Notebooks))
+	users := make(map[string]string, len(rep.Notebooks))
 	for _, nb := range rep.Notebooks {
 		bytes[nb.ConnectionFile], users[nb.ConnectionFile] = nb.GPUMemoryBytes, nb.User
 	}
@@ -115,8 +115,8 @@ func (d *Daemon) cull(ctx context.Context, rep attribution.Report, compute *attr
 	}
 	var jobs []job
 	var warnings []attribution.CullWarning
-	activity := map[string]attribution.KernelActivity{}
 	d.mu.Lock()
+	activity := make(map[string]attribution.KernelActivity, len(d.kernels))
 	for _, ks := range d.kernels {
 		hasServer := ks.server.URL != "" && !ks.lastActivity.IsZero()
 		computedAt := d.compute.kernelComputedAt(ks.connFile)

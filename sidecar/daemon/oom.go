@@ -75,7 +75,10 @@ func (l *oomLog) summaries(rep attribution.Report) map[string]attribution.OOMSum
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := map[string]attribution.OOMSummary{}
-	present := map[string]bool{}
+	if len(l.summary) == 0 && len(l.recent) == 0 {
+		return out // nothing to give or forget: no map of every notebook each sample
+	}
+	present := make(map[string]bool, len(rep.Notebooks))
 	for _, nb := range rep.Notebooks {
 		present[nb.ConnectionFile] = true
 		if s := l.summary[nb.ConnectionFile]; s != nil {

@@ -244,6 +244,12 @@ type Store struct {
 
 	mu     sync.Mutex
 	series map[Key]*series
+	// keys and hits are the series the last Record wrote, at its
+	// samples' places: the daemon records the same series in the same
+	// order every tick, and a key compared with the one at its place
+	// costs less than its hash and lookup among thousands of series.
+	keys []Key
+	hits []*series
 }
 
 // New returns an empty Store.
@@ -271,11 +277,21 @@ func (s *Store) Record(now time.Time, samples []Sample) {
 	bucket := t - t%max(s.coarseSecs, 1)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, sm := range samples {
-		se := s.series[sm.Key]
-		if se == nil {
-			se = &series{fine: newRing(s.fineLen), coarse: newRing(s.coarseLen), generation: sm.Generation}
-			s.series[sm.Key] = se
+	for i, sm := range samples {
+		var se *series
+		if i < len(s.keys) && s.keys[i] == sm.Key {
+			se = s.hits[i]
+		} else {
+			se = s.series[sm.Key]
+			if se == nil {
+				se = &series{fine: newRing(s.fineLen), coarse: newRing(s.coarseLen), generation: sm.Generation}
+				s.series[sm.Key] = se
+			}
+		}
+		if i < len(s.keys) {
+			s.keys[i], s.hits[i] = sm.Key, se
+		} else {
+			s.keys, s.hits = append(s.keys, sm.Key), append(s.hits, se)
 		}
 		se.label = sm.Label
 		if last, ok := se.fine.last(); ok && last.Time >= t {
@@ -296,10 +312,17 @@ func (s *Store) Record(now time.Time, samples []Sample) {
 			se.coarse.push(Point{bucket, sm.Bytes})
 		}
 	}
+	clear(s.keys[len(samples):])
+	clear(s.hits[len(samples):])
+	s.keys, s.hits = s.keys[:len(samples)], s.hits[:len(samples)]
 	horizon := t - int64(s.opts.CoarseWindow/time.Second)
 	for k, se := range s.series {
 		if last, ok := se.fine.last(); !ok || last.Time < horizon {
 			delete(s.series, k)
+			// A series dropped is no hit: look every key up next time.
+			clear(s.keys)
+			clear(s.hits)
+			s.keys, s.hits = s.keys[:0], s.hits[:0]
 		}
 	}
 }

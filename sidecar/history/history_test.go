@@ -383,3 +383,54 @@ func TestFlatSeriesIsSmall(t *testing.T) {
 	}
 	runtime.KeepAlive(s)
 }
+
+// Record's memory of the series at each sample's place changes nothing:
+// a store recording ticks whose series come and go, change places, and are
+// dropped after the coarse window holds what a store that looks every
+// key up holds.
+func TestRecordHitsMatchLookups(t *testing.T) {
+	opts := Options{FineWindow: 20 * time.Second, CoarseWindow: 60 * time.Second, CoarseStep: 10 * time.Second}
+	hits, lookups := New(opts), New(opts)
+	rng := rand.New(rand.NewPCG(3, 4))
+	keys := make([]Key, 12)
+	for i := range keys {
+		keys[i] = Key{[]Kind{KindGPU, KindNotebook, KindNotebookGPU}[i%3], fmt.Sprintf("s%d", i)}
+	}
+	for sec := int64(1000); sec < 1300; sec++ {
+		var tick []Sample
+		for i, k := range keys {
+			// Series 0-3 stop for 100 s: dropped, then new again.
+			if (i < 4 && sec >= 1100 && sec < 1200) || rng.IntN(10) == 0 {
+				continue
+			}
+			tick = append(tick, Sample{Key: k, Bytes: uint64(rng.IntN(3)), Label: fmt.Sprint(sec % 7), Generation: fmt.Sprint(sec / 50)})
+		}
+		if rng.IntN(20) == 0 {
+			rng.Shuffle(len(tick), func(i, j int) { tick[i], tick[j] = tick[j], tick[i] })
+		}
+		hits.Record(at(sec), tick)
+		lookups.keys, lookups.hits = nil, nil
+		lookups.Record(at(sec), tick)
+		for _, since := range []int64{sec - 15, sec - 50} {
+			if got, want := hits.Since(at(sec), since), lookups.Since(at(sec), since); !equalSeries(got, want) {
+				t.Fatalf("at %d since %d:\n got  %+v\n want %+v", sec, since, got, want)
+			}
+		}
+		for _, k := range keys {
+			gp, gok := hits.Peak(k)
+			wp, wok := lookups.Peak(k)
+			if gp != wp || gok != wok {
+				t.Fatalf("at %d, peak of %v: %d %v, want %d %v", sec, k, gp, gok, wp, wok)
+			}
+		}
+	}
+	if n := len(hits.series); n != len(keys) {
+		t.Errorf("%d series kept, want %d", n, len(keys))
+	}
+}
+
+func equalSeries(a, b []Series) bool {
+	return slices.EqualFunc(a, b, func(x, y Series) bool {
+		return x.Key == y.Key && x.Label == y.Label && x.Step == y.Step && x.Peak == y.Peak && x.PeakAt == y.PeakAt && slices.Equal(x.Points, y.Points)
+	})
+}

@@ -19,16 +19,20 @@ package daemonbench
 // 100,300,1000 kernels) beside DAEMONBENCH_OTHERS (default 5,000) sleepers;
 // at each size the daemon of this tree and, when DAEMONBENCH_BASE_BIN names
 // one, another build (today's, for the ratios) run in turn on the same
-// processes, in alternating order from one size to the next. For each: the
+// processes, in alternating order from one size to the next; with
+// DAEMONBENCH_MOCK=1 so does this tree's daemon over go-nvml's mock of the
+// same GPUs (package mocknvml): the figure of the product's NVML path,
+// without the simulated file's read and parse. For each: the
 // time until every kernel is attached and its process proven, from the
 // daemon's start; after a 10 s settle, CPU and RSS over a 30 s window; the
-// p99 of 300 GET /api/v1/notebooks; the load average with each. Every run
+// p99 of 300 GET /api/v1/notebooks; the load average with each
+// (DAEMONBENCH_WINDOW=seconds: a longer window than 30 s). Every run
 // also checks the daemon's figures: each kernel's GPU memory is its
 // notebook's, every sleeper on the GPU is an other process, and the pids
 // /proc does not show are named in a warning.
 //
 // DAEMONBENCH_PROFILE=dir has this tree's daemon write, at the largest
-// size, a CPU profile of 30 s of steady state and heap profiles before and
+// size, a CPU profile of the steady window and heap profiles before and
 // after it (GPUMEM_PROFILE_DIR) as dir/host-<n>-cpu.pprof, -heap-start.pprof
 // and -heap.pprof (`go tool pprof -sample_index=alloc_space -base
 // host-<n>-heap-start.pprof host-<n>-heap.pprof`: what the window allocated).
@@ -44,6 +48,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -287,9 +292,16 @@ func BenchmarkHost(b *testing.B) {
 	// worker; each sleeper is one. Memory: measured 1 MiB private per
 	// kernel process, 0.2 MiB per sleeper, with kernel overhead.
 	hostRoom(b, largest*6+others+200, uint64(largest)*(3<<20)+uint64(others)*(400<<10)+(1<<30))
-	builds := []struct{ name, bin string }{{"tree", gpumemBinary(b)}}
+	type build struct {
+		name, bin string
+		env       []string
+	}
+	builds := []build{{name: "tree", bin: gpumemBinary(b)}}
 	if base := os.Getenv("DAEMONBENCH_BASE_BIN"); base != "" {
-		builds = append(builds, struct{ name, bin string }{"base", base})
+		builds = append(builds, build{name: "base", bin: base})
+	}
+	if os.Getenv("DAEMONBENCH_MOCK") == "1" {
+		builds = append(builds, build{name: "mock", bin: mockNVMLBinary(b), env: []string{"GPUMEM_MOCK_NVML=1"}})
 	}
 	fakeKernelBinary(b)
 	dir := b.TempDir()
@@ -311,7 +323,7 @@ func BenchmarkHost(b *testing.B) {
 				if dir := os.Getenv("DAEMONBENCH_PROFILE"); dir != "" && bd.name == "tree" && n == largest {
 					profile = dir
 				}
-				r := runHost(b, bd.bin, dir, gpu, fleet, onGPU, profile)
+				r := runHost(b, bd.bin, bd.env, dir, gpu, fleet, onGPU, profile)
 				r.build, r.kernels = bd.name, n
 				runs = append(runs, r)
 			})
@@ -324,17 +336,17 @@ func BenchmarkHost(b *testing.B) {
 			mib(r.steady.RSSMean), mib(r.steady.RSSMax), r.steady.LoadStart, r.steady.LoadEnd, ms(r.p50), ms(r.p99), ms(r.pmax), r.requestLoad)
 	}
 	for _, n := range sizes {
-		var tree, base *hostRun
+		var tree *hostRun
+		others := map[string]*hostRun{}
 		for i := range runs {
-			if runs[i].kernels == n && runs[i].build == "tree" {
+			if runs[i].kernels != n {
+				continue
+			}
+			if runs[i].build == "tree" {
 				tree = &runs[i]
+			} else {
+				others[runs[i].build] = &runs[i]
 			}
-			if runs[i].kernels == n && runs[i].build == "base" {
-				base = &runs[i]
-			}
-		}
-		if tree == nil || base == nil {
-			continue
 		}
 		ratio := func(a, b float64) float64 {
 			if b == 0 {
@@ -342,18 +354,50 @@ func BenchmarkHost(b *testing.B) {
 			}
 			return a / b
 		}
-		b.Logf("  %4d kernels, tree ÷ base: attached %.2f, CPU %.2f (schedstat %.2f), RSS mean %.2f, p99 %.2f", n,
-			ratio(tree.attached.Seconds(), base.attached.Seconds()), ratio(tree.steady.cpuPercent(), base.steady.cpuPercent()),
-			ratio(tree.steady.runPercent(), base.steady.runPercent()), ratio(float64(tree.steady.RSSMean), float64(base.steady.RSSMean)),
-			ratio(float64(tree.p99), float64(base.p99)))
+		for _, name := range []string{"base", "mock"} {
+			other := others[name]
+			if tree == nil || other == nil {
+				continue
+			}
+			b.Logf("  %4d kernels, tree ÷ %s: attached %.2f, CPU %.2f (schedstat %.2f), RSS mean %.2f, p99 %.2f", n, name,
+				ratio(tree.attached.Seconds(), other.attached.Seconds()), ratio(tree.steady.cpuPercent(), other.steady.cpuPercent()),
+				ratio(tree.steady.runPercent(), other.steady.runPercent()), ratio(float64(tree.steady.RSSMean), float64(other.steady.RSSMean)),
+				ratio(float64(tree.p99), float64(other.p99)))
+		}
 	}
 }
 
+// mockNVMLBinary builds ./tests/daemonbench/mocknvml, the daemon over
+// go-nvml's mock, once (a test binary: see its package comment).
+func mockNVMLBinary(b *testing.B) string {
+	b.Helper()
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if bin, ok := built["mocknvml"]; ok {
+		return bin
+	}
+	bin := filepath.Join(b.TempDir(), "mocknvml")
+	cmd := exec.Command("go", "test", "-c", "-o", bin, "./mocknvml")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		b.Fatalf("building the daemon over go-nvml's mock: %v", err)
+	}
+	built["mocknvml"] = bin
+	return bin
+}
+
+// steadyWindow is how long the steady state is measured:
+// DAEMONBENCH_WINDOW seconds (default 30). A longer one steadies the CPU
+// figure on a shared box, and gives its profile more samples.
+func steadyWindow() time.Duration {
+	return time.Duration(envInts("DAEMONBENCH_WINDOW", []int{30})[0]) * time.Second
+}
+
 // runHost runs one daemon on the fleet and measures it.
-func runHost(b *testing.B, bin, dir string, gpu *testenv.FakeGPU, fleet *hostFleet, sleepersOnGPU []int, profileDir string) hostRun {
+func runHost(b *testing.B, bin string, env []string, dir string, gpu *testenv.FakeGPU, fleet *hostFleet, sleepersOnGPU []int, profileDir string) hostRun {
 	b.Helper()
 	files := fleet.files()
-	var env []string
+	env = slices.Clone(env)
 	if profileDir != "" {
 		env = append(env, "GPUMEM_PROFILE_DIR="+profileDir)
 	}
@@ -384,7 +428,7 @@ func runHost(b *testing.B, bin, dir string, gpu *testenv.FakeGPU, fleet *hostFle
 	if profileDir != "" {
 		_ = d.Cmd.Process.Signal(syscall.SIGUSR1) // start the CPU profile
 	}
-	r.steady = measure(b, d, 30*time.Second)
+	r.steady = measure(b, d, steadyWindow())
 	if profileDir != "" {
 		_ = d.Cmd.Process.Signal(syscall.SIGUSR2) // stop it, write the heap's
 		for _, name := range []string{"cpu.pprof", "heap-start.pprof", "heap.pprof"} {

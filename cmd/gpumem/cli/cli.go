@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/gpumem/gpumem/internal/textsafe"
+	"github.com/gpumem/gpumem/nvml/driver"
 	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
@@ -23,6 +24,9 @@ type Env struct {
 	Getenv         func(string) string
 	// ProcRoot is the /proc to read ("" = "/proc"); tests point it elsewhere.
 	ProcRoot string
+	// NVML is the NVML serve opens (nil: the driver's); a benchmark's
+	// daemon passes go-nvml's mocks. GPUMEM_FAKE_GPU still replaces it.
+	NVML driver.Library
 }
 
 func (e Env) getenv(k string) string {

@@ -71,7 +71,7 @@ func serve(ctx context.Context, env Env, f *serveFlags, s serveSettings) error {
 	}
 	// A process's utilization reading stands twice the interval, so that
 	// none falls between two samples (the daemon counts each reading once).
-	gpus, err := driver.Open(driver.Options{FakeGPUFile: env.getenv("GPUMEM_FAKE_GPU"),
+	gpus, err := driver.Open(driver.Options{FakeGPUFile: env.getenv("GPUMEM_FAKE_GPU"), Library: env.NVML,
 		UtilizationWindow: max(driver.DefaultUtilizationWindow, 2*f.interval)})
 	if err != nil {
 		return err
