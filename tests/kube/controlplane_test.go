@@ -24,6 +24,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -48,9 +49,12 @@ type controlPlane struct {
 	etcd      *server
 	etcdURL   string
 	URL       string // https://127.0.0.1:port
-	CA        []byte // PEM
-	admin     *http.Client
-	audit     string // the audit log: every request of the daemon's user agent
+	// Service is the API server as pods reach it, through the kubernetes
+	// Service: only while it is ready (serviceProxy).
+	Service *serviceProxy
+	CA      []byte // PEM
+	admin   *http.Client
+	audit   string // the audit log: every request of the daemon's user agent
 	// Kubeconfig is an admin's kubeconfig file, for helm.
 	Kubeconfig string
 }
@@ -77,7 +81,7 @@ func findControlPlaneTools(t *testing.T) controlPlaneTools {
 		t.Fatal(err)
 	}
 	version := func(module string) string {
-		m := regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(module) + ` (v\S+)`).FindSubmatch(gomod)
+		m := regexp.MustCompile(`(?m)^(?:require)?\s*` + regexp.QuoteMeta(module) + ` (v\S+)`).FindSubmatch(gomod)
 		if m == nil {
 			t.Fatalf("controlplane/go.mod requires no %s", module)
 		}
@@ -112,25 +116,31 @@ func startControlPlane(t *testing.T, tools controlPlaneTools) *controlPlane {
 	pki := newPKI(t, dir)
 	cp.CA = pki.caPEM
 
-	etcdPort, peerPort, apiPort := testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)
-	cp.etcdURL = fmt.Sprintf("http://127.0.0.1:%d", etcdPort)
-	peer := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
-	cp.etcd = startServer(t, "etcd", tools.etcd,
-		"--name=test", "--data-dir="+filepath.Join(dir, "etcd"),
-		"--listen-client-urls="+cp.etcdURL, "--advertise-client-urls="+cp.etcdURL,
-		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer, "--initial-cluster=test="+peer,
-		// A test's data: losing it in a crash loses nothing.
-		"--unsafe-no-fsync", "--log-level=warn")
+	// A port free a moment ago may be taken by another test's server by
+	// the time etcd binds it: then etcd exits at once, and is tried again
+	// on others.
 	plain := &http.Client{Timeout: 5 * time.Second}
-	cp.waitUp(cp.etcd, "etcd's /health", func() bool {
-		resp, err := plain.Get(cp.etcdURL + "/health")
-		if err != nil {
-			return false
+	for attempt := 1; ; attempt++ {
+		cp.etcdURL = fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t))
+		peer := fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t))
+		cp.etcd = startServer(t, "etcd", tools.etcd,
+			"--name=test", "--data-dir="+filepath.Join(dir, fmt.Sprintf("etcd-%d", attempt)),
+			"--listen-client-urls="+cp.etcdURL, "--advertise-client-urls="+cp.etcdURL,
+			"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer, "--initial-cluster=test="+peer,
+			// A test's data: losing it in a crash loses nothing.
+			"--unsafe-no-fsync", "--log-level=warn")
+		if cp.waitUp(cp.etcd, "etcd's /health", attempt < 3, func() bool {
+			resp, err := plain.Get(cp.etcdURL + "/health")
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close()
+			var h struct{ Health string }
+			return json.NewDecoder(resp.Body).Decode(&h) == nil && h.Health == "true"
+		}) {
+			break
 		}
-		defer resp.Body.Close()
-		var h struct{ Health string }
-		return json.NewDecoder(resp.Body).Decode(&h) == nil && h.Health == "true"
-	})
+	}
 
 	// Only the daemon's requests are audited (its user agent, whatever
 	// it authenticates as, refused ones too): what it asked, and what the
@@ -138,6 +148,7 @@ func startControlPlane(t *testing.T, tools controlPlaneTools) *controlPlane {
 	policy := filepath.Join(dir, "audit-policy.yaml")
 	writeFile(t, policy, []byte("apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  - level: Metadata\n"))
 	cp.audit = filepath.Join(dir, "audit.log")
+	apiPort := testenv.FreePort(t)
 	cp.URL = fmt.Sprintf("https://127.0.0.1:%d", apiPort)
 	cp.apiArgs = []string{
 		"--etcd-servers=" + cp.etcdURL,
@@ -160,7 +171,8 @@ func startControlPlane(t *testing.T, tools controlPlaneTools) *controlPlane {
 	cp.admin = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
 		RootCAs: pki.pool, Certificates: []tls.Certificate{cert}}}}
 	cp.startAPIServer()
-	t.Cleanup(func() { cp.api.stop(t) })
+	cp.Service = newServiceProxy(t, fmt.Sprintf("127.0.0.1:%d", apiPort))
+	t.Cleanup(func() { cp.Service.down(); cp.api.stop(t) })
 
 	cp.Kubeconfig = filepath.Join(dir, "kubeconfig")
 	writeFile(t, cp.Kubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
@@ -178,7 +190,7 @@ current-context: test
 func (cp *controlPlane) startAPIServer() {
 	cp.t.Helper()
 	cp.api = startServer(cp.t, "kube-apiserver", cp.apiserver, cp.apiArgs...)
-	cp.waitUp(cp.api, "kube-apiserver's /readyz", func() bool {
+	cp.waitUp(cp.api, "kube-apiserver's /readyz", false, func() bool {
 		code, _ := cp.do("", http.MethodGet, "/readyz", nil, nil)
 		return code == http.StatusOK
 	})
@@ -186,17 +198,116 @@ func (cp *controlPlane) startAPIServer() {
 
 // restartAPIServer stops the API server (its clients' watches break)
 // and, once between (the API server down), runs between, then starts it
-// again on the same port with the same arguments.
+// again on the same port with the same arguments. Its Service routes to it
+// again once it is ready.
 func (cp *controlPlane) restartAPIServer(between func()) {
 	cp.t.Helper()
+	cp.Service.down()
 	cp.api.stop(cp.t)
 	if between != nil {
 		between()
 	}
 	cp.startAPIServer()
+	cp.Service.up()
 }
 
-func (cp *controlPlane) waitUp(s *server, what string, ready func() bool) {
+// serviceProxy plays the kubernetes Service in front of the API server,
+// as a pod reaches it: a TCP port whose connections are passed on to the
+// API server while it is ready, and that refuses connections while it is
+// not (a Service without a ready endpoint). A restarted API server answers
+// before its caches (RBAC's among them) are filled, and the Service keeps
+// pods from it until then.
+type serviceProxy struct {
+	t       *testing.T
+	backend string
+	addr    string // where pods connect: 127.0.0.1:port
+
+	mu    sync.Mutex
+	l     net.Listener
+	conns map[net.Conn]bool
+	wg    sync.WaitGroup
+}
+
+func newServiceProxy(t *testing.T, backend string) *serviceProxy {
+	p := &serviceProxy{t: t, backend: backend, addr: fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), conns: map[net.Conn]bool{}}
+	p.up()
+	return p
+}
+
+// URL is the Service's address, as https://host:port.
+func (p *serviceProxy) URL() string { return "https://" + p.addr }
+
+// up opens the Service's port again (the same port: its clients keep it).
+func (p *serviceProxy) up() {
+	p.t.Helper()
+	var l net.Listener
+	if !testenv.Eventually(10*time.Second, func() bool {
+		var err error
+		l, err = net.Listen("tcp", p.addr)
+		return err == nil
+	}) {
+		p.t.Fatalf("the API server's Service cannot listen on %s again", p.addr)
+	}
+	p.mu.Lock()
+	p.l = l
+	p.mu.Unlock()
+	p.wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return // closed by down
+			}
+			p.wg.Go(func() { p.pass(c) })
+		}
+	})
+}
+
+func (p *serviceProxy) pass(c net.Conn) {
+	b, err := net.DialTimeout("tcp", p.backend, 5*time.Second)
+	if err != nil {
+		c.Close()
+		return
+	}
+	p.mu.Lock()
+	if p.l == nil { // down meanwhile
+		p.mu.Unlock()
+		c.Close()
+		b.Close()
+		return
+	}
+	p.conns[c], p.conns[b] = true, true
+	p.mu.Unlock()
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(b, c); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(c, b); done <- struct{}{} }()
+	<-done
+	c.Close()
+	b.Close()
+	<-done
+	p.mu.Lock()
+	delete(p.conns, c)
+	delete(p.conns, b)
+	p.mu.Unlock()
+}
+
+// down closes the Service's port and every connection through it, and
+// waits until each is done.
+func (p *serviceProxy) down() {
+	p.mu.Lock()
+	if p.l != nil {
+		p.l.Close()
+		p.l = nil
+	}
+	for c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+// waitUp waits until ready says s is; false when s exited first because
+// its port was taken and retry allows another try.
+func (cp *controlPlane) waitUp(s *server, what string, retry bool, ready func() bool) bool {
 	cp.t.Helper()
 	ok := testenv.Eventually(90*time.Second, func() bool {
 		select {
@@ -208,12 +319,16 @@ func (cp *controlPlane) waitUp(s *server, what string, ready func() bool) {
 	})
 	select {
 	case <-s.exited:
+		if retry && strings.Contains(s.log.String(), "address already in use") {
+			return false
+		}
 		cp.t.Fatalf("%s exited before %s answered:\n%s", s.name, what, tail(s.log.String(), 4000))
 	default:
 	}
 	if !ok {
 		cp.t.Fatalf("%s did not answer within 90s:\n%s", what, tail(s.log.String(), 4000))
 	}
+	return true
 }
 
 func startServer(t *testing.T, name, bin string, args ...string) *server {
@@ -243,7 +358,7 @@ func (s *server) stop(t *testing.T) {
 	select {
 	case <-s.exited:
 	case <-time.After(20 * time.Second):
-		t.Errorf("%s did not end within 20s of SIGTERM: killed", s.name)
+		t.Errorf("%s did not end within 20s of SIGTERM: killed; its log:\n%s", s.name, tail(s.log.String(), 3000))
 		_ = s.cmd.Process.Kill()
 		<-s.exited
 	}
@@ -372,8 +487,7 @@ type auditEvent struct {
 }
 
 // auditOf is every request the audit log holds from user agents starting
-// with agent, in order, its last stage each (a watch is logged when it
-// starts and when it ends).
+// with agent, in order, once each.
 func (cp *controlPlane) auditOf(agent string) []auditEvent {
 	cp.t.Helper()
 	data, err := os.ReadFile(cp.audit)
@@ -388,7 +502,9 @@ func (cp *controlPlane) auditOf(agent string) []auditEvent {
 		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
 			cp.t.Fatalf("audit log line %q: %v", sc.Text(), err)
 		}
-		if strings.HasPrefix(e.UserAgent, agent) && e.Stage != "ResponseStarted" {
+		// A watch is logged when its answer starts and when it ends; a
+		// request refused authentication only when its answer starts.
+		if strings.HasPrefix(e.UserAgent, agent) && (e.Stage != "ResponseStarted" || e.ResponseStatus.Code == http.StatusUnauthorized) {
 			events = append(events, e)
 		}
 	}
