@@ -2,8 +2,10 @@
 // deploy/helm/gpumem and the manifests rendered from it. Every rendered
 // object is decoded strictly (an unknown or duplicate field is an error)
 // into the k8s.io/api types, then checked for what the DaemonSet must and
-// must not be granted. helm comes from check.sh, which builds it from its
-// Go module into a cache dir.
+// must not be granted; then installed into a real API server, with the
+// image's daemon run against it (install_test.go). helm, kube-apiserver
+// and etcd come from tools.sh, which builds each from its Go module into
+// a cache dir.
 package kube
 
 import (
