@@ -336,8 +336,9 @@ func startServer(t *testing.T, name, bin string, args ...string) *server {
 	s := &server{name: name, cmd: exec.Command(bin, args...), log: &syncutil.Buffer{}, exited: make(chan struct{})}
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	// Its own process group: a ^C to the test is not its signal to stop
-	// before the test's cleanup does.
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// before the test's cleanup does. A test binary killed before its
+	// cleanup leaves it to TestMain's subreaper.
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := s.cmd.Start(); err != nil {
 		t.Fatalf("starting %s: %v", name, err)
 	}
