@@ -258,6 +258,18 @@ func TestChartOnAPIServer(t *testing.T) {
 	// At once, as the kubelet confirms a graceful deletion: none runs here.
 	cp.must(http.MethodDelete, "/api/v1/namespaces/jhub/pods/"+alice.name+"?gracePeriodSeconds=0", nil, nil)
 	within("a pod deleted", `pod="jupyter-alice"`, true)
+	// Eve's process is in the daemon's report by now, and in no pod.
+	d.poll(t, 10*time.Second, "eve's process in gpumem ls --json", func() bool {
+		for _, o := range d.ls(t, rootfs).Other {
+			if o.PID == eve.pid {
+				if o.Pod != nil {
+					t.Fatalf("the daemon names %+v, a pod of node %s", *o.Pod, otherNode)
+				}
+				return true
+			}
+		}
+		return false
+	})
 	if body, _ := scrape(); strings.Contains(body, `pod="`+eve.name+`"`) {
 		t.Errorf("the daemon names %s, a pod of node %s:\n%s", eve.name, otherNode, body)
 	}
