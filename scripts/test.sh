@@ -46,6 +46,26 @@ report_times() {
 . scripts/lib.sh
 command -v go >/dev/null || { echo "go not found: install Go 1.26 or newer"; exit 1; }
 command -v gcc >/dev/null || { echo "gcc not found (cgo builds the NVML bindings): apt-get install gcc"; exit 1; }
+wheel_job=""
+controlplane_job=""
+e2e_bin_dir=""
+cleanup() {
+  [ -z "$wheel_job" ] || kill -- -"$wheel_job" 2>/dev/null || true
+  [ -z "$controlplane_job" ] || kill -- -"$controlplane_job" 2>/dev/null || true
+  [ -z "$e2e_bin_dir" ] || rm -rf "$e2e_bin_dir"
+}
+trap cleanup EXIT
+if [ "$mode" = all ]; then
+  # tests/kube's control plane: kube-apiserver and etcd, built from their
+  # modules once into the tools cache (cold: minutes of both cores, see
+  # deploy/helm/gpumem/README.md). Built in the background from here, over
+  # the installs' downloads and the static checks; the end-to-end stage
+  # waits for it. Its own session, so an early exit ends all of it.
+  controlplane_log=$(mktemp /tmp/gpumem-controlplane.XXXXXX)
+  echo "== building the control plane for tests/kube in the background (log: $controlplane_log)"
+  setsid bash tests/kube/tools.sh controlplane >"$controlplane_log" 2>&1 &
+  controlplane_job=$!
+fi
 if [ "$mode" = all ]; then
   # Every Debian package of every stage, in one apt run (one index update on
   # a fresh machine), before the wheels' background build: no two apt runs
@@ -71,14 +91,6 @@ lap "set-up (installs, venvs)"
 # and gcc warns about each (about 30 lines, none about gpumem's own code):
 # keep the build quiet.
 export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations"
-
-wheel_job=""
-e2e_bin_dir=""
-cleanup() {
-  [ -z "$wheel_job" ] || kill -- -"$wheel_job" 2>/dev/null || true
-  [ -z "$e2e_bin_dir" ] || rm -rf "$e2e_bin_dir"
-}
-trap cleanup EXIT
 
 
 # --- static checks (gofmt, staticcheck, ruff check and ruff format), the injected Python's unit tests and the GPU-host scripts' hostkit ---
@@ -147,6 +159,14 @@ if [ -z "${GPUMEM_TEST_BIN:-}" ]; then
   export GPUMEM_TEST_BIN=$e2e_bin_dir/gpumem
   lap "the end-to-end tests' gpumem (-race)"
 fi
+# tests/kube runs its control plane (TestChartOnAPIServer): its build must
+# be done.
+if ! wait "$controlplane_job"; then
+  failed+=(controlplane-build)
+fi
+controlplane_job=""
+cat "$controlplane_log"
+lap "waiting for the control plane's build"
 for stack in ${GPUMEM_TEST_STACKS:-debian12 current ipykernel6}; do
   pkgs=("${e2e[@]}")
   [ "$stack" = ipykernel6 ] && pkgs=("${kernel_only[@]}")

@@ -28,13 +28,15 @@ type apiServer struct {
 
 	mu       sync.Mutex
 	pods     []corev1.Pod
-	requests []string // "list" / "watch", in order
+	requests []string // "list" / "watch", in order; "refused" for each refused
+	refuse   int      // while not 0, every request is answered with this status
+	endWatch chan struct{}
 }
 
 const apiToken = "test-token"
 
 func newAPIServer(t *testing.T, pods ...*corev1.Pod) *apiServer {
-	a := &apiServer{t: t, events: make(chan []byte)}
+	a := &apiServer{t: t, events: make(chan []byte), endWatch: make(chan struct{})}
 	for _, p := range pods {
 		a.pods = append(a.pods, *p)
 	}
@@ -62,6 +64,18 @@ func (a *apiServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.t.Errorf("request without the token: %q", r.Header.Get("Authorization"))
 	}
 	w.Header().Set("Content-Type", "application/json")
+	a.mu.Lock()
+	refuse := a.refuse
+	if refuse != 0 {
+		a.requests = append(a.requests, "refused")
+	}
+	a.mu.Unlock()
+	if refuse != 0 {
+		w.WriteHeader(refuse)
+		_ = json.NewEncoder(w).Encode(metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+			Status: metav1.StatusFailure, Code: int32(refuse), Reason: metav1.StatusReasonUnauthorized, Message: "Unauthorized"})
+		return
+	}
 	if q.Get("watch") != "true" {
 		a.mu.Lock()
 		a.requests = append(a.requests, "list")
@@ -85,10 +99,42 @@ func (a *apiServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			w.(http.Flusher).Flush()
+		case <-a.endWatch:
+			return
 		case <-r.Context().Done():
 			return
 		}
 	}
+}
+
+// sendRaw streams one watch event, as JSON.
+func (a *apiServer) sendRaw(t *testing.T, ev string) {
+	t.Helper()
+	select {
+	case a.events <- []byte(ev):
+	case <-time.After(30 * time.Second):
+		t.Fatal("the informer did not watch within 30s")
+	}
+}
+
+// setRefuse makes the server answer every request with code (0: serve).
+func (a *apiServer) setRefuse(code int) {
+	a.mu.Lock()
+	a.refuse = code
+	a.mu.Unlock()
+}
+
+// count is how many requests of kind ("list", "watch", "refused") came.
+func (a *apiServer) count(kind string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, r := range a.requests {
+		if r == kind {
+			n++
+		}
+	}
+	return n
 }
 
 // send streams one watch event ("ADDED", "MODIFIED", "DELETED") to the

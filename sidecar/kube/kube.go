@@ -5,6 +5,10 @@
 // this process belong to", from the process's cgroup (package cgroups)
 // and the pod's metadata.
 //
+// What the API server's answers change it says in one log line each: the
+// token or RBAC refused (the last list keeps serving), accepted again, a
+// watch expired and the pods listed again.
+//
 // It is the only package that imports client-go. Callers take its answers
 // through attribution.Pods, so the daemon, attribution, the API and the
 // metrics stay free of Kubernetes types. It never writes to the API server
@@ -19,7 +23,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rs/zerolog"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -53,12 +59,26 @@ type Config struct {
 	// Resync is the informer's resync period; 0 means none (the watch
 	// keeps the cache current).
 	Resync time.Duration
+	// Log gets one line for each change in what the API server answers;
+	// the zero Logger logs nothing.
+	Log zerolog.Logger
 }
 
 // NodePods keeps this node's pods, indexed by UID.
 type NodePods struct {
 	cfg      Config
 	informer cache.SharedIndexInformer
+	api      apiState
+}
+
+// apiState is what the API server last answered the informer, so that
+// each change is logged once: a refused token is retried every few seconds
+// for as long as it stays refused, and must not log every time.
+type apiState struct {
+	mu      sync.Mutex
+	lists   int    // lists answered
+	refused string // why the last list or watch was refused; "" if it was not
+	expired bool   // the last watch expired (410 Gone): the next list says so
 }
 
 const uidIndex = "uid"
@@ -89,14 +109,23 @@ func NewNodePods(pods PodsClient, cfg Config) (*NodePods, error) {
 		cfg.ServerLabels = []string{LabelHubServerName}
 	}
 	selector := fields.OneTermEqualSelector("spec.nodeName", cfg.NodeName).String()
+	n := &NodePods{cfg: cfg}
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
 			opts.FieldSelector = selector
-			return pods.List(ctx, opts)
+			list, err := pods.List(ctx, opts)
+			if err == nil {
+				n.listed(len(list.Items))
+			}
+			return list, err
 		},
 		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 			opts.FieldSelector = selector
-			return pods.Watch(ctx, opts)
+			w, err := pods.Watch(ctx, opts)
+			if err != nil {
+				return nil, err
+			}
+			return newNotedWatch(w, n.watchEvent), nil
 		},
 	}
 	// The wrapper lets a client that cannot stream a list as watch events
@@ -117,7 +146,106 @@ func NewNodePods(pods PodsClient, cfg Config) (*NodePods, error) {
 	if err := inf.SetTransform(slim); err != nil {
 		return nil, fmt.Errorf("kubernetes: %w", err)
 	}
-	return &NodePods{cfg: cfg, informer: inf}, nil
+	if err := inf.SetWatchErrorHandlerWithContext(n.watchError); err != nil {
+		return nil, fmt.Errorf("kubernetes: %w", err)
+	}
+	n.informer = inf
+	return n, nil
+}
+
+// watchError is told why a list or watch failed. A refusal (401: the token
+// is expired or revoked; 403: RBAC) is logged when it starts, not at each
+// retry; the cache keeps the last list meanwhile, so processes are still
+// named from their cgroups' pods. Anything else goes to client-go's own
+// handler.
+func (n *NodePods) watchError(ctx context.Context, r *cache.Reflector, err error) {
+	var why string
+	switch {
+	case apierrors.IsUnauthorized(err):
+		why = "the API server refuses this daemon's service account token (401 Unauthorized: expired or revoked)"
+	case apierrors.IsForbidden(err):
+		why = "RBAC forbids this daemon's service account to list and watch pods (403 Forbidden)"
+	case apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
+		n.api.mu.Lock()
+		n.api.expired = true
+		n.api.mu.Unlock()
+		return
+	default:
+		cache.DefaultWatchErrorHandler(ctx, r, err)
+		return
+	}
+	n.api.mu.Lock()
+	first := n.api.refused == ""
+	n.api.refused = why
+	n.api.mu.Unlock()
+	if first {
+		n.cfg.Log.Error().Err(err).Str("node", n.cfg.NodeName).
+			Msg(why + ": the pods of its last list stay named until it is accepted again")
+	}
+}
+
+// watchEvent notes a watch that the API server ended as expired (410
+// Gone: etcd compacted past it, or a restarted API server no longer holds
+// it), which the informer answers with a new list.
+func (n *NodePods) watchEvent(e watch.Event) {
+	if e.Type != watch.Error {
+		return
+	}
+	if status, ok := e.Object.(*metav1.Status); ok && status.Code == 410 {
+		n.api.mu.Lock()
+		n.api.expired = true
+		n.api.mu.Unlock()
+	}
+}
+
+// listed is told of each list the API server answered.
+func (n *NodePods) listed(pods int) {
+	n.api.mu.Lock()
+	n.api.lists++
+	lists, refused, expired := n.api.lists, n.api.refused, n.api.expired
+	n.api.refused, n.api.expired = "", false
+	n.api.mu.Unlock()
+	switch {
+	case refused != "":
+		n.cfg.Log.Info().Str("node", n.cfg.NodeName).Int("pods", pods).
+			Msg("the API server accepts this daemon's service account again: this node's pods listed")
+	case expired && lists > 1:
+		n.cfg.Log.Info().Str("node", n.cfg.NodeName).Int("pods", pods).
+			Msg("the watch of this node's pods expired (410 Gone): listed them again; the last list served meanwhile")
+	}
+}
+
+// notedWatch passes a watch's events on, showing each to note first. Its
+// goroutine ends when the watch does or when the informer stops it, even
+// if nothing reads its events any more.
+type notedWatch struct {
+	in   watch.Interface
+	out  chan watch.Event
+	done chan struct{}
+	once sync.Once
+}
+
+func newNotedWatch(in watch.Interface, note func(watch.Event)) *notedWatch {
+	w := &notedWatch{in: in, out: make(chan watch.Event), done: make(chan struct{})}
+	go func() {
+		defer close(w.out)
+		for e := range in.ResultChan() {
+			note(e)
+			select {
+			case w.out <- e:
+			case <-w.done:
+				return
+			}
+		}
+	}()
+	return w
+}
+
+func (w *notedWatch) ResultChan() <-chan watch.Event { return w.out }
+
+func (w *notedWatch) Stop() {
+	w.once.Do(func() { close(w.done) })
+	w.in.Stop()
 }
 
 // slim keeps a pod's identity, labels and container statuses.

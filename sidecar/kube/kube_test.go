@@ -2,16 +2,19 @@ package kube
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/gpumem/gpumem/internal/syncutil"
 	"github.com/gpumem/gpumem/sidecar/attribution"
 	"github.com/gpumem/gpumem/sidecar/cgroups"
 	"github.com/gpumem/gpumem/sidecar/procs"
@@ -106,6 +109,43 @@ func TestNodePods(t *testing.T) {
 	defer api.mu.Unlock()
 	if len(api.requests) < 2 || api.requests[0] != "list" || api.requests[1] != "watch" {
 		t.Errorf("requests %v, want a list then a watch", api.requests)
+	}
+}
+
+// The API server's answers, each change said once: a watch expired (410
+// Gone) and the pods listed again; a token refused (401), retried with
+// back-off but logged once, the last list still naming pods; the token
+// accepted again.
+func TestNodePodsLogsAPIChanges(t *testing.T) {
+	var logs syncutil.Buffer
+	alice := pod("jupyter-alice", "jhub", aliceUID, "gpu-1", map[string]string{LabelHubUsername: "alice"})
+	np, api := start(t, Config{NodeName: "gpu-1", Log: zerolog.New(&logs)}, alice)
+	count := func(msg string) int { return strings.Count(logs.String(), `"message":"`+msg) }
+	const (
+		expired  = "the watch of this node's pods expired (410 Gone)"
+		refused  = "the API server refuses this daemon's service account token (401 Unauthorized"
+		accepted = "the API server accepts this daemon's service account again"
+	)
+
+	api.sendRaw(t, `{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","status":"Failure","code":410,"reason":"Expired","message":"too old resource version: 10 (20)"}}`)
+	eventually(t, "a list after the expired watch", func() bool { return api.count("list") == 2 })
+	eventually(t, "the expired watch logged", func() bool { return count(expired) == 1 })
+
+	eventually(t, "the informer watching again", func() bool { return api.count("watch") == 2 })
+	api.setRefuse(http.StatusUnauthorized)
+	api.endWatch <- struct{}{}
+	eventually(t, "refused requests", func() bool { return api.count("refused") >= 2 })
+	if n := count(refused); n != 1 {
+		t.Errorf("the refused token logged %d times, want once:\n%s", n, logs.String())
+	}
+	if p, ok := np.Pod(aliceUID, ""); !ok || p.User != "alice" {
+		t.Errorf("refused: Pod(alice) = %+v, %v; want the last list's pod", p, ok)
+	}
+
+	api.setRefuse(0)
+	eventually(t, "the token accepted again, logged", func() bool { return count(accepted) == 1 })
+	if n := count(expired) + count(refused); n != 2 {
+		t.Errorf("logs:\n%s", logs.String())
 	}
 }
 

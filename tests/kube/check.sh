@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks the Helm chart (deploy/helm/gpumem, both modes) and the plain manifests
 # rendered from it (deploy/kubernetes): builds helm from its Go module at
-# the version in helm-version (once, into a cache dir), runs helm lint and
+# the version in helm-version (once, into a cache dir: tools.sh), runs helm lint and
 # helm template, and fails when deploy/kubernetes/*.yaml differ from what
 # the chart renders. `check.sh --update` rewrites them. The Go test beside
 # this script (helm_test.go, run by go test ./...) then decodes every
@@ -10,14 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 version=$(cat tests/kube/helm-version)
-cache=${GPUMEM_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpumem}
-helm=$cache/helm-$version/helm
-if [ ! -x "$helm" ]; then
-	echo "building helm $version into $(dirname "$helm") (once)"
-	start=$(date +%s)
-	GOBIN=$(dirname "$helm") go install "helm.sh/helm/v3/cmd/helm@$version"
-	echo "built helm in $(( $(date +%s) - start )) s"
-fi
+helm=$(bash tests/kube/tools.sh helm)/helm
 
 chart=deploy/helm/gpumem
 "$helm" lint --strict "$chart"

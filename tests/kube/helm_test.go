@@ -2,8 +2,10 @@
 // deploy/helm/gpumem and the manifests rendered from it. Every rendered
 // object is decoded strictly (an unknown or duplicate field is an error)
 // into the k8s.io/api types, then checked for what the DaemonSet must and
-// must not be granted. helm comes from check.sh, which builds it from its
-// Go module into a cache dir.
+// must not be granted; then installed into a real API server, with the
+// image's daemon run against it (install_test.go). helm, kube-apiserver
+// and etcd come from tools.sh, which builds each from its Go module into
+// a cache dir.
 package kube
 
 import (
@@ -11,6 +13,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -34,30 +37,38 @@ import (
 
 const chart = "../../deploy/helm/gpumem"
 
-// helmPath finds the helm that check.sh builds; without it the test fails
-// under CI and skips elsewhere.
+// helmPath finds the helm that check.sh builds (tools.sh); without it the
+// test fails under CI and skips elsewhere.
 func helmPath(t *testing.T) string {
 	t.Helper()
+	if path := os.Getenv("GPUMEM_HELM"); path != "" {
+		return path
+	}
 	version, err := os.ReadFile("helm-version")
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := os.Getenv("GPUMEM_HELM")
-	if path == "" {
-		cache := os.Getenv("GPUMEM_TOOLS_CACHE")
-		if cache == "" {
-			base, err := os.UserCacheDir()
-			if err != nil {
-				t.Fatal(err)
-			}
-			cache = filepath.Join(base, "gpumem")
+	return filepath.Join(cachedTool(t, "helm", strings.TrimSpace(string(version)), "bash tests/kube/check.sh"), "helm")
+}
+
+// cachedTool is the dir where tools.sh put tool name at version; without
+// it the test fails under CI and skips elsewhere, saying that build makes
+// it.
+func cachedTool(t *testing.T, name, version, build string) string {
+	t.Helper()
+	cache := os.Getenv("GPUMEM_TOOLS_CACHE")
+	if cache == "" {
+		base, err := os.UserCacheDir()
+		if err != nil {
+			t.Fatal(err)
 		}
-		path = filepath.Join(cache, "helm-"+strings.TrimSpace(string(version)), "helm")
+		cache = filepath.Join(base, "gpumem")
 	}
-	if _, err := os.Stat(path); err != nil {
-		testenv.Missing(t, "helm not found at "+path+": run bash tests/kube/check.sh first (it builds helm)")
+	dir := filepath.Join(cache, name+"-"+version)
+	if _, err := os.Stat(filepath.Join(dir, ".complete")); err != nil {
+		testenv.Missing(t, fmt.Sprintf("%s %s not found in %s: run %s first (it builds it)", name, version, dir, build))
 	}
-	return path
+	return dir
 }
 
 func render(t *testing.T, args ...string) []byte {

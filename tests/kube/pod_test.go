@@ -74,27 +74,88 @@ func TestImageNamesPods(t *testing.T) {
 	}
 	const token = "service-account-token"
 	api := startAPIServer(t, token, "gpu-1", pod)
-	srv := api.srv
-	host, port, _ := strings.Cut(strings.TrimPrefix(srv.URL, "https://"), ":")
+	const used = 5 << 30
+	d := startImageDaemon(t, rootfs, api.srv.URL, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: api.srv.Certificate().Raw}),
+		token, "gpu-1", testenv.SimGPU{Name: "Simulated H200", UUID: "GPU-1", MemoryTotalBytes: 141 << 30,
+			Processes: []testenv.FakeProc{{PID: sleeper.Process.Pid, UsedBytes: used}}})
+	metricsPort, logs, exited := d.metricsPort, d.logs, d.exited
 
-	// The service account as the kubelet mounts it, inside the image.
-	sa := filepath.Join(rootfs, "var", "run", "secrets", "kubernetes.io", "serviceaccount")
-	if err := os.MkdirAll(sa, 0o755); err != nil {
+	want := fmt.Sprintf(`gpumem_pod_gpu_memory_bytes{container="notebook",gpu="0",kernel_id="",namespace="jhub",notebook="",pod="jupyter-alice",user="alice"} %g`, float64(used))
+	client := &http.Client{Timeout: 5 * time.Second}
+	var body string
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(body, want) {
+		select {
+		case <-exited:
+			t.Fatalf("gpumem serve --kubernetes exited:\n%s", logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 60s /metrics lacks\n%s\n/metrics:\n%s\ndaemon log:\n%s", want, body, logs.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+		resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort))
+		if err != nil {
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		body = string(b)
+	}
+
+	rep := d.ls(t, rootfs)
+	if len(rep.Other) != 1 || rep.Other[0].Pod == nil || rep.Other[0].Pod.Name != "jupyter-alice" ||
+		rep.Other[0].Pod.UID != podUID || rep.Other[0].Pod.User != "alice" || rep.Other[0].Pod.Container != "notebook" {
+		t.Errorf("gpumem ls --json in the container, other processes: %+v (without pods it is ls's own report, not the daemon's)", rep.Other)
+	}
+	if !logContains(logs.String(), "watching this node's pods") {
+		t.Errorf("no log of the informer's sync:\n%s", logs.String())
+	}
+	api.check(t)
+}
+
+// imageDaemon is the image's `gpumem serve --kubernetes` run as the
+// chart's DaemonSet runs it (startImageDaemon).
+type imageDaemon struct {
+	metricsPort int
+	logs        *syncutil.Buffer
+	exited      chan struct{}
+	pid         int      // the daemon, as the host sees it
+	userspec    string   // the chart's runAsUser:runAsGroup
+	env         []string // the container's env, as the chart renders it
+	gpuFile     string
+}
+
+// startImageDaemon runs the image as the DaemonSet does, but for the
+// cluster: `gpumem serve --kubernetes` as the chart's user, in its own pid
+// and mount namespaces (unshare, chroot into the image's rootfs), with the
+// host's /proc at /host/proc, the service account (token, ca) mounted
+// where the kubelet mounts it, KUBERNETES_SERVICE_HOST/PORT naming apiURL,
+// NODE_NAME node, and gpus as its simulated GPUs. It is ended at cleanup.
+func startImageDaemon(t *testing.T, rootfs, apiURL string, ca []byte, token, node string, gpus ...testenv.SimGPU) *imageDaemon {
+	t.Helper()
+	host, port, _ := strings.Cut(strings.TrimPrefix(apiURL, "https://"), ":")
+
+	// The service account as the kubelet mounts it: a dir of the test's,
+	// bound where the kubelet mounts it inside the image (in the daemon's
+	// own mount namespace: the image is shared by the package's tests).
+	sa := t.TempDir()
+	if err := os.Chmod(sa, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
 	for name, content := range map[string][]byte{"token": []byte(token), "ca.crt": ca, "namespace": []byte("gpumem")} {
 		if err := os.WriteFile(filepath.Join(sa, name), content, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	const used = 5 << 30
-	gpuFile := filepath.Join(rootfs, "run", "gpus.json")
-	testenv.WriteSimulatedGPUs(t, gpuFile, testenv.SimGPU{Name: "Simulated H200", UUID: "GPU-1", MemoryTotalBytes: 141 << 30,
-		Processes: []testenv.FakeProc{{PID: sleeper.Process.Pid, UsedBytes: used}}})
-	if err := os.Chmod(gpuFile, 0o644); err != nil { // the image's user reads it
+	saMount := "/var/run/secrets/kubernetes.io/serviceaccount"
+	if err := os.MkdirAll(filepath.Join(rootfs, saMount), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	gpuName := "gpus-" + randomHex(t, 4) + ".json"
+	gpuFile := filepath.Join(rootfs, "run", gpuName)
+	writeGPUs(t, gpuFile, gpus...)
+	t.Cleanup(func() { os.Remove(gpuFile) })
 	if err := os.MkdirAll(filepath.Join(rootfs, "host", "proc"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +173,7 @@ func TestImageNamesPods(t *testing.T) {
 	for _, e := range c.Env {
 		switch {
 		case e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName":
-			daemonEnv = append(daemonEnv, e.Name+"=gpu-1")
+			daemonEnv = append(daemonEnv, e.Name+"="+node)
 		case e.ValueFrom != nil:
 			t.Fatalf("env %s comes from %+v: the test cannot play it", e.Name, e.ValueFrom)
 		default:
@@ -121,7 +182,7 @@ func TestImageNamesPods(t *testing.T) {
 	}
 	env := append([]string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "ROOTFS=" + rootfs,
 		"KUBERNETES_SERVICE_HOST=" + host, "KUBERNETES_SERVICE_PORT=" + port,
-		"GPUMEM_PROC_ROOT=/host/proc", "GPUMEM_FAKE_GPU=/run/gpus.json"}, daemonEnv...)
+		"SA=" + sa, "GPUMEM_PROC_ROOT=/host/proc", "GPUMEM_FAKE_GPU=/run/" + gpuName}, daemonEnv...)
 	emptyDirs := map[string]bool{}
 	for _, v := range podSpec.Volumes {
 		if v.EmptyDir != nil {
@@ -154,7 +215,8 @@ func TestImageNamesPods(t *testing.T) {
 		`mount --bind "$ROOTFS" "$ROOTFS"` + "\n" +
 		`mount --rbind /proc "$ROOTFS/host/proc"` + "\n" +
 		`mount -t proc proc "$ROOTFS/proc"` + "\n" +
-		mounts.String() + readOnly +
+		mounts.String() +
+		`mount --bind "$SA" "$ROOTFS` + saMount + `"` + "\n" + readOnly +
 		`exec chroot --userspec=` + userspec + ` "$ROOTFS" /usr/local/bin/gpumem "$@"`
 	cmd := exec.Command("unshare", append([]string{"--pid", "--fork", "--kill-child", "--mount", "--", "sh", "-c", script, "sh"}, args...)...)
 	cmd.Env = env
@@ -187,57 +249,51 @@ func TestImageNamesPods(t *testing.T) {
 		}
 	})
 
-	want := fmt.Sprintf(`gpumem_pod_gpu_memory_bytes{container="notebook",gpu="0",kernel_id="",namespace="jhub",notebook="",pod="jupyter-alice",user="alice"} %g`, float64(used))
-	client := &http.Client{Timeout: 5 * time.Second}
-	var body string
-	deadline := time.Now().Add(60 * time.Second)
-	for !strings.Contains(body, want) {
-		select {
-		case <-exited:
-			t.Fatalf("gpumem serve --kubernetes exited:\n%s", logs.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after 60s /metrics lacks\n%s\n/metrics:\n%s\ndaemon log:\n%s", want, body, logs.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-		resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort))
-		if err != nil {
-			continue
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		body = string(b)
-	}
+	return &imageDaemon{metricsPort: metricsPort, logs: &logs, exited: exited, pid: daemonPID, userspec: userspec, env: daemonEnv, gpuFile: gpuFile}
+}
 
-	// What `kubectl exec ds/gpumem -- gpumem ls --json` does: a second
-	// process in the container's namespaces, with its env and user, reads
-	// the daemon's report through the socket in the emptyDir.
+// ls is what `kubectl exec ds/gpumem -- gpumem ls --json` does: a second
+// process in the container's namespaces, with its env and user, reads the
+// daemon's report through the socket in the emptyDir.
+func (d *imageDaemon) ls(t *testing.T, rootfs string) attribution.Report {
+	t.Helper()
 	lsCtx, lsCancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer lsCancel()
 	chroot, err := exec.LookPath("chroot")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ls := exec.CommandContext(lsCtx, "nsenter", "-t", strconv.Itoa(daemonPID), "-m", "-p", "--",
-		chroot, "--userspec="+userspec, rootfs, "/usr/local/bin/gpumem", "ls", "--json")
-	ls.Env = daemonEnv
+	ls := exec.CommandContext(lsCtx, "nsenter", "-t", strconv.Itoa(d.pid), "-m", "-p", "--",
+		chroot, "--userspec="+d.userspec, rootfs, "/usr/local/bin/gpumem", "ls", "--json")
+	ls.Env = d.env
 	out, err := ls.CombinedOutput()
 	if err != nil {
-		t.Fatalf("gpumem ls --json in the container: %v\n%s\ndaemon log:\n%s", err, out, logs.String())
+		t.Fatalf("gpumem ls --json in the container: %v\n%s\ndaemon log:\n%s", err, out, d.logs.String())
 	}
 	var rep attribution.Report
 	if err := json.Unmarshal(out, &rep); err != nil {
 		t.Fatalf("gpumem ls --json: %v\n%s", err, out)
 	}
-	if len(rep.Other) != 1 || rep.Other[0].Pod == nil || rep.Other[0].Pod.Name != "jupyter-alice" ||
-		rep.Other[0].Pod.UID != podUID || rep.Other[0].Pod.User != "alice" || rep.Other[0].Pod.Container != "notebook" {
-		t.Errorf("gpumem ls --json in the container, other processes: %+v (without pods it is ls's own report, not the daemon's)", rep.Other)
+	return rep
+}
+
+// setGPUs replaces what the daemon's simulated GPUs show.
+func (d *imageDaemon) setGPUs(t *testing.T, gpus ...testenv.SimGPU) {
+	t.Helper()
+	writeGPUs(t, d.gpuFile, gpus...)
+}
+
+// writeGPUs writes a simulated-GPU file the image's user can read, whole
+// (renamed into place: the daemon never reads half of one).
+func writeGPUs(t *testing.T, path string, gpus ...testenv.SimGPU) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, testenv.SimulatedGPUs(gpus...), 0o644); err != nil {
+		t.Fatal(err)
 	}
-	if !logContains(logs.String(), "watching this node's pods") {
-		t.Errorf("no log of the informer's sync:\n%s", logs.String())
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
 	}
-	api.check(t)
 }
 
 // apiServer is a TLS server that answers as a Kubernetes API server does

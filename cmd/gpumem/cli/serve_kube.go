@@ -29,6 +29,7 @@ func (k *kubeFlags) start(ctx context.Context, proc cgroups.Reader, log zerolog.
 		NodeName:     *k.nodeName,
 		UserLabels:   splitList(*k.userLabels),
 		ServerLabels: splitList(*k.serverLabels),
+		Log:          log,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("--kubernetes: %w", err)
