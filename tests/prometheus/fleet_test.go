@@ -79,6 +79,7 @@ type fleetFigures struct {
 	headSeries                   int
 	scrapeP50, scrapeP99, scrape time.Duration // scrape_duration_seconds over the window, across daemons: median, p99 and max of each one's mean
 	promRSS, promRSSMax          float64       // bytes
+	promCPU                      float64       // cores, over the last minute
 	queries                      []fleetQuery
 	downFiring, downResolved     time.Duration // GPUMemExporterDown after its daemon stopped / restarted
 	samplesPerSecond             float64
@@ -606,6 +607,7 @@ func runFleet(tb testing.TB, o fleetOptions) fleetFigures {
 	f.headSeries = int(scalar(`prometheus_tsdb_head_series{job="prometheus"}`))
 	f.promRSS = scalar(`process_resident_memory_bytes{job="prometheus"}`)
 	f.promRSSMax = scalar(`max_over_time(process_resident_memory_bytes{job="prometheus"}[1h])`)
+	f.promCPU = scalar(`rate(process_cpu_seconds_total{job="prometheus"}[1m])`)
 	f.samplesPerSecond = scalar(`sum(rate(prometheus_tsdb_head_samples_appended_total{job="prometheus"}[1m]))`)
 	// Each daemon's mean scrape duration over the window, its node up
 	// throughout.
@@ -668,7 +670,8 @@ func (f fleetFigures) log(tb testing.TB) {
 		f.nodes, f.seriesPerNode, f.seriesLean, f.headSeries, f.samplesPerSecond)
 	fmt.Fprintf(&b, "scrape_duration_seconds, each daemon's mean: median %v, p99 %v, max %v\n",
 		f.scrapeP50.Round(10*time.Microsecond), f.scrapeP99.Round(10*time.Microsecond), f.scrape.Round(10*time.Microsecond))
-	fmt.Fprintf(&b, "Prometheus process_resident_memory_bytes: %.1f MiB now, %.1f MiB max\n", f.promRSS/(1<<20), f.promRSSMax/(1<<20))
+	fmt.Fprintf(&b, "Prometheus process_resident_memory_bytes: %.1f MiB now, %.1f MiB max; CPU %.1f %% of a core over the last minute; load average %.1f\n",
+		f.promRSS/(1<<20), f.promRSSMax/(1<<20), 100*f.promCPU, testenv.LoadAverage())
 	qs := append([]fleetQuery(nil), f.queries...)
 	sort.SliceStable(qs, func(i, j int) bool { return qs[i].took > qs[j].took })
 	for _, q := range qs {
@@ -734,6 +737,110 @@ func alertsNamed(tb testing.TB, prom *server, name string) []promv1.Alert {
 // chart's own intervals, with the figures.
 func TestFleet(t *testing.T) {
 	requireTool(t, "prometheus")
+	if s := testenv.CurrentStack(); s != testenv.Debian12 {
+		t.Skipf("the fleet runs no Jupyter stack: it runs once, on %s, not again on %s", testenv.Debian12, s)
+	}
 	runFleet(t, fleetOptions{nodes: 10, bin: gpumemBin, interval: time.Second, forScale: 30,
 		window: 20 * time.Second, idleWindow: "5s", gpuHigh: true})
+}
+
+// BenchmarkFleetPrometheus runs the fleet at FLEET_NODES nodes (default
+// 25,50,100) in turn, each with a Prometheus of its own, at the chart's
+// scrape interval and the shipped rules unchanged (GPUMemExporterDown's 2
+// minutes included), scraped for FLEET_WINDOW (default 4m) before the
+// dashboard's queries; then, for each query, how its time grew with the
+// fleet and what that growth gives at 1,000 nodes.
+//
+//	go test ./tests/prometheus/ -run '^$' -bench FleetPrometheus -benchtime 1x -timeout 60m -v
+//
+// Without -bench, go test runs none of it.
+func BenchmarkFleetPrometheus(b *testing.B) {
+	requireTool(b, "prometheus")
+	sizes := []int{25, 50, 100}
+	if v := os.Getenv("FLEET_NODES"); v != "" {
+		sizes = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 2 {
+				b.Fatalf("FLEET_NODES=%q: want a comma-separated list of node counts of 2 or more", v)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	window := 4 * time.Minute
+	if v := os.Getenv("FLEET_WINDOW"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			b.Fatalf("FLEET_WINDOW=%q: %v", v, err)
+		}
+		window = d
+	}
+	// The binary users run, not the race detector's.
+	bin, err := testenv.GoBuild(b.TempDir(), "gpumem", "./cmd/gpumem", false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var runs []fleetFigures
+	for _, n := range sizes {
+		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
+			for range b.N {
+				f := runFleet(b, fleetOptions{nodes: n, bin: bin, forScale: 1, window: window, idleWindow: "1m"})
+				runs = append(runs, f)
+				b.ReportMetric(float64(f.seriesPerNode), "series/node")
+				b.ReportMetric(float64(f.scrapeP50.Microseconds())/1000, "scrape-p50-ms")
+				b.ReportMetric(f.promRSS/(1<<20), "prometheus-rss-MiB")
+				slowest := f.queries[0]
+				for _, q := range f.queries {
+					if q.took > slowest.took {
+						slowest = q
+					}
+				}
+				b.ReportMetric(float64(slowest.took.Microseconds())/1000, "slowest-query-ms")
+			}
+		})
+	}
+	if len(runs) >= 2 {
+		b.Log(fleetScaling(runs))
+	}
+}
+
+// fleetScaling tabulates each dashboard query's time at each fleet size,
+// the exponent k of t ∝ nodes^k between the smallest and largest fleet, and
+// t at 1,000 nodes by that exponent.
+func fleetScaling(runs []fleetFigures) string {
+	first, last := runs[0], runs[len(runs)-1]
+	var b strings.Builder
+	b.WriteString("dashboard queries by fleet size (median of 3 query_range calls, ms):\n")
+	for _, r := range runs {
+		fmt.Fprintf(&b, "%8d", r.nodes)
+	}
+	b.WriteString("       k  at 1,000  query\n")
+	type row struct {
+		line string
+		at   float64
+	}
+	var rows []row
+	for i, q := range last.queries {
+		var line strings.Builder
+		for _, r := range runs {
+			fmt.Fprintf(&line, "%8.1f", float64(r.queries[i].took.Microseconds())/1000)
+		}
+		t0, t1 := first.queries[i].took.Seconds(), q.took.Seconds()
+		k := math.Log(t1/t0) / math.Log(float64(last.nodes)/float64(first.nodes))
+		at := t1 * math.Pow(1000/float64(last.nodes), math.Max(k, 0)) * 1000
+		fmt.Fprintf(&line, "%8.2f%10.0f  %s %s: %s\n", k, at, q.panel, q.refID, q.raw)
+		rows = append(rows, row{line.String(), at})
+	}
+	sort.SliceStable(rows, func(i, j int) bool { return rows[i].at > rows[j].at })
+	for _, r := range rows {
+		b.WriteString(r.line)
+	}
+	b.WriteString("fleet figures by size:\n")
+	for _, r := range runs {
+		fmt.Fprintf(&b, "  %d nodes: %d series/node, %d head series, scrape p50/p99/max %v/%v/%v, Prometheus RSS %.0f MiB (max %.0f), CPU %.0f %%, %.0f samples/s; GPUMemExporterDown firing %v after the stop, resolved %v after the restart\n",
+			r.nodes, r.seriesPerNode, r.headSeries, r.scrapeP50.Round(10*time.Microsecond), r.scrapeP99.Round(10*time.Microsecond),
+			r.scrape.Round(10*time.Microsecond), r.promRSS/(1<<20), r.promRSSMax/(1<<20), 100*r.promCPU, r.samplesPerSecond,
+			r.downFiring.Round(time.Second), r.downResolved.Round(time.Second))
+	}
+	return b.String()
 }

@@ -3,7 +3,9 @@
 // binary (the test stack's Notebook server, real kernels, a simulated-GPU
 // file listing their pids), loading deploy/prometheus's rules, and answering
 // every query of deploy/grafana's dashboard. It also runs promtool over the
-// rules and their unit tests and over a live /metrics.
+// rules and their unit tests and over a live /metrics, and a fleet of
+// simulated nodes' daemons behind one Prometheus scraping them as the Helm
+// chart's ServiceMonitor does (fleet_test.go).
 //
 // Under CI=true a missing prometheus or promtool fails; elsewhere it skips.
 package prometheus
