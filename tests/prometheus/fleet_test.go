@@ -24,9 +24,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -78,6 +81,7 @@ type fleetFigures struct {
 	seriesPerNode, seriesLean    int // scraped samples of a node (per notebook) and of the lean node
 	headSeries                   int
 	scrapeP50, scrapeP99, scrape time.Duration // scrape_duration_seconds over the window, across daemons: median, p99 and max of each one's mean
+	scrapeDown                   time.Duration // the longest scrape of the daemon stopped and started again
 	promRSS, promRSSMax          float64       // bytes
 	promCPU                      float64       // cores, over the last minute
 	queries                      []fleetQuery
@@ -85,11 +89,57 @@ type fleetFigures struct {
 	samplesPerSecond             float64
 }
 
-// fleetQuery is one dashboard query timed over the fleet's data.
+// fleetQuery is one dashboard query timed over the fleet's data: its
+// evaluation time as Prometheus reports it (stats=all: no HTTP, no JSON),
+// median and best of five, and the samples it read, which unlike the time
+// does not depend on what else the machine runs.
 type fleetQuery struct {
 	dashboardQuery
-	took   time.Duration // median of three query_range calls
-	series int
+	took, best    time.Duration
+	wall          time.Duration // median of five round trips as Grafana makes them: the answer's JSON included
+	series        int
+	samples, peak int64
+}
+
+// rangeStats is Prometheus's answer to a query_range with stats=all.
+type rangeStats struct {
+	Status   string   `json:"status"`
+	Error    string   `json:"error"`
+	Warnings []string `json:"warnings"`
+	Data     struct {
+		Result []json.RawMessage `json:"result"`
+		Stats  struct {
+			Timings struct {
+				EvalTotalTime float64 `json:"evalTotalTime"`
+			} `json:"timings"`
+			Samples struct {
+				TotalQueryableSamples int64 `json:"totalQueryableSamples"`
+				PeakSamples           int64 `json:"peakSamples"`
+			} `json:"samples"`
+		} `json:"stats"`
+	} `json:"data"`
+}
+
+// queryRangeStats runs expr over r with stats=all (the client library
+// drops the stats); an error fails the test.
+func (s *server) queryRangeStats(tb testing.TB, expr string, r promv1.Range) rangeStats {
+	tb.Helper()
+	form := url.Values{"query": {expr}, "start": {strconv.FormatInt(r.Start.Unix(), 10)},
+		"end": {strconv.FormatInt(r.End.Unix(), 10)}, "step": {promDuration(r.Step)}, "stats": {"all"}}
+	client := &http.Client{Timeout: 60 * time.Second}
+	resp, err := client.PostForm(s.url+"/api/v1/query_range", form)
+	if err != nil {
+		tb.Fatalf("query_range %s: %v", expr, err)
+	}
+	defer resp.Body.Close()
+	var st rangeStats
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || st.Status != "success" {
+		tb.Fatalf("query_range %s: %s %v %s", expr, resp.Status, err, st.Error)
+	}
+	if st.Data.Stats.Samples.TotalQueryableSamples == 0 && len(st.Data.Result) > 0 {
+		tb.Fatalf("query_range %s: no sample statistics in the answer (stats=all)", expr)
+	}
+	return st
 }
 
 // fleetKernelSet is one fakekernel process and the connection files of
@@ -609,13 +659,14 @@ func runFleet(tb testing.TB, o fleetOptions) fleetFigures {
 	f.promRSSMax = scalar(`max_over_time(process_resident_memory_bytes{job="prometheus"}[1h])`)
 	f.promCPU = scalar(`rate(process_cpu_seconds_total{job="prometheus"}[1m])`)
 	f.samplesPerSecond = scalar(`sum(rate(prometheus_tsdb_head_samples_appended_total{job="prometheus"}[1m]))`)
-	// Each daemon's mean scrape duration over the window, its node up
-	// throughout.
+	// Each daemon's mean scrape duration over the window, but the one
+	// stopped and started again (its longest scrape apart).
 	span := promDuration(time.Since(prom.started).Truncate(time.Second))
-	means := prom.query(tb, fmt.Sprintf(`avg_over_time(scrape_duration_seconds{job=%q}[%s])`, job, span))
-	if len(means) != o.nodes {
-		tb.Fatalf("scrape durations of %d daemons, want %d", len(means), o.nodes)
+	means := prom.query(tb, fmt.Sprintf(`avg_over_time(scrape_duration_seconds{job=%q,node!=%q}[%s])`, job, down.name, span))
+	if len(means) != o.nodes-1 {
+		tb.Fatalf("scrape durations of %d daemons, want %d", len(means), o.nodes-1)
 	}
+	f.scrapeDown = time.Duration(scalar(fmt.Sprintf(`max_over_time(scrape_duration_seconds{job=%q,node=%q}[%s])`, job, down.name, span)) * float64(time.Second))
 	var secs []float64
 	for _, s := range means {
 		secs = append(secs, float64(s.Value))
@@ -631,51 +682,49 @@ func runFleet(tb testing.TB, o fleetOptions) fleetFigures {
 
 	// Every dashboard query over the fleet's data, as a Grafana panel over
 	// the time range asks for it (query_range at the scrape interval).
-	start, end := prom.started, time.Now()
+	r := promv1.Range{Start: prom.started, End: time.Now(), Step: interval}
 	for _, q := range dashboardQueries(tb, prom, repoPath(tb, "deploy/grafana/gpumem.json"), interval, o.idleWindow) {
-		var took []time.Duration
-		var series int
-		for range 3 {
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		fq := fleetQuery{dashboardQuery: q}
+		var evals, walls []time.Duration
+		for range 5 {
 			t0 := time.Now()
-			res, warnings, _, err := prom.api.QueryRange(ctx, q.expr, promv1.Range{Start: start, End: end, Step: interval})
-			took = append(took, time.Since(t0))
-			cancel()
-			if err != nil {
-				tb.Fatalf("panel %q %s: %s: %v", q.panel, q.refID, q.expr, err)
+			st := prom.queryRangeStats(tb, q.expr, r)
+			walls = append(walls, time.Since(t0))
+			if len(st.Warnings) > 0 {
+				tb.Logf("panel %q %s: warnings %v", q.panel, q.refID, st.Warnings)
 			}
-			if len(warnings) > 0 {
-				tb.Logf("panel %q %s: warnings %v", q.panel, q.refID, warnings)
-			}
-			m, ok := res.(model.Matrix)
-			if !ok {
-				tb.Fatalf("panel %q %s: %s result, want a matrix", q.panel, q.refID, res.Type())
-			}
-			series = len(m)
+			evals = append(evals, time.Duration(st.Data.Stats.Timings.EvalTotalTime*float64(time.Second)))
+			fq.series, fq.samples, fq.peak = len(st.Data.Result), st.Data.Stats.Samples.TotalQueryableSamples, st.Data.Stats.Samples.PeakSamples
 		}
-		if series == 0 {
-			tb.Errorf("panel %q %s: no data over the fleet's %v from %s", q.panel, q.refID, end.Sub(start).Round(time.Second), q.expr)
+		if fq.series == 0 {
+			tb.Errorf("panel %q %s: no data over the fleet's %v from %s", q.panel, q.refID, r.End.Sub(r.Start).Round(time.Second), q.expr)
 		}
-		sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
-		f.queries = append(f.queries, fleetQuery{dashboardQuery: q, took: took[1], series: series})
+		slices.Sort(evals)
+		slices.Sort(walls)
+		fq.best, fq.took, fq.wall = evals[0], evals[len(evals)/2], walls[len(walls)/2]
+		f.queries = append(f.queries, fq)
 	}
 	f.log(tb)
 	return f
 }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 func (f fleetFigures) log(tb testing.TB) {
 	tb.Helper()
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "fleet of %d nodes: %d series per node (%d on the node without notebook labels), %d head series, %.0f samples/s\n",
 		f.nodes, f.seriesPerNode, f.seriesLean, f.headSeries, f.samplesPerSecond)
-	fmt.Fprintf(&b, "scrape_duration_seconds, each daemon's mean: median %v, p99 %v, max %v\n",
-		f.scrapeP50.Round(10*time.Microsecond), f.scrapeP99.Round(10*time.Microsecond), f.scrape.Round(10*time.Microsecond))
+	fmt.Fprintf(&b, "scrape_duration_seconds, each daemon's mean: median %v, p99 %v, max %v (the restarted daemon's longest: %v)\n",
+		f.scrapeP50.Round(10*time.Microsecond), f.scrapeP99.Round(10*time.Microsecond), f.scrape.Round(10*time.Microsecond),
+		f.scrapeDown.Round(10*time.Microsecond))
 	fmt.Fprintf(&b, "Prometheus process_resident_memory_bytes: %.1f MiB now, %.1f MiB max; CPU %.1f %% of a core over the last minute; load average %.1f\n",
 		f.promRSS/(1<<20), f.promRSSMax/(1<<20), 100*f.promCPU, testenv.LoadAverage())
 	qs := append([]fleetQuery(nil), f.queries...)
 	sort.SliceStable(qs, func(i, j int) bool { return qs[i].took > qs[j].took })
 	for _, q := range qs {
-		fmt.Fprintf(&b, "  %8.2f ms  %6d series  %s %s: %s\n", float64(q.took.Microseconds())/1000, q.series, q.panel, q.refID, q.raw)
+		fmt.Fprintf(&b, "  eval %8.2f ms (best %8.2f), round trip %8.2f ms, %6d series, %10d samples (peak %8d)  %s %s: %s\n", ms(q.took), ms(q.best), ms(q.wall), q.series,
+			q.samples, q.peak, q.panel, q.refID, q.raw)
 	}
 	tb.Log(b.String())
 }
@@ -787,7 +836,7 @@ func BenchmarkFleetPrometheus(b *testing.B) {
 				f := runFleet(b, fleetOptions{nodes: n, bin: bin, forScale: 1, window: window, idleWindow: "1m"})
 				runs = append(runs, f)
 				b.ReportMetric(float64(f.seriesPerNode), "series/node")
-				b.ReportMetric(float64(f.scrapeP50.Microseconds())/1000, "scrape-p50-ms")
+				b.ReportMetric(ms(f.scrapeP50), "scrape-p50-ms")
 				b.ReportMetric(f.promRSS/(1<<20), "prometheus-rss-MiB")
 				slowest := f.queries[0]
 				for _, q := range f.queries {
@@ -795,7 +844,7 @@ func BenchmarkFleetPrometheus(b *testing.B) {
 						slowest = q
 					}
 				}
-				b.ReportMetric(float64(slowest.took.Microseconds())/1000, "slowest-query-ms")
+				b.ReportMetric(ms(slowest.took), "slowest-query-ms")
 			}
 		})
 	}
@@ -804,17 +853,23 @@ func BenchmarkFleetPrometheus(b *testing.B) {
 	}
 }
 
-// fleetScaling tabulates each dashboard query's time at each fleet size,
-// the exponent k of t ∝ nodes^k between the smallest and largest fleet, and
-// t at 1,000 nodes by that exponent.
+// fleetScaling tabulates each dashboard query's best evaluation time and
+// samples read at each fleet size, the exponent k of samples ∝ nodes^k
+// between the smallest and largest fleet (the samples, unlike the times, do
+// not depend on the machine's load), and the time at 1,000 nodes if it
+// grows as the samples do.
 func fleetScaling(runs []fleetFigures) string {
 	first, last := runs[0], runs[len(runs)-1]
+	grow := float64(last.nodes) / float64(first.nodes)
 	var b strings.Builder
-	b.WriteString("dashboard queries by fleet size (median of 3 query_range calls, ms):\n")
+	b.WriteString("dashboard queries by fleet size: best of 5 evaluations (ms), samples read, the median round trip at the largest; k: samples ∝ nodes^k\n")
 	for _, r := range runs {
-		fmt.Fprintf(&b, "%8d", r.nodes)
+		fmt.Fprintf(&b, "%9d", r.nodes)
 	}
-	b.WriteString("       k  at 1,000  query\n")
+	for _, r := range runs {
+		fmt.Fprintf(&b, "%12d", r.nodes)
+	}
+	fmt.Fprintf(&b, "  trip@%d      k  ms at 1,000  query\n", last.nodes)
 	type row struct {
 		line string
 		at   float64
@@ -823,12 +878,17 @@ func fleetScaling(runs []fleetFigures) string {
 	for i, q := range last.queries {
 		var line strings.Builder
 		for _, r := range runs {
-			fmt.Fprintf(&line, "%8.1f", float64(r.queries[i].took.Microseconds())/1000)
+			fmt.Fprintf(&line, "%9.1f", ms(r.queries[i].best))
 		}
-		t0, t1 := first.queries[i].took.Seconds(), q.took.Seconds()
-		k := math.Log(t1/t0) / math.Log(float64(last.nodes)/float64(first.nodes))
-		at := t1 * math.Pow(1000/float64(last.nodes), math.Max(k, 0)) * 1000
-		fmt.Fprintf(&line, "%8.2f%10.0f  %s %s: %s\n", k, at, q.panel, q.refID, q.raw)
+		for _, r := range runs {
+			fmt.Fprintf(&line, "%12d", r.queries[i].samples)
+		}
+		k := 0.0
+		if s0 := first.queries[i].samples; s0 > 0 && q.samples > 0 {
+			k = math.Log(float64(q.samples)/float64(s0)) / math.Log(grow)
+		}
+		at := ms(q.best) * math.Pow(1000/float64(last.nodes), math.Max(k, 0))
+		fmt.Fprintf(&line, "%10.1f%7.2f%13.0f  %s %s: %s\n", ms(q.wall), k, at, q.panel, q.refID, q.raw)
 		rows = append(rows, row{line.String(), at})
 	}
 	sort.SliceStable(rows, func(i, j int) bool { return rows[i].at > rows[j].at })
@@ -837,9 +897,9 @@ func fleetScaling(runs []fleetFigures) string {
 	}
 	b.WriteString("fleet figures by size:\n")
 	for _, r := range runs {
-		fmt.Fprintf(&b, "  %d nodes: %d series/node, %d head series, scrape p50/p99/max %v/%v/%v, Prometheus RSS %.0f MiB (max %.0f), CPU %.0f %%, %.0f samples/s; GPUMemExporterDown firing %v after the stop, resolved %v after the restart\n",
+		fmt.Fprintf(&b, "  %d nodes: %d series/node, %d head series, scrape p50/p99/max %v/%v/%v (restarted daemon's longest %v), Prometheus RSS %.0f MiB (max %.0f), CPU %.0f %%, %.0f samples/s; GPUMemExporterDown firing %v after the stop, resolved %v after the restart\n",
 			r.nodes, r.seriesPerNode, r.headSeries, r.scrapeP50.Round(10*time.Microsecond), r.scrapeP99.Round(10*time.Microsecond),
-			r.scrape.Round(10*time.Microsecond), r.promRSS/(1<<20), r.promRSSMax/(1<<20), 100*r.promCPU, r.samplesPerSecond,
+			r.scrape.Round(10*time.Microsecond), r.scrapeDown.Round(10*time.Microsecond), r.promRSS/(1<<20), r.promRSSMax/(1<<20), 100*r.promCPU, r.samplesPerSecond,
 			r.downFiring.Round(time.Second), r.downResolved.Round(time.Second))
 	}
 	return b.String()
