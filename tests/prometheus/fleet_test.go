@@ -24,6 +24,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -230,7 +231,7 @@ func newFleetNode(tb testing.TB, bin, base string, i int, ks *fleetKernelSet, le
 	procstest.WriteNet(tb, root, listen, nil)
 	n.gpuFile = filepath.Join(n.dir, "gpus.json")
 	testenv.WriteSimulatedGPUs(tb, n.gpuFile, n.gpus...)
-	n.addr = fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(tb))
+	n.addr = fmt.Sprintf("127.0.0.1:%d", fleetPort(tb))
 	// The chart's metrics-mode flags that apply off Kubernetes: no
 	// injection, no reclaim; the default --interval (1 s).
 	n.argv = []string{bin, "serve", "--listen=" + n.addr, "--log-format=json", "--no-inject", "--reclaim=false"}
@@ -273,6 +274,36 @@ func (n *fleetNode) ready(tb testing.TB) bool {
 		return strings.Contains(text, "\ngpumem_user_gpu_memory_bytes{")
 	}
 	return strings.Count(text, "\ngpumem_notebook_gpu_memory_bytes{") == fleetKernelsPerNode
+}
+
+var fleetPortNext int // the next port fleetPort tries; 0 before the first
+
+// fleetPort returns a port on 127.0.0.1 that was free a moment ago, below
+// the ephemeral range: the fleet's kernels bind, and its daemons and
+// Prometheus dial from, ephemeral ports by the thousand, and one of those
+// could take a daemon's port before it starts or while it is stopped.
+func fleetPort(tb testing.TB) int {
+	tb.Helper()
+	if fleetPortNext == 0 {
+		fleetPortNext = 32767
+		if data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+			if f := strings.Fields(string(data)); len(f) == 2 {
+				if lo, err := strconv.Atoi(f[0]); err == nil && lo > 2048 {
+					fleetPortNext = lo - 1
+				}
+			}
+		}
+	}
+	for ; fleetPortNext > 1024; fleetPortNext-- {
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", fleetPortNext))
+		if err == nil {
+			l.Close()
+			fleetPortNext--
+			return fleetPortNext + 1
+		}
+	}
+	tb.Fatal("no free port on 127.0.0.1 below the ephemeral range")
+	return 0
 }
 
 // chartObjects reads the objects of a manifest rendered from the chart
@@ -568,7 +599,7 @@ func runFleet(tb testing.TB, o fleetOptions) fleetFigures {
 	rules := scaledRules(tb, promDir, o.forScale)
 	targets := filepath.Join(promDir, "targets.json")
 	fleetTargets(tb, targets, nodes)
-	prom := startPrometheusConfig(tb, promDir, testenv.FreePort(tb), func(self string) string {
+	prom := startPrometheusConfig(tb, promDir, fleetPort(tb), func(self string) string {
 		return fleetScrapeConfig(tb, o, rules, targets, self)
 	})
 	var sm chartServiceMonitor
