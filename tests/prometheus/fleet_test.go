@@ -102,7 +102,16 @@ type fleetQuery struct {
 	samples, peak int64
 }
 
-// rangeStats is Prometheus's answer to a query_range with stats=all.
+// kind is the query's refId and whether Grafana asks for a range or an
+// instant.
+func (q fleetQuery) kind() string {
+	if q.instant {
+		return q.refID + " (instant)"
+	}
+	return q.refID + " (range)"
+}
+
+// rangeStats is Prometheus's answer to a query with stats=all.
 type rangeStats struct {
 	Status   string   `json:"status"`
 	Error    string   `json:"error"`
@@ -121,24 +130,30 @@ type rangeStats struct {
 	} `json:"data"`
 }
 
-// queryRangeStats runs expr over r with stats=all (the client library
-// drops the stats); an error fails the test.
-func (s *server) queryRangeStats(tb testing.TB, expr string, r promv1.Range) rangeStats {
+// queryStats runs expr as Grafana asks for it, over r (query_range) or
+// instant at r's end (query), with stats=all (the client library drops
+// the stats); an error fails the test.
+func (s *server) queryStats(tb testing.TB, expr string, r promv1.Range, instant bool) rangeStats {
 	tb.Helper()
 	form := url.Values{"query": {expr}, "start": {strconv.FormatInt(r.Start.Unix(), 10)},
 		"end": {strconv.FormatInt(r.End.Unix(), 10)}, "step": {promDuration(r.Step)}, "stats": {"all"}}
+	path := "/api/v1/query_range"
+	if instant {
+		form = url.Values{"query": {expr}, "time": {strconv.FormatInt(r.End.Unix(), 10)}, "stats": {"all"}}
+		path = "/api/v1/query"
+	}
 	client := &http.Client{Timeout: 60 * time.Second}
-	resp, err := client.PostForm(s.url+"/api/v1/query_range", form)
+	resp, err := client.PostForm(s.url+path, form)
 	if err != nil {
-		tb.Fatalf("query_range %s: %v", expr, err)
+		tb.Fatalf("%s %s: %v", path, expr, err)
 	}
 	defer resp.Body.Close()
 	var st rangeStats
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || st.Status != "success" {
-		tb.Fatalf("query_range %s: %s %v %s", expr, resp.Status, err, st.Error)
+		tb.Fatalf("%s %s: %s %v %s", path, expr, resp.Status, err, st.Error)
 	}
 	if st.Data.Stats.Samples.TotalQueryableSamples == 0 && len(st.Data.Result) > 0 {
-		tb.Fatalf("query_range %s: no sample statistics in the answer (stats=all)", expr)
+		tb.Fatalf("%s %s: no sample statistics in the answer (stats=all)", path, expr)
 	}
 	return st
 }
@@ -712,14 +727,15 @@ func runFleet(tb testing.TB, o fleetOptions) fleetFigures {
 	}
 
 	// Every dashboard query over the fleet's data, as a Grafana panel over
-	// the time range asks for it (query_range at the scrape interval).
+	// the time range asks for it: a range at the scrape interval, or the
+	// value at its end where the panel is instant (stats, tables).
 	r := promv1.Range{Start: prom.started, End: time.Now(), Step: interval}
 	for _, q := range dashboardQueries(tb, prom, repoPath(tb, "deploy/grafana/gpumem.json"), interval, o.idleWindow) {
 		fq := fleetQuery{dashboardQuery: q}
 		var evals, walls []time.Duration
 		for range 5 {
 			t0 := time.Now()
-			st := prom.queryRangeStats(tb, q.expr, r)
+			st := prom.queryStats(tb, q.expr, r, q.instant)
 			walls = append(walls, time.Since(t0))
 			if len(st.Warnings) > 0 {
 				tb.Logf("panel %q %s: warnings %v", q.panel, q.refID, st.Warnings)
@@ -755,7 +771,7 @@ func (f fleetFigures) log(tb testing.TB) {
 	sort.SliceStable(qs, func(i, j int) bool { return qs[i].took > qs[j].took })
 	for _, q := range qs {
 		fmt.Fprintf(&b, "  eval %8.2f ms (best %8.2f), round trip %8.2f ms, %6d series, %10d samples (peak %8d)  %s %s: %s\n", ms(q.took), ms(q.best), ms(q.wall), q.series,
-			q.samples, q.peak, q.panel, q.refID, q.raw)
+			q.samples, q.peak, q.panel, q.kind(), q.raw)
 	}
 	tb.Log(b.String())
 }
@@ -864,7 +880,7 @@ func BenchmarkFleetPrometheus(b *testing.B) {
 	for _, n := range sizes {
 		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
 			for range b.N {
-				f := runFleet(b, fleetOptions{nodes: n, bin: bin, forScale: 1, window: window, idleWindow: "1m"})
+				f := runFleet(b, fleetOptions{nodes: n, bin: bin, forScale: 1, window: window, idleWindow: "3m"})
 				runs = append(runs, f)
 				b.ReportMetric(float64(f.seriesPerNode), "series/node")
 				b.ReportMetric(ms(f.scrapeP50), "scrape-p50-ms")
@@ -919,7 +935,7 @@ func fleetScaling(runs []fleetFigures) string {
 			k = math.Log(float64(q.samples)/float64(s0)) / math.Log(grow)
 		}
 		at := ms(q.best) * math.Pow(1000/float64(last.nodes), math.Max(k, 0))
-		fmt.Fprintf(&line, "%10.1f%7.2f%13.0f  %s %s: %s\n", ms(q.wall), k, at, q.panel, q.refID, q.raw)
+		fmt.Fprintf(&line, "%10.1f%7.2f%13.0f  %s %s: %s\n", ms(q.wall), k, at, q.panel, q.kind(), q.raw)
 		rows = append(rows, row{line.String(), at})
 	}
 	sort.SliceStable(rows, func(i, j int) bool { return rows[i].at > rows[j].at })

@@ -30,8 +30,9 @@ type panelJSON struct {
 	Title      string                `json:"title"`
 	Datasource *struct{ UID string } `json:"datasource"`
 	Targets    []struct {
-		RefID string `json:"refId"`
-		Expr  string `json:"expr"`
+		RefID   string `json:"refId"`
+		Expr    string `json:"expr"`
+		Instant bool   `json:"instant"`
 	} `json:"targets"`
 	Panels []panelJSON `json:"panels"` // a collapsed row's
 }
@@ -43,6 +44,7 @@ var labelValuesRE = regexp.MustCompile(`^label_values\((.+),\s*([a-zA-Z_][a-zA-Z
 type dashboardQuery struct {
 	panel, refID, expr string
 	raw                string // as the dashboard writes it
+	instant            bool   // Grafana asks for the value now, not a range
 }
 
 // dashboardQueries reads the Grafana dashboard at path and returns every
@@ -142,7 +144,7 @@ func dashboardQueries(t testing.TB, prom *server, path string, interval time.Dur
 				t.Errorf("panel %q %s: unknown variable left in %s", p.Title, tg.RefID, expr)
 				continue
 			}
-			out = append(out, dashboardQuery{panel: p.Title, refID: tg.RefID, expr: expr, raw: tg.Expr})
+			out = append(out, dashboardQuery{panel: p.Title, refID: tg.RefID, expr: expr, raw: tg.Expr, instant: tg.Instant})
 		}
 	}
 	if len(out) == 0 {
