@@ -391,7 +391,7 @@ type alertView struct {
 
 // activeAlerts lists Prometheus's pending and firing alerts named name,
 // sorted by instance.
-func activeAlerts(t *testing.T, prom *server, name string) []alertView {
+func activeAlerts(t testing.TB, prom *server, name string) []alertView {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -30,24 +30,33 @@ type panelJSON struct {
 	Title      string                `json:"title"`
 	Datasource *struct{ UID string } `json:"datasource"`
 	Targets    []struct {
-		RefID string `json:"refId"`
-		Expr  string `json:"expr"`
+		RefID   string `json:"refId"`
+		Expr    string `json:"expr"`
+		Instant bool   `json:"instant"`
 	} `json:"targets"`
 	Panels []panelJSON `json:"panels"` // a collapsed row's
 }
 
 var labelValuesRE = regexp.MustCompile(`^label_values\((.+),\s*([a-zA-Z_][a-zA-Z0-9_]*)\)$`)
 
-// checkDashboard evaluates every query of the Grafana dashboard at path
-// against prom, as Grafana would with every template variable on "All",
-// and fails for any that errs or returns no data.
+// dashboardQuery is one query of a dashboard panel, its template
+// variables substituted.
+type dashboardQuery struct {
+	panel, refID, expr string
+	raw                string // as the dashboard writes it
+	instant            bool   // Grafana asks for the value now, not a range
+}
+
+// dashboardQueries reads the Grafana dashboard at path and returns every
+// panel query as Grafana would send it with every template variable on
+// "All", and checks each panel's datasource.
 //
 // Substitutions: a query variable takes all the values its label_values()
 // returns now, joined as the regex Grafana builds for "All"; $__interval is
-// the scrape interval, $__rate_interval four of them, $__range the time
-// Prometheus has run; the idle window shrinks from hours to 5 s so that a
-// notebook whose memory stayed put during the test counts as idle.
-func checkDashboard(t *testing.T, prom *server, path string) {
+// interval (the scrape interval), $__rate_interval four of them, $__range
+// the time Prometheus has run; the idle window is idleWindow (a test's
+// Prometheus has minutes of data, not the dashboard's hours).
+func dashboardQueries(t testing.TB, prom *server, path string, interval time.Duration, idleWindow string) []dashboardQuery {
 	t.Helper()
 	raw, err := os.ReadFile(path)
 	if err != nil {
@@ -58,8 +67,8 @@ func checkDashboard(t *testing.T, prom *server, path string) {
 		t.Fatalf("%s: %v", path, err)
 	}
 	vars := map[string]string{
-		"__interval":      "1s",
-		"__rate_interval": "4s",
+		"__interval":      promDuration(interval),
+		"__rate_interval": promDuration(4 * interval),
 		"__range":         fmt.Sprintf("%ds", int(time.Since(prom.started).Seconds())),
 	}
 	substitute := func(s string) string {
@@ -83,7 +92,7 @@ func checkDashboard(t *testing.T, prom *server, path string) {
 			if v.Name != "idle_window" {
 				t.Fatalf("custom variable %s: the test does not know what to give it", v.Name)
 			}
-			vars[v.Name] = "5s"
+			vars[v.Name] = idleWindow
 		case "query":
 			var q struct{ Query string }
 			if err := json.Unmarshal(v.Query, &q); err != nil {
@@ -107,7 +116,7 @@ func checkDashboard(t *testing.T, prom *server, path string) {
 				quoted[i] = strings.ReplaceAll(regexp.QuoteMeta(string(val)), `\`, `\\`)
 			}
 			vars[v.Name] = "(" + strings.Join(quoted, "|") + ")"
-			t.Logf("$%s = %s", v.Name, vars[v.Name])
+			t.Logf("$%s: %d values", v.Name, len(values))
 		default:
 			t.Fatalf("variable %s of type %s: the test does not know it", v.Name, v.Type)
 		}
@@ -118,7 +127,7 @@ func checkDashboard(t *testing.T, prom *server, path string) {
 		panels = append(panels, p)
 		panels = append(panels, p.Panels...)
 	}
-	queries := 0
+	var out []dashboardQuery
 	for _, p := range panels {
 		if p.Type == "row" {
 			continue
@@ -135,23 +144,43 @@ func checkDashboard(t *testing.T, prom *server, path string) {
 				t.Errorf("panel %q %s: unknown variable left in %s", p.Title, tg.RefID, expr)
 				continue
 			}
-			queries++
-			// Windowed queries (the idle window, rates) need that much
-			// history: poll, with a deadline well past the longest.
-			v := prom.query(t, expr)
-			for deadline := time.Now().Add(20 * time.Second); len(v) == 0 && time.Now().Before(deadline); {
-				time.Sleep(250 * time.Millisecond)
-				v = prom.query(t, expr)
-			}
-			if len(v) == 0 {
-				t.Errorf("panel %q %s: no data within 20s from %s", p.Title, tg.RefID, expr)
-				continue
-			}
-			t.Logf("panel %q %s: %d series", p.Title, tg.RefID, len(v))
+			out = append(out, dashboardQuery{panel: p.Title, refID: tg.RefID, expr: expr, raw: tg.Expr, instant: tg.Instant})
 		}
 	}
-	if queries == 0 {
+	if len(out) == 0 {
 		t.Fatalf("%s: no queries", path)
 	}
-	t.Logf("%d dashboard queries evaluated", queries)
+	return out
+}
+
+// promDuration writes d as PromQL does (whole seconds, or milliseconds).
+func promDuration(d time.Duration) string {
+	if d%time.Second == 0 {
+		return fmt.Sprintf("%ds", int(d/time.Second))
+	}
+	return fmt.Sprintf("%dms", d.Milliseconds())
+}
+
+// checkDashboard evaluates every query of the Grafana dashboard at path
+// against prom (dashboardQueries: a 1 s scrape, the idle window shrunk to
+// 5 s so that a notebook whose memory stayed put during the test counts as
+// idle), and fails for any that errs or returns no data.
+func checkDashboard(t *testing.T, prom *server, path string) {
+	t.Helper()
+	queries := dashboardQueries(t, prom, path, time.Second, "5s")
+	for _, q := range queries {
+		// Windowed queries (the idle window, rates) need that much
+		// history: poll, with a deadline well past the longest.
+		v := prom.query(t, q.expr)
+		for deadline := time.Now().Add(20 * time.Second); len(v) == 0 && time.Now().Before(deadline); {
+			time.Sleep(250 * time.Millisecond)
+			v = prom.query(t, q.expr)
+		}
+		if len(v) == 0 {
+			t.Errorf("panel %q %s: no data within 20s from %s", q.panel, q.refID, q.expr)
+			continue
+		}
+		t.Logf("panel %q %s: %d series", q.panel, q.refID, len(v))
+	}
+	t.Logf("%d dashboard queries evaluated", len(queries))
 }

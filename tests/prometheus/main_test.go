@@ -3,7 +3,9 @@
 // binary (the test stack's Notebook server, real kernels, a simulated-GPU
 // file listing their pids), loading deploy/prometheus's rules, and answering
 // every query of deploy/grafana's dashboard. It also runs promtool over the
-// rules and their unit tests and over a live /metrics.
+// rules and their unit tests and over a live /metrics, and a fleet of
+// simulated nodes' daemons behind one Prometheus scraping them as the Helm
+// chart's ServiceMonitor does (fleet_test.go).
 //
 // Under CI=true a missing prometheus or promtool fails; elsewhere it skips.
 package prometheus
@@ -36,7 +38,7 @@ func TestMain(m *testing.M) {
 
 // requireTool returns the path of a Prometheus binary, failing under CI=true
 // and skipping elsewhere when it is not installed.
-func requireTool(t *testing.T, name string) string {
+func requireTool(t testing.TB, name string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err == nil {
@@ -52,7 +54,7 @@ func requireTool(t *testing.T, name string) string {
 
 // repoPath is a path in the repository, absolute (Prometheus resolves rule
 // files against its config file's directory).
-func repoPath(t *testing.T, rel string) string {
+func repoPath(t testing.TB, rel string) string {
 	t.Helper()
 	p, err := filepath.Abs(filepath.Join("..", "..", filepath.FromSlash(rel)))
 	if err != nil {
@@ -75,8 +77,6 @@ type server struct {
 // once /-/ready answers (deadline 60 s).
 func startPrometheus(t *testing.T, targets ...string) *server {
 	t.Helper()
-	bin := requireTool(t, "prometheus")
-	dir := t.TempDir()
 	quoted := make([]string, len(targets))
 	for i, tg := range targets {
 		quoted[i] = fmt.Sprintf("%q", tg)
@@ -92,16 +92,25 @@ scrape_configs:
     static_configs:
       - targets: [%s]
 `, repoPath(t, "deploy/prometheus/gpumem-rules.yml"), strings.Join(quoted, ", "))
+	return startPrometheusConfig(t, t.TempDir(), testenv.FreePort(t), func(string) string { return config })
+}
+
+// startPrometheusConfig runs Debian's prometheus on 127.0.0.1:port with the
+// configuration config returns for its own address, config and data in
+// dir, and returns once /-/ready answers (deadline 60 s).
+func startPrometheusConfig(t testing.TB, dir string, port int, config func(addr string) string) *server {
+	t.Helper()
+	bin := requireTool(t, "prometheus")
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	cfg := filepath.Join(dir, "prometheus.yml")
-	if err := os.WriteFile(cfg, []byte(config), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(config(addr)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	port := testenv.FreePort(t)
-	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	url := "http://" + addr
 	proc := testenv.Start(t, []string{"PATH=/usr/bin:/bin", "HOME=" + dir}, dir, bin,
 		"--config.file="+cfg,
 		"--storage.tsdb.path="+filepath.Join(dir, "data"),
-		"--web.listen-address="+fmt.Sprintf("127.0.0.1:%d", port),
+		"--web.listen-address="+addr,
 		"--web.console.templates="+filepath.Join(dir, "consoles"),
 		"--web.console.libraries="+filepath.Join(dir, "console_libraries"),
 		"--log.level=warn")
@@ -131,7 +140,7 @@ scrape_configs:
 
 // query evaluates expr now; a failed query fails the test (bad PromQL is a
 // bug in what we ship, not a condition to wait out).
-func (s *server) query(t *testing.T, expr string) model.Vector {
+func (s *server) query(t testing.TB, expr string) model.Vector {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -155,24 +164,30 @@ func (s *server) query(t *testing.T, expr string) model.Vector {
 
 // waitQuery polls expr until check accepts its result (deadline 30 s) and
 // returns that result.
-func (s *server) waitQuery(t *testing.T, expr, what string, check func(model.Vector) bool) model.Vector {
+func (s *server) waitQuery(t testing.TB, expr, what string, check func(model.Vector) bool) model.Vector {
+	t.Helper()
+	return s.waitQueryFor(t, 30*time.Second, expr, what, check)
+}
+
+// waitQueryFor is waitQuery with the deadline given.
+func (s *server) waitQueryFor(t testing.TB, timeout time.Duration, expr, what string, check func(model.Vector) bool) model.Vector {
 	t.Helper()
 	var last model.Vector
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(timeout)
 	for {
 		last = s.query(t, expr)
 		if check(last) {
 			return last
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after 30s waiting for %s: %s = %v", what, expr, last)
+			t.Fatalf("timed out after %v waiting for %s: %s = %v", timeout, what, expr, last)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
 }
 
 // scrapeText GETs a /metrics page.
-func scrapeText(t *testing.T, addr string) (string, error) {
+func scrapeText(t testing.TB, addr string) (string, error) {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
