@@ -270,8 +270,8 @@ button.danger { border-color: var(--crit); color: var(--crit); }
 
 
 def fmt_gib_hours(v):
-    """GiB·h as `gpumem ls --idle` writes them: two decimals below 100."""
-    return ("%.0f GiB·h" if v >= 99.995 else "%.2f GiB·h") % v
+    """GiB·h as `gpumem ls --idle` writes them: one decimal below 1000."""
+    return ("%.0f GiB·h" if v >= 999.95 else "%.1f GiB·h") % v
 
 
 def _when(t, now):

@@ -133,10 +133,10 @@ def test_the_view_is_json():
 
 
 def test_gib_hours_as_the_cli_writes_them():
-    assert [hubview.fmt_gib_hours(x) for x in (0, 31.25, 99.994, 99.995, 512.4)] == [
-        "0.00 GiB·h",
-        "31.25 GiB·h",
-        "99.99 GiB·h",
-        "100 GiB·h",
-        "512 GiB·h",
+    assert [hubview.fmt_gib_hours(x) for x in (0, 31.25, 999.94, 999.95, 1512.4)] == [
+        "0.0 GiB·h",
+        "31.2 GiB·h",
+        "999.9 GiB·h",
+        "1000 GiB·h",
+        "1512 GiB·h",
     ]
