@@ -25,8 +25,13 @@
 #   2. scripts/gpuhost/gpu_check.py in kernel mode (ipykernel 7 / IPython 9): the
 #      magics' free path on PyTorch, CuPy and JAX;
 #   3. scripts/gpuhost/gpu_host_pods.py: `gpumem serve --pod-kernels` against a
-#      kernel in a played pod (root: namespaces and cgroups).
-# GPUMEM_CURRENT_STEPS picks some of them (default "check magics pods").
+#      kernel in a played pod (root: namespaces and cgroups);
+#   4. scripts/gpuhost/arbiter_check.py: the hub's arbiter against the root
+#      daemon while a training loop computes, and once it stops (root);
+#   5. scripts/gpuhost/ls_timing.py with a server, 4 kernels and 5,000
+#      sleepers (GPUMEM_BASE_BIN: another build in the same alternation).
+# GPUMEM_CURRENT_STEPS picks some of them (default "check magics pods";
+# "arbiter" and "ls" on demand).
 # Outputs land in $OUT (default /tmp/gpumem-current-out): gpu_host_check.txt,
 # gpu_check_kernel.txt, versions.txt, and the server's and daemon's logs.
 set -euo pipefail
@@ -93,6 +98,15 @@ fi
 if [[ $steps == *" pods "* ]]; then
   echo "== scripts/gpuhost/gpu_host_pods.py (gpumem serve --pod-kernels, a pod played with namespaces and cgroups)"
   "$PY" scripts/gpuhost/gpu_host_pods.py 2>&1 | tee "$OUT/gpu_host_pods.txt" || rc=1
+fi
+if [[ $steps == *" arbiter "* ]]; then
+  echo "== scripts/gpuhost/arbiter_check.py (jupyterlab_gpumem.hub.GPUArbiter, the root daemon, a training loop)"
+  "$PY" scripts/gpuhost/arbiter_check.py 2>&1 | tee "$OUT/arbiter_check.txt" || rc=1
+fi
+if [[ $steps == *" ls "* ]]; then
+  echo "== scripts/gpuhost/ls_timing.py (a server, 4 kernels, 5,000 sleepers)"
+  "$PY" scripts/gpuhost/ls_timing.py --gpumem "$BIN" ${GPUMEM_BASE_BIN:+--base "$GPUMEM_BASE_BIN"} \
+    --python "$PY" --kernels 4 --sleepers 5000 2>&1 | tee "$OUT/ls_timing.txt" || rc=1
 fi
 cp "$P"/runtime/*.log "$OUT"/ 2>/dev/null || true
 exit $rc

@@ -6,8 +6,12 @@ Runs ON the lent GPU host (no network, no Go) from the copied checkout's
 root, with the binaries built here and carried:
 
   python3 scripts/gpuhost/ls_timing.py --gpumem bin/gpumem \\
-      [--base bin/gpumem-base] [--sleepers 2000] [--runs 20]
+      [--base bin/gpumem-base] [--sleepers 2000] [--runs 20] [--kernels 4]
 
+  0. with --kernels N, a Jupyter server (hostkit's, on the Python running
+     this script: gpu_host_current.sh's stack) with N kernels in `ls`'s
+     runtime dir, so that `ls` finds, asks and attributes them as on a
+     user's host;
   1. one process holding 1 GiB of CUDA memory (torch, when the host's
      Python has it; the GPUs' own processes otherwise), so that both tools
      list something;
@@ -37,7 +41,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hostkit import result, timing_phases  # noqa: E402
+from hostkit import Jupyter, result, start_kernel, timing_phases, wait  # noqa: E402
 
 SMI = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv"]
 
@@ -138,6 +142,7 @@ def main():
     ap.add_argument("--base", help="another gpumem build to time in the same alternation (today's)")
     ap.add_argument("--sleepers", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--kernels", type=int, default=0, help="a Jupyter server with this many kernels in ls's runtime dir")
     ap.add_argument(
         "--python", default=os.environ.get("GPUKIT_PYTHON", sys.executable), help="a Python with torch, for the CUDA process"
     )
@@ -151,8 +156,16 @@ def main():
     if a.base:
         tools["base ls"] = ([a.base, "ls", "--json"], env)
 
-    holder = sleepers = None
+    holder = sleepers = server = None
+    clients = []
     try:
+        if a.kernels:
+            os.environ["JUPYTER_RUNTIME_DIR"] = runtime
+            server = Jupyter(os.path.join(runtime, "server.log"), args=("--allow-root",))
+            wait("jupyter server", server.up, 60)
+            for i in range(a.kernels):
+                clients.append(start_kernel(server.api, "nb%d.ipynb" % i)[1])
+            result("INFO", "a Jupyter server (port %d) with %d kernels in ls's runtime dir" % (server.port, a.kernels))
         holder = start_cuda_holder(a.python)
         gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout.strip().splitlines()
         result(
@@ -180,6 +193,10 @@ def main():
     finally:
         end(sleepers)
         end(holder)
+        for kc in clients:
+            kc.stop_channels()
+        if server is not None:
+            server.stop()
     ok = after <= 1.0
     result("PASS" if ok else "FAIL", "gpumem ls %.2f x nvidia-smi with %d sleepers (target <= 1.0)" % (after, a.sleepers))
     return 0 if ok else 1
