@@ -43,15 +43,7 @@ func TestHubAdminPage(t *testing.T) {
 	trainer, idler := testenv.MakeUser(t, "train"), testenv.MakeUser(t, "idle")
 	const admin = "gpuadmin" // signs in at the hub; needs no account, runs no server
 
-	sockDir, err := os.MkdirTemp("", "gpumem-hub-sock")
-	if err == nil {
-		err = os.Chmod(sockDir, 0o755)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	sock := filepath.Join(sockDir, "gpumem.sock")
+	sock := sharedSocket(t)
 	python := venvBin(t, "python")
 	ext := mustAbs(t, filepath.Join("..", "..", "labextension"))
 	servicePort := testenv.FreePort(t)

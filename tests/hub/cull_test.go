@@ -3,7 +3,6 @@ package hub
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -46,15 +45,7 @@ func TestHubCullArbiter(t *testing.T) {
 	workerT := nbT.childInOwnSession(t)
 	nbI := h.openNotebook(t, idler, "idle.ipynb")
 
-	sockDir, err := os.MkdirTemp("", "gpumem-hub-sock")
-	if err == nil {
-		err = os.Chmod(sockDir, 0o755)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	sock := filepath.Join(sockDir, "gpumem.sock")
+	sock := sharedSocket(t)
 	gpu := testenv.NewFakeGPU(t)
 	training := []testenv.FakeProc{{PID: nbT.pid, UsedBytes: 2 * gib}, {PID: workerT, UsedBytes: 20 * gib, SMPercent: 90, MemoryPercent: 40}}
 	gpu.Set(t, append(training, testenv.FakeProc{PID: nbI.pid, UsedBytes: 12 * gib})...)

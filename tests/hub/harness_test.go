@@ -263,3 +263,18 @@ func killProxy(t *testing.T, pidFile string, apiPort int) {
 	}
 	testenv.Poll(t, 10*time.Second, "the proxy ended", func() bool { return !testenv.Alive(pid) })
 }
+
+// sharedSocket is the root daemon's socket path, in a temporary dir every
+// user may enter (mode 0755), removed at the test's end.
+func sharedSocket(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "gpumem-hub-sock")
+	if err == nil {
+		err = os.Chmod(dir, 0o755)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return filepath.Join(dir, "gpumem.sock")
+}

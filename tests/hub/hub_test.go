@@ -38,15 +38,7 @@ func TestHubAllUsers(t *testing.T) {
 	orphanA := nbA.childInOwnSession(t)
 
 	// The daemon: root, every user, a socket both users reach.
-	sockDir, err := os.MkdirTemp("", "gpumem-hub-sock")
-	if err == nil {
-		err = os.Chmod(sockDir, 0o755)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	sock := filepath.Join(sockDir, "gpumem.sock")
+	sock := sharedSocket(t)
 	gpu := testenv.NewFakeGPU(t)
 	gpu.Set(t, testenv.FakeProc{PID: nbA.pid, UsedBytes: 30 * gib}, testenv.FakeProc{PID: orphanA, UsedBytes: 6 * gib})
 	// --users keeps the daemon to this test's users: other tests' kernels
