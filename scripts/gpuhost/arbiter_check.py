@@ -128,41 +128,46 @@ def main():
             n = len(lines.lines)
             cull = decide(arb, inactive)
             new = lines.lines[n:]
-            return (cull, new) if new and "rule=%s" % rule in new[-1] and all(w in new[-1] for w in words) else None
+            return (cull,) if new and "rule=%s" % rule in new[-1] and all(w in new[-1] for w in words) else None
 
-        t0 = time.monotonic()
-        cull, _ = wait(
+        def until(what, arb, inactive, rule, words, timeout, msg):
+            """Asks arb each second until its decision is rule with words in
+            its line (at most timeout s), then checks it did not cull."""
+            t0 = time.monotonic()
+            (cull,) = wait(what, lambda: verdict(arb, inactive, rule, words), timeout, every=1)
+            check(cull is False, "%s (%.1f s)" % (msg, time.monotonic() - t0))
+
+        until(
             "the arbiter's veto for GPU work",
-            lambda: verdict(culler, timedelta(hours=3), "veto", ["computes on a GPU"]),
+            culler,
+            timedelta(hours=3),
+            "veto",
+            ["computes on a GPU"],
             90,
-            every=1,
+            "training, inactive 3 h (limit 1 h): vetoed for its GPU work",
         )
-        check(
-            cull is False,
-            "training, inactive 3 h (limit 1 h): vetoed for its GPU work (%.1f s after the cell)" % (time.monotonic() - t0),
-        )
-        cull, _ = wait(
+        until(
             "the GPU-idle arbiter's veto",
-            lambda: verdict(gpu_idle, timedelta(hours=3), "veto", ["computes on a GPU"]),
+            gpu_idle,
+            timedelta(hours=3),
+            "veto",
+            ["computes on a GPU"],
             30,
-            every=1,
+            "training, GPU-idle rule on (1 h, 1 GiB): vetoed too",
         )
-        check(cull is False, "training, GPU-idle rule on (1 h, 1 GiB): vetoed too")
 
         _, text = run_cell(kc, STOP, 60)
         result("INFO", "training loop: %s" % text.strip())
-        t0 = time.monotonic()
         # Seen idle by the daemon: the culler's rule is held back only by the
         # GPU work of a moment ago ("keep"), no longer vetoed.
-        cull, _ = wait(
+        until(
             "the daemon to judge the kernel idle",
-            lambda: verdict(culler, timedelta(hours=3), "keep", ["computed on a GPU"]),
+            culler,
+            timedelta(hours=3),
+            "keep",
+            ["computed on a GPU"],
             90,
-            every=1,
-        )
-        check(
-            cull is False,
-            "stopped: kept while its GPU work is within the limit (%.1f s after the stop)" % (time.monotonic() - t0),
+            "stopped: kept while its GPU work is within the limit",
         )
         # The GPU-idle arbiter sees it idle from now on.
         cull = decide(gpu_idle, timedelta(minutes=10))
