@@ -142,6 +142,7 @@ type lsReport struct {
 
 type lsNotebook struct {
 	KernelID       string     `json:"kernel_id"`
+	ConnectionFile string     `json:"connection_file"`
 	Notebook       string     `json:"notebook"`
 	PIDs           []int      `json:"pids"`
 	User           string     `json:"user"`

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -150,6 +151,34 @@ func TestKernelsWithoutServer(t *testing.T) {
 		if !found {
 			t.Errorf("kernel %s (pid %d) not listed alive with its pid\n%s", cf, pid, res)
 		}
+		// ls names it by the GPU memory its process holds: a kernel
+		// launched outside the runtime dir is ls's when its process tree
+		// holds GPU memory (ls reads the GPU processes' lineage, not every
+		// process's argv), and is not listed while it holds none.
+		lsKernel := func(fake string) *lsNotebook {
+			res := runGpumem(t, gpumemEnv(dir, "GPUMEM_FAKE_GPU="+fake), "ls", "--json")
+			var rep lsReport
+			if res.Code != 0 || json.Unmarshal([]byte(res.Stdout), &rep) != nil {
+				t.Fatalf("gpumem ls --json: want exit 0 and JSON\n%s", res)
+			}
+			for _, nb := range rep.Notebooks {
+				if nb.ConnectionFile == cf {
+					return &nb
+				}
+			}
+			return nil
+		}
+		const held = 3_000_000_017
+		holding := testenv.SimulatedGPUFile(t, testenv.SimGPU{Name: "Simulated H100", UUID: "GPU-launched", MemoryTotalBytes: 80 << 30,
+			Processes: []testenv.FakeProc{{PID: pid, UsedBytes: held}}})
+		if nb := lsKernel(holding); nb == nil || nb.GPUMemoryBytes != held || !slices.Equal(nb.PIDs, []int{pid}) {
+			t.Errorf("gpumem ls with the kernel (pid %d) holding %d bytes: %+v, want it listed with them", pid, held, nb)
+		}
+		none := testenv.SimulatedGPUFile(t, testenv.SimGPU{Name: "Simulated H100", UUID: "GPU-launched", MemoryTotalBytes: 80 << 30})
+		if nb := lsKernel(none); nb != nil {
+			t.Errorf("gpumem ls with no GPU process: the launched kernel is listed: %+v", nb)
+		}
+
 		// Another Jupyter environment (another runtime dir: another user, or
 		// another test) does not see it.
 		res = runGpumem(t, gpumemEnv(t.TempDir()), "kernels", "--json")

@@ -75,6 +75,12 @@ type ProcessFinder interface {
 	FindKernels(files []KernelFile) (map[string]Owner, error)
 }
 
+// ServerScoped is a ProcessFinder told which servers Discover found before
+// it is asked anything (see NewScopedProcFinder).
+type ServerScoped interface {
+	SetServers(servers []Server)
+}
+
 // KernelFile is a connection file: its base name and path, the kernel's
 // address and shell port (0 when the transport is not tcp), and the file's
 // owner and identity.
@@ -225,8 +231,8 @@ func Discover(ctx context.Context, opts Options) Result {
 		}
 	}
 	res.Servers = dedupeServers(res.Servers)
-	if lister, ok := opts.Procs.(ConnectionFileLister); ok {
-		addLaunchedKernels(&res, lister, opts.RuntimeDirs, seenFile, opts.KernelFiles)
+	if sc, ok := opts.Procs.(ServerScoped); ok {
+		sc.SetServers(res.Servers)
 	}
 	if opts.ServerToken != "" && len(opts.ServerTokenURLs) == 0 {
 		res.Problems = append(res.Problems, errors.New("GPUMEM_SERVER_TOKEN is set, but GPUMEM_SERVER_TOKEN_URLS names no server it is for: it is sent to none; list the URLs of the servers that accept it (a port may be *, as in http://127.0.0.1:*/user/)"))
@@ -238,10 +244,14 @@ func Discover(ctx context.Context, opts Options) Result {
 		}
 	}
 	// The servers answer (HTTP, from their Python) while /proc is read to
-	// prove the kernels' processes: the sessions fill what the servers say
-	// of each kernel, the proof what its process is, never the same field,
-	// and the proof reads only the connection files.
+	// find kernels launched elsewhere and prove the kernels' processes: the
+	// sessions fill what the servers say of each kernel, the proof what its
+	// process is, never the same field, and the proof reads only the
+	// connection files.
 	answers := fetchSessions(ctx, hc, opts, res.Servers)
+	if lister, ok := opts.Procs.(ConnectionFileLister); ok {
+		addLaunchedKernels(&res, lister, opts.RuntimeDirs, seenFile, opts.KernelFiles)
+	}
 	var resolved []error
 	if opts.Procs != nil {
 		resolved = resolvePIDs(opts.Procs, res.Kernels)

@@ -36,7 +36,7 @@ type ConnectionFileLister interface {
 // "--connection-file=FILE"), made absolute against that process's cwd, when
 // that process's runtime dir is one of runtimeDirs.
 func (f *ProcFinder) LaunchedConnectionFiles(runtimeDirs []string) ([]string, error) {
-	cmdlines, err := f.fs.RecentCmdlines(argvMaxAge)
+	cmdlines, err := f.cmdlines()
 	if err != nil {
 		return nil, err
 	}

@@ -7,7 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gpumem/gpumem/sidecar/procs"
@@ -16,6 +18,103 @@ import (
 // ProcFinder is the ProcessFinder over a /proc tree.
 type ProcFinder struct {
 	fs *procs.FS
+	// scope, when set, is where this finder looks first (see
+	// NewScopedProcFinder); nil: every process.
+	scope *finderScope
+}
+
+// finderScope is a scoped finder's processes: the descendants of its
+// servers and the pids extra gives, worked out once, on first use.
+type finderScope struct {
+	extra   func() []int
+	servers []int
+	once    sync.Once
+	pids    []int
+}
+
+// NewScopedProcFinder is a ProcFinder for one answer about the processes
+// that matter to it (one `gpumem ls`): argv is read only of the
+// descendants of the servers Discover finds (SetServers: kernels are
+// their children, or a launcher's) and of the pids extra returns (the GPU
+// processes and their ancestors, say), not of every process on the host.
+// Proof is as strict as ProcFinder's (port, owner, file named): only where
+// a process looks changes. A file whose shell port someone outside that
+// scope listens on is judged on every process, as ProcFinder judges it,
+// so no kernel of the runtime dirs is missed; kernels launched outside
+// them are found only within the scope (extra's processes and their
+// argv). extra may block (on NVML's first sample); nil: none.
+func NewScopedProcFinder(fs *procs.FS, extra func() []int) *ProcFinder {
+	return &ProcFinder{fs: fs, scope: &finderScope{extra: extra}}
+}
+
+// SetServers implements ServerScoped: the servers whose descendants a
+// scoped finder looks at. A server's pid is its file's claim; it only
+// chooses where to look, never what is proven.
+func (f *ProcFinder) SetServers(servers []Server) {
+	if f.scope == nil {
+		return
+	}
+	for _, s := range servers {
+		if s.PID > 0 {
+			f.scope.servers = append(f.scope.servers, s.PID)
+		}
+	}
+}
+
+// scopeDepth bounds the generations below a server that a scoped finder
+// reads: the kernel (a child), a launcher's kernel (a grandchild), and
+// their forked workers.
+const scopeDepth = 4
+
+// scopePIDs is the scope's processes, sorted, read once.
+func (f *ProcFinder) scopePIDs() []int {
+	sc := f.scope
+	sc.once.Do(func() {
+		seen := map[int]bool{}
+		add := func(pid int) bool {
+			if pid <= 0 || seen[pid] {
+				return false
+			}
+			seen[pid] = true
+			sc.pids = append(sc.pids, pid)
+			return true
+		}
+		level := slices.Clone(sc.servers)
+		for _, pid := range level {
+			add(pid)
+		}
+		for depth := 0; depth < scopeDepth && len(level) > 0; depth++ {
+			var next []int
+			for _, pid := range level {
+				kids, err := f.fs.ChildrenOf(pid)
+				if err != nil {
+					continue // gone: nothing below it to read
+				}
+				for _, k := range kids {
+					if add(k) {
+						next = append(next, k)
+					}
+				}
+			}
+			level = next
+		}
+		if sc.extra != nil {
+			for _, pid := range sc.extra() {
+				add(pid)
+			}
+		}
+		slices.Sort(sc.pids)
+	})
+	return sc.pids
+}
+
+// cmdlines is the argv FindKernels and LaunchedConnectionFiles search:
+// of the scope's processes, else of every process.
+func (f *ProcFinder) cmdlines() (map[int][]string, error) {
+	if f.scope != nil {
+		return f.fs.CmdlinesOf(f.scopePIDs())
+	}
+	return f.fs.RecentCmdlines(argvMaxAge)
 }
 
 // NewProcFinder reads processes through fs.
@@ -54,14 +153,38 @@ func (f *ProcFinder) Alive(pid int) bool {
 // two users' files may share a base name (a kernel id is public), and
 // several files may name one port (a file planted with another kernel's
 // ports): each is judged on its own.
+//
+// A scoped finder (NewScopedProcFinder) judges first among its scope, then
+// judges as an unscoped one the files whose shell port has a listener it
+// did not find there.
 func (f *ProcFinder) FindKernels(files []KernelFile) (map[string]Owner, error) {
-	out := map[string]Owner{}
-	if len(files) == 0 {
-		return out, nil
-	}
-	cmdlines, err := f.fs.RecentCmdlines(argvMaxAge)
-	if err != nil {
+	if f.scope == nil {
+		out, _, err := f.findKernels(files)
 		return out, err
+	}
+	out, unowned, err := f.findKernels(files)
+	if err != nil || len(unowned) == 0 {
+		return out, err
+	}
+	more, err := (&ProcFinder{fs: f.fs}).FindKernels(unowned)
+	for path, o := range more {
+		out[path] = o
+	}
+	return out, err
+}
+
+// findKernels is FindKernels over f.cmdlines(). A scoped finder looks for
+// port owners among the processes naming the files only, and returns the
+// files whose listener it found no owner of (unowned); an unscoped one
+// then reads every process's fds.
+func (f *ProcFinder) findKernels(files []KernelFile) (out map[string]Owner, unowned []KernelFile, err error) {
+	out = map[string]Owner{}
+	if len(files) == 0 {
+		return out, nil, nil
+	}
+	cmdlines, err := f.cmdlines()
+	if err != nil {
+		return out, nil, err
 	}
 	mentions := argvMentions(cmdlines, files)
 	var firstErr error
@@ -99,6 +222,12 @@ func (f *ProcFinder) FindKernels(files []KernelFile) (map[string]Owner, error) {
 				rest = append(rest, ino)
 			}
 		}
+		if f.scope != nil {
+			for _, ino := range rest {
+				unowned = append(unowned, filesOf[ino]...)
+			}
+			rest = nil
+		}
 		more, err := f.fs.SocketOwners(rest)
 		if err != nil && firstErr == nil {
 			firstErr = err
@@ -112,7 +241,7 @@ func (f *ProcFinder) FindKernels(files []KernelFile) (map[string]Owner, error) {
 	}
 	table, err := f.fs.ReadProcs(details) // who they are, not their trees
 	if err != nil {
-		return out, err
+		return out, nil, err
 	}
 	for ino, pid := range owners {
 		p, ok := table.Get(pid)
@@ -142,7 +271,7 @@ func (f *ProcFinder) FindKernels(files []KernelFile) (map[string]Owner, error) {
 			out[kf.Path] = o
 		}
 	}
-	return out, firstErr
+	return out, unowned, firstErr
 }
 
 // argvMaxAge bounds how stale an argv read before may be (see

@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"net"
+	"slices"
 	"strings"
 	"testing"
 
@@ -101,5 +102,87 @@ func TestListenerFor(t *testing.T) {
 		if got != tc.want || ok != tc.ok {
 			t.Errorf("listenerFor(%v, %q) = %d, %v; want %d, %v", tc.ls, tc.ip, got, ok, tc.want, tc.ok)
 		}
+	}
+}
+
+// TestScopedFinder: a scoped finder proves what ProcFinder proves, looking
+// at the servers' descendants and its extra pids first; a file whose port
+// someone outside the scope listens on is judged on every process, and a
+// kernel launched outside the runtime dirs is found only within the scope.
+func TestScopedFinder(t *testing.T) {
+	root := t.TempDir()
+	launch := func(file string) []string { return []string{"python3", "-m", "ipykernel_launcher", "-f", file} }
+	env := []string{"JUPYTER_RUNTIME_DIR=/rt"}
+	tree := []procstest.Proc{
+		{PID: 1, PPID: 0, PGID: 1, SID: 1, Start: 1, Comm: "init"},
+		{PID: 100, PPID: 1, PGID: 100, SID: 100, Start: 2, UID: 1000, Argv: []string{"python3", "-m", "jupyter_server"}},
+		// The server's kernel, and one started by a launcher under it.
+		{PID: 1000, PPID: 100, PGID: 1000, SID: 1000, Start: 5, UID: 1000, Argv: launch("/rt/kernel-child.json"), Sockets: []uint64{31001}},
+		{PID: 1100, PPID: 100, PGID: 1100, SID: 1100, Start: 6, UID: 1000, Argv: []string{"conda", "run", "python3"}},
+		{PID: 1101, PPID: 1100, PGID: 1100, SID: 1100, Start: 7, UID: 1000, Argv: launch("/rt/kernel-grandchild.json"), Sockets: []uint64{31002}},
+		// A runtime dir's kernel no server started: outside the scope.
+		{PID: 2000, PPID: 1, PGID: 2000, SID: 2000, Start: 8, UID: 1000, Argv: launch("/rt/kernel-orphan.json"), Sockets: []uint64{31003}},
+		// Another user's process on a file's port, outside the scope.
+		{PID: 2100, PPID: 1, PGID: 2100, SID: 2100, Start: 9, UID: 4242, Argv: []string{"nc", "-l", "52004"}, Sockets: []uint64{31004}},
+		// Kernels launched elsewhere (papermill's temp files): one in the
+		// scope's extra pids (a GPU process's lineage), one not.
+		{PID: 3000, PPID: 1, PGID: 3000, SID: 3000, Start: 10, UID: 1000, Argv: launch("/tmp/tmpgpu.json"), Env: env, Sockets: []uint64{31005}},
+		{PID: 3100, PPID: 1, PGID: 3100, SID: 3100, Start: 11, UID: 1000, Argv: launch("/tmp/tmpidle.json"), Env: env, Sockets: []uint64{31006}},
+	}
+	procstest.WriteTree(t, root, tree)
+	procstest.WriteChildren(t, root, tree)
+	procstest.WriteNet(t, root, map[int]uint64{52001: 31001, 52002: 31002, 52003: 31003, 52004: 31004, 52005: 31005, 52006: 31006}, nil)
+	files := []KernelFile{
+		{Name: "kernel-child.json", Path: "/rt/kernel-child.json", IP: "127.0.0.1", ShellPort: 52001, UID: 1000},
+		{Name: "kernel-grandchild.json", Path: "/rt/kernel-grandchild.json", IP: "127.0.0.1", ShellPort: 52002, UID: 1000},
+		{Name: "kernel-orphan.json", Path: "/rt/kernel-orphan.json", IP: "127.0.0.1", ShellPort: 52003, UID: 1000},
+		{Name: "kernel-taken.json", Path: "/rt/kernel-taken.json", IP: "127.0.0.1", ShellPort: 52004, UID: 1000},
+		{Name: "kernel-stale.json", Path: "/rt/kernel-stale.json", IP: "127.0.0.1", ShellPort: 52009, UID: 1000},
+	}
+	fs := &procs.FS{Root: root}
+	want, err := NewProcFinder(fs).FindKernels(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	extraCalls := 0
+	scoped := NewScopedProcFinder(fs, func() []int { extraCalls++; return []int{3000, 1} })
+	scoped.SetServers([]Server{{PID: 100}})
+	got, err := scoped.FindKernels(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kf := range files {
+		g, w := got[kf.Path], want[kf.Path]
+		if g != w {
+			t.Errorf("%s: scoped %+v, unscoped %+v", kf.Path, g, w)
+		}
+	}
+	for path, pid := range map[string]int{"/rt/kernel-child.json": 1000, "/rt/kernel-grandchild.json": 1101, "/rt/kernel-orphan.json": 2000} {
+		if o := got[path]; !o.Proven || o.PID != pid {
+			t.Errorf("%s: %+v, want proven pid %d", path, o, pid)
+		}
+	}
+	if o := got["/rt/kernel-taken.json"]; o.Proven || o.PID != 2100 || o.UIDMatch {
+		t.Errorf("kernel-taken: %+v, want pid 2100 unproven, another uid", o)
+	}
+	launched, err := scoped.LaunchedConnectionFiles([]string{"/rt"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(launched) != 1 || launched[0] != "/tmp/tmpgpu.json" {
+		t.Errorf("launched within the scope: %q, want [/tmp/tmpgpu.json]", launched)
+	}
+	all, err := NewProcFinder(fs).LaunchedConnectionFiles([]string{"/rt"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 2 {
+		t.Errorf("launched, unscoped: %q, want both temp files", all)
+	}
+	if pids := scoped.scopePIDs(); !slices.Equal(pids, []int{1, 100, 1000, 1100, 1101, 3000}) {
+		t.Errorf("scope %v, want the server, its descendants and extra's", pids)
+	}
+	if extraCalls != 1 {
+		t.Errorf("extra called %d times, want once", extraCalls)
 	}
 }

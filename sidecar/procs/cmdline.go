@@ -20,6 +20,12 @@ func (fs *FS) Cmdlines() (map[int][]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	return fs.CmdlinesOf(pids)
+}
+
+// CmdlinesOf is Cmdlines of pids only: a pid that is gone or hidden is
+// left out.
+func (fs *FS) CmdlinesOf(pids []int) (map[int][]string, error) {
 	rootfd, err := syscall.Open(fs.root(), syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("read processes: %w", err)

@@ -100,7 +100,7 @@ func runActivity(ctx context.Context, env Env, args []string) error {
 	if standalone, ok := sampler.(*lsSampler); ok {
 		servers = standalone.servers
 	} else {
-		servers = discoverKernels(ctx, env, env.procFS(), dirs).Servers
+		servers = discoverKernels(ctx, env, discovery.NewProcFinder(env.procFS()), dirs).Servers
 	}
 	probe, why, err := workspaceActivity(rep, serversLastActivity(ctx, env, servers))
 	if err != nil {

@@ -15,7 +15,6 @@ import (
 	"github.com/gpumem/gpumem/protocol"
 	"github.com/gpumem/gpumem/sidecar/api"
 	"github.com/gpumem/gpumem/sidecar/discovery"
-	"github.com/gpumem/gpumem/sidecar/procs"
 )
 
 // kernelRow is one line of `gpumem kernels`; its JSON keys are a contract,
@@ -49,7 +48,7 @@ func runKernels(ctx context.Context, env Env, args []string) error {
 		}
 		return writeKernelTable(env.Stdout, rows, width)
 	}
-	res := discoverKernels(ctx, env, env.procFS(), dirs)
+	res := discoverKernels(ctx, env, discovery.NewProcFinder(env.procFS()), dirs)
 	for _, p := range res.Problems {
 		fmt.Fprintf(env.Stderr, "gpumem: %s\n", textsafe.Line(p.Error()))
 	}
@@ -115,11 +114,11 @@ func kernelsFromDaemon(ctx context.Context, env Env, dirs []string) ([]kernelRow
 	return ks, true
 }
 
-func discoverKernels(ctx context.Context, env Env, fs *procs.FS, extraDirs []string) discovery.Result {
+func discoverKernels(ctx context.Context, env Env, finder *discovery.ProcFinder, extraDirs []string) discovery.Result {
 	token, urls, err := serverToken(env, nil)
 	res := discovery.Discover(ctx, discovery.Options{
 		RuntimeDirs:     discovery.RuntimeDirs(env.getenv, extraDirs),
-		Procs:           discovery.NewProcFinder(fs),
+		Procs:           finder,
 		ServerToken:     token,
 		ServerTokenURLs: urls,
 	})

@@ -267,28 +267,52 @@ func (s *lsSampler) Close() {
 }
 
 func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
-	type sampled struct {
+	var g struct {
 		snap nvml.Snapshot
 		err  error
 	}
-	gpuc := make(chan sampled, 1)
+	sampled := make(chan struct{}) // closed once g is set
 	go func() {
+		defer close(sampled)
 		<-s.opened
 		if s.openErr != nil {
-			gpuc <- sampled{err: s.openErr}
+			g.err = s.openErr
 			return
 		}
 		start := time.Now()
-		snap, err := s.gpus.Sample(ctx)
+		g.snap, g.err = s.gpus.Sample(ctx)
 		s.tm.mark("nvml_sample", start)
-		gpuc <- sampled{snap, err}
 	}()
+	// Discovery reads the argv of the servers' descendants and of the GPU
+	// processes' lineage only (NewScopedProcFinder): a kernel launched
+	// outside the runtime dirs that holds no GPU memory, itself or below
+	// it, is not ls's to list; every other kernel is, however many
+	// processes the host runs.
+	gpuLineage := func() []int {
+		select {
+		case <-sampled:
+		case <-ctx.Done():
+			return nil
+		}
+		if g.err != nil {
+			return nil
+		}
+		t, err := s.fs.ScanLineage(attribution.DetailPIDs(g.snap, nil))
+		if err != nil {
+			return nil // observe reports it
+		}
+		pids := make([]int, 0, t.Len())
+		for _, p := range t.All() {
+			pids = append(pids, p.PID)
+		}
+		return pids
+	}
 	start := time.Now()
-	res := discoverKernels(ctx, s.env, s.fs, s.dirs)
+	res := discoverKernels(ctx, s.env, discovery.NewScopedProcFinder(s.fs, gpuLineage), s.dirs)
 	s.servers = res.Servers
 	s.tm.mark("discover", start)
 	start = time.Now()
-	g := <-gpuc
+	<-sampled
 	s.tm.mark("wait_gpus", start)
 	if g.err != nil {
 		return attribution.Report{}, g.err

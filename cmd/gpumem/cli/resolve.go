@@ -17,7 +17,7 @@ import (
 // to the working directory, or a unique suffix such as "train.ipynb").
 func resolveKernel(ctx context.Context, env Env, arg string, dirs []string) (discovery.Kernel, error) {
 	fs := env.procFS()
-	res := discoverKernels(ctx, env, fs, dirs)
+	res := discoverKernels(ctx, env, discovery.NewProcFinder(fs), dirs)
 	if arg == "" {
 		return discovery.Kernel{}, fmt.Errorf("%w: name a kernel: its id (or a unique prefix), its notebook, or its connection file", errUsage)
 	}

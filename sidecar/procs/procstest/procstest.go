@@ -128,6 +128,33 @@ func WriteTree(tb testing.TB, root string, procs []Proc) {
 	}
 }
 
+// WriteChildren writes /proc/<pid>/task/<pid>/children for each process
+// of procs, listing the processes of procs whose parent it is, as a kernel
+// with CONFIG_PROC_CHILDREN does (WriteTree leaves them out: ChildrenOf
+// then reads every stat, as without it).
+func WriteChildren(tb testing.TB, root string, procs []Proc) {
+	tb.Helper()
+	kids := map[int][]string{}
+	for _, p := range procs {
+		if p.Tgid == 0 || p.Tgid == p.PID {
+			kids[p.PPID] = append(kids[p.PPID], strconv.Itoa(p.PID))
+		}
+	}
+	for _, p := range procs {
+		dir := filepath.Join(root, strconv.Itoa(p.PID), "task", strconv.Itoa(p.PID))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			tb.Fatal(err)
+		}
+		text := ""
+		if len(kids[p.PID]) > 0 {
+			text = strings.Join(kids[p.PID], " ") + " "
+		}
+		if err := os.WriteFile(filepath.Join(dir, "children"), []byte(text), 0o644); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
 // Replace writes p in place of whatever process had its pid, as a pid
 // reused: its directory is a new one (another inode, as procfs gives a
 // reused pid), never the old one rewritten.
