@@ -28,20 +28,26 @@ func endLater(t *testing.T, cmd *exec.Cmd) {
 func TestProcKillSparesAReusedGroup(t *testing.T) {
 	var victim *exec.Cmd
 	t.Run("start", func(t *testing.T) {
-		p := Start(t, nil, t.TempDir(), "true")
-		Poll(t, 10*time.Second, "the process to exit", p.Exited)
-		// pid and start time name a process: a victim started in the
-		// same clock tick as the leader is indistinguishable from it, so
-		// take one of a later tick.
-		for range 50 {
-			victim = StartAsPid(t, p.Cmd.Process.Pid, true, "sleep", "600")
-			if s, _ := procStart(victim.Process.Pid); s != p.start {
-				return
+		for range 10 { // a leader whose number something else took: another
+			p := Start(t, nil, t.TempDir(), "true")
+			Poll(t, 10*time.Second, "the process to exit", p.Exited)
+			// pid and start time name a process: a victim started in the
+			// same clock tick as the leader is indistinguishable from it,
+			// so take one of a later tick.
+			for range 50 {
+				victim = StartAsPid(t, p.Cmd.Process.Pid, true, "sleep", "600")
+				if victim == nil {
+					break
+				}
+				if s, _ := procStart(victim.Process.Pid); s != p.start {
+					return
+				}
+				_ = victim.Process.Kill()
+				_ = victim.Wait()
+				victim = nil
 			}
-			_ = victim.Process.Kill()
-			_ = victim.Wait()
 		}
-		t.Fatal("no victim started in another clock tick than the leader in 50 tries")
+		t.Fatal("no victim started as the leader's number in another clock tick in 10 tries")
 	}) // its cleanup is the Kill
 	endLater(t, victim)
 	if !Alive(victim.Process.Pid) {
@@ -65,14 +71,19 @@ func TestKillersSpareAReusedPid(t *testing.T) {
 		var victim *exec.Cmd
 		t.Run(fmt.Sprintf("reaper/setpgid=%v", setpgid), func(t *testing.T) {
 			r := NewReaper(t, nil)
-			cmd := exec.Command("sleep", "600")
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
+			for range 10 { // a number something else took: another
+				cmd := exec.Command("sleep", "600")
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				r.Add(cmd.Process.Pid)
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+				if victim = StartAsPid(t, cmd.Process.Pid, setpgid, "sleep", "600"); victim != nil {
+					return
+				}
 			}
-			r.Add(cmd.Process.Pid)
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			victim = StartAsPid(t, cmd.Process.Pid, setpgid, "sleep", "600")
+			t.Fatal("no process started as a reaped one's number in 10 tries")
 		}) // the subtest's cleanup reaps
 		if victim == nil {
 			t.FailNow()
@@ -88,7 +99,13 @@ func TestKillersSpareAReusedPid(t *testing.T) {
 	if KillIf(pid, func(int) bool { looked = true; return true }) || looked {
 		t.Fatalf("KillIf of a pid no process has: signalled or looked")
 	}
-	other := StartAsPid(t, exitedPid(t, false), false, "sleep", "600")
+	var other *exec.Cmd
+	for i := 0; other == nil; i++ {
+		if i == 10 {
+			t.Fatal("no process started as an exited one's number in 10 tries")
+		}
+		other = StartAsPid(t, exitedPid(t, false), false, "sleep", "600")
+	}
 	endLater(t, other)
 	if KillIf(other.Process.Pid, func(int) bool { return false }) || !Alive(other.Process.Pid) {
 		t.Fatal("KillIf signalled a process its check refused")
