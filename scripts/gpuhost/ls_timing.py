@@ -31,6 +31,7 @@ error.
 """
 
 import argparse
+import json
 import os
 import select
 import signal
@@ -157,6 +158,7 @@ def main():
         tools["base ls"] = ([a.base, "ls", "--json"], env)
 
     holder = sleepers = server = None
+    listed = True
     clients = []
     try:
         if a.kernels:
@@ -179,6 +181,18 @@ def main():
         n = processes()
         after = report("%d processes (%d sleepers)" % (n, a.sleepers), alternate(tools, a.runs))
 
+        if a.kernels:
+            # Fast and wrong would be no gain: ls, with the sleepers, still
+            # lists every kernel of the server (none holds GPU memory).
+            _, r = timed([a.gpumem, "ls", "--json"], env)
+            names = [nb.get("notebook") or "" for nb in json.loads(r.stdout or "{}").get("notebooks") or []]
+            missing = ["nb%d.ipynb" % i for i in range(a.kernels) if not any(x.endswith("nb%d.ipynb" % i) for x in names)]
+            listed = not missing
+            result(
+                "PASS" if listed else "FAIL",
+                "gpumem ls with %d processes lists the server's %d kernels%s"
+                % (n, a.kernels, "" if listed else ": missing %s; it listed %s" % (missing, names)),
+            )
         phases = {}
         tenv = dict(env, GPUMEM_TIMING="1")
         for _ in range(a.runs):
@@ -199,7 +213,7 @@ def main():
             server.stop()
     ok = after <= 1.0
     result("PASS" if ok else "FAIL", "gpumem ls %.2f x nvidia-smi with %d sleepers (target <= 1.0)" % (after, a.sleepers))
-    return 0 if ok else 1
+    return 0 if ok and listed else 1
 
 
 if __name__ == "__main__":

@@ -244,17 +244,22 @@ func Discover(ctx context.Context, opts Options) Result {
 		}
 	}
 	// The servers answer (HTTP, from their Python) while /proc is read to
-	// find kernels launched elsewhere and prove the kernels' processes: the
+	// prove the kernels' processes and find kernels launched elsewhere: the
 	// sessions fill what the servers say of each kernel, the proof what its
 	// process is, never the same field, and the proof reads only the
-	// connection files.
+	// connection files. The runtime dirs' kernels are proven before the
+	// launched ones are looked for, which a scoped finder may make wait.
 	answers := fetchSessions(ctx, hc, opts, res.Servers)
-	if lister, ok := opts.Procs.(ConnectionFileLister); ok {
-		addLaunchedKernels(&res, lister, opts.RuntimeDirs, seenFile, opts.KernelFiles)
-	}
 	var resolved []error
 	if opts.Procs != nil {
 		resolved = resolvePIDs(opts.Procs, res.Kernels)
+	}
+	if lister, ok := opts.Procs.(ConnectionFileLister); ok {
+		n := len(res.Kernels)
+		addLaunchedKernels(&res, lister, opts.RuntimeDirs, seenFile, opts.KernelFiles)
+		if len(res.Kernels) > n {
+			resolved = append(resolved, resolvePIDs(opts.Procs, res.Kernels[n:])...)
+		}
 	}
 	res.Problems = append(res.Problems, applySessions(answers(), res.Kernels, checker)...)
 	if opts.Procs != nil {

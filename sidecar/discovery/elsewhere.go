@@ -36,7 +36,13 @@ type ConnectionFileLister interface {
 // "--connection-file=FILE"), made absolute against that process's cwd, when
 // that process's runtime dir is one of runtimeDirs.
 func (f *ProcFinder) LaunchedConnectionFiles(runtimeDirs []string) ([]string, error) {
-	cmdlines, err := f.cmdlines()
+	var cmdlines map[int][]string
+	var err error
+	if f.scope != nil {
+		cmdlines, err = f.fs.CmdlinesOf(f.withExtra())
+	} else {
+		cmdlines, err = f.cmdlines()
+	}
 	if err != nil {
 		return nil, err
 	}

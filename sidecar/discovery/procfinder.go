@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gpumem/gpumem/sidecar/procs"
@@ -24,25 +25,32 @@ type ProcFinder struct {
 }
 
 // finderScope is a scoped finder's processes: the descendants of its
-// servers and the pids extra gives, worked out once, on first use.
+// servers, worked out on first use, and the pids extra gives, asked only
+// when kernels launched elsewhere are looked for (extra may wait on NVML:
+// the runtime dirs' kernels are proven without waiting).
 type finderScope struct {
-	extra   func() []int
 	servers []int
-	once    sync.Once
-	pids    []int
+	below   sync.Once
+	pids    []int // servers and their descendants, sorted
+
+	extra     func() []int
+	extraOnce sync.Once
+	extraPIDs []int // extra's, not already among pids, sorted
+	extraRead atomic.Bool
 }
 
 // NewScopedProcFinder is a ProcFinder for one answer about the processes
 // that matter to it (one `gpumem ls`): argv is read only of the
 // descendants of the servers Discover finds (SetServers: kernels are
-// their children, or a launcher's) and of the pids extra returns (the GPU
-// processes and their ancestors, say), not of every process on the host.
-// Proof is as strict as ProcFinder's (port, owner, file named): only where
-// a process looks changes. A file whose shell port someone outside that
-// scope listens on is judged on every process, as ProcFinder judges it,
-// so no kernel of the runtime dirs is missed; kernels launched outside
-// them are found only within the scope (extra's processes and their
-// argv). extra may block (on NVML's first sample); nil: none.
+// their children, or a launcher's) and, once kernels launched outside the
+// runtime dirs are looked for (LaunchedConnectionFiles), of the pids extra
+// returns (the GPU processes and their ancestors, say), not of every
+// process on the host. Proof is as strict as ProcFinder's (port, owner,
+// file named): only where a process looks changes. A file whose shell port
+// someone outside that scope listens on is judged on every process, as
+// ProcFinder judges it, so no kernel of the runtime dirs is missed;
+// kernels launched outside them are found only within the scope. extra
+// may block (on NVML's first sample); nil: none.
 func NewScopedProcFinder(fs *procs.FS, extra func() []int) *ProcFinder {
 	return &ProcFinder{fs: fs, scope: &finderScope{extra: extra}}
 }
@@ -66,23 +74,16 @@ func (f *ProcFinder) SetServers(servers []Server) {
 // their forked workers.
 const scopeDepth = 4
 
-// scopePIDs is the scope's processes, sorted, read once.
-func (f *ProcFinder) scopePIDs() []int {
+// serverPIDs is the servers and their descendants, sorted, read once.
+func (f *ProcFinder) serverPIDs() []int {
 	sc := f.scope
-	sc.once.Do(func() {
+	sc.below.Do(func() {
 		seen := map[int]bool{}
-		add := func(pid int) bool {
-			if pid <= 0 || seen[pid] {
-				return false
-			}
-			seen[pid] = true
-			sc.pids = append(sc.pids, pid)
-			return true
-		}
 		level := slices.Clone(sc.servers)
 		for _, pid := range level {
-			add(pid)
+			seen[pid] = true
 		}
+		sc.pids = slices.Clone(level)
 		for depth := 0; depth < scopeDepth && len(level) > 0; depth++ {
 			var next []int
 			for _, pid := range level {
@@ -91,25 +92,49 @@ func (f *ProcFinder) scopePIDs() []int {
 					continue // gone: nothing below it to read
 				}
 				for _, k := range kids {
-					if add(k) {
+					if k > 0 && !seen[k] {
+						seen[k] = true
 						next = append(next, k)
 					}
 				}
 			}
+			sc.pids = append(sc.pids, next...)
 			level = next
-		}
-		if sc.extra != nil {
-			for _, pid := range sc.extra() {
-				add(pid)
-			}
 		}
 		slices.Sort(sc.pids)
 	})
 	return sc.pids
 }
 
-// cmdlines is the argv FindKernels and LaunchedConnectionFiles search:
-// of the scope's processes, else of every process.
+// withExtra is the scope with extra's pids, asked once.
+func (f *ProcFinder) withExtra() []int {
+	sc := f.scope
+	below := f.serverPIDs()
+	sc.extraOnce.Do(func() {
+		if sc.extra != nil {
+			for _, pid := range sc.extra() {
+				if _, found := slices.BinarySearch(below, pid); pid > 0 && !found && !slices.Contains(sc.extraPIDs, pid) {
+					sc.extraPIDs = append(sc.extraPIDs, pid)
+				}
+			}
+		}
+		slices.Sort(sc.extraPIDs)
+		sc.extraRead.Store(true)
+	})
+	return append(slices.Clone(below), sc.extraPIDs...)
+}
+
+// scopePIDs is where the scope looks now: the servers' descendants, and
+// extra's pids once they have been asked.
+func (f *ProcFinder) scopePIDs() []int {
+	if f.scope.extraRead.Load() {
+		return f.withExtra()
+	}
+	return f.serverPIDs()
+}
+
+// cmdlines is the argv FindKernels searches: of the scope's processes,
+// else of every process.
 func (f *ProcFinder) cmdlines() (map[int][]string, error) {
 	if f.scope != nil {
 		return f.fs.CmdlinesOf(f.scopePIDs())

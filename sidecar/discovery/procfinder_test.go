@@ -165,12 +165,19 @@ func TestScopedFinder(t *testing.T) {
 	if o := got["/rt/kernel-taken.json"]; o.Proven || o.PID != 2100 || o.UIDMatch {
 		t.Errorf("kernel-taken: %+v, want pid 2100 unproven, another uid", o)
 	}
+	if extraCalls != 0 {
+		t.Errorf("extra asked %d times before launched kernels were looked for, want none: the runtime dirs' kernels need not wait for it", extraCalls)
+	}
 	launched, err := scoped.LaunchedConnectionFiles([]string{"/rt"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(launched) != 1 || launched[0] != "/tmp/tmpgpu.json" {
 		t.Errorf("launched within the scope: %q, want [/tmp/tmpgpu.json]", launched)
+	}
+	gpu := KernelFile{Name: "tmpgpu.json", Path: "/tmp/tmpgpu.json", IP: "127.0.0.1", ShellPort: 52005, UID: 1000}
+	if o, err := scoped.FindKernels([]KernelFile{gpu}); err != nil || !o[gpu.Path].Proven || o[gpu.Path].PID != 3000 {
+		t.Errorf("launched kernel within the scope: %+v, %v; want proven pid 3000", o, err)
 	}
 	all, err := NewProcFinder(fs).LaunchedConnectionFiles([]string{"/rt"})
 	if err != nil {
@@ -179,7 +186,7 @@ func TestScopedFinder(t *testing.T) {
 	if len(all) != 2 {
 		t.Errorf("launched, unscoped: %q, want both temp files", all)
 	}
-	if pids := scoped.scopePIDs(); !slices.Equal(pids, []int{1, 100, 1000, 1100, 1101, 3000}) {
+	if pids := slices.Sorted(slices.Values(scoped.scopePIDs())); !slices.Equal(pids, []int{1, 100, 1000, 1100, 1101, 3000}) {
 		t.Errorf("scope %v, want the server, its descendants and extra's", pids)
 	}
 	if extraCalls != 1 {

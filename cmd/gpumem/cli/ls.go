@@ -287,7 +287,8 @@ func (s *lsSampler) Report(ctx context.Context) (attribution.Report, error) {
 	// processes' lineage only (NewScopedProcFinder): a kernel launched
 	// outside the runtime dirs that holds no GPU memory, itself or below
 	// it, is not ls's to list; every other kernel is, however many
-	// processes the host runs.
+	// processes the host runs. Only the launched kernels wait for NVML's
+	// sample: the runtime dirs' are proven while it is taken.
 	gpuLineage := func() []int {
 		select {
 		case <-sampled:
