@@ -46,9 +46,14 @@ func startCullRig(t *testing.T, action string, flags ...string) *cullRig {
 		"--cull-idle=3s", "--cull-warn=1s", "--cull-min-memory=1GiB", "--cull-action=" + action}, flags...)...)
 	r.d.WaitLog(t, 60*time.Second, "magics injected", map[string]any{"kernel_id": r.id})
 	// The injection is a request like any other: the kernel says idle only
-	// after its reply. A test that stopped the kernel between the two left
-	// it busy for good, in the server's eyes and the daemon's, and never
-	// warned; so wait until the daemon's report says idle.
+	// after its reply, through ipykernel's IOPub thread, which a loaded host
+	// can hold back for a while. A test that stopped the kernel between the
+	// two left it busy for good, in the server's eyes and the daemon's, and
+	// never warned; and a report saying idle may rest on a reading taken
+	// before the injection. A cell of this frontend's own, queued behind the
+	// injection, returns only once the kernel said idle for it: nothing is
+	// left to publish. Then the daemon's report must say idle too.
+	r.front.Cell(t, "pass")
 	state := ""
 	testenv.Poll(t, 30*time.Second, "the daemon to see the kernel idle after the injection", func() bool {
 		for _, nb := range r.d.Report(t).Notebooks {
