@@ -36,13 +36,10 @@ type ConnectionFileLister interface {
 // "--connection-file=FILE"), made absolute against that process's cwd, when
 // that process's runtime dir is one of runtimeDirs.
 func (f *ProcFinder) LaunchedConnectionFiles(runtimeDirs []string) ([]string, error) {
-	var cmdlines map[int][]string
-	var err error
 	if f.scope != nil {
-		cmdlines, err = f.fs.CmdlinesOf(f.withExtra())
-	} else {
-		cmdlines, err = f.cmdlines()
+		f.askExtra() // launched kernels are looked for among extra's too
 	}
+	cmdlines, err := f.cmdlines()
 	if err != nil {
 		return nil, err
 	}

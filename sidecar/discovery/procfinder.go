@@ -35,8 +35,7 @@ type finderScope struct {
 
 	extra     func() []int
 	extraOnce sync.Once
-	extraPIDs []int // extra's, not already among pids, sorted
-	extraRead atomic.Bool
+	all       atomic.Pointer[[]int] // pids and extra's, once extra was asked
 }
 
 // NewScopedProcFinder is a ProcFinder for one answer about the processes
@@ -106,35 +105,35 @@ func (f *ProcFinder) serverPIDs() []int {
 	return sc.pids
 }
 
-// withExtra is the scope with extra's pids, asked once.
-func (f *ProcFinder) withExtra() []int {
+// askExtra adds extra's pids to the scope, once.
+func (f *ProcFinder) askExtra() {
 	sc := f.scope
-	below := f.serverPIDs()
 	sc.extraOnce.Do(func() {
+		all := slices.Clone(f.serverPIDs())
 		if sc.extra != nil {
 			for _, pid := range sc.extra() {
-				if _, found := slices.BinarySearch(below, pid); pid > 0 && !found && !slices.Contains(sc.extraPIDs, pid) {
-					sc.extraPIDs = append(sc.extraPIDs, pid)
+				if pid > 0 {
+					all = append(all, pid)
 				}
 			}
 		}
-		slices.Sort(sc.extraPIDs)
-		sc.extraRead.Store(true)
+		slices.Sort(all)
+		all = slices.Compact(all)
+		sc.all.Store(&all)
 	})
-	return append(slices.Clone(below), sc.extraPIDs...)
 }
 
 // scopePIDs is where the scope looks now: the servers' descendants, and
 // extra's pids once they have been asked.
 func (f *ProcFinder) scopePIDs() []int {
-	if f.scope.extraRead.Load() {
-		return f.withExtra()
+	if all := f.scope.all.Load(); all != nil {
+		return *all
 	}
 	return f.serverPIDs()
 }
 
-// cmdlines is the argv FindKernels searches: of the scope's processes,
-// else of every process.
+// cmdlines is the argv FindKernels and LaunchedConnectionFiles search: of
+// the scope's processes, else of every process.
 func (f *ProcFinder) cmdlines() (map[int][]string, error) {
 	if f.scope != nil {
 		return f.fs.CmdlinesOf(f.scopePIDs())
