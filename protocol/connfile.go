@@ -65,20 +65,22 @@ func ReadConnectionFile(path string) (ConnectionInfo, error) {
 
 // ReadConnectionFileBytes reads a connection file as ReadConnectionFile
 // does (a regular file, not through a link, at most
-// maxConnectionFileBytes), without parsing it, with its owner and identity.
-func ReadConnectionFileBytes(path string) ([]byte, safefile.Info, error) {
-	data, st, err := safefile.Read(path, maxConnectionFileBytes)
+// maxConnectionFileBytes), without parsing it, with its owner and identity
+// and its stamp (a reader that keeps what it parsed asks the stamp whether
+// the file changed).
+func ReadConnectionFileBytes(path string) ([]byte, safefile.Info, safefile.Stamp, error) {
+	data, st, stamp, err := safefile.ReadStamped(path, maxConnectionFileBytes)
 	if err != nil {
-		return nil, st, &ConnectionFileError{Path: path, Err: err}
+		return nil, st, stamp, &ConnectionFileError{Path: path, Err: err}
 	}
-	return data, st, nil
+	return data, st, stamp, nil
 }
 
 // ReadConnectionFileStat is ReadConnectionFile that also returns the file's
 // owner and identity as read: a connection file proves nothing by itself,
 // and the process serving it must belong to the same user and name it.
 func ReadConnectionFileStat(path string) (ConnectionInfo, safefile.Info, error) {
-	data, st, err := ReadConnectionFileBytes(path)
+	data, st, _, err := ReadConnectionFileBytes(path)
 	if err != nil {
 		return ConnectionInfo{}, st, err
 	}

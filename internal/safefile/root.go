@@ -33,7 +33,8 @@ func ReadInRoot(rootFD int, rootName, path string, max int64) ([]byte, Info, err
 	if err != nil {
 		return nil, Info{}, &fs.PathError{Op: "open", Path: name, Err: err}
 	}
-	return readFD(fd, name, max)
+	data, info, _, err := readFD(fd, name, max)
+	return data, info, err
 }
 
 // ListInRoot returns the names in directory dir resolved inside rootFD (see

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"slices"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -48,65 +49,74 @@ var ErrSymlink = errors.New("a symbolic link, not followed")
 // open descriptor, so a swap between a check and the open cannot fool it.
 // Errors name the path.
 func Read(path string, max int64) ([]byte, Info, error) {
+	data, info, _, err := ReadStamped(path, max)
+	return data, info, err
+}
+
+// ReadStamped is Read that also returns the file's Stamp, taken by the
+// fstat of the descriptor it read.
+func ReadStamped(path string, max int64) ([]byte, Info, Stamp, error) {
 	dir, name := filepath.Split(path)
 	if dir == "" {
 		dir = "."
 	}
 	if name == "" || name == "." || name == ".." {
-		return nil, Info{}, fmt.Errorf("%s: %w (a directory)", path, ErrNotRegular)
+		return nil, Info{}, Stamp{}, fmt.Errorf("%s: %w (a directory)", path, ErrNotRegular)
 	}
 	dirFD, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, Info{}, &fs.PathError{Op: "open", Path: path, Err: err}
+		return nil, Info{}, Stamp{}, &fs.PathError{Op: "open", Path: path, Err: err}
 	}
 	defer unix.Close(dirFD)
 	var dst unix.Stat_t
 	if err := unix.Fstat(dirFD, &dst); err != nil {
-		return nil, Info{}, &fs.PathError{Op: "stat", Path: dir, Err: err}
+		return nil, Info{}, Stamp{}, &fs.PathError{Op: "stat", Path: dir, Err: err}
 	}
 	// One name, opened with O_NOFOLLOW: what openat2's RESOLVE_NO_SYMLINKS
 	// would refuse, on every kernel.
 	fd, err := unix.Openat(dirFD, name, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY|unix.O_NOFOLLOW, 0)
 	if errors.Is(err, unix.ELOOP) {
-		return nil, Info{}, fmt.Errorf("%s: %w; name the file itself, or remove the link", path, ErrSymlink)
+		return nil, Info{}, Stamp{}, fmt.Errorf("%s: %w; name the file itself, or remove the link", path, ErrSymlink)
 	}
 	if err != nil {
-		return nil, Info{}, &fs.PathError{Op: "open", Path: path, Err: err}
+		return nil, Info{}, Stamp{}, &fs.PathError{Op: "open", Path: path, Err: err}
 	}
-	data, info, err := readFD(fd, path, max)
+	data, info, stamp, err := readFD(fd, path, max)
 	info.DirUID = dst.Uid
-	return data, info, err
+	stamp.dirUID = dst.Uid
+	return data, info, stamp, err
 }
 
 // readFD reads the open descriptor fd (closing it) as Read does; path names
 // it in errors.
-func readFD(fd int, path string, max int64) ([]byte, Info, error) {
+func readFD(fd int, path string, max int64) ([]byte, Info, Stamp, error) {
 	// The descriptor is read and closed as it is, not through an
 	// *os.File: that asks the runtime's poller about each file first, and
 	// the daemon's scans read a thousand connection files every few
 	// seconds.
 	defer unix.Close(fd)
+	taken := time.Now()
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, Info{}, &fs.PathError{Op: "stat", Path: path, Err: err}
+		return nil, Info{}, Stamp{}, &fs.PathError{Op: "stat", Path: path, Err: err}
 	}
 	info := Info{UID: st.Uid, Dev: st.Dev, Ino: st.Ino}
 	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
-		return nil, info, fmt.Errorf("%s: %w (%s); remove it or point gpumem elsewhere", path, ErrNotRegular, kind(st.Mode))
+		return nil, info, Stamp{}, fmt.Errorf("%s: %w (%s); remove it or point gpumem elsewhere", path, ErrNotRegular, kind(st.Mode))
 	}
 	if st.Size > max {
-		return nil, info, fmt.Errorf("%s: %w: %d bytes, at most %d are read", path, ErrTooLarge, st.Size, max)
+		return nil, info, Stamp{}, fmt.Errorf("%s: %w: %d bytes, at most %d are read", path, ErrTooLarge, st.Size, max)
 	}
 	// The size can grow after fstat (a file being written): read one byte
 	// past the cap to tell.
 	data, err := readUpTo(fd, st.Size, max+1)
 	if err != nil {
-		return nil, info, &fs.PathError{Op: "read", Path: path, Err: err}
+		return nil, info, Stamp{}, &fs.PathError{Op: "read", Path: path, Err: err}
 	}
 	if int64(len(data)) > max {
-		return nil, info, fmt.Errorf("%s: %w: more than %d bytes", path, ErrTooLarge, max)
+		return nil, info, Stamp{}, fmt.Errorf("%s: %w: more than %d bytes", path, ErrTooLarge, max)
 	}
-	return data, info, nil
+	return data, info, stampOf(&st, taken), nil
 }
 
 // readUpTo reads fd to its end or to limit bytes, whichever comes first,
