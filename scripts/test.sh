@@ -49,7 +49,12 @@ command -v gcc >/dev/null || { echo "gcc not found (cgo builds the NVML bindings
 wheel_job=""
 controlplane_job=""
 e2e_bin_dir=""
+stack_jobs=()
 cleanup() {
+  local job
+  for job in "${stack_jobs[@]}"; do
+    [ -z "$job" ] || kill -- -"$job" 2>/dev/null || true
+  done
   [ -z "$wheel_job" ] || kill -- -"$wheel_job" 2>/dev/null || true
   [ -z "$controlplane_job" ] || kill -- -"$controlplane_job" 2>/dev/null || true
   [ -z "$e2e_bin_dir" ] || rm -rf "$e2e_bin_dir"
@@ -167,16 +172,37 @@ fi
 controlplane_job=""
 cat "$controlplane_log"
 lap "waiting for the control plane's build"
-for stack in ${GPUMEM_TEST_STACKS:-debian12 current ipykernel6}; do
+# The stacks run side by side, each in a session of its own (an early exit
+# ends them all), its output in a log printed whole, in order, once it has
+# ended: a stack's tests mostly wait on kernels, servers and deadlines, and
+# one stack alone left the cores idle for most of its stage. Their test
+# binaries are compiled first, once, and the stacks find them in the build
+# cache instead of compiling each its own.
+e2e_logs=$(mktemp -d /tmp/gpumem-e2e-logs.XXXXXX)
+go test -race -c -o "$e2e_logs/compiled/" "${e2e[@]}"
+lap "the end-to-end tests' binaries (-race)"
+stacks=(${GPUMEM_TEST_STACKS:-debian12 current ipykernel6})
+stack_jobs=()
+for stack in "${stacks[@]}"; do
   pkgs=("${e2e[@]}")
   [ "$stack" = ipykernel6 ] && pkgs=("${kernel_only[@]}")
-  echo "== end-to-end on the $stack stack"
+  echo "== end-to-end on the $stack stack, in the background (log: $e2e_logs/$stack.log)"
   # -parallel 4: tests/adversarial's scenarios (each with its own daemon,
-  # dirs, ports and users) mostly wait on deadlines, so four overlap on 2
-  # cores.
-  GPUMEM_TEST_STACK=$stack go test -race -count=1 -timeout 15m -parallel 4 "${pkgs[@]}" || failed+=("$stack")
-  lap "end-to-end, $stack"
+  # dirs, ports and users) mostly wait on deadlines, so four overlap.
+  GPUMEM_TEST_STACK=$stack setsid bash -c 'start=$SECONDS; go test -race -count=1 -timeout 15m -parallel 4 "$@"; rc=$?; echo $((SECONDS - start)) >"$0.seconds"; exit $rc' \
+    "$e2e_logs/$stack.log" "${pkgs[@]}" >"$e2e_logs/$stack.log" 2>&1 &
+  stack_jobs+=($!)
 done
+for i in "${!stacks[@]}"; do
+  stack=${stacks[$i]}
+  wait "${stack_jobs[$i]}" || failed+=("$stack")
+  stack_jobs[$i]=""
+  echo "== end-to-end on the $stack stack"
+  cat "$e2e_logs/$stack.log"
+  times+=("$(printf '%-36s %5s s' "  end-to-end, $stack" "$(cat "$e2e_logs/$stack.log.seconds" 2>/dev/null || echo '?')")")
+done
+rm -rf "$e2e_logs"
+lap "end-to-end, the stacks side by side"
 # The extension's build shares labextension/ with the wheels' build: wait.
 wheels_built=true
 if ! wait "$wheel_job"; then

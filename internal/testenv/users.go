@@ -70,15 +70,39 @@ func MakeUser(t testing.TB, prefix string) User {
 	return su
 }
 
-// accountsMu serialises this process's useradd and userdel: parallel tests
-// would otherwise race for /etc/passwd's lock, and the loser fails with
-// "cannot lock /etc/passwd; try again later".
+// accountsMu serialises this process's useradd and userdel, and
+// accountsLock (an flock) those of every test process: parallel tests, and
+// the packages and stacks go test runs side by side, would otherwise race
+// for /etc/passwd's lock, and the loser fails with "cannot lock
+// /etc/passwd; try again later".
 var accountsMu sync.Mutex
 
-// accounts runs useradd or userdel (argv) under accountsMu.
+const accountsLock = "/run/lock/gpumem-testenv-accounts"
+
+// accounts runs useradd or userdel (argv) under accountsMu and
+// accountsLock (a minute at most: a wait longer than that is a bug).
 func accounts(argv ...string) ([]byte, error) {
 	accountsMu.Lock()
 	defer accountsMu.Unlock()
+	if err := os.MkdirAll(filepath.Dir(accountsLock), 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(accountsLock, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if err != syscall.EWOULDBLOCK || time.Now().After(deadline) {
+			return nil, fmt.Errorf("lock %s for %s: %w", accountsLock, argv[0], err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	return exec.Command(argv[0], argv[1:]...).CombinedOutput()
 }
 
