@@ -46,18 +46,35 @@ report_times() {
 . scripts/lib.sh
 command -v go >/dev/null || { echo "go not found: install Go 1.26 or newer"; exit 1; }
 command -v gcc >/dev/null || { echo "gcc not found (cgo builds the NVML bindings): apt-get install gcc"; exit 1; }
-wheel_job=""
 controlplane_job=""
 e2e_bin_dir=""
-stack_jobs=()
+# Lanes: the extension-and-wheels lane and the end-to-end stacks run in
+# the background, side by side and beside the stages, each in a session of
+# its own (an early exit ends them all), its output in a log printed whole,
+# in order, once it has ended, its time in the stage table. Their tests
+# mostly wait on kernels, servers, the browser and deadlines: one at a
+# time, they left the two cores idle for most of their stages.
+lanes=$(mktemp -d /tmp/gpumem-lanes.XXXXXX)
+lane_names=()
+lane_jobs=()
+# lane NAME CMD...: starts CMD as lane NAME.
+lane() {
+  local name=$1
+  shift
+  echo "== $name, in the background (log: $lanes/$name.log)"
+  setsid bash -c 'start=$SECONDS; "$@"; rc=$?; echo $((SECONDS - start)) >"$0.seconds"; exit $rc' \
+    "$lanes/$name.log" "$@" >"$lanes/$name.log" 2>&1 &
+  lane_names+=("$name")
+  lane_jobs+=($!)
+}
 cleanup() {
   local job
-  for job in "${stack_jobs[@]}"; do
+  for job in "${lane_jobs[@]}"; do
     [ -z "$job" ] || kill -- -"$job" 2>/dev/null || true
   done
-  [ -z "$wheel_job" ] || kill -- -"$wheel_job" 2>/dev/null || true
   [ -z "$controlplane_job" ] || kill -- -"$controlplane_job" 2>/dev/null || true
   [ -z "$e2e_bin_dir" ] || rm -rf "$e2e_bin_dir"
+  rm -rf "$lanes"
 }
 trap cleanup EXIT
 if [ "$mode" = all ]; then
@@ -91,6 +108,13 @@ if [ "$mode" = all ]; then
   make_venv ipykernel6 requirements/ipykernel6.txt
 fi
 lap "set-up (installs, venvs)"
+if [ "$mode" = all ]; then
+  # The extension and the wheels share labextension/ and build/, so they
+  # go one after the other, in a lane of their own (scripts/test-ui.sh),
+  # from here: what the stages below walk (go list ./..., gofmt, ruff)
+  # leaves npm's trees and the builds' outputs out.
+  lane "the extension and the wheels" bash scripts/test-ui.sh
+fi
 
 # go-nvml's cgo bindings wrap every NVML function, the deprecated ones too,
 # and gcc warns about each (about 30 lines, none about gpumem's own code):
@@ -99,7 +123,9 @@ export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations"
 
 
 # --- static checks (gofmt, staticcheck, ruff check and ruff format), the injected Python's unit tests and the GPU-host scripts' hostkit ---
-unformatted=$(gofmt -l .)
+# The tracked files only: npm's trees (one package ships a .go file) are
+# rewritten meanwhile by the extension's lane.
+unformatted=$(git ls-files -z '*.go' | xargs -0 gofmt -l)
 [ -z "$unformatted" ] || { printf 'gofmt -l lists files that need `gofmt -w`:\n%s\n' "$unformatted"; exit 1; }
 go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 if [ -x .venv/current/bin/ruff ]; then
@@ -145,15 +171,6 @@ if [ "$mode" = unit ]; then
   echo "unit path passed (the end-to-end packages, the extension and the wheels: bash scripts/test.sh)"
   exit 0
 fi
-# The wheels (the chroot, both builds, the reproducibility build: about
-# 4 min, mostly downloads and zig) are built while the end-to-end tests
-# run, and tested at the end. Not earlier: npm ci and the build change
-# labextension/ and build/ while gofmt, staticcheck and archtest's go list
-# walk the tree. Its own session, so an early exit ends all of it.
-wheel_log=$(mktemp /tmp/gpumem-wheel-prepare.XXXXXX)
-echo "== building the wheels in the background (log: $wheel_log)"
-setsid bash tests/wheel/test.sh --prepare >"$wheel_log" 2>&1 &
-wheel_job=$!
 # One race-detector build of gpumem for every end-to-end package and stack
 # (each package's TestMain would link its own; testenv.BuildGpumem takes
 # GPUMEM_TEST_BIN instead, unless one is given to test another build).
@@ -164,6 +181,10 @@ if [ -z "${GPUMEM_TEST_BIN:-}" ]; then
   export GPUMEM_TEST_BIN=$e2e_bin_dir/gpumem
   lap "the end-to-end tests' gpumem (-race)"
 fi
+# The stacks' test binaries are compiled once, first: the stacks then find
+# them in the build cache instead of compiling each its own.
+go test -race -c -o "$lanes/compiled/" "${e2e[@]}"
+lap "the end-to-end tests' binaries (-race)"
 # tests/kube runs its control plane (TestChartOnAPIServer): its build must
 # be done.
 if ! wait "$controlplane_job"; then
@@ -172,61 +193,22 @@ fi
 controlplane_job=""
 cat "$controlplane_log"
 lap "waiting for the control plane's build"
-# The stacks run side by side, each in a session of its own (an early exit
-# ends them all), its output in a log printed whole, in order, once it has
-# ended: a stack's tests mostly wait on kernels, servers and deadlines, and
-# one stack alone left the cores idle for most of its stage. Their test
-# binaries are compiled first, once, and the stacks find them in the build
-# cache instead of compiling each its own.
-e2e_logs=$(mktemp -d /tmp/gpumem-e2e-logs.XXXXXX)
-go test -race -c -o "$e2e_logs/compiled/" "${e2e[@]}"
-lap "the end-to-end tests' binaries (-race)"
-stacks=(${GPUMEM_TEST_STACKS:-debian12 current ipykernel6})
-stack_jobs=()
-for stack in "${stacks[@]}"; do
+for stack in ${GPUMEM_TEST_STACKS:-debian12 current ipykernel6}; do
   pkgs=("${e2e[@]}")
   [ "$stack" = ipykernel6 ] && pkgs=("${kernel_only[@]}")
-  echo "== end-to-end on the $stack stack, in the background (log: $e2e_logs/$stack.log)"
   # -parallel 4: tests/adversarial's scenarios (each with its own daemon,
   # dirs, ports and users) mostly wait on deadlines, so four overlap.
-  GPUMEM_TEST_STACK=$stack setsid bash -c 'start=$SECONDS; go test -race -count=1 -timeout 15m -parallel 4 "$@"; rc=$?; echo $((SECONDS - start)) >"$0.seconds"; exit $rc' \
-    "$e2e_logs/$stack.log" "${pkgs[@]}" >"$e2e_logs/$stack.log" 2>&1 &
-  stack_jobs+=($!)
+  lane "end-to-end, $stack" env GPUMEM_TEST_STACK="$stack" go test -race -count=1 -timeout 15m -parallel 4 "${pkgs[@]}"
 done
-for i in "${!stacks[@]}"; do
-  stack=${stacks[$i]}
-  wait "${stack_jobs[$i]}" || failed+=("$stack")
-  stack_jobs[$i]=""
-  echo "== end-to-end on the $stack stack"
-  cat "$e2e_logs/$stack.log"
-  times+=("$(printf '%-36s %5s s' "  end-to-end, $stack" "$(cat "$e2e_logs/$stack.log.seconds" 2>/dev/null || echo '?')")")
+for i in "${!lane_names[@]}"; do
+  name=${lane_names[$i]}
+  wait "${lane_jobs[$i]}" || failed+=("$name")
+  lane_jobs[$i]=""
+  echo "== $name"
+  cat "$lanes/$name.log"
+  times+=("$(printf '  %-34s %5s s' "$name" "$(cat "$lanes/$name.log.seconds" 2>/dev/null || echo '?')")")
 done
-rm -rf "$e2e_logs"
-lap "end-to-end, the stacks side by side"
-# The extension's build shares labextension/ with the wheels' build: wait.
-wheels_built=true
-if ! wait "$wheel_job"; then
-  wheels_built=false
-  failed+=(wheel-build)
-fi
-wheel_job=""
-cat "$wheel_log"
-lap "waiting for the wheels' build"
-# The JupyterLab extension: built from its lock files into .venv/current,
-# then its front-end unit tests, its server extension's tests and the
-# browser tests (Debian's chromium).
-echo "== JupyterLab extension"
-bash labextension/scripts/test.sh || failed+=(labextension)
-lap "JupyterLab extension"
-# The wheels users install (scripts/build-wheels.sh: x86_64 and aarch64),
-# tested as a user gets them: a fresh virtualenv with JupyterLab and the
-# wheel, no Go or npm on its PATH; an old glibc (a bullseye chroot) and
-# arm64 (qemu).
-echo "== the jupyterlab-gpumem wheels"
-if $wheels_built; then
-  bash tests/wheel/test.sh --tests || failed+=(wheel)
-fi
-lap "the wheels' tests"
+lap "the lanes, side by side"
 report_times
 if ((${#failed[@]})); then
   echo "FAILED: ${failed[*]}"
