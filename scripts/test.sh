@@ -14,7 +14,8 @@
 # missing fails instead of skipping.
 #
 # GPUMEM_TEST_STACKS="debian12 current" runs a subset of the stacks.
-# The wheels (tests/wheel/test.sh) are built and tested last.
+# The extension and the wheels (scripts/test-ui.sh) run in the background
+# from the set-up on, and the stacks side by side after the unit packages.
 #
 #   bash scripts/test.sh          everything (what .ci/run runs)
 #   bash scripts/test.sh unit     the fast path: the static checks and the
@@ -68,9 +69,14 @@ lane() {
   lane_jobs+=($!)
 }
 cleanup() {
-  local job
-  for job in "${lane_jobs[@]}"; do
-    [ -z "$job" ] || kill -- -"$job" 2>/dev/null || true
+  local i
+  # A lane still running when the script ends early (a failed stage, a
+  # timeout): ended, and the end of its log shown.
+  for i in "${!lane_jobs[@]}"; do
+    [ -n "${lane_jobs[$i]}" ] || continue
+    kill -- -"${lane_jobs[$i]}" 2>/dev/null || true
+    echo "== ${lane_names[$i]}: ended early; the end of its log"
+    tail -n 40 "$lanes/${lane_names[$i]}.log" 2>/dev/null || true
   done
   [ -z "$controlplane_job" ] || kill -- -"$controlplane_job" 2>/dev/null || true
   [ -z "$e2e_bin_dir" ] || rm -rf "$e2e_bin_dir"
