@@ -198,11 +198,15 @@ def start_kernel(api, path, what="connection file"):
 
 
 def run_cell(kc, code, timeout):
-    """Runs code through kc: (the execute reply's content, what it printed)."""
+    """Runs code through kc: (the execute reply's content, what it printed).
+    A cell that fails does not abort the next one: with stop_on_error,
+    ipykernel aborts the requests that reach it while it handles the error,
+    and on a loaded host the next cell's request arrives in that window."""
     out = []
     r = kc.execute_interactive(
         code,
         timeout=timeout,
+        stop_on_error=False,
         output_hook=lambda m: out.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None,
     )
     return r["content"], "".join(out)
