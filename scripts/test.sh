@@ -15,8 +15,7 @@
 #
 # GPUMEM_TEST_STACKS="debian12 current" runs a subset of the stacks.
 # The extension and the wheels (scripts/test-ui.sh) run in the background
-# from the set-up on; the stacks side by side after the static checks and
-# the Helm chart, with the unit packages beside them.
+# from the set-up on, and the stacks side by side after the unit packages.
 #
 #   bash scripts/test.sh          everything (what .ci/run runs)
 #   bash scripts/test.sh unit     the fast path: the static checks and the
@@ -161,22 +160,17 @@ mapfile -t unit < <(go list ./... | grep -v -x -e '.*/protocol' -e '.*/magics' -
 
 # Every stack runs even when one fails: the summary says which failed.
 failed=()
-# The unit packages: in unit mode alone; in a full run beside the
-# end-to-end lanes, once those have started (they wait on kernels and
-# servers more than they compute).
-unit_packages() {
-  echo "== unit packages"
-  local unit_log cov
-  unit_log=$(mktemp)
-  go test -race -count=1 -cover -timeout 10m "${unit[@]}" 2>&1 | tee "$unit_log" || failed+=(unit)
-  # The daemon's state changes are unit-tested: keep its coverage over 70%.
-  cov=$(awk '$2 ~ /\/sidecar\/daemon$/ { for (i = 1; i <= NF; i++) if ($i ~ /%$/) { sub(/%/, "", $i); print $i } }' "$unit_log")
-  awk -v c="${cov:-0}" 'BEGIN { exit !(c + 0 >= 70) }' || { echo "sidecar/daemon statement coverage ${cov:-?}% is under 70%"; failed+=(coverage); }
-  rm -f "$unit_log"
-  lap "unit packages (go test -race)"
-}
+# The unit packages come before the end-to-end lanes: beside them, on a
+# cold machine, the load held a kernel's start past its 60 s deadline.
+echo "== unit packages"
+unit_log=$(mktemp)
+go test -race -count=1 -cover -timeout 10m "${unit[@]}" 2>&1 | tee "$unit_log" || failed+=(unit)
+# The daemon's state changes are unit-tested: keep its coverage over 70%.
+cov=$(awk '$2 ~ /\/sidecar\/daemon$/ { for (i = 1; i <= NF; i++) if ($i ~ /%$/) { sub(/%/, "", $i); print $i } }' "$unit_log")
+awk -v c="${cov:-0}" 'BEGIN { exit !(c + 0 >= 70) }' || { echo "sidecar/daemon statement coverage ${cov:-?}% is under 70%"; failed+=(coverage); }
+rm -f "$unit_log"
+lap "unit packages (go test -race)"
 if [ "$mode" = unit ]; then
-  unit_packages
   report_times
   if ((${#failed[@]})); then
     echo "FAILED: ${failed[*]}"
@@ -214,7 +208,6 @@ for stack in ${GPUMEM_TEST_STACKS:-debian12 current ipykernel6}; do
   # dirs, ports and users) mostly wait on deadlines, so four overlap.
   lane "end-to-end, $stack" env GPUMEM_TEST_STACK="$stack" go test -race -count=1 -timeout 15m -parallel 4 "${pkgs[@]}"
 done
-unit_packages
 for i in "${!lane_names[@]}"; do
   name=${lane_names[$i]}
   wait "${lane_jobs[$i]}" || failed+=("$name")
