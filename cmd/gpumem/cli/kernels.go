@@ -72,7 +72,12 @@ func runKernels(ctx context.Context, env Env, args []string) error {
 				// ipykernel rewrites its file with kernel_name "" when started
 				// bare (ipython kernel, jupyter kernel): ask the kernel itself.
 				// No server runs it, so no idle culler counts this request.
-				lang = askLanguage(pctx, k)
+				// A deadline of its own, not what is left of the heartbeat's:
+				// the kernel answered that, and on a loaded host its shell's
+				// reply takes longer than a heartbeat.
+				lctx, cancel := context.WithTimeout(ctx, max(*timeout, languageTimeout))
+				lang = askLanguage(lctx, k)
+				cancel()
 			}
 			mu.Lock()
 			defer mu.Unlock()
@@ -212,9 +217,13 @@ func kernelLanguage(env Env, k discovery.Kernel) string {
 	return ""
 }
 
+// languageTimeout bounds asking a kernel without a server for its
+// language; the kernels are asked side by side.
+const languageTimeout = 5 * time.Second
+
 // askLanguage attaches to the kernel just long enough for its kernel_info.
 func askLanguage(ctx context.Context, k discovery.Kernel) string {
-	c, err := protocol.DialInfo(ctx, k.Connection, protocol.Options{ConnectTimeout: time.Second})
+	c, err := protocol.DialInfo(ctx, k.Connection, protocol.Options{ConnectTimeout: languageTimeout})
 	if err != nil {
 		return ""
 	}
