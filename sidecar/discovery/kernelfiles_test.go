@@ -9,17 +9,19 @@ import (
 	"time"
 )
 
+// testConnFile is a connection file's bytes with shell port port.
+func testConnFile(port int) []byte {
+	return []byte(`{"transport":"tcp","ip":"127.0.0.1","shell_port":` + strconv.Itoa(port) +
+		`,"iopub_port":2,"stdin_port":3,"control_port":4,"hb_port":5,"key":"k","signature_scheme":"hmac-sha256"}`)
+}
+
 // KernelFiles parses a file again when its bytes change, and never answers
 // from memory for a file that would now be refused: a link in its place,
 // or a file of another user in a user's dir.
 func TestKernelFiles(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "kernel-abc.json")
-	conn := func(port int) []byte {
-		return []byte(`{"transport":"tcp","ip":"127.0.0.1","shell_port":` + strconv.Itoa(port) +
-			`,"iopub_port":2,"stdin_port":3,"control_port":4,"hb_port":5,"key":"k","signature_scheme":"hmac-sha256"}`)
-	}
-	if err := os.WriteFile(path, conn(1000), 0o600); err != nil {
+	if err := os.WriteFile(path, testConnFile(1000), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	var c KernelFiles
@@ -29,14 +31,14 @@ func TestKernelFiles(t *testing.T) {
 			t.Fatalf("read: %+v, %v", k, err)
 		}
 	}
-	if err := os.WriteFile(path, conn(2000), 0o600); err != nil {
+	if err := os.WriteFile(path, testConnFile(2000), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if k, err := c.read(path); err != nil || k.Connection.ShellPort != 2000 {
 		t.Errorf("after a rewrite: %+v, %v; want port 2000", k, err)
 	}
 	other := filepath.Join(dir, "other.json")
-	if err := os.WriteFile(other, conn(2000), 0o600); err != nil {
+	if err := os.WriteFile(other, testConnFile(2000), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Remove(path); err != nil {
@@ -54,7 +56,7 @@ func TestKernelFiles(t *testing.T) {
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(path, conn(2000), 0o600); err != nil {
+	if err := os.WriteFile(path, testConnFile(2000), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.read(path); err != nil {
@@ -73,11 +75,7 @@ func TestKernelFiles(t *testing.T) {
 // other bytes of the same size, written in place.
 func TestKernelFilesStamped(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "kernel-abc.json")
-	conn := func(port int) []byte {
-		return []byte(`{"transport":"tcp","ip":"127.0.0.1","shell_port":` + strconv.Itoa(port) +
-			`,"iopub_port":2,"stdin_port":3,"control_port":4,"hb_port":5,"key":"k","signature_scheme":"hmac-sha256"}`)
-	}
-	if err := os.WriteFile(path, conn(1000), 0o600); err != nil {
+	if err := os.WriteFile(path, testConnFile(1000), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	var c KernelFiles
@@ -104,7 +102,7 @@ func TestKernelFilesStamped(t *testing.T) {
 	if _, ok := c.unchanged(path, time.Now().Add(rereadEvery)); ok {
 		t.Error("a file remembered for rereadEvery: answered from memory, want it read")
 	}
-	if err := os.WriteFile(path, conn(2000), 0o600); err != nil {
+	if err := os.WriteFile(path, testConnFile(2000), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if k, err := c.read(path); err != nil || k.Connection.ShellPort != 2000 {
